@@ -1,0 +1,89 @@
+"""Tensor plumbing the checks rely on: canary-padded outputs, alias-preserving clones, bitwise compares.
+
+Outputs are views into a larger allocation whose padding holds a canary pattern; a kernel that writes
+outside its output changes the padding (`canary_intact`). Inputs are cloned per backend storage by
+storage, so views that share memory (an MLA value cache that is a slice of the key cache) stay views.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import torch
+
+CANARY_ELEMENTS = 256  # elements of padding on each side of every output
+_CANARY_VALUE = -31337.0
+
+
+def alloc_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
+    """An output buffer: NaN-filled (integers: -1), with canary padding on both sides in its storage."""
+    n = math.prod(shape)
+    base = torch.empty(n + 2 * CANARY_ELEMENTS, dtype=dtype, device=device)
+    if dtype.is_floating_point:
+        base.fill_(_CANARY_VALUE)
+        base[CANARY_ELEMENTS : CANARY_ELEMENTS + n] = float("nan")
+    else:
+        base.fill_(-7777)
+        base[CANARY_ELEMENTS : CANARY_ELEMENTS + n] = -1
+    return base[CANARY_ELEMENTS : CANARY_ELEMENTS + n].view(shape)
+
+
+def _storage_bytes(t: torch.Tensor) -> torch.Tensor:
+    return torch.empty(0, dtype=torch.uint8, device=t.device).set_(t.untyped_storage())
+
+
+def canary_intact(out: torch.Tensor, pristine: torch.Tensor) -> bool:
+    """True when every byte of `out`'s storage outside `out` equals the same byte of `pristine`'s."""
+    a, b = _storage_bytes(out), _storage_bytes(pristine)
+    lo = out.storage_offset() * out.element_size()
+    hi = lo + out.numel() * out.element_size()
+    return bool(torch.equal(a[:lo], b[:lo]) and torch.equal(a[hi:], b[hi:]))
+
+
+def bits(t: torch.Tensor) -> torch.Tensor:
+    """The tensor's raw bits as an integer tensor (NaN-aware, -0.0 != 0.0)."""
+    if not t.dtype.is_floating_point:
+        return t
+    return t.contiguous().view({1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
+
+
+def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Element-wise bit equality, as a bool tensor of `a`'s shape."""
+    return bits(a) == bits(b)
+
+
+def clone_tensors(obj: Any) -> Any:
+    """Deep-copy every tensor field of a dataclass, keeping views that share storage as views.
+
+    Each distinct storage is copied once (padding included), and every tensor is rebuilt on the copy
+    with its own offset, shape and strides.
+    """
+    copies: dict[tuple[str, int], torch.UntypedStorage] = {}
+
+    def clone(t: torch.Tensor) -> torch.Tensor:
+        s = t.untyped_storage()
+        key = (str(t.device), s.data_ptr())
+        if key not in copies:
+            copies[key] = s.clone()
+        return torch.empty(0, dtype=t.dtype, device=t.device).set_(
+            copies[key], t.storage_offset(), t.shape, t.stride()
+        )
+
+    def walk(v: Any) -> Any:
+        if isinstance(v, torch.Tensor):
+            return clone(v)
+        if isinstance(v, (list, tuple)):
+            return type(v)(walk(x) for x in v)
+        if isinstance(v, dict):
+            return {k: walk(x) for k, x in v.items()}
+        return v
+
+    changes = {f.name: walk(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
+    return dataclasses.replace(obj, **changes)
+
+
+def tensor_fields(obj: Any) -> dict[str, torch.Tensor]:
+    """The dataclass's fields that hold tensors (None fields left out)."""
+    return {f.name: v for f in dataclasses.fields(obj) if isinstance(v := getattr(obj, f.name), torch.Tensor)}

@@ -1,0 +1,172 @@
+"""Checks: compare a backend's outputs and side effects with the float64 expectation.
+
+Per numeric output: max abs, max rel, relative L2, cosine, mismatch fraction (share of elements over
+the bound), where the worst element is, and the bound of the tolerance rule. Besides error size, a
+check catches NaN/Inf, writes outside an output (canary padding), changed inputs, cache slots
+written that should not be or not written, and wrong shapes or dtypes. The stale-output check
+(outputs must change when inputs change) runs in the runner, which owns the closure.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from attnbench.buffers import bitwise_equal, canary_intact, tensor_fields
+from attnbench.ops.base import OutputSpec
+from attnbench.tolerance import Rule
+
+
+@dataclass
+class Verdict:
+    problems: list[str] = field(default_factory=list)
+    metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    @property
+    def reason(self) -> str:
+        if len(self.problems) <= 3:
+            return "; ".join(self.problems)
+        return "; ".join(self.problems[:3]) + f"; and {len(self.problems) - 3} more"
+
+
+def _where(index: int, shape: tuple[int, ...], dims: tuple[str, ...]) -> dict[str, int]:
+    out = {}
+    for size, name in zip(reversed(shape), reversed(dims)):
+        out[name] = index % size
+        index //= size
+    return dict(reversed(list(out.items())))
+
+
+def _fmt_where(w: dict[str, int]) -> str:
+    return " ".join(f"{k} {v}" for k, v in w.items())
+
+
+def compare_numeric(
+    name: str, actual: torch.Tensor, ref: torch.Tensor, twin: torch.Tensor, spec: OutputSpec, rule: Rule, v: Verdict
+) -> None:
+    """Error metrics of `actual` against `ref` (float64) and the pass/fail bound from `twin`."""
+    a, r, t = actual.double(), ref.double(), twin.double()
+    finite = torch.isfinite(r)
+    nonfinite_ok = bool(torch.equal(a[~finite], r[~finite])) if (~finite).any() else True
+    bad = ~torch.isfinite(a) & finite
+    scale = float(r[finite].abs().max()) if finite.any() else 0.0
+    scale = scale if scale > 0 else 1.0
+    err = torch.where(finite, (a - r).abs(), torch.zeros_like(r))
+    err = torch.where(bad, torch.full_like(err, math.inf), err)
+    twin_err = float(torch.where(finite, (t - r).abs(), torch.zeros_like(r)).max()) if r.numel() else 0.0
+    bound = rule.bound(twin_err, actual.dtype, scale)
+    m: dict[str, Any] = {"bound": bound, "twin_max_abs": twin_err, "scale": scale}
+    if r.numel():
+        worst = int(err.flatten().argmax())
+        fa, fr = torch.where(finite & ~bad, a, 0.0), torch.where(finite, r, 0.0)
+        m["max_abs"] = float(err.max())
+        m["max_rel"] = float((err / torch.clamp(r.abs(), min=1e-3 * scale)).max())
+        m["rel_l2"] = float((fa - fr).norm() / max(float(fr.norm()), 1e-300))
+        m["cos"] = float((fa * fr).sum() / max(float(fa.norm() * fr.norm()), 1e-300))
+        m["mismatch"] = float((err > bound).double().mean())
+        m["worst"] = _where(worst, tuple(actual.shape), spec.dims)
+        m["nonfinite"] = int(bad.sum())
+    v.metrics[name] = m
+    if r.numel() and m["max_abs"] > bound and "head" in spec.dims and spec.dims.index("head") > 0:
+        m["heat"] = _heat(err, spec.dims)
+    if bad.any():
+        first = _where(int(bad.flatten().nonzero()[0]), tuple(actual.shape), spec.dims)
+        v.problems.append(
+            f"{name}: {int(bad.sum())} NaN/Inf where the reference is finite, first at {_fmt_where(first)}"
+            " (unwritten output, or a read of poisoned KV slots?)"
+        )
+    elif not nonfinite_ok:
+        v.problems.append(f"{name}: wrong where the reference is ±inf (e.g. an empty row's LSE must be -inf)")
+    elif r.numel() and m["max_abs"] > bound:
+        v.problems.append(
+            f"{name}: max abs error {m['max_abs']:.3g} > bound {bound:.3g} "
+            f"({rule.describe(twin_err, actual.dtype, scale)}) at {_fmt_where(m['worst'])}; "
+            f"{100 * m['mismatch']:.3g}% of elements over"
+        )
+
+
+def _heat(err: torch.Tensor, dims: tuple[str, ...], bins: int = 64) -> list[list[float]]:
+    """Max error per (head, row bin): rows = the first dim, pooled to at most `bins` bins."""
+    h = dims.index("head")
+    rest = [d for d in range(err.dim()) if d not in (0, h)]
+    e = err.amax(dim=rest) if rest else err  # [rows, heads]
+    e = e.transpose(0, 1).float()
+    rows = e.shape[1]
+    if rows > bins:
+        pad = (-rows) % bins
+        e = torch.nn.functional.pad(e, (0, pad)).view(e.shape[0], bins, -1).amax(-1)
+    e = torch.where(torch.isfinite(e), e, torch.full_like(e, float("nan")))
+    return [[round(float(x), 6) for x in row] for row in e.cpu()]
+
+
+def compare_exact(name: str, actual: torch.Tensor, expected: torch.Tensor, before: torch.Tensor, v: Verdict) -> None:
+    """Bitwise comparison of a written input (cache slots), telling unwritten from wrongly written."""
+    same = bitwise_equal(actual, expected)
+    v.metrics[name] = {"exact": True, "wrong": int((~same).sum())}
+    if same.all():
+        return
+    should_change = ~bitwise_equal(before, expected)
+    missing = (~same & should_change).sum().item()
+    stray = (~same & ~should_change).sum().item()
+    parts = []
+    if missing:
+        parts.append(f"{missing} elements not written as expected")
+    if stray:
+        parts.append(f"{stray} elements written that should be untouched")
+    v.problems.append(f"{name}: " + ", ".join(parts))
+
+
+def check(
+    op,
+    params,
+    pristine: Any,
+    work: Any,
+    outputs: dict[str, torch.Tensor],
+    expected: dict[str, torch.Tensor],
+    twin: dict[str, torch.Tensor],
+    rule: Rule,
+) -> Verdict:
+    """Everything but staleness: outputs, side effects, untouched inputs, canaries."""
+    v = Verdict()
+    for name, spec in op.outputs.items():
+        got = outputs.get(name)
+        if got is None:
+            v.problems.append(f"missing output {name!r}")
+            continue
+        want = getattr(pristine, name)
+        if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
+            v.problems.append(f"{name}: got {tuple(got.shape)} {got.dtype}, expected {tuple(want.shape)} {want.dtype}")
+            continue
+        if not canary_intact(getattr(work, name), want):
+            v.problems.append(f"{name}: wrote outside the output (canary padding changed)")
+        if spec.exact:
+            compare_exact(name, got, expected[name], want, v)
+        else:
+            compare_numeric(name, got, expected[name], twin[name], spec, rule, v)
+    writes = op.writes_for(params)
+    for name, spec in writes.items():
+        if spec.exact:
+            compare_exact(name, getattr(work, name), expected[name], getattr(pristine, name), v)
+        else:
+            compare_numeric(name, getattr(work, name), expected[name], twin[name], spec, rule, v)
+    touched = set(op.outputs) | set(writes)
+    storages = {tensor_fields(work)[n].untyped_storage().data_ptr() for n in touched if n in tensor_fields(work)}
+    for name, before in tensor_fields(pristine).items():
+        after = getattr(work, name)
+        if name in touched or after.untyped_storage().data_ptr() in storages:
+            continue
+        if not bitwise_equal(after, before).all():
+            v.problems.append(f"input {name} was modified")
+    return v
+
+
+def outputs_changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> bool:
+    """True when any output differs bitwise between two runs."""
+    return any(not bitwise_equal(before[k], after[k]).all() for k in before if k in after)

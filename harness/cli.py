@@ -1,0 +1,240 @@
+"""The `attnbench` command line: thin Typer commands over the services in sweep.py, report/ and suite.py.
+
+Exit codes: 0 every row passed or skipped; 1 a row failed or errored; 2 bad usage or an invalid suite
+(the message names file:line and what is wrong; nothing is written).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
+from rich.table import Table
+
+from attnbench import backend as backend_mod
+from attnbench.errors import AttnbenchError
+
+app = typer.Typer(
+    rich_markup_mode="rich",
+    context_settings={"help_option_names": ["-h", "--help"]},
+    no_args_is_help=False,
+    add_completion=False,
+    help="Benchmark and validate LLM attention kernels against float64 references.",
+)
+list_app = typer.Typer(help="List suites, ops, backends (capability matrix) and model presets.")
+app.add_typer(list_app, name="list")
+console = Console(stderr=True)
+out_console = Console()
+
+
+def _fail(e: Exception) -> None:
+    console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+    raise typer.Exit(2)
+
+
+def _load_backends(plugins: list[str] | None) -> None:
+    backend_mod.load_builtin()
+    backend_mod.load_entry_points()
+    for p in plugins or ():
+        backend_mod.load_plugin(p)
+    for problem in backend_mod.LOAD_PROBLEMS:
+        console.print(f"[yellow]warning:[/] {problem}", highlight=False)
+
+
+@app.command()
+def sweep(
+    suites: Annotated[list[str] | None, typer.Argument(help="Suite names or YAML paths. Default: smoke on a CPU, the GPU suites on a GPU.")] = None,
+    backend: Annotated[list[str] | None, typer.Option("--backend", "-b", help="Only these backends (repeatable).")] = None,
+    op: Annotated[list[str] | None, typer.Option("--op", help="Only these ops (repeatable).")] = None,
+    keyword: Annotated[list[str] | None, typer.Option("-k", help="Only cases whose id contains this (repeatable).")] = None,
+    case: Annotated[list[str] | None, typer.Option("--case", help="Run this case id (repeatable).")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    out: Annotated[Path | None, typer.Option(help="Run directory. Default: reports/<time>-<suites>.")] = None,
+    plugin: Annotated[list[str] | None, typer.Option(help="Import backends from this file or module (repeatable).")] = None,
+    timing: Annotated[bool, typer.Option("--timing/--no-timing", help="Time the kernels (off: correctness only).")] = True,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would run and exit.")] = False,
+) -> None:
+    """Run suites: check every backend against float64 references, time it, write results and a report."""
+    from attnbench.report import render_all
+    from attnbench.runner import RunOptions
+    from attnbench.sweep import default_out, execute, exit_code, plan
+
+    _load_backends(plugin)
+    try:
+        p = plan(suites or [], device, backend, op, keyword, case)
+    except AttnbenchError as e:
+        _fail(e)
+    if dry_run:
+        out_console.print(p.breakdown(), highlight=False)
+        raise typer.Exit(0)
+    if not p.cases:
+        _fail(AttnbenchError("no cases selected (check --op / -k)"))
+    run_dir = out or default_out(p)
+    console.print(f"[bold]attnbench[/] {p.breakdown().splitlines()[0]} on {p.device} -> {run_dir}", highlight=False)
+    counts: Counter[str] = Counter()
+    columns = (
+        TextColumn("[progress.description]{task.description}"),
+        BarColumn(),
+        MofNCompleteColumn(),
+        TextColumn("[green]{task.fields[passed]} pass[/] [red]{task.fields[failed]} fail[/] "
+                   "[magenta]{task.fields[errors]} error[/] [dim]{task.fields[skipped]} skip[/]"),
+        TimeElapsedColumn(),
+        TimeRemainingColumn(),
+    )  # fmt: skip
+    rows = []
+    interrupted = False
+    with Progress(*columns, console=console, transient=False) as progress:
+        task = progress.add_task("cases", total=len(p.cases), passed=0, failed=0, errors=0, skipped=0)
+
+        def on_rows(c, case_rows):
+            counts.update(r.status for r in case_rows)
+            for r in case_rows:
+                if r.status in ("fail", "error"):
+                    progress.console.print(f"[red]{r.status}[/] {r.case_id} [{r.backend}]: {r.reason}", highlight=False)
+            progress.update(
+                task,
+                advance=1,
+                description=c.id[:60],
+                passed=counts["pass"],
+                failed=counts["fail"],
+                errors=counts["error"],
+                skipped=counts["skip"],
+            )
+
+        try:
+            rows = execute(p, run_dir, RunOptions(timing=timing), on_rows, argv=sys.argv)
+        except KeyboardInterrupt:
+            interrupted = True
+    from attnbench.results import read_results
+
+    rows = read_results(run_dir / "results.jsonl") if (run_dir / "results.jsonl").exists() else rows
+    render_all(run_dir)
+    _print_summary(rows)
+    console.print(f"report: {run_dir / 'report.html'}", highlight=False)
+    if interrupted:
+        console.print("[yellow]interrupted: the report covers the cases that finished[/]")
+        raise typer.Exit(130)
+    raise typer.Exit(exit_code(rows))
+
+
+def _print_summary(rows) -> None:
+    table = Table(title="summary", show_edge=False)
+    for col in ("backend", "pass", "fail", "error", "skip"):
+        table.add_column(col, justify="right" if col != "backend" else "left")
+    by: dict[str, Counter] = {}
+    for r in rows:
+        by.setdefault(r.backend, Counter())[r.status] += 1
+    for name, c in sorted(by.items()):
+        table.add_row(name, str(c["pass"]), str(c["fail"]), str(c["error"]), str(c["skip"]))
+    console.print(table)
+
+
+@app.command()
+def report(run_dir: Annotated[Path, typer.Argument(help="A run directory holding results.jsonl.")]) -> None:
+    """Re-render report.html, results.csv, junit.xml and summary.md from a run's results.jsonl."""
+    from attnbench.report import render_all
+
+    if not (run_dir / "results.jsonl").is_file():
+        _fail(AttnbenchError(f"{run_dir}: no results.jsonl here"))
+    render_all(run_dir)
+    out_console.print(f"{run_dir / 'report.html'}")
+
+
+@app.command()
+def env(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto") -> None:
+    """Print the environment a run would record (machine, GPU, library versions)."""
+    import json
+
+    from attnbench.env import capture
+    from attnbench.sweep import resolve_device
+
+    try:
+        out_console.print_json(json.dumps(capture(resolve_device(device))))
+    except AttnbenchError as e:
+        _fail(e)
+
+
+@list_app.command("suites")
+def list_suites() -> None:
+    """Built-in suites with their case counts."""
+    from attnbench.suite import builtin_names, load
+
+    table = Table(show_edge=False)
+    for col in ("suite", "device", "cases", "description"):
+        table.add_column(col)
+    for name in builtin_names():
+        try:
+            s = load(name)
+            table.add_row(name, s.spec.device, str(len(s.cases)), " ".join(s.spec.description.split())[:90])
+        except AttnbenchError as e:
+            table.add_row(name, "?", "?", f"[red]{e}[/]")
+    out_console.print(table)
+
+
+@list_app.command("ops")
+def list_ops() -> None:
+    """Ops and their parameters."""
+    from attnbench.ops import OPS
+
+    table = Table(show_edge=False)
+    for col in ("op", "family", "parameters (default)"):
+        table.add_column(col)
+    for name, o in OPS.items():
+        params = ", ".join(f"{k}={f.default!r}" for k, f in o.Params.model_fields.items())
+        table.add_row(name, o.family, params)
+    out_console.print(table)
+
+
+@list_app.command("models")
+def list_models() -> None:
+    """Model presets usable as `model:` in suites."""
+    from attnbench.suite import presets
+
+    for name, fam in presets().items():
+        out_console.print(f"[bold]{name}[/]: " + "; ".join(f"{k}: {v}" for k, v in fam.items()), highlight=False)
+
+
+@list_app.command("backends")
+def list_backends(
+    suite: Annotated[str, typer.Option(help="Suite whose cases make the capability matrix.")] = "smoke",
+    plugin: Annotated[list[str] | None, typer.Option(help="Import backends from this file or module.")] = None,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+) -> None:
+    """Backends, and the capability matrix (op x backend) over a suite with the skip reasons."""
+    from attnbench.backend import all_backends
+    from attnbench.capability import matrix
+    from attnbench.suite import load
+    from attnbench.sweep import resolve_device
+
+    _load_backends(plugin)
+    try:
+        cases = load(suite, resolve_device(device)).cases
+    except AttnbenchError as e:
+        _fail(e)
+    backends = list(all_backends().values())
+    for b in backends:
+        avail = b.available()
+        state = "[green]available[/]" if not avail else f"[yellow]unavailable[/]: {avail}"
+        out_console.print(f"[bold]{b.name}[/] ({', '.join(sorted(b.ops))}) {state}", highlight=False)
+        if b.description:
+            out_console.print(f"    {b.description}", highlight=False)
+    table = Table(title=f"capability matrix over `{suite}` (supported/cases; why not)", show_edge=False)
+    table.add_column("op / feature")
+    for b in backends:
+        table.add_column(b.name)
+    for key, cells in matrix(cases, backends).items():
+        table.add_row(key, *[c.text() for c in cells])
+    out_console.print(table)
+
+
+def main() -> None:
+    try:
+        app()
+    except AttnbenchError as e:  # anything that escaped a command
+        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        sys.exit(2)

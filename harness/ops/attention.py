@@ -1,0 +1,397 @@
+"""Attention-family op contracts: `decode`, `extend`, `merge_state`.
+
+Canonical semantics (ARCHITECTURE.md): paged KV `[P, page_size, Hkv, D]` with CSR page tables, natural
+log LSE `[T, Hq]` fp32, GQA head h -> kv head h // (Hq / Hkv), bottom-right causal, window_left W
+(W + 1 keys including the query's own), soft cap before masking, sinks as per-head logits in the
+denominator only, absorbed MLA (Dk = 576 = 512 latent + 64 rope, Dv = 512, Hkv = 1, V = the latent).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+
+from attnbench.buffers import alloc_output
+from attnbench.ops.base import IdField, Op, OutputSpec, Params
+from attnbench.ops.paged import PagedLayout, fill, make_layout, poisoned_cache
+from attnbench.references import attention as ref
+
+MLA_DK, MLA_DV = 576, 512
+MLA_SCALE = 192**-0.5  # DeepSeek-V3: 1/sqrt(qk_nope 128 + qk_rope 64), without the YaRN mscale
+
+
+class AttentionParams(Params):
+    """Parameters shared by decode and extend."""
+
+    batch: int = Field(1, ge=1)
+    heads_q: int = Field(8, ge=1)
+    heads_kv: int = Field(8, ge=1)
+    head_dim: int = Field(128, ge=1)
+    head_dim_v: int | None = Field(None, ge=1, description="value head dim; default: head_dim")
+    mla: bool = Field(False, description="absorbed MLA: heads_kv 1, head_dim 576, head_dim_v 512")
+    page_size: int = Field(16, ge=1)
+    lens: Literal["equal", "mixed", "skewed"] = Field(
+        "equal", description="equal: every request at the max; mixed: uniform below it; skewed: one long, rest 1/16"
+    )
+    window: int = Field(-1, ge=-1, description="window_left W: keys [p - W, p]; -1 = none")
+    soft_cap: float = Field(0.0, ge=0.0, description="cap * tanh(s / cap) after scaling; 0 = none")
+    sinks: bool = Field(False, description="one learnable sink logit per q head")
+    sm_scale: float | None = Field(None, gt=0.0, description="default: head_dim**-0.5 (MLA: 192**-0.5)")
+
+    @model_validator(mode="after")
+    def _shapes(self):
+        if self.heads_q % self.heads_kv:
+            raise ValueError(f"heads_q ({self.heads_q}) must be a multiple of heads_kv ({self.heads_kv})")
+        if self.mla and (self.heads_kv, self.head_dim, self.dv) != (1, MLA_DK, MLA_DV):
+            raise ValueError(
+                f"mla needs heads_kv 1, head_dim {MLA_DK}, head_dim_v {MLA_DV} "
+                f"(got {self.heads_kv}, {self.head_dim}, {self.dv}); the deepseek-v3 preset sets them"
+            )
+        return self
+
+    @property
+    def dv(self) -> int:
+        return self.head_dim_v or self.head_dim
+
+    @property
+    def scale(self) -> float:
+        if self.sm_scale is not None:
+            return self.sm_scale
+        return MLA_SCALE if self.mla else self.head_dim**-0.5
+
+
+class DecodeParams(AttentionParams):
+    kv_len: int = Field(1024, ge=1, description="keys per request (the longest, for mixed/skewed)")
+
+
+class ExtendParams(AttentionParams):
+    q_len: int = Field(128, ge=1, description="new tokens per request (the most, for mixed)")
+    prefix_len: int = Field(0, ge=0, description="cached tokens before them (the most, for mixed)")
+    mask: Literal["causal", "bidirectional", "custom"] = "causal"
+    new_kv: Literal["save", "attend", "shared"] = Field(
+        "save",
+        description="save: write k_new/v_new into their slots, then attend (save_kv_cache); attend: use "
+        "k_new/v_new, leave the slots alone; shared: cross-layer KV, the cache holds every token (k = v = None)",
+    )
+
+    @model_validator(mode="after")
+    def _lens(self):
+        if self.lens == "skewed":
+            raise ValueError("extend supports lens equal or mixed")
+        return self
+
+
+class MergeStateParams(Params):
+    tokens: int = Field(256, ge=1)
+    heads: int = Field(8, ge=1)
+    head_dim: int = Field(128, ge=1)
+    empty: bool = Field(False, description="some states empty (lse -inf) on one or both sides")
+
+
+@dataclass
+class AttentionInputs:
+    """Inputs of decode and extend (decode: one query per request, T = B, no new K/V).
+
+    Tensors are on the case device; `*_host` are the same lengths as Python lists (no device sync).
+    """
+
+    q: torch.Tensor  # [T, Hq, Dk] case dtype
+    k_cache: torch.Tensor  # [P, page_size, Hkv, Dk]
+    v_cache: torch.Tensor  # [P, page_size, Hkv, Dv]  (MLA: k_cache[..., :512], a view)
+    kv_indptr: torch.Tensor  # [B+1] int32, pages of request b: kv_page_indices[kv_indptr[b]:kv_indptr[b+1]]
+    kv_page_indices: torch.Tensor  # [nnz] int32
+    seq_lens: torch.Tensor  # [B] int32, keys per request (prefix + new)
+    qo_indptr: torch.Tensor  # [B+1] int32, queries of request b: q[qo_indptr[b]:qo_indptr[b+1]]
+    o: torch.Tensor  # [T, Hq, Dv] case dtype, output (NaN-filled, canary-padded)
+    lse: torch.Tensor  # [T, Hq] fp32, output, natural log
+    sm_scale: float
+    causal: bool = True
+    window: int = -1
+    soft_cap: float = 0.0
+    sinks: torch.Tensor | None = None  # [Hq] fp32 logits
+    k_new: torch.Tensor | None = None  # [T, Hkv, Dk] extend: keys of the new tokens
+    v_new: torch.Tensor | None = None  # [T, Hkv, Dv]            (MLA: k_new[..., :512])
+    save_kv: bool = False  # write k_new/v_new into slot_mapping before attending
+    slot_mapping: torch.Tensor | None = None  # [T] int64 cache slot (page * page_size + offset) per new token
+    custom_mask: torch.Tensor | None = None  # bool, [q_len_b, seq_len_b] per request, flattened; True = visible
+    mask_indptr: torch.Tensor | None = None  # [B+1] int64 offsets into custom_mask
+    seq_lens_host: tuple[int, ...] = ()
+    q_lens_host: tuple[int, ...] = ()
+
+    @property
+    def page_size(self) -> int:
+        return self.k_cache.shape[1]
+
+
+@dataclass
+class MergeStateInputs:
+    v_a: torch.Tensor  # [T, H, D] case dtype
+    s_a: torch.Tensor  # [T, H] fp32, natural-log LSE (-inf = empty)
+    v_b: torch.Tensor
+    s_b: torch.Tensor
+    o: torch.Tensor  # [T, H, D] output
+    lse: torch.Tensor  # [T, H] fp32 output
+
+
+def _generators(seed: int, device: torch.device) -> tuple[torch.Generator, torch.Generator]:
+    """(host generator for tables and lengths, device generator for data), both from the case seed."""
+    host = torch.Generator().manual_seed(seed)
+    dev = torch.Generator(device=device).manual_seed(seed + 7919)
+    return host, dev
+
+
+def _randn(shape, dtype, gen: torch.Generator, device) -> torch.Tensor:
+    return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+
+
+def _lengths(n: int, most: int, kind: str, host: torch.Generator, least: int = 1) -> list[int]:
+    """Per-request lengths; the first request always has `most`, so ids name the longest."""
+    if kind == "equal" or n == 1:
+        return [most] * n
+    if kind == "skewed":
+        return [most] + [max(least, most // 16)] * (n - 1)
+    rest = torch.randint(least, most + 1, (n - 1,), generator=host).tolist()
+    return [most] + rest
+
+
+_ATTN_ID = (
+    IdField("b", ("batch",), always=True),
+    IdField("q", ("q_len",), always=True),
+    IdField("l", ("kv_len",), always=True),
+    IdField("pre", ("prefix_len",), always=True),
+    IdField("", ("lens",)),
+    IdField("h", ("heads_q", "heads_kv"), always=True),
+    IdField("d", ("head_dim", "head_dim_v"), always=True),
+    IdField("p", ("page_size",), always=True),
+    IdField("", ("mask",)),
+    IdField("kv", ("new_kv",)),
+    IdField("mla", ("mla",)),
+    IdField("swa", ("window",)),
+    IdField("cap", ("soft_cap",)),
+    IdField("sink", ("sinks",)),
+    IdField("scale", ("sm_scale",)),
+)
+
+
+class _PagedAttentionOp(Op):
+    family = "attention"
+    outputs = {"o": OutputSpec(("token", "head", "dim")), "lse": OutputSpec(("token", "head"))}
+
+    def features(self, p: AttentionParams) -> tuple[str, ...]:
+        f = ["mla"] if p.mla else ["mha" if p.heads_q == p.heads_kv else "mqa" if p.heads_kv == 1 else "gqa"]
+        f.append(f"page{p.page_size}")
+        if p.head_dim_v is not None and p.head_dim_v != p.head_dim and not p.mla:
+            f.append("dk!=dv")
+        if p.head_dim not in (64, 128, 256) and not p.mla:
+            f.append("odd-dim")
+        f += [name for name, on in (("swa", p.window >= 0), ("softcap", p.soft_cap > 0), ("sinks", p.sinks)) if on]
+        return tuple(f)
+
+    def _build(self, p: AttentionParams, dtype, seed, device, kv_lens, q_lens, new_kv: str) -> AttentionInputs:
+        host, gen = _generators(seed, device)
+        B, T = len(kv_lens), sum(q_lens)
+        Hkv, Dk, Dv = p.heads_kv, p.head_dim, p.dv
+        layout = make_layout(kv_lens, p.page_size, host, device)
+        k_cache = poisoned_cache(layout, Hkv, Dk, dtype, device)
+        v_cache = k_cache[..., :Dv] if p.mla else poisoned_cache(layout, Hkv, Dv, dtype, device)
+        k_new = v_new = slot_mapping = None
+        new_slots = []
+        for b, (L, n) in enumerate(zip(kv_lens, q_lens)):
+            cached = L - n if new_kv != "shared" else L
+            slots = layout.slots(b, 0, cached)
+            fill(k_cache, slots, _randn((cached, Hkv, Dk), dtype, gen, device))
+            if not p.mla:
+                fill(v_cache, slots, _randn((cached, Hkv, Dv), dtype, gen, device))
+            new_slots.append(layout.slots(b, L - n, L))
+        if new_kv in ("save", "attend"):
+            k_new = _randn((T, Hkv, Dk), dtype, gen, device)
+            v_new = k_new[..., :Dv] if p.mla else _randn((T, Hkv, Dv), dtype, gen, device)
+            if new_kv == "save":
+                slot_mapping = torch.cat(new_slots)
+        q = _randn((T, p.heads_q, Dk), dtype, gen, device)
+        sinks = _randn((p.heads_q,), torch.float32, gen, device) * 2 if p.sinks else None
+        qo = torch.tensor([0] + list(q_lens), dtype=torch.int64).cumsum(0).to(torch.int32)
+        mask = mask_indptr = None
+        if getattr(p, "mask", "causal") == "custom":
+            mask, mask_indptr = _custom_mask(kv_lens, q_lens, host, device)
+        return AttentionInputs(
+            q=q,
+            k_cache=k_cache,
+            v_cache=v_cache,
+            kv_indptr=layout.kv_indptr,
+            kv_page_indices=layout.kv_page_indices,
+            seq_lens=torch.tensor(kv_lens, dtype=torch.int32, device=device),
+            qo_indptr=qo.to(device),
+            o=alloc_output((T, p.heads_q, Dv), dtype, device),
+            lse=alloc_output((T, p.heads_q), torch.float32, device),
+            sm_scale=p.scale,
+            causal=getattr(p, "mask", "causal") != "bidirectional",
+            window=p.window,
+            soft_cap=p.soft_cap,
+            sinks=sinks,
+            k_new=k_new,
+            v_new=v_new,
+            save_kv=new_kv == "save",
+            slot_mapping=slot_mapping,
+            custom_mask=mask,
+            mask_indptr=mask_indptr,
+            seq_lens_host=tuple(kv_lens),
+            q_lens_host=tuple(q_lens),
+        )
+
+    def expected(self, p, x: AttentionInputs, precision):
+        o, lse = ref.paged_attention(
+            x.q, x.k_cache, x.v_cache, x.kv_indptr, x.kv_page_indices, x.seq_lens, x.qo_indptr,
+            sm_scale=x.sm_scale, causal=x.causal, window=x.window, soft_cap=x.soft_cap, sinks=x.sinks,
+            k_new=x.k_new, v_new=x.v_new, custom_mask=x.custom_mask, mask_indptr=x.mask_indptr,
+            precision=precision,
+        )  # fmt: skip
+        out = {"o": o, "lse": lse}
+        if x.save_kv:
+            out["k_cache"] = ref.saved_cache(x.k_cache, x.k_new, x.slot_mapping)
+            if not p.mla:
+                out["v_cache"] = ref.saved_cache(x.v_cache, x.v_new, x.slot_mapping)
+        return out
+
+    def perturb(self, x: AttentionInputs) -> None:
+        # Negating the values negates every output row that has a visible key, whatever the scores.
+        x.v_cache.neg_()
+        if x.v_new is not None:
+            x.v_new.neg_()
+
+    # ---- cost model ---------------------------------------------------------------------------
+    def _pairs_and_tokens(self, p: AttentionParams, x: AttentionInputs) -> tuple[int, int]:
+        """(visible (query, key) pairs, distinct keys attended) summed over requests."""
+        pairs = tokens = 0
+        mask = x.custom_mask.cpu() if x.custom_mask is not None else None
+        offsets = x.mask_indptr.tolist() if x.mask_indptr is not None else None
+        for b, (L, n) in enumerate(zip(x.seq_lens_host, x.q_lens_host)):
+            pos = torch.arange(L - n, L)[:, None]
+            j = torch.arange(L)[None, :]
+            if mask is not None:
+                vis = mask[offsets[b] : offsets[b + 1]].view(n, L).clone()
+            else:
+                vis = (j <= pos) if x.causal else torch.ones(n, L, dtype=torch.bool)
+            if x.window >= 0:
+                vis &= j >= pos - x.window
+            pairs += int(vis.sum())
+            tokens += int(vis.any(0).sum())
+        return pairs, tokens
+
+    def flops(self, p: AttentionParams, x: AttentionInputs) -> float:
+        pairs, _ = self._pairs_and_tokens(p, x)
+        return 2.0 * p.heads_q * pairs * (p.head_dim + p.dv)
+
+    def bytes(self, p: AttentionParams, x: AttentionInputs) -> float:
+        _, tokens = self._pairs_and_tokens(p, x)
+        el = x.q.element_size()
+        kv_per_token = p.heads_kv * (p.head_dim if p.mla else p.head_dim + p.dv) * el
+        total = x.q.numel() * el + x.o.numel() * el + x.lse.numel() * 4 + tokens * kv_per_token
+        if x.k_new is not None:  # read once; written into the cache once more when saved
+            new = x.k_new.numel() * el + (0 if p.mla else x.v_new.numel() * el)
+            total += new * (2 if x.save_kv else 1)
+        total += (x.kv_page_indices.numel() + x.kv_indptr.numel() + x.seq_lens.numel()) * 4
+        return float(total)
+
+
+def _custom_mask(kv_lens, q_lens, host: torch.Generator, device):
+    """Random visibility (p = 1/2) with each query's own key always visible, flattened per request."""
+    blocks = []
+    for L, n in zip(kv_lens, q_lens):
+        block = torch.rand(n, L, generator=host) < 0.5
+        block[torch.arange(n), torch.arange(L - n, L)] = True
+        blocks.append(block.flatten())
+    sizes = [n * L for L, n in zip(kv_lens, q_lens)]
+    indptr = torch.tensor([0] + sizes, dtype=torch.int64).cumsum(0)
+    return torch.cat(blocks).to(device), indptr.to(device)
+
+
+class DecodeOp(_PagedAttentionOp):
+    """One query per request over its paged KV (the current token's K/V already in the cache)."""
+
+    name = "decode"
+    Params = DecodeParams
+    id_fields = tuple(f for f in _ATTN_ID if f.fields[0] not in ("q_len", "prefix_len", "mask", "new_kv"))
+
+    def make_inputs(self, p: DecodeParams, dtype, seed, device) -> AttentionInputs:
+        host, _ = _generators(seed, device)
+        kv_lens = _lengths(p.batch, p.kv_len, p.lens, host)
+        return self._build(p, dtype, seed, device, kv_lens, [1] * p.batch, "shared")
+
+
+class ExtendOp(_PagedAttentionOp):
+    """Packed new tokens of each request over its paged prefix plus themselves."""
+
+    name = "extend"
+    Params = ExtendParams
+    id_fields = tuple(f for f in _ATTN_ID if f.fields[0] != "kv_len")
+
+    def writes_for(self, p: ExtendParams):
+        if p.new_kv != "save":
+            return {}
+        names = ("k_cache",) if p.mla else ("k_cache", "v_cache")
+        return {n: OutputSpec(("page", "slot", "head", "dim"), exact=True) for n in names}
+
+    def features(self, p: ExtendParams) -> tuple[str, ...]:
+        extra = [] if p.mask == "causal" else [p.mask]
+        extra += {"save": ["save-kv"], "attend": [], "shared": ["cross-layer-kv"]}[p.new_kv]
+        return super().features(p) + tuple(extra) + (("prefix",) if p.prefix_len else ())
+
+    def make_inputs(self, p: ExtendParams, dtype, seed, device) -> AttentionInputs:
+        host, _ = _generators(seed, device)
+        q_lens = _lengths(p.batch, p.q_len, p.lens, host)
+        prefix = _lengths(p.batch, p.prefix_len, p.lens, host, least=0) if p.prefix_len else [0] * p.batch
+        kv_lens = [a + b for a, b in zip(prefix, q_lens)]
+        return self._build(p, dtype, seed, device, kv_lens, q_lens, p.new_kv)
+
+
+class MergeStateOp(Op):
+    """Merge two partial (output, LSE) states over disjoint key sets (split-KV / cascade)."""
+
+    name = "merge_state"
+    family = "attention"
+    Params = MergeStateParams
+    id_fields = (
+        IdField("t", ("tokens",), always=True),
+        IdField("h", ("heads",), always=True),
+        IdField("d", ("head_dim",), always=True),
+        IdField("empty", ("empty",)),
+    )
+    outputs = {"o": OutputSpec(("token", "head", "dim")), "lse": OutputSpec(("token", "head"))}
+
+    def features(self, p: MergeStateParams) -> tuple[str, ...]:
+        return ("empty-states",) if p.empty else ()
+
+    def make_inputs(self, p: MergeStateParams, dtype, seed, device) -> MergeStateInputs:
+        _, gen = _generators(seed, device)
+        T, H, D = p.tokens, p.heads, p.head_dim
+        v_a, v_b = _randn((T, H, D), dtype, gen, device), _randn((T, H, D), dtype, gen, device)
+        s_a = _randn((T, H), torch.float32, gen, device) * 4
+        s_b = _randn((T, H), torch.float32, gen, device) * 4
+        if p.empty:  # a quarter of rows: a empty; an eighth: b empty; one in sixteen: both
+            t = torch.arange(T, device=device)
+            s_a[t % 4 == 1] = -math.inf
+            s_b[t % 8 == 2] = -math.inf
+            s_a[t % 16 == 3] = s_b[t % 16 == 3] = -math.inf
+        return MergeStateInputs(
+            v_a, s_a, v_b, s_b, alloc_output((T, H, D), dtype, device), alloc_output((T, H), torch.float32, device)
+        )
+
+    def expected(self, p, x: MergeStateInputs, precision):
+        o, lse = ref.merge_state(x.v_a, x.s_a, x.v_b, x.s_b, precision=precision)
+        return {"o": o, "lse": lse}
+
+    def perturb(self, x: MergeStateInputs) -> None:
+        x.v_a.neg_()
+        x.v_b.neg_()
+
+    def flops(self, p: MergeStateParams, x) -> float:
+        return 4.0 * p.tokens * p.heads * p.head_dim
+
+    def bytes(self, p: MergeStateParams, x: MergeStateInputs) -> float:
+        el = x.v_a.element_size()
+        return float(3 * x.v_a.numel() * el + 3 * x.s_a.numel() * 4)

@@ -1,0 +1,141 @@
+"""The Op contract: what one kernel computes, how its inputs are built, and how it is measured.
+
+An op owns its parameter schema (a frozen pydantic model), its case ids, its inputs (a dataclass of
+tensors built deterministically from the case seed), the float64 expectation of every output and side
+effect (from references/), and its FLOP and byte counts. The harness never looks inside an op's
+tensors beyond what this contract declares.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from typing import Any, ClassVar, Literal, get_args, get_origin
+
+import torch
+from pydantic import BaseModel, ConfigDict
+
+
+class Params(BaseModel):
+    """Base of every op's parameter schema: unknown keys are errors, instances are hashable."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+
+
+@dataclass(frozen=True)
+class IdField:
+    """One token of a case id.
+
+    `prefix` + value(s); several fields join with 'x' (`h32x8`). A bool field is its prefix alone when
+    true (`no` + prefix when false and not the default). A Literal field is `prefix` + its value.
+    Fields at their default are left out unless `always`.
+    """
+
+    prefix: str
+    fields: tuple[str, ...]
+    always: bool = False
+
+
+@dataclass(frozen=True)
+class OutputSpec:
+    """An output the check compares: its dim names (to locate the worst element) and how it compares.
+
+    `exact`: compared bit for bit (integer outputs, cache writes); otherwise with the tolerance rule.
+    """
+
+    dims: tuple[str, ...]
+    exact: bool = False
+
+
+class Op:
+    """Base class of op contracts. Subclasses set the class attributes and implement the methods."""
+
+    name: ClassVar[str]
+    family: ClassVar[str]
+    Params: ClassVar[type[Params]]
+    id_fields: ClassVar[tuple[IdField, ...]]
+    outputs: ClassVar[dict[str, OutputSpec]]
+
+    # ---- parameters -------------------------------------------------------------------------
+    def features(self, p: Params) -> tuple[str, ...]:
+        """Feature tags of a case (for the capability matrix), e.g. ('gqa', 'paged', 'swa')."""
+        return ()
+
+    def writes_for(self, p: Params) -> dict[str, OutputSpec]:
+        """Inputs this case writes (side effects), each compared with its expected final value."""
+        return {}
+
+    # ---- inputs and expectations -------------------------------------------------------------
+    def make_inputs(self, p: Params, dtype: torch.dtype, seed: int, device: torch.device) -> Any:
+        raise NotImplementedError
+
+    def expected(self, p: Params, inputs: Any, precision: torch.dtype) -> dict[str, torch.Tensor]:
+        """Every output and every written input as the math says, computed in `precision`.
+
+        float64 is the reference; the case dtype gives the native-precision twin that the tolerance
+        rule scales from. Returned tensors may be float64 regardless of the outputs' dtypes.
+        """
+        raise NotImplementedError
+
+    def perturb(self, inputs: Any) -> None:
+        """Change, in place, a data input so that every correct implementation's outputs change."""
+        raise NotImplementedError
+
+    # ---- cost model (documented in docs/conventions.md) ---------------------------------------
+    def flops(self, p: Params, inputs: Any) -> float:
+        return 0.0
+
+    def bytes(self, p: Params, inputs: Any) -> float:
+        return 0.0
+
+    # ---- case ids ------------------------------------------------------------------------------
+    def id_tokens(self, p: Params) -> list[str]:
+        """Readable id tokens, in `id_fields` order; fields at their default are left out unless `always`."""
+        defaults = type(p)()
+        tokens = []
+        for f in self.id_fields:
+            values = [getattr(p, name) for name in f.fields]
+            if not f.always and all(getattr(defaults, n) == v for n, v in zip(f.fields, values)):
+                continue
+            while values and values[-1] is None:  # optional trailing fields (head_dim_v) drop out
+                values.pop()
+            if not values:
+                continue
+            if len(values) == 1 and isinstance(values[0], bool):
+                tokens.append(f.prefix if values[0] else "no" + f.prefix)
+                continue
+            tokens.append(f.prefix + "x".join(_fmt(v) for v in values))
+        return tokens
+
+    def parse_id_tokens(self, tokens: list[str]) -> dict[str, Any]:
+        """Inverse of `id_tokens`: the parameter values the tokens name (the rest keep defaults)."""
+        out: dict[str, Any] = {}
+        schema = self.Params.model_fields
+        for tok in tokens:
+            for f in sorted(self.id_fields, key=lambda f: -len(f.prefix)):
+                field = schema[f.fields[0]]
+                if field.annotation is bool:
+                    if tok in (f.prefix, "no" + f.prefix):
+                        out[f.fields[0]] = tok == f.prefix
+                        break
+                    continue
+                choices = get_args(field.annotation) if get_origin(field.annotation) is Literal else ()
+                if not tok.startswith(f.prefix):
+                    continue
+                rest = tok[len(f.prefix) :]
+                parts = rest.split("x") if len(f.fields) > 1 else [rest]
+                ok = (rest in choices) if choices else (
+                    len(parts) <= len(f.fields) and all(re.fullmatch(r"-?\d+(\.\d*)?(e-?\d+)?", s) for s in parts)
+                )
+                if ok:
+                    out.update(zip(f.fields, parts))
+                    break
+            else:
+                raise ValueError(f"unknown token {tok!r} in a {self.name} case id")
+        return out
+
+
+def _fmt(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    return str(v)

@@ -1,0 +1,49 @@
+"""Realistic paged KV caches: shuffled non-repeating page tables, partial last pages, NaN poison.
+
+Every slot that no request owns (the tail of a partial last page, spare pages) and every slot a kernel
+is to write (new tokens of an extend with `save`) holds NaN, so a kernel that reads past a sequence
+produces NaN and fails its check.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class PagedLayout:
+    """Where each request's tokens live. Lengths are host-side; tensors are int32 on the device."""
+
+    page_size: int
+    num_pages: int
+    seq_lens: list[int]
+    kv_indptr: torch.Tensor  # [B+1] int32
+    kv_page_indices: torch.Tensor  # [nnz] int32
+
+    def slots(self, b: int, start: int, stop: int) -> torch.Tensor:
+        """Token slots (page * page_size + offset, int64) of positions start..stop-1 of request b."""
+        pages = self.kv_page_indices[int(self.kv_indptr[b]) : int(self.kv_indptr[b + 1])].long()
+        pos = torch.arange(start, stop, device=pages.device)
+        return pages[pos // self.page_size] * self.page_size + pos % self.page_size
+
+
+def make_layout(seq_lens: list[int], page_size: int, generator: torch.Generator, device) -> PagedLayout:
+    """A page table with pages drawn at random, without repetition, from a pool with ~12% spare pages."""
+    need = [-(-n // page_size) for n in seq_lens]
+    total = sum(need)
+    num_pages = total + max(2, total // 8)
+    perm = torch.randperm(num_pages, generator=generator, device="cpu")[:total].to(torch.int32)
+    indptr = torch.tensor([0] + need, dtype=torch.int64).cumsum(0).to(torch.int32)
+    return PagedLayout(page_size, num_pages, list(seq_lens), indptr.to(device), perm.to(device))
+
+
+def poisoned_cache(layout: PagedLayout, heads: int, dim: int, dtype, device) -> torch.Tensor:
+    """An all-NaN cache `[num_pages, page_size, heads, dim]`."""
+    return torch.full((layout.num_pages, layout.page_size, heads, dim), float("nan"), dtype=dtype, device=device)
+
+
+def fill(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
+    """Write `values [n, H, D]` into token `slots [n]` of `cache`."""
+    cache.view(-1, *cache.shape[2:])[slots] = values.to(cache.dtype)

@@ -1,0 +1,35 @@
+"""Render a run directory from its results alone: report.html, results.csv, junit.xml, summary.md."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+from attnbench.report.exports import write_csv, write_junit, write_summary_md
+from attnbench.report.html import render_html
+from attnbench.results import read_results
+
+
+def _load_json(path: Path) -> dict:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def render_all(run_dir: Path) -> None:
+    run_dir = Path(run_dir)
+    rows = read_results(run_dir / "results.jsonl")
+    env, run = _load_json(run_dir / "env.json"), _load_json(run_dir / "run.json")
+    write_csv(rows, run_dir / "results.csv")
+    write_junit(rows, run_dir / "junit.xml")
+    write_summary_md(rows, run_dir / "summary.md", env)
+    (run_dir / "report.html").write_text(render_html(rows, env, run), encoding="utf-8")
+
+
+def status_counts(rows) -> dict[str, Counter]:
+    by: dict[str, Counter] = {}
+    for r in rows:
+        by.setdefault(r.backend, Counter())[r.status] += 1
+    return by

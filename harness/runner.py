@@ -1,0 +1,174 @@
+"""Run cases: reference once per case, then every backend prepared, checked and timed the same way.
+
+For one case: backends that do not support it become `skip` rows; the inputs are built once and the
+float64 reference and the native-precision twin computed once; each backend gets its own clone of the
+inputs, `prepare` (timed apart, by host clock), one checked call, one stale-output call on perturbed
+inputs; then the closures of all backends that ran are timed together, interleaved. Any exception
+becomes an `error` row for that backend only.
+"""
+
+from __future__ import annotations
+
+import time
+import traceback
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
+
+import torch
+
+from attnbench.backend import Backend
+from attnbench.buffers import clone_tensors
+from attnbench.case import Case
+from attnbench.checks import Verdict, check, outputs_changed
+from attnbench.errors import Unsupported
+from attnbench.results import Result
+from attnbench.timing import TimingConfig, time_closures
+from attnbench.tolerance import rule_for
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    timing: bool = True
+    timing_config: TimingConfig | None = None
+
+
+def _sync(case: Case) -> None:
+    if case.on_cuda:
+        torch.cuda.synchronize(torch.device(case.device))
+
+
+def _describe(e: BaseException) -> str:
+    if isinstance(e, torch.OutOfMemoryError):
+        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+        return f"out of memory: {first}"
+    tb = traceback.extract_tb(e.__traceback__)
+    where = f" ({tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
+    return f"{type(e).__name__}: {e}{where}".strip()
+
+
+def _row(case: Case, backend: str, status: str, reason: str = "", **kw) -> Result:
+    return Result(
+        case_id=case.id,
+        op=case.op_name,
+        backend=backend,
+        status=status,
+        reason=reason,
+        params=case.params.model_dump(),
+        dtype=case.dtype,
+        seed=case.seed,
+        suite=case.suite,
+        features=list(case.features),
+        tolerance_why=case.tolerance.why if case.tolerance else "",
+        **kw,
+    )
+
+
+def _supports(backend: Backend, case: Case) -> str | None:
+    try:
+        return backend.supports(case)
+    except Exception as e:  # a plugin whose supports() raises is an error, not a crash
+        raise _SupportsFailed(f"supports() raised {_describe(e)}") from e
+
+
+class _SupportsFailed(Exception):
+    pass
+
+
+def run_case(case: Case, backends: list[Backend], opts: RunOptions, env: dict | None = None) -> list[Result]:
+    """All rows of one case, in backend order."""
+    env = env or {}
+    rows: dict[str, Result] = {}
+    todo: list[Backend] = []
+    for b in backends:
+        try:
+            reason = _supports(b, case)
+        except _SupportsFailed as e:
+            rows[b.name] = _row(case, b.name, "error", str(e), env=env)
+            continue
+        if reason:
+            rows[b.name] = _row(case, b.name, "skip", reason, env=env)
+        else:
+            todo.append(b)
+    if not todo:
+        return [rows[b.name] for b in backends]
+
+    op, p = case.op, case.params
+    try:
+        t0 = time.perf_counter()
+        pristine = case.make_inputs()
+        expected = op.expected(p, pristine, torch.float64)
+        twin = op.expected(p, pristine, case.torch_dtype)
+        _sync(case)
+        ref_s = time.perf_counter() - t0
+        flops, nbytes = op.flops(p, pristine), op.bytes(p, pristine)
+    except Exception as e:
+        for b in todo:
+            rows[b.name] = _row(case, b.name, "error", f"building inputs/reference failed: {_describe(e)}", env=env)
+        return [rows[b.name] for b in backends]
+
+    rule = rule_for(case)
+    closures: dict[str, Callable] = {}
+    for b in todo:
+        try:
+            work = clone_tensors(pristine)
+            t0 = time.perf_counter()
+            fn = b.prepare(case, work)
+            _sync(case)
+            prep = time.perf_counter() - t0
+            outputs = fn()
+            _sync(case)
+            verdict = check(op, p, pristine, work, outputs, expected, twin, rule)
+            _stale_check(case, fn, work, outputs, verdict)
+            status = "pass" if verdict.ok else "fail"
+            rows[b.name] = _row(
+                case, b.name, status, verdict.reason, metrics=verdict.metrics, prepare_s=prep, reference_s=ref_s, env=env
+            )
+            closures[b.name] = fn
+        except Unsupported as e:
+            rows[b.name] = _row(case, b.name, "skip", str(e), env=env)
+        except Exception as e:
+            rows[b.name] = _row(case, b.name, "error", _describe(e), reference_s=ref_s, env=env)
+            if case.on_cuda:
+                torch.cuda.empty_cache()
+    if opts.timing and closures:
+        try:
+            stats = time_closures(closures, case.device, opts.timing_config)
+        except Exception as e:
+            for name in closures:
+                rows[name].status, rows[name].reason = "error", f"timing failed: {_describe(e)}"
+            stats = {}
+        for name, st in stats.items():
+            secs = st.median_us * 1e-6
+            rows[name].timing = st.to_dict()
+            rows[name].derived = {
+                "flops": flops,
+                "bytes": nbytes,
+                "tflops": flops / secs / 1e12 if secs > 0 else 0.0,
+                "tbps": nbytes / secs / 1e12 if secs > 0 else 0.0,
+            }
+    else:
+        for name in closures:
+            rows[name].derived = {"flops": flops, "bytes": nbytes}
+    return [rows[b.name] for b in backends]
+
+
+def _stale_check(case: Case, fn: Callable, work, outputs: dict, verdict: Verdict) -> None:
+    """Perturb the inputs in place and run again: a correct closure's outputs must change."""
+    before = {k: v.clone() for k, v in outputs.items()}
+    case.op.perturb(work)
+    again = fn()
+    _sync(case)
+    if not outputs_changed(before, again):
+        verdict.problems.append("stale output: outputs did not change when the inputs did")
+
+
+def run_cases(
+    cases: Iterable[Case],
+    backends: list[Backend],
+    opts: RunOptions,
+    on_rows: Callable[[Case, list[Result]], None],
+    env: dict | None = None,
+) -> None:
+    """Run every case in order; `on_rows` receives each case's rows as soon as they exist."""
+    for case in cases:
+        on_rows(case, run_case(case, backends, opts, env))

@@ -1,0 +1,250 @@
+"""Suites: YAML files of sweeps, validated (pydantic, unknown keys are errors) and expanded into cases.
+
+    name: decode
+    device: cuda                     # what the suite is sized for: any | cuda
+    dtypes: [bf16]                   # default for every entry
+    cases:
+      - op: decode
+        model: llama3-8b             # a preset from suites/models/presets.yaml (optional)
+        params: {page_size: 16}      # fixed values, over the preset
+        sweep:                       # Cartesian product, first axis outermost
+          batch: [1, 64]
+          kv_len: {pow2: [10, 13]}   # 1024 .. 8192; also {range: [start, stop, step]}, inclusive
+        zip:                         # axes varied together (one group, or a list of groups)
+          head_dim: [64, 192]
+          head_dim_v: [64, 128]
+        tolerance: {factor: 3, why: "soft cap: tanh amplifies rounding"}
+
+Every error (YAML syntax, unknown key, wrong type, impossible shape) is a SuiteError `file:line: ...`.
+"""
+
+from __future__ import annotations
+
+import itertools
+from importlib import resources
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator
+
+from attnbench import yamlines
+from attnbench.case import Case, Tolerance
+from attnbench.dtypes import DTYPES
+from attnbench.errors import SuiteError
+from attnbench.ops import OPS
+
+Scalar = StrictInt | StrictFloat | StrictStr | bool | None
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RangeAxis(_Strict):
+    range: tuple[int, int] | tuple[int, int, int]
+
+    def values(self) -> list[int]:
+        start, stop, *step = self.range
+        return list(range(start, stop + 1, step[0] if step else 1))
+
+
+class Pow2Axis(_Strict):
+    pow2: tuple[int, int]
+
+    def values(self) -> list[int]:
+        return [2**e for e in range(self.pow2[0], self.pow2[1] + 1)]
+
+
+Axis = list[Scalar] | RangeAxis | Pow2Axis
+
+
+def _values(axis: Axis) -> list[Any]:
+    return axis if isinstance(axis, list) else axis.values()
+
+
+class ToleranceSpec(_Strict):
+    factor: float | None = Field(None, gt=0)
+    floor: float | None = Field(None, ge=0)
+    why: str = Field(min_length=3, description="required: why this sweep needs a different tolerance")
+
+
+class Entry(_Strict):
+    op: str
+    model: str | None = None
+    params: dict[str, Scalar] = {}
+    sweep: dict[str, Axis] = {}
+    zip: dict[str, Axis] | list[dict[str, Axis]] = []
+    dtypes: list[str] | None = None
+    seeds: list[int] | None = None
+    tolerance: ToleranceSpec | None = None
+
+    @field_validator("op")
+    @classmethod
+    def _op(cls, v: str) -> str:
+        if v not in OPS:
+            raise ValueError(f"unknown op {v!r}; available: {', '.join(sorted(OPS))}")
+        return v
+
+    @field_validator("dtypes")
+    @classmethod
+    def _dtypes(cls, v):
+        for d in v or ():
+            if d not in DTYPES:
+                raise ValueError(f"unknown dtype {d!r}; expected one of {', '.join(DTYPES)}")
+        return v
+
+
+class SuiteSpec(_Strict):
+    name: str | None = None
+    description: str = ""
+    device: Literal["any", "cuda"] = "any"
+    backends: list[str] | None = None
+    dtypes: list[str] = ["bf16"]
+    seeds: list[int] = [0]
+    cases: list[Entry] = Field(min_length=1)
+
+    _check_dtypes = field_validator("dtypes")(Entry._dtypes.__func__)
+
+
+class Suite:
+    """A loaded, validated suite: its spec and its expanded cases (deduplicated by id)."""
+
+    def __init__(self, path: Path, spec: SuiteSpec, cases: list[Case]):
+        self.path, self.spec, self.cases = path, spec, cases
+
+    @property
+    def name(self) -> str:
+        return self.spec.name or self.path.stem
+
+
+# ---- locating suites -----------------------------------------------------------------------------
+def builtin_dir() -> Path:
+    return Path(str(resources.files("attnbench.suites")))
+
+
+def builtin_names() -> list[str]:
+    root = builtin_dir()
+    names = [p.stem for p in root.glob("*.yaml")]
+    names += [f"models/{p.stem}" for p in (root / "models").glob("*.yaml") if p.stem != "presets"]
+    return sorted(names)
+
+
+def resolve(name_or_path: str) -> Path:
+    p = Path(name_or_path)
+    if p.suffix in (".yaml", ".yml") or p.exists():
+        if not p.is_file():
+            raise SuiteError(p, None, "no such suite file")
+        return p
+    candidate = builtin_dir() / f"{name_or_path}.yaml"
+    if candidate.is_file():
+        return candidate
+    raise SuiteError(name_or_path, None, f"no such suite; built-in suites: {', '.join(builtin_names())}")
+
+
+def presets() -> dict[str, dict[str, dict[str, Any]]]:
+    """Model presets: model -> preset key (op family) -> parameter values."""
+    return yaml.safe_load((builtin_dir() / "models" / "presets.yaml").read_text(encoding="utf-8"))
+
+
+# ---- loading --------------------------------------------------------------------------------------
+def load(name_or_path: str, device: str = "cpu") -> Suite:
+    path = resolve(name_or_path)
+    data, lines = yamlines.load(path)
+    if not isinstance(data, dict):
+        raise SuiteError(path, 1, "a suite is a mapping with at least a `cases:` list")
+    try:
+        spec = SuiteSpec.model_validate(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and x in _UNION_TAGS))
+        raise SuiteError(path, yamlines.line_of(lines, loc), f"{_dotted(loc)}: {_msg(err)}") from None
+    known = presets()
+    cases: dict[str, Case] = {}
+    for i, entry in enumerate(spec.cases):
+        for case in _expand(entry, i, spec, known, path, lines, device):
+            cases.setdefault(case.id, case)
+    return Suite(path, spec, list(cases.values()))
+
+
+_UNION_TAGS = {"list[union[...]]", "RangeAxis", "Pow2Axis", "function-after[_op(), str]"}
+
+
+def _dotted(loc) -> str:
+    out = ""
+    for x in loc:
+        out += f"[{x}]" if isinstance(x, int) else (f".{x}" if out else str(x))
+    return out or "suite"
+
+
+def _msg(err: dict) -> str:
+    msg = err["msg"].removeprefix("Value error, ")
+    if err["type"] == "extra_forbidden":
+        return "unknown key"
+    if err["type"] == "missing":
+        return "required key missing"
+    return msg
+
+
+def _expand(entry: Entry, i: int, spec: SuiteSpec, known, path, lines, device) -> list[Case]:
+    op = OPS[entry.op]
+    at = ("cases", i)
+    base: dict[str, Any] = {}
+    if entry.model is not None:
+        if entry.model not in known:
+            raise SuiteError(
+                path, yamlines.line_of(lines, at + ("model",)), f"unknown model {entry.model!r}; presets: {', '.join(known)}"
+            )
+        base.update(known[entry.model].get(getattr(op, "preset_key", op.family), {}))
+    base.update(entry.params)
+    names = list(op.Params.model_fields)
+    for section in ("params", "sweep"):
+        for key in getattr(entry, section):
+            if key not in names:
+                raise SuiteError(
+                    path,
+                    yamlines.line_of(lines, at + (section, key)),
+                    f"{entry.op} has no parameter {key!r}; parameters: {', '.join(names)}",
+                )
+    groups = entry.zip if isinstance(entry.zip, list) else ([entry.zip] if entry.zip else [])
+    zipped: list[list[dict[str, Any]]] = []
+    for g, group in enumerate(groups):
+        zat = at + ("zip",) + ((g,) if isinstance(entry.zip, list) else ())
+        cols = {k: _values(v) for k, v in group.items()}
+        for key in cols:
+            if key not in names:
+                raise SuiteError(path, yamlines.line_of(lines, zat + (key,)), f"{entry.op} has no parameter {key!r}")
+        sizes = {len(v) for v in cols.values()}
+        if len(sizes) > 1:
+            raise SuiteError(path, yamlines.line_of(lines, zat), f"zipped axes differ in length: {sorted(sizes)}")
+        n = sizes.pop() if sizes else 0
+        zipped.append([{k: v[j] for k, v in cols.items()} for j in range(n)])
+    axes = {k: _values(v) for k, v in entry.sweep.items()}
+    dtypes = entry.dtypes or spec.dtypes
+    seeds = entry.seeds or spec.seeds
+    tol = entry.tolerance and Tolerance(entry.tolerance.factor, entry.tolerance.floor, entry.tolerance.why)
+    suite_name = spec.name or Path(path).stem
+    out = []
+    for combo in itertools.product(*axes.values()):
+        for zs in itertools.product(*zipped):
+            values = dict(base)
+            values.update(zip(axes, combo))
+            for z in zs:
+                values.update(z)
+            try:
+                params = op.Params(**values)
+            except ValidationError as e:
+                err = e.errors()[0]
+                key = err["loc"][0] if err["loc"] else None
+                line = None
+                for section in ("sweep", "params", "zip"):
+                    if key is not None and (at + (section, key)) in lines:
+                        line = lines[at + (section, key)]
+                        break
+                shown = ", ".join(f"{k}={v}" for k, v in values.items())
+                where = f"{key}: " if key else ""
+                raise SuiteError(path, line or yamlines.line_of(lines, at), f"{where}{_msg(err)} (at {shown})") from None
+            for dtype in dtypes:
+                for seed in seeds:
+                    out.append(Case(entry.op, params, dtype, seed, tolerance=tol, suite=suite_name, device=device))
+    return out

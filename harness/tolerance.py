@@ -1,0 +1,54 @@
+"""The tolerance rule: how far from float64 a correct kernel may be.
+
+A numeric output passes when
+
+    max |out - ref|  <=  factor * max |twin - ref|  +  floor * u(dtype) * scale
+
+- `ref` is the float64 reference, `twin` the native-precision twin (the same math in the case dtype
+  with float32 accumulation, probabilities rounded like a flash kernel; references/),
+- `factor` (default 2; FlashAttention's own tests use 2) allows a different but faithful rounding
+  order, `u(dtype)` is the unit roundoff of the output's dtype (fp32 2^-24, fp16 2^-11, bf16 2^-8),
+- `scale` is max |ref| over finite elements (1 when that is 0), and `floor` (default 1) unit of
+  roundoff at that scale catch the case where the twin happens to be exact.
+
+Non-finite expectations (-inf LSE of an empty row) must be matched exactly. A suite may override
+`factor` and `floor` per sweep entry, only with a written `why` that the report shows.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from attnbench.dtypes import unit_roundoff
+
+DEFAULT_FACTOR = 2.0
+DEFAULT_FLOOR = 1.0
+
+
+@dataclass(frozen=True)
+class Rule:
+    factor: float = DEFAULT_FACTOR
+    floor: float = DEFAULT_FLOOR
+    why: str = ""
+
+    def bound(self, native_err: float, dtype: torch.dtype, scale: float) -> float:
+        return self.factor * native_err + self.floor * unit_roundoff(dtype) * scale
+
+    def describe(self, native_err: float, dtype: torch.dtype, scale: float) -> str:
+        return (
+            f"{self.factor:g}x twin {native_err:.2e} + {self.floor:g}u*{scale:.3g} = "
+            f"{self.bound(native_err, dtype, scale):.2e}"
+        )
+
+
+def rule_for(case) -> Rule:
+    t = case.tolerance
+    if t is None:
+        return Rule()
+    return Rule(
+        factor=DEFAULT_FACTOR if t.factor is None else t.factor,
+        floor=DEFAULT_FLOOR if t.floor is None else t.floor,
+        why=t.why,
+    )

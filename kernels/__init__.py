@@ -1,0 +1,6 @@
+"""Built-in backends, one sub-package each. Importing this registers every one of them.
+
+Each package imports without its optional library; its `available()` then says what is missing.
+"""
+
+from attnbench.kernels import torch  # noqa: F401

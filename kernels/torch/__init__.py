@@ -1,0 +1,21 @@
+"""The bundled pure-PyTorch backend: every op, CPU and GPU, the baseline present in every suite."""
+
+from __future__ import annotations
+
+from attnbench.backend import Backend, register_backend
+from attnbench.kernels.torch.attention import paged_attention
+from attnbench.kernels.torch.merge import merge_state
+
+
+@register_backend("torch")
+class TorchBackend(Backend):
+    description = "plain PyTorch in the case dtype with float32 accumulation (vectorised, CPU and GPU)"
+
+    def prepare_decode(self, case, x):
+        return lambda: paged_attention(x)
+
+    def prepare_extend(self, case, x):
+        return lambda: paged_attention(x)
+
+    def prepare_merge_state(self, case, x):
+        return lambda: merge_state(x)
