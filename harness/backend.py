@@ -6,6 +6,9 @@ conversion, allocation, plan(), JIT, compilation) and returns the zero-argument 
 only thing timed. The closure must read the *current contents* of the input tensors on every call
 (the harness perturbs them in place to catch stale outputs, and rotates them when timing) and
 return a dict of the op's outputs, normally the preallocated `inputs.o`, `inputs.lse`, ... it wrote.
+A closure may carry an `info` dict attribute (e.g. `{"jit_s": 12.1, "plan_s": 0.002, "variant": "fa3"}`)
+that the result row records as `prepare_info`. Raise `attnbench.errors.Unsupported` in `prepare` to
+turn a case into a skip when support is only known late.
 
 Built-in backends register exactly as plugins do::
 

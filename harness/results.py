@@ -29,6 +29,7 @@ class Result:
     timing: dict[str, Any] | None = None
     derived: dict[str, float] = field(default_factory=dict)
     prepare_s: float | None = None  # layout conversion, plan(), JIT, compilation: never in `timing`
+    prepare_info: dict[str, Any] = field(default_factory=dict)  # a backend's breakdown (jit_s, plan_s, variant)
     reference_s: float | None = None  # float64 reference + twin, shared by every backend of the case
     tolerance_why: str = ""
     env: dict[str, Any] = field(default_factory=dict)

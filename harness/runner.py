@@ -121,8 +121,9 @@ def run_case(case: Case, backends: list[Backend], opts: RunOptions, env: dict | 
             _stale_check(case, fn, work, outputs, verdict)
             status = "pass" if verdict.ok else "fail"
             rows[b.name] = _row(
-                case, b.name, status, verdict.reason, metrics=verdict.metrics, prepare_s=prep, reference_s=ref_s, env=env
-            )
+                case, b.name, status, verdict.reason, metrics=verdict.metrics, prepare_s=prep, reference_s=ref_s,
+                prepare_info=dict(getattr(fn, "info", {}) or {}), env=env,
+            )  # fmt: skip
             closures[b.name] = fn
         except Unsupported as e:
             rows[b.name] = _row(case, b.name, "skip", str(e), env=env)

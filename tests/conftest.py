@@ -1,0 +1,57 @@
+"""Test setup: CPU machines run Triton kernels in the interpreter; GPU-only tests skip with a reason.
+
+Markers (pyproject.toml): gpu, sm90, flashinfer, cute, fla, interpreter. `pytest` on a CPU machine
+runs everything that can run there; `pytest -m gpu` (nox -s gpu) on a GPU machine runs the rest.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+import torch
+
+HAS_CUDA = torch.cuda.is_available()
+if not HAS_CUDA:
+    os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
+
+import pytest  # noqa: E402
+
+
+def _sm() -> tuple[int, int] | None:
+    return torch.cuda.get_device_capability() if HAS_CUDA else None
+
+
+def _has(mod: str) -> bool:
+    try:
+        return importlib.util.find_spec(mod) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+_NEEDS = {
+    "gpu": (lambda: HAS_CUDA, "needs a CUDA GPU"),
+    "sm90": (lambda: HAS_CUDA and _sm()[0] == 9, "needs a Hopper (sm_90) GPU"),
+    "flashinfer": (lambda: _has("flashinfer"), "needs FlashInfer (pip install 'attnbench[gpu]')"),
+    "cute": (lambda: _has("cutlass") and _has("flash_attn"), "needs CuTe DSL and FlashAttention-4"),
+    "fla": (lambda: _has("fla"), "needs flash-linear-attention (fla-core)"),
+}
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        for name, (ok, why) in _NEEDS.items():
+            if name in item.keywords and not ok():
+                item.add_marker(pytest.mark.skip(reason=why))
+
+
+@pytest.fixture(scope="session")
+def device() -> str:
+    return "cuda" if HAS_CUDA else "cpu"
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _backends():
+    from attnbench.backend import load_builtin
+
+    load_builtin()
