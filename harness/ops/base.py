@@ -136,6 +136,6 @@ class Op:
 
 
 def _fmt(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:g}"
+    if isinstance(v, float):  # short when exact, else the shortest repr that round-trips
+        return f"{v:g}" if float(f"{v:g}") == v else repr(v)
     return str(v)
