@@ -37,7 +37,6 @@ from attnbench.errors import AttnbenchError
 
 if TYPE_CHECKING:
     import torch
-
     from attnbench.case import Case
 
 Closure = Callable[[], dict[str, "torch.Tensor"]]

@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from attnbench import backend as backend_mod
+from attnbench.errors import AttnbenchError
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
-
-from attnbench import backend as backend_mod
-from attnbench.errors import AttnbenchError
 
 app = typer.Typer(
     rich_markup_mode="rich",
@@ -169,7 +168,7 @@ def list_suites() -> None:
         table.add_column(col)
     for name in builtin_names():
         try:
-            s = load(name)
+            s = load(name, "cuda")  # listing only: the device check does not apply
             table.add_row(name, s.spec.device, str(len(s.cases)), " ".join(s.spec.description.split())[:90])
         except AttnbenchError as e:
             table.add_row(name, "?", "?", f"[red]{e}[/]")

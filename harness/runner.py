@@ -15,7 +15,6 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
 import torch
-
 from attnbench.backend import Backend
 from attnbench.buffers import clone_tensors
 from attnbench.case import Case

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
-
 from attnbench import env as envmod
 from attnbench.backend import Backend, all_backends, get_backend
 from attnbench.case import Case
@@ -71,12 +70,6 @@ def plan(
     device = resolve_device(device)
     names = suite_names or ([] if case_ids else default_suites(device))
     suites = [load(n, device) for n in names]
-    for s in suites:
-        if s.spec.device == "cuda" and not device.startswith("cuda"):
-            raise AttnbenchError(
-                f"suite {s.name!r} is sized for a GPU (device: cuda in {s.path}); on a CPU run `smoke`, "
-                "or give your own suite file"
-            )
     cases = [c for s in suites for c in s.cases]
     if case_ids:
         cases += [_case_from_id(i, device) for i in case_ids]

@@ -6,7 +6,6 @@ import math
 
 import pytest
 import torch
-
 from attnbench.case import Case
 from attnbench.references.attention import merge_state, paged_attention
 
