@@ -52,6 +52,7 @@ def latency_by_case(rows, op: str) -> str | None:
 def latency_vs_axis(rows, op: str, axis: str) -> str | None:
     """Latency against one swept parameter (log-log), a line per backend and per other-parameter group."""
     timed = [r for r in rows if r.op == op and r.timing and isinstance(r.params.get(axis), (int, float))]
+    timed = [r for r in timed if r.params[axis] > 0 and r.timing["median_us"] > 0]  # log axes
     if len({r.params[axis] for r in timed}) < 3:
         return None
     series = defaultdict(list)
