@@ -37,6 +37,7 @@ from attnbench.errors import AttnbenchError
 
 if TYPE_CHECKING:
     import torch
+
     from attnbench.case import Case
 
 Closure = Callable[[], dict[str, "torch.Tensor"]]

@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 import torch
+
 from attnbench.dtypes import DTYPES, to_torch
 from attnbench.ops import get_op
 from attnbench.ops.base import Op, Params

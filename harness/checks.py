@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
 from attnbench.buffers import bitwise_equal, canary_intact, tensor_fields
 from attnbench.ops.base import OutputSpec
 from attnbench.tolerance import Rule

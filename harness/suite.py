@@ -26,11 +26,6 @@ from pathlib import Path
 from typing import Annotated, Any, Literal
 
 import yaml
-from attnbench import yamlines
-from attnbench.case import Case, Tolerance
-from attnbench.dtypes import DTYPES
-from attnbench.errors import SuiteError
-from attnbench.ops import OPS
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -42,6 +37,12 @@ from pydantic import (
     ValidationError,
     field_validator,
 )
+
+from attnbench import yamlines
+from attnbench.case import Case, Tolerance
+from attnbench.dtypes import DTYPES
+from attnbench.errors import SuiteError
+from attnbench.ops import OPS
 
 Scalar = StrictInt | StrictFloat | StrictStr | bool | None
 

@@ -24,6 +24,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from attnbench.dtypes import unit_roundoff
 
 DEFAULT_FACTOR = 2.0

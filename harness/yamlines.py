@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+
 from attnbench.errors import SuiteError
 
 Path_ = tuple[Any, ...]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from attnbench.backend import get_backend
 from attnbench.kernels.mutants import MUTANTS
 from helpers import run_one
@@ -31,3 +32,18 @@ def test_reasons_name_the_failure():
         m = by[name]
         row = run_one(m.cases[0], m.backend())
         assert words in row.reason, f"{name}: {row.reason}"
+
+
+def test_selftest_command_passes():
+    from typer.testing import CliRunner
+
+    from attnbench.cli import app
+
+    res = CliRunner().invoke(app, ["selftest"], catch_exceptions=False)
+    assert res.exit_code == 0, res.output
+    import re
+
+    from attnbench.kernels.mutants import MUTANTS
+
+    n = sum(len(m.cases) for m in MUTANTS)
+    assert re.search(rf"\b{n}/{n} ok", res.output), res.output[-500:]

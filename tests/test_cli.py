@@ -6,10 +6,11 @@ import json
 import textwrap
 
 import pytest
+from typer.testing import CliRunner
+
 from attnbench.cli import app
 from attnbench.results import read_results
 from attnbench.suite import load
-from typer.testing import CliRunner
 
 runner = CliRunner()
 

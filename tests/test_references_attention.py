@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from attnbench.case import Case
 from attnbench.references.attention import merge_state, paged_attention
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+
 from attnbench.errors import SuiteError
 from attnbench.suite import builtin_names, load
 

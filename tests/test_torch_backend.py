@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
 from attnbench.backend import get_backend
 from attnbench.case import Case
 from attnbench.ops.attention import DecodeParams, ExtendParams, MergeStateParams
 from helpers import run_one
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
 
 SETTINGS = settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 dtypes = st.sampled_from(["fp32", "fp16", "bf16"])

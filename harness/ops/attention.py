@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from typing import Literal
 
 import torch
+from pydantic import Field, model_validator
+
 from attnbench.buffers import alloc_output
 from attnbench.ops.base import IdField, Op, OutputSpec, Params
 from attnbench.ops.paged import fill, make_layout, poisoned_cache
 from attnbench.references import attention as ref
-from pydantic import Field, model_validator
 
 MLA_DK, MLA_DV = 576, 512
 MLA_SCALE = 192**-0.5  # DeepSeek-V3: 1/sqrt(qk_nope 128 + qk_rope 64), without the YaRN mscale

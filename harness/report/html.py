@@ -7,6 +7,7 @@ from collections import Counter
 from importlib import resources
 
 import jinja2
+
 from attnbench.capability import matrix_from_rows
 from attnbench.report import plots
 from attnbench.tolerance import DEFAULT_FACTOR, DEFAULT_FLOOR

@@ -13,6 +13,7 @@ import math
 from collections.abc import Callable
 
 import torch
+
 from attnbench.backend import Backend
 from attnbench.kernels.torch.attention import paged_attention
 from attnbench.kernels.torch.merge import merge_state
