@@ -74,7 +74,11 @@ def parse_shard(text: str | None) -> tuple[int, int] | None:
 
 
 def parse_gpus(text: str | None, device: str) -> list[str]:
-    """`all` or `0,1,...` -> worker devices; default: the run device alone."""
+    """`all` or `0,1,...` -> worker devices; default: the run device alone.
+
+    A GPU may be named more than once (`0,0,0,0`): several workers then share it, which suits a
+    correctness-only pass (`--no-timing`) that fills JIT caches in parallel; their timings overlap.
+    """
     if not text:
         return [device]
     if not device.startswith("cuda"):
