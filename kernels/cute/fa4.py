@@ -152,25 +152,33 @@ def case_reason(case) -> str | None:
 
 
 # ---- the backend ----------------------------------------------------------------------------------
+def _arch_major() -> int:
+    return torch.cuda.get_device_capability()[0]
+
+
 def _tile_n(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> int:
     """FA4's key tile (the TMA page size) for this configuration on the current GPU."""
-    major, _ = torch.cuda.get_device_capability()
-    if major == 9:
+    if _arch_major() == 9:
         from flash_attn.cute.interface import _tile_size_fwd_sm90
 
         return _tile_size_fwd_sm90(head_dim, head_dim_v, causal, local).n_block_size
     return SM90_TILE_N_FALLBACK
 
 
-def _first_and_second_call(call) -> tuple[float, float]:
+def _first_and_second_call(call, device: torch.device) -> tuple[float, float]:
     """(compile s, run s): the first call compiles (and runs), the second only runs."""
-    torch.cuda.synchronize()
+
+    def sync():
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    sync()
     t0 = time.perf_counter()
     call()
-    torch.cuda.synchronize()
+    sync()
     t1 = time.perf_counter()
     call()
-    torch.cuda.synchronize()
+    sync()
     t2 = time.perf_counter()
     return max(0.0, (t1 - t0) - (t2 - t1)), t2 - t1
 
@@ -256,7 +264,7 @@ class FlashAttention4(Backend):
                 lse_heads_tokens_to_canonical(lse_ht, x.lse)
             return {"o": x.o, "lse": x.lse}
 
-        compile_s, _ = _first_and_second_call(run)
+        compile_s, _ = _first_and_second_call(run, x.q.device)
         kind = "cu_seqlens_k (ragged)" if ragged else "page_table + seqused_k"
         run.info = {
             "jit_s": compile_s,

@@ -10,7 +10,8 @@
 
 An op is added by a mixin that defines `prepare_<op>(case, inputs)` and, optionally,
 `limits_<op>(case) -> str | None` (the case-level skip reason; hardware availability is checked
-before it). The GDN mixin (`gdn.py`, `FlashInferGDN`) joins a class's bases the same way.
+before it) and `jit_<op>(case) -> list[JitKey]` (the JIT modules to prebuild). The GDN mixin
+(`gdn.py`, `FlashInferGDN`) joins a class's bases the same way.
 """
 
 from __future__ import annotations
@@ -18,7 +19,28 @@ from __future__ import annotations
 from typing import ClassVar
 
 from attnbench.backend import Backend, register_backend
+from attnbench.dtypes import to_torch
 from attnbench.kernels.flashinfer import _lib, limits
+from attnbench.kernels.flashinfer.prebuild import JitKey
+
+
+def _prefill_keys(case, backend: str, *, paged: bool, cascade: bool = False) -> list[JitKey]:
+    """Modules of a prefill-kernel path: the kernel itself, fa2's independent-stride variant for a
+    paged call with Dk != Dv, and the cascade (merge) module when a prefix is merged in."""
+    p = case.params
+    dv = p.dv
+    key = JitKey("prefill", backend, to_torch(case.dtype), p.head_dim, dv, p.window >= 0, p.soft_cap > 0)
+    keys = [key]
+    if paged and backend == "fa2" and p.head_dim != dv:
+        keys.append(key._replace(kind="prefill-independent"))
+    if cascade:
+        keys.append(JitKey("cascade"))
+    return keys
+
+
+def _sink_key(case, backend: str) -> JitKey:
+    p = case.params
+    return JitKey("sink", backend, to_torch(case.dtype), p.head_dim, p.dv, p.window >= 0)
 
 
 class FlashInferBase(Backend):
@@ -42,6 +64,11 @@ class FlashInferBase(Backend):
         rule = getattr(self, f"limits_{case.op_name}", None)
         return rule(case) if rule else None
 
+    def jit_modules(self, case) -> list[JitKey]:
+        """The FlashInfer JIT modules `prepare` will load for `case` (for `prebuild`)."""
+        keys = getattr(self, f"jit_{case.op_name}", None)
+        return keys(case) if keys else []
+
 
 class PagedDecode:
     """Decode: tensor-core kernel, AttentionSink wrapper for sinks, MLA wrapper for MLA."""
@@ -57,6 +84,14 @@ class PagedDecode:
         if reason or not p.sinks:
             return reason
         return limits.sinks(p, extend=False)
+
+    def jit_decode(self, case) -> list[JitKey]:
+        p = case.params
+        if p.mla:
+            return [JitKey("mla", self.attention_backend, to_torch(case.dtype))]
+        if p.sinks:
+            return [_sink_key(case, self.attention_backend)]
+        return _prefill_keys(case, self.attention_backend, paged=True)
 
     def prepare_decode(self, case, x):
         if case.params.mla:
@@ -89,6 +124,10 @@ class CudaCoreDecode:
         group = p.heads_q // p.heads_kv
         return limits.one_head_dim(p.head_dim, p.dv) or limits.cuda_core_decode(p.head_dim, group)
 
+    def jit_decode(self, case) -> list[JitKey]:
+        p = case.params
+        return [JitKey("decode", "", to_torch(case.dtype), p.head_dim, p.dv, p.window >= 0, p.soft_cap > 0)]
+
     def prepare_decode(self, case, x):
         from attnbench.kernels.flashinfer.decode import prepare_decode
 
@@ -117,6 +156,17 @@ class PagedExtend:
         if reason is None and backend == "fa3":
             reason = limits.fa3_paged_strides(p.head_dim, p.dv)
         return reason
+
+    def jit_extend(self, case) -> list[JitKey]:
+        p, backend = case.params, self.attention_backend
+        if p.mla:
+            return [JitKey("mla", backend, to_torch(case.dtype))]
+        if p.sinks:
+            return [_sink_key(case, backend)]
+        if p.new_kv == "attend":
+            prefix = p.prefix_len > 0
+            return _prefill_keys(case, backend, paged=prefix, cascade=prefix)
+        return _prefill_keys(case, backend, paged=True)
 
     def prepare_extend(self, case, x):
         p = case.params
@@ -148,6 +198,10 @@ class RaggedExtend:
             return "the ragged kernel reads the new tokens' K/V, which new_kv=shared keeps only in the cache"
         return limits.head_dims(backend, p.head_dim, p.dv) or limits.cascade(p, backend)
 
+    def jit_extend(self, case) -> list[JitKey]:
+        prefix = case.params.prefix_len > 0
+        return _prefill_keys(case, self.attention_backend, paged=prefix, cascade=prefix)
+
     def prepare_extend(self, case, x):
         from attnbench.kernels.flashinfer.extend import prepare_cascade
 
@@ -155,6 +209,9 @@ class RaggedExtend:
 
 
 class MergeState:
+    def jit_merge_state(self, case) -> list[JitKey]:
+        return [JitKey("cascade")]
+
     def limits_merge_state(self, case) -> str | None:
         return limits.merge_state(case.params, case.dtype)
 
