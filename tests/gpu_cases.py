@@ -24,6 +24,7 @@ GPU_CASES = (
     "decode/b8-l2049-skewed-h16x2-d64-p1-bf16",
     "decode/b8-l1000-mixed-h8x8-d64-p64-bf16",
     "decode/b8-l1000-mixed-h16x1-d64-p16-bf16",
+    "decode/b4-l1024-h8x8-d64-p128-bf16",  # whole pages of 128: FA4's TMA page loads
     "decode/b16-l4096-mixed-h64x8-d64-p16-swa127-sink-bf16",
     "extend/b4-q512-pre1024-mixed-h64x8-d64-p16-bf16",
     "extend/b1-q2048-pre0-h64x8-d64-p16-kvattend-bf16",
@@ -32,6 +33,18 @@ GPU_CASES = (
     f"decode/b32-l4096-h128x1-{MLA}-bf16",
     f"extend/b1-q512-pre2048-h128x1-{MLA}-bf16",
     "merge_state/t4096-h32-d128-empty-bf16",
+)
+
+
+# FA4 compiles one kernel per static configuration (GQA group, mask, window, soft cap, sink, paging,
+# ...), 10-40 s each: under the default budget it runs the GPU-sized cases and these smoke cases.
+FA4_SMOKE = (
+    "decode/b3-l70-skewed-h8x2-d64-p16-swa7-cap5-sink-bf16",
+    "extend/b2-q8-pre30-h8x2-d64-p1-swa5-cap5-sink-bf16",
+    "extend/b3-q9-pre21-mixed-h8x2-d64-p16-bidirectional-bf16",
+    "extend/b3-q9-pre0-mixed-h8x2-d64-p16-bf16",
+    "extend/b2-q7-pre19-h4x2-d64-p16-kvshared-bf16",
+    "extend/b3-q9-pre21-mixed-h8x2-d64-p16-custom-bf16",  # a skip: no custom masks
 )
 
 
@@ -45,6 +58,10 @@ def cases(device: str = "cuda") -> list[Case]:
     for cid in GPU_CASES:
         out.setdefault(Case.from_id(cid, device).id, Case.from_id(cid, device))
     return list(out.values())
+
+
+def fa4_in_budget(case: Case) -> bool:
+    return budget() == "all" or case.id in GPU_CASES or case.id in FA4_SMOKE
 
 
 def in_budget(case: Case) -> bool:

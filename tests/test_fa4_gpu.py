@@ -2,7 +2,8 @@
 
 Each case must pass its float64 check or be a skip with a reason; a fail or an error is reported with
 the case id and the check's reason. FA4 compiles each static configuration on its first call (in
-`prepare`, recorded as `compile_s`); the JIT budget of gpu_cases.py keeps the configurations few.
+`prepare`, recorded as `compile_s`); the budget of gpu_cases.py keeps the configurations few
+(`ATTNBENCH_JIT_BUDGET=all`: every smoke case).
 
     pytest tests/test_fa4_gpu.py -rs
 """
@@ -10,7 +11,7 @@ the case id and the check's reason. FA4 compiles each static configuration on it
 from __future__ import annotations
 
 import pytest
-from gpu_cases import budget, cases, in_budget
+from gpu_cases import budget, cases, fa4_in_budget
 from helpers import run_one
 
 from attnbench.backend import get_backend, load_builtin
@@ -24,8 +25,8 @@ CASES = {c.id: c for c in cases("cuda") if c.op_name in ("decode", "extend")}
 @pytest.mark.parametrize("case_id", list(CASES))
 def test_fa4_passes_or_skips_with_reason(case_id):
     case = CASES[case_id]
-    if not in_budget(case):
-        pytest.skip(f"outside the JIT budget {budget()!r} (head dim 64); ATTNBENCH_JIT_BUDGET=all runs it")
+    if not fa4_in_budget(case):
+        pytest.skip(f"outside the compile budget {budget()!r} (gpu_cases.py); ATTNBENCH_JIT_BUDGET=all: all")
     row = run_one(case, get_backend("fa4"))
     if row.status == "skip":
         assert row.reason, f"fa4 {case_id}: a skip without a reason"
