@@ -38,7 +38,7 @@ import torch
 from attnbench.backend import Backend, register_backend
 from attnbench.errors import Unsupported
 
-SM90_TILE_N_FALLBACK = 128  # key tile of FA4's SM100 forward; SM90 asks FA4 (_tile_size_fwd_sm90)
+OTHER_ARCH_TILE_N = 128  # the key tile of FA4 outside SM90 (its SM100 forward); SM90 asks FA4 itself
 
 
 # ---- conversions (pure PyTorch, CPU-testable) ----------------------------------------------------
@@ -162,7 +162,7 @@ def _tile_n(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> int:
         from flash_attn.cute.interface import _tile_size_fwd_sm90
 
         return _tile_size_fwd_sm90(head_dim, head_dim_v, causal, local).n_block_size
-    return SM90_TILE_N_FALLBACK
+    return OTHER_ARCH_TILE_N
 
 
 def _first_and_second_call(call, device: torch.device) -> tuple[float, float]:
