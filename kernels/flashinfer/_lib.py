@@ -93,11 +93,3 @@ def timed(step: Callable[[], object]) -> tuple[object, float]:
     t0 = time.perf_counter()
     out = step()
     return out, time.perf_counter() - t0
-
-
-def version() -> str:
-    """The installed flashinfer version (empty when it does not import)."""
-    try:
-        return str(flashinfer().__version__)
-    except Exception:
-        return ""

@@ -21,7 +21,7 @@ from typing import ClassVar
 from attnbench.backend import Backend, register_backend
 from attnbench.dtypes import to_torch
 from attnbench.kernels.flashinfer import _lib, limits
-from attnbench.kernels.flashinfer.prebuild import JitKey
+from attnbench.kernels.flashinfer.jitkeys import JitKey
 
 
 def _prefill_keys(case, backend: str, *, paged: bool, cascade: bool = False) -> list[JitKey]:
