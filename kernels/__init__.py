@@ -4,3 +4,5 @@ Each package imports without its optional library; its `available()` then says w
 """
 
 from attnbench.kernels import torch  # noqa: F401
+from attnbench.kernels import flashinfer  # noqa: F401
+from attnbench.kernels import cute  # noqa: F401
