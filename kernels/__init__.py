@@ -3,6 +3,8 @@
 Each package imports without its optional library; its `available()` then says what is missing.
 """
 
-from attnbench.kernels import torch  # noqa: F401
-from attnbench.kernels import flashinfer  # noqa: F401
-from attnbench.kernels import cute  # noqa: F401
+from attnbench.kernels import (
+    cute,  # noqa: F401
+    flashinfer,  # noqa: F401
+    torch,  # noqa: F401
+)

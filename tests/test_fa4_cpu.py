@@ -7,13 +7,13 @@ import types
 
 import pytest
 import torch
-from helpers import run_one
 
 from attnbench.backend import get_backend
 from attnbench.case import Case
 from attnbench.errors import Unsupported
 from attnbench.kernels.cute import fa4
 from attnbench.suite import load
+from helpers import run_one
 
 
 def test_page_table_from_csr_hand_example():

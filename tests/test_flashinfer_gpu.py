@@ -14,9 +14,9 @@ from __future__ import annotations
 
 import pytest
 from gpu_cases import budget, cases, in_budget
-from helpers import run_one
 
 from attnbench.backend import get_backend, load_builtin
+from helpers import run_one
 
 load_builtin()
 pytestmark = [pytest.mark.gpu, pytest.mark.flashinfer]

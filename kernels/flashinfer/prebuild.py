@@ -24,6 +24,7 @@ import argparse
 import sys
 import time
 from collections.abc import Iterable
+
 import torch
 
 from attnbench.kernels.flashinfer.jitkeys import JitKey
