@@ -18,7 +18,7 @@ _CANARY_VALUE = -31337.0
 
 
 def alloc_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """An output buffer: NaN-filled (signed ints: -1, unsigned: all bits set), canary padding on both sides."""
+    """An output buffer: NaN-filled (signed ints -1, unsigned all bits set), canary padding on both sides."""
     n = math.prod(shape)
     base = torch.empty(n + 2 * CANARY_ELEMENTS, dtype=dtype, device=device)
     if dtype.is_floating_point:
