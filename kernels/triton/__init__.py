@@ -1,0 +1,26 @@
+"""The triton backend (minimal, spec ops only on this branch; the full backend class is merged in).
+
+Runs on a CUDA GPU, or on the CPU under the Triton interpreter (`TRITON_INTERPRET=1`).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from attnbench.backend import Backend, register_backend
+from attnbench.kernels.triton.spec_backend import TritonSpec
+
+
+@register_backend("triton")
+class TritonBackend(TritonSpec, Backend):
+    description = "attnbench's own Triton kernels (GPU, or CPU under TRITON_INTERPRET=1)"
+
+    def available(self) -> str | None:
+        if importlib.util.find_spec("triton") is None:
+            return "triton is not installed (pip install 'attnbench[gpu]')"
+        import torch
+
+        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
+            return "no CUDA GPU (set TRITON_INTERPRET=1 to run the kernels in the interpreter)"
+        return None
