@@ -117,6 +117,7 @@ class TreeVerifyOp(ExtendOp):
         prefix = _lengths(p.batch, p.prefix_len, p.lens, host)
         parents, _ = request_parents(p, p.batch, _tree_seed(seed))
         n = p.nodes
+        # extend's build (same tensors as the extend case); the random custom mask it draws last is replaced
         x = self._build(p, dtype, seed, device, [a + n for a in prefix], [n] * p.batch, "save")
         masks = torch.stack([ref.tree_mask_from_parents(par) for par in parents])
         x.custom_mask, x.mask_indptr = (t.to(device) for t in ref.tree_custom_mask(masks, prefix))
