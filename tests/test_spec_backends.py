@@ -24,6 +24,10 @@ from attnbench.suite import load
 from helpers import run_one
 
 SPEC_OPS = ("tree_verify", "eagle_build_tree", "verify_greedy")
+interpreted = pytest.mark.skipif(
+    os.environ.get("TRITON_INTERPRET") != "1",
+    reason="CPU cases run Triton in its interpreter (GPU runs: test_spec_gpu.py)",
+)
 SMOKE = [c for c in load("smoke").cases if c.op_name in SPEC_OPS]
 
 
@@ -43,6 +47,7 @@ def test_torch_passes(case):
 
 
 @pytest.mark.interpreter
+@interpreted
 @pytest.mark.parametrize("case", SMOKE, ids=lambda c: c.id)
 def test_triton_passes(case):
     triton = get_backend("triton")
@@ -54,6 +59,7 @@ def test_triton_passes(case):
 
 
 @pytest.mark.interpreter
+@interpreted
 @pytest.mark.parametrize("case", [c for c in SMOKE if c.op_name != "tree_verify"], ids=lambda c: c.id)
 def test_integer_outputs_are_bit_exact(case):
     from attnbench.kernels.torch import spec as torch_spec

@@ -28,4 +28,6 @@ class TritonBackend(TritonSpec, Backend):
     def supports(self, case) -> str | None:
         if case.op_name == "tree_verify" and not callable(getattr(self, "prepare_extend", None)):
             return "triton has no extend kernel on this build (tree_verify runs through extend)"
+        if not case.on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
+            return "a CPU case needs TRITON_INTERPRET=1 (the Triton interpreter)"
         return super().supports(case)
