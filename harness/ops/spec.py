@@ -84,6 +84,10 @@ class TreeVerifyParams(TreeFields, AttentionParams):
     def q_len(self) -> int:
         return self.nodes
 
+    @property
+    def empty_rows(self) -> bool:
+        return False
+
 
 @dataclass
 class TreeVerifyInputs(AttentionInputs):
@@ -100,10 +104,10 @@ class TreeVerifyOp(ExtendOp):
     family = "spec"
     preset_key = "attention"
     Params = TreeVerifyParams
-    id_fields = (
-        tuple(f for f in _ATTN_ID if f.fields[0] not in ("kv_len", "q_len", "mask", "new_kv", "window"))
-        + _TREE_ID
+    id_fields = tuple(
+        f for f in _ATTN_ID if f.fields[0] in TreeVerifyParams.model_fields and f.fields[0] != "window"
     )
+    id_fields += _TREE_ID
 
     def parse_id_tokens(self, tokens: list[str]) -> dict:
         return _parse_tree_tokens(self, tokens)
