@@ -49,7 +49,14 @@ def _fmt_where(w: dict[str, int]) -> str:
 
 
 def compare_numeric(
-    name: str, actual: torch.Tensor, ref: torch.Tensor, twin: torch.Tensor, spec: OutputSpec, rule: Rule, v: Verdict
+    name: str,
+    actual: torch.Tensor,
+    ref: torch.Tensor,
+    twin: torch.Tensor,
+    spec: OutputSpec,
+    rule: Rule,
+    v: Verdict,
+    units: float = 1.0,
 ) -> None:
     """Error metrics of `actual` against `ref` (float64) and the pass/fail bound from `twin`."""
     a, r, t = actual.double(), ref.double(), twin.double()
@@ -61,7 +68,7 @@ def compare_numeric(
     err = torch.where(finite, (a - r).abs(), torch.zeros_like(r))
     err = torch.where(bad, torch.full_like(err, math.inf), err)
     twin_err = float(torch.where(finite, (t - r).abs(), torch.zeros_like(r)).max()) if r.numel() else 0.0
-    bound = rule.bound(twin_err, actual.dtype, scale)
+    bound = rule.bound(twin_err, actual.dtype, scale, units)
     m: dict[str, Any] = {"bound": bound, "twin_max_abs": twin_err, "scale": scale}
     if r.numel():
         worst = int(err.flatten().argmax())
@@ -87,7 +94,7 @@ def compare_numeric(
     elif r.numel() and m["max_abs"] > bound:
         v.problems.append(
             f"{name}: max abs error {m['max_abs']:.3g} > bound {bound:.3g} "
-            f"({rule.describe(twin_err, actual.dtype, scale)}) at {_fmt_where(m['worst'])}; "
+            f"({rule.describe(twin_err, actual.dtype, scale, units)}) at {_fmt_where(m['worst'])}; "
             f"{100 * m['mismatch']:.3g}% of elements over"
         )
 
@@ -123,6 +130,10 @@ def compare_exact(name: str, actual: torch.Tensor, expected: torch.Tensor, befor
     v.problems.append(f"{name}: " + ", ".join(parts))
 
 
+def _units(spec: OutputSpec, params) -> float:
+    return math.sqrt(getattr(params, spec.floor_units)) if spec.floor_units else 1.0
+
+
 def check(
     op,
     params,
@@ -149,13 +160,13 @@ def check(
         if spec.exact:
             compare_exact(name, got, expected[name], want, v)
         else:
-            compare_numeric(name, got, expected[name], twin[name], spec, rule, v)
+            compare_numeric(name, got, expected[name], twin[name], spec, rule, v, _units(spec, params))
     writes = op.writes_for(params)
     for name, spec in writes.items():
         if spec.exact:
             compare_exact(name, getattr(work, name), expected[name], getattr(pristine, name), v)
         else:
-            compare_numeric(name, getattr(work, name), expected[name], twin[name], spec, rule, v)
+            compare_numeric(name, getattr(work, name), expected[name], twin[name], spec, rule, v, _units(spec, params))
     touched = set(op.outputs) | set(writes)
     storages = {tensor_fields(work)[n].untyped_storage().data_ptr() for n in touched if n in tensor_fields(work)}
     for name, before in tensor_fields(pristine).items():
