@@ -149,9 +149,7 @@ def _check_parents(parents: Sequence[int]) -> None:
 
 
 # ---- tree verification attention masks -------------------------------------------------------------
-def tree_custom_mask(
-    tree_masks: torch.Tensor, prefix_lens: Sequence[int]
-) -> tuple[torch.Tensor, torch.Tensor]:
+def tree_custom_mask(tree_masks: torch.Tensor, prefix_lens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
     """The extend `custom_mask` of tree verification: per request `[n, prefix + n]`, flattened.
 
     Args:
@@ -278,9 +276,7 @@ def build_eagle_tree(
     B = selected_index.shape[0]
     n = num_draft_tokens
     if selected_index.shape != (B, n - 1):
-        raise ValueError(
-            f"selected_index must be [B, n - 1] = [{B}, {n - 1}], got {list(selected_index.shape)}"
-        )
+        raise ValueError(f"selected_index must be [B, n - 1] = [{B}, {n - 1}], got {list(selected_index.shape)}")
     if parent_list.shape != (B, topk * (depth - 1) + 1):
         raise ValueError(
             f"parent_list must be [B, topk * (depth - 1) + 1] = [{B}, {topk * (depth - 1) + 1}], "

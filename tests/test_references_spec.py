@@ -6,6 +6,7 @@ import doctest
 
 import pytest
 import torch
+
 from attnbench.ops.trees import TreeFields, expand, named_choices, simulate_eagle_draft
 from attnbench.references import spec
 from attnbench.references.spec import (
@@ -152,9 +153,7 @@ def test_eagle_parents_by_hand():
 
 
 def test_eagle_tree_by_hand_every_output():
-    t = build_eagle_tree(
-        PARENT_LIST, SELECTED, SEQ_LENS, topk=2, depth=3, num_draft_tokens=6, mask_mode="qlen"
-    )
+    t = build_eagle_tree(PARENT_LIST, SELECTED, SEQ_LENS, topk=2, depth=3, num_draft_tokens=6, mask_mode="qlen")
     assert t.tree_mask.view(2, 6, 6).tolist() == [TREE_0, TREE_1]
     assert t.positions.tolist() == [3, 4, 4, 5, 5, 6] + [2, 3, 3, 4, 4, 5]
     assert t.retrive_index.tolist() == [[0, 1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]]
@@ -164,9 +163,7 @@ def test_eagle_tree_by_hand_every_output():
 
 
 def test_eagle_full_mask_by_hand():
-    t = build_eagle_tree(
-        PARENT_LIST, SELECTED, SEQ_LENS, topk=2, depth=3, num_draft_tokens=6, mask_mode="full"
-    )
+    t = build_eagle_tree(PARENT_LIST, SELECTED, SEQ_LENS, topk=2, depth=3, num_draft_tokens=6, mask_mode="full")
     # request 0: 6 rows of 3 prefix + 6 tree columns; request 1: 6 rows of 2 + 6
     want = [[True] * 3 + r for r in TREE_0] + [[True] * 2 + r for r in TREE_1]
     assert t.tree_mask.dtype == torch.bool and t.tree_mask.numel() == 5 * 6 + 2 * 6 * 6
@@ -174,9 +171,7 @@ def test_eagle_full_mask_by_hand():
 
 
 def test_eagle_packed_mask_by_hand():
-    t = build_eagle_tree(
-        PARENT_LIST, SELECTED, SEQ_LENS, topk=2, depth=3, num_draft_tokens=6, mask_mode="qlen_packed"
-    )
+    t = build_eagle_tree(PARENT_LIST, SELECTED, SEQ_LENS, topk=2, depth=3, num_draft_tokens=6, mask_mode="qlen_packed")
     # bit j = column j: request 0 row 3 sees 0, 1, 3 -> 0b1011 = 11; row 5 sees 0, 1, 3, 5 -> 43
     assert t.tree_mask.dtype == torch.uint8
     assert t.tree_mask.view(2, 6).tolist() == [[1, 3, 5, 11, 19, 43], [1, 3, 5, 11, 21, 43]]

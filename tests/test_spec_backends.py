@@ -15,6 +15,7 @@ import textwrap
 
 import pytest
 import torch
+
 from attnbench.backend import Backend, get_backend
 from attnbench.buffers import clone_tensors
 from attnbench.case import Case
@@ -241,7 +242,5 @@ _COMPILE = textwrap.dedent(
 )
 def test_triton_spec_kernels_compile_for_sm90():
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
-    done = subprocess.run(
-        [sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=300
-    )
+    done = subprocess.run([sys.executable, "-c", _COMPILE], env=env, capture_output=True, text=True, timeout=300)
     assert done.returncode == 0 and "compiled" in done.stdout, done.stderr[-3000:]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from attnbench.backend import get_backend
 from attnbench.suite import load
 from helpers import run_one

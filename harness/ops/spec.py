@@ -18,6 +18,8 @@ from dataclasses import dataclass, fields
 from typing import Literal
 
 import torch
+from pydantic import Field, model_validator
+
 from attnbench.buffers import alloc_output
 from attnbench.ops.attention import (
     _ATTN_ID,
@@ -30,7 +32,6 @@ from attnbench.ops.attention import (
 from attnbench.ops.base import IdField, Op, OutputSpec, Params
 from attnbench.ops.trees import DRAFT_VOCAB, NAMED, TreeFields, request_parents, simulate_eagle_draft
 from attnbench.references import spec as ref
-from pydantic import Field, model_validator
 
 UNWRITTEN = -9  # what index outputs hold before the kernel runs (legal values are -1 and >= 0)
 
@@ -104,9 +105,7 @@ class TreeVerifyOp(ExtendOp):
     family = "spec"
     preset_key = "attention"
     Params = TreeVerifyParams
-    id_fields = tuple(
-        f for f in _ATTN_ID if f.fields[0] in TreeVerifyParams.model_fields and f.fields[0] != "window"
-    )
+    id_fields = tuple(f for f in _ATTN_ID if f.fields[0] in TreeVerifyParams.model_fields and f.fields[0] != "window")
     id_fields += _TREE_ID
 
     def parse_id_tokens(self, tokens: list[str]) -> dict:
@@ -125,9 +124,7 @@ class TreeVerifyOp(ExtendOp):
         x = self._build(p, dtype, seed, device, [a + n for a in prefix], [n] * p.batch, "save")
         masks = torch.stack([ref.tree_mask_from_parents(par) for par in parents])
         x.custom_mask, x.mask_indptr = (t.to(device) for t in ref.tree_custom_mask(masks, prefix))
-        positions = [
-            a + d for a, par in zip(prefix, parents, strict=True) for d in ref.depths_from_parents(par)
-        ]
+        positions = [a + d for a, par in zip(prefix, parents, strict=True) for d in ref.depths_from_parents(par)]
         base = {f.name: getattr(x, f.name) for f in fields(AttentionInputs)}
         return TreeVerifyInputs(
             **base,
@@ -157,9 +154,7 @@ class EagleBuildTreeParams(Params):
                 f"{most} candidates (draft_tokens <= {most + 1})"
             )
         if self.mask_mode == "qlen_packed" and self.draft_tokens > 32:
-            raise ValueError(
-                f"qlen_packed holds at most 32 tree tokens per row, got draft_tokens {self.draft_tokens}"
-            )
+            raise ValueError(f"qlen_packed holds at most 32 tree tokens per row, got draft_tokens {self.draft_tokens}")
         return self
 
 
@@ -170,9 +165,7 @@ class EagleBuildTreeInputs:
     parent_list: torch.Tensor  # [B, topk * (depth - 1) + 1] int64
     selected_index: torch.Tensor  # [B, n - 1] int64, ascending
     seq_lens: torch.Tensor  # [B] int64, verified tokens per request
-    tree_mask: (
-        torch.Tensor
-    )  # output: full bool [sum_b n (L_b + n)]; qlen bool [B n n]; packed uint8 [B n, nbytes]
+    tree_mask: torch.Tensor  # output: full bool [sum_b n (L_b + n)]; qlen bool [B n n]; packed uint8 [B n, nbytes]
     positions: torch.Tensor  # output: [B * n] int64
     retrive_index: torch.Tensor  # output: [B, n] int64
     retrive_next_token: torch.Tensor  # output: [B, n] int64
@@ -269,9 +262,7 @@ class EagleBuildTreeOp(Op):
 # ---- verify_greedy -------------------------------------------------------------------------------
 class VerifyGreedyParams(TreeFields):
     batch: int = Field(1, ge=1)
-    accept: float = Field(
-        0.7, ge=0.0, le=1.0, description="chance that the target's token at a node is a child's"
-    )
+    accept: float = Field(0.7, ge=0.0, le=1.0, description="chance that the target's token at a node is a child's")
 
 
 @dataclass

@@ -19,9 +19,10 @@ import itertools
 from dataclasses import dataclass
 
 import torch
+from pydantic import Field, model_validator
+
 from attnbench.ops.base import Params
 from attnbench.references import spec as ref
-from pydantic import Field, model_validator
 
 NAMED = ("chain", "binary", "typical", "eagle")
 _NEEDS = {"typical": ("topk",), "eagle": ("topk", "draft_tokens")}  # fields a shape needs
@@ -168,16 +169,13 @@ def _draft_step(rows: int, topk: int, gen: torch.Generator) -> tuple[torch.Tenso
     return probs, tokens
 
 
-def request_parents(
-    p: TreeFields, batch: int, gen: torch.Generator
-) -> tuple[list[list[int]], EagleDraft | None]:
+def request_parents(p: TreeFields, batch: int, gen: torch.Generator) -> tuple[list[list[int]], EagleDraft | None]:
     """Each request's parent list `[n]` (root -1), and the EAGLE draft they came from (eagle trees)."""
     if p.tree != "eagle":
         parents = ref.parents_from_choices(p.choices())
         return [list(parents) for _ in range(batch)], None
     draft = simulate_eagle_draft(batch, p.topk, p.depth, p.draft_tokens, gen)
     parents = [
-        ref.eagle_parents(draft.parent_list[b].tolist(), draft.selected_index[b].tolist(), p.topk)
-        for b in range(batch)
+        ref.eagle_parents(draft.parent_list[b].tolist(), draft.selected_index[b].tolist(), p.topk) for b in range(batch)
     ]
     return parents, draft

@@ -65,9 +65,7 @@ def _build_tree_kernel(
     # children and siblings in increasing index
     m_child = (b_parent[None, :] == o_n[:, None]) & m_d[None, :]  # [parent, node]
     b_next = tl.min(tl.where(m_child, o_n[None, :], BN), axis=1)
-    m_sib = (
-        (b_parent[None, :] == b_parent[:, None]) & (o_n[None, :] > o_n[:, None]) & m_d[None, :] & m_d[:, None]
-    )
+    m_sib = (b_parent[None, :] == b_parent[:, None]) & (o_n[None, :] > o_n[:, None]) & m_d[None, :] & m_d[:, None]
     b_sib = tl.min(tl.where(m_sib, o_n[None, :], BN), axis=1)
     b_len = tl.load(p_seq_lens + i_b)
     o_row = i_b * N + o_n
@@ -165,9 +163,7 @@ def _verify_greedy_kernel(
     tl.store(p_accept_length + i_b, i_acc.to(tl.int32))
     tl.store(p_predicts + i_last, tl.load(p_target + i_last).to(tl.int32))
     o_s = tl.arange(0, BS)
-    tl.store(
-        p_accept_index + i_b * S + o_s, tl.full([BS], -1, dtype=tl.int32), mask=(o_s > i_acc) & (o_s < S)
-    )
+    tl.store(p_accept_index + i_b * S + o_s, tl.full([BS], -1, dtype=tl.int32), mask=(o_s > i_acc) & (o_s < S))
 
 
 def verify_greedy(x) -> dict[str, torch.Tensor]:
