@@ -96,7 +96,8 @@ def test_in_process_mode_still_turns_exceptions_into_rows(tmp_path):
 
 def test_resume_reruns_nothing_finished_and_everything_missing(tmp_path):
     out = tmp_path / "run"
-    args = ["sweep", "smoke", "--op", "merge_state", "--out", str(out), "--device", "cpu", "--no-timing", "--no-isolate"]
+    args = ["sweep", "smoke", "--op", "merge_state", "--backend", "torch", "--out", str(out), "--device", "cpu",
+            "--no-timing", "--no-isolate"]  # fmt: skip
     assert invoke(*args).exit_code == 0
     lines = (out / "results.jsonl").read_text().splitlines()
     assert len(lines) == 4
@@ -121,7 +122,8 @@ def _row(line):
 
 
 def test_shards_partition_the_cases_and_merge_back(tmp_path):
-    base = ["sweep", "smoke", "--op", "merge_state", "--device", "cpu", "--no-timing", "--no-isolate"]
+    base = ["sweep", "smoke", "--op", "merge_state", "--backend", "torch", "--device", "cpu", "--no-timing",
+            "--no-isolate"]  # fmt: skip
     for k in (1, 2, 3):
         assert invoke(*base, "--shard", f"{k}/3", "--out", str(tmp_path / f"s{k}")).exit_code == 0
     ids = [{r.case_id for r in read_results(tmp_path / f"s{k}" / "results.jsonl")} for k in (1, 2, 3)]
