@@ -43,7 +43,7 @@ def _load_backends(plugins: list[str] | None) -> None:
     for p in plugins or ():
         backend_mod.load_plugin(p)
     for problem in backend_mod.LOAD_PROBLEMS:
-        console.print(f"[yellow]warning:[/] {problem}", highlight=False)
+        console.print(f"[yellow]warning:[/] {problem}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -103,7 +103,7 @@ def sweep(
             counts.update(r.status for r in case_rows)
             for r in case_rows:
                 if r.status in ("fail", "error"):
-                    progress.console.print(f"[red]{r.status}[/] {r.case_id} [{r.backend}]: {r.reason}", highlight=False)
+                    progress.console.print(f"[red]{r.status}[/] {r.case_id} [{r.backend}]: {r.reason}", highlight=False, soft_wrap=True)
             progress.update(
                 task,
                 advance=1,
@@ -117,7 +117,7 @@ def sweep(
         how = Execution(isolate=isolate, devices=devices, timeout_s=timeout, plugins=tuple(plugin or ()), resume=resume)
 
         def problem(msg: str) -> None:
-            progress.console.print(f"[yellow]warning:[/] {msg}", highlight=False)
+            progress.console.print(f"[yellow]warning:[/] {msg}", highlight=False, soft_wrap=True)
 
         try:
             rows = execute(p, run_dir, RunOptions(timing=timing), on_rows, argv=sys.argv, how=how, on_problem=problem)
