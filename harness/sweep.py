@@ -11,7 +11,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -115,6 +115,14 @@ def execute(
     """Run the plan into `out`; rows reach `on_rows` and results.jsonl as they are produced."""
     out.mkdir(parents=True, exist_ok=True)
     environment = envmod.capture(p.device)
+    if opts.timing and opts.peaks is None and p.device.startswith("cuda"):
+        from attnbench.peaks import get_peaks
+
+        try:  # measured once per device and driver, then cached
+            environment["peaks"] = get_peaks(p.device)
+            opts = replace(opts, peaks=environment["peaks"])
+        except Exception as e:
+            environment["peaks_error"] = f"{type(e).__name__}: {e}"
     (out / "env.json").write_text(json.dumps(environment, indent=2))
     run_info = {
         "argv": argv if argv is not None else sys.argv,
@@ -128,14 +136,21 @@ def execute(
     (out / "run.json").write_text(json.dumps(run_info, indent=2))
     short = envmod.short(environment)
     rows: list[Result] = []
-    with ResultWriter(out / "results.jsonl") as writer:
-        for case in p.cases:
-            case_rows = run_case(case, p.backends, opts, short)
-            for r in case_rows:
-                writer.append(r)
-            rows += case_rows
-            if on_rows:
-                on_rows(case, case_rows)
+    t0 = time.perf_counter()
+    try:
+        with ResultWriter(out / "results.jsonl") as writer:
+            for case in p.cases:
+                case_rows = run_case(case, p.backends, opts, short)
+                for r in case_rows:
+                    writer.append(r)
+                rows += case_rows
+                if on_rows:
+                    on_rows(case, case_rows)
+        run_info["complete"] = True
+    finally:  # the report states the run's wall time (and whether it finished)
+        run_info |= {"finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_s": time.perf_counter() - t0}
+        run_info.setdefault("complete", False)
+        (out / "run.json").write_text(json.dumps(run_info, indent=2))
     return rows
 
 
