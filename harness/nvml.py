@@ -9,8 +9,8 @@ A snapshot is a dict: `sm_mhz`, `mem_mhz`, `sm_max_mhz`, `mem_max_mhz`, `temp_c`
 cannot give on this GPU is None.
 
 Throttling (`throttle_reason`): an active reason other than idle, the user's own application-clock
-setting or the display clock setting; or, while the GPU is not idle, an SM clock below 75% of its
-maximum (nvbench's rule).
+setting or the display clock setting; or, while the GPU is neither idle nor held at the user's own
+application clocks (`nvidia-smi -lgc/-ac`), an SM clock below 75% of its maximum (nvbench's rule).
 """
 
 from __future__ import annotations
@@ -34,7 +34,7 @@ REASONS = {  # nvml.h nvmlClocksEventReason* bits
     0x80: "hw power brake",
     0x100: "display clock setting",
 }
-IDLE = 0x1
+IDLE, USER_CLOCKS = 0x1, 0x2
 NOT_THROTTLING = 0x1 | 0x2 | 0x100  # idle, the user's own clock setting, display
 MIN_CLOCK_FRACTION = 0.75
 
@@ -179,7 +179,7 @@ def throttle_reason(snap: dict | None) -> str | None:
     if bad:
         return ", ".join(reason_names(bad))
     sm, top = snap.get("sm_mhz"), snap.get("sm_max_mhz")
-    if not mask & IDLE and sm and top and sm < MIN_CLOCK_FRACTION * top:
+    if not mask & (IDLE | USER_CLOCKS) and sm and top and sm < MIN_CLOCK_FRACTION * top:
         return f"SM clock {sm} MHz < {MIN_CLOCK_FRACTION:.0%} of max {top} MHz"
     return None
 
