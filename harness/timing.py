@@ -94,6 +94,7 @@ class TimingStats:
     q3_us: float = 0.0
     max_us: float = 0.0
     stdev_us: float = 0.0
+    rcv: float = 0.0  # robust CV: IQR / 1.349 / median (= cv for normal noise; a few outliers do not inflate it)
     n_throttled: int = 0  # samples set aside because the GPU throttled while they ran
     throttled: bool = False  # throttled samples had to be used (too few clean ones)
     throttle: list[str] = field(default_factory=list)  # throttle reasons seen
@@ -139,6 +140,7 @@ def summarize(samples_s: list[float], clock: str, flush: bool, converged: bool, 
         q3_us=q[14],
         max_us=us[-1],
         stdev_us=sd,
+        rcv=(q[14] - q[4]) / 1.349 / statistics.median(us) if us[0] > 0 else 0.0,
         samples_us=[float(f"{x:.6g}") for x in raw],
         **extra,
     )
