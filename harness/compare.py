@@ -4,9 +4,9 @@ Rows match on (case id, backend). Correctness: a row that passed in BASE and fai
 is always a regression ("broke"). Speed: NEW is slower only when the 95% confidence intervals of the
 two medians do not overlap AND the change exceeds max(3%, 3 x CV), CV being the larger coefficient
 of variation of the two; the same rule in the other direction marks "faster" (so that a baseline
-gets updated). CV is the robust coefficient of variation of the samples (IQR / 1.349 / median, the
-same as std / mean for normal noise, but not inflated by a few outliers: one hiccup must not blind the
-gate). A change over the threshold whose CIs overlap is "noisy"; timings taken in different
+gets updated). CV is the robust coefficient of variation of the samples (1.4826 x MAD / median: the
+same as std / mean for normal noise, but blind to outliers as long as they are fewer than half of the
+samples: preempted or interrupted samples must not blind the gate). A change over the threshold whose CIs overlap is "noisy"; timings taken in different
 modes (per-call events, CUDA graph, host clock) are "not comparable". Missing, new and newly skipped
 rows are listed as coverage changes, not regressions.
 """
@@ -30,7 +30,7 @@ ORDER = ("broke", "slower", "noisy", "not comparable", "missing", "now skipped",
 class GateRule:
     """Speed changes count when the CIs separate and |change| > max(min_change, cv_multiple x CV).
 
-    CV: the larger robust CV (IQR / 1.349 / median) of the two timings.
+    CV: the larger robust CV (1.4826 x MAD / median) of the two timings.
     """
 
     min_change: float = 0.03

@@ -94,7 +94,7 @@ class TimingStats:
     q3_us: float = 0.0
     max_us: float = 0.0
     stdev_us: float = 0.0
-    rcv: float = 0.0  # robust CV: IQR / 1.349 / median (= cv for normal noise; a few outliers do not inflate it)
+    rcv: float = 0.0  # robust CV: 1.4826 MAD / median (= cv for normal noise; outliers, up to half, do not count)
     n_throttled: int = 0  # samples set aside because the GPU throttled while they ran
     throttled: bool = False  # throttled samples had to be used (too few clean ones)
     throttle: list[str] = field(default_factory=list)  # throttle reasons seen
@@ -140,10 +140,16 @@ def summarize(samples_s: list[float], clock: str, flush: bool, converged: bool, 
         q3_us=q[14],
         max_us=us[-1],
         stdev_us=sd,
-        rcv=(q[14] - q[4]) / 1.349 / statistics.median(us) if us[0] > 0 else 0.0,
+        rcv=_robust_cv(us),
         samples_us=[float(f"{x:.6g}") for x in raw],
         **extra,
     )
+
+
+def _robust_cv(us: list[float]) -> float:
+    """1.4826 x median absolute deviation / median: the CV of normal noise, blind to up to half outliers."""
+    med = statistics.median(us)
+    return 1.4826 * statistics.median(abs(x - med) for x in us) / med if med > 0 else 0.0
 
 
 def _converged(samples: list[float], target: float, minimum: int) -> bool:
