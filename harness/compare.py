@@ -6,8 +6,9 @@ two medians do not overlap AND the change exceeds max(3%, 3 x CV), CV being the 
 of variation of the two; the same rule in the other direction marks "faster" (so that a baseline
 gets updated). CV is the robust coefficient of variation of the samples (1.4826 x MAD / median: the
 same as std / mean for normal noise, but blind to outliers as long as they are fewer than half of the
-samples: preempted or interrupted samples must not blind the gate). A change over the threshold whose CIs overlap is "noisy"; timings taken in different
-modes (per-call events, CUDA graph, host clock) are "not comparable". Missing, new and newly skipped
+samples: preempted or interrupted samples must not blind the gate). A change over the threshold
+whose CIs overlap is "noisy"; timings taken in different modes (per-call events, CUDA graph, host
+clock) are "not comparable". Missing, new and newly skipped
 rows are listed as coverage changes, not regressions.
 """
 
@@ -22,8 +23,19 @@ from attnbench.errors import AttnbenchError
 from attnbench.results import Result, read_results
 
 REGRESSIONS = ("broke", "slower")
-ORDER = ("broke", "slower", "noisy", "not comparable", "missing", "now skipped", "faster", "fixed",
-         "still failing", "new", "same")  # fmt: skip
+ORDER = (
+    "broke",
+    "slower",
+    "noisy",
+    "not comparable",
+    "missing",
+    "now skipped",
+    "faster",
+    "fixed",
+    "still failing",
+    "new",
+    "same",
+)
 
 
 @dataclass(frozen=True)

@@ -30,14 +30,27 @@ _KEY = "attnbench-benchmark"
 
 def pytest_addoption(parser):
     group = parser.getgroup("attnbench")
-    group.addoption("--attnbench", action="append", default=[], metavar="SUITE", help="run this attnbench suite as tests")
-    group.addoption("--attnbench-backend", action="append", default=[], metavar="NAME", help="only these backends")
+    group.addoption(
+        "--attnbench", action="append", default=[], metavar="SUITE", help="run this attnbench suite as tests"
+    )
+    group.addoption(
+        "--attnbench-backend", action="append", default=[], metavar="NAME", help="only these backends"
+    )
     group.addoption("--attnbench-device", default="auto", help="auto, cpu, cuda or cuda:N")
-    group.addoption("--attnbench-plugin", action="append", default=[], metavar="FILE_OR_MODULE",
-                    help="import backends from this file or module")  # fmt: skip
+    group.addoption(
+        "--attnbench-plugin",
+        action="append",
+        default=[],
+        metavar="FILE_OR_MODULE",
+        help="import backends from this file or module",
+    )
     group.addoption("--attnbench-timing", action="store_true", help="time every passing case")
-    group.addoption("--attnbench-benchmark-json", default=None, metavar="PATH",
-                    help="write the timings to PATH in pytest-benchmark's JSON format (implies timing)")  # fmt: skip
+    group.addoption(
+        "--attnbench-benchmark-json",
+        default=None,
+        metavar="PATH",
+        help="write the timings to PATH in pytest-benchmark's JSON format (implies timing)",
+    )
 
 
 def worker_device(requested: str, worker: str | None, n_gpus: int) -> str:
@@ -93,8 +106,8 @@ class AttnbenchItem(pytest.Item):
         if row.status == "skip":
             pytest.skip(row.reason)
         if row.status in ("fail", "error"):
-            repro = f"attnbench sweep --case {self.case.id} --backend {self.backend.name} --device {self.case.device}"
-            raise CaseFailed(row, repro)
+            c, b = self.case, self.backend.name
+            raise CaseFailed(row, f"attnbench sweep --case {c.id} --backend {b} --device {c.device}")
         if row.timing:
             self.user_properties.append((_KEY, benchmark_entry(self, row)))
 
@@ -116,7 +129,9 @@ def benchmark_entry(item: AttnbenchItem, row) -> dict:
     stats = Stats()
     for us in t["samples_us"]:
         stats.update(us * 1e-6)
-    extra = {k: t.get(k) for k in ("clock", "mode", "median_us", "ci95_us", "converged", "n_throttled", "l2_flush")}
+    extra = {
+        k: t.get(k) for k in ("clock", "mode", "median_us", "ci95_us", "converged", "n_throttled", "l2_flush")
+    }
     extra |= {k: d[k] for k in ("tflops", "tbps", "intensity", "roofline_pct") if k in d}
     return {
         "group": row.op,
@@ -125,8 +140,14 @@ def benchmark_entry(item: AttnbenchItem, row) -> dict:
         "params": {"case": row.case_id, "backend": row.backend},
         "param": f"{row.case_id}-{row.backend}",
         "extra_info": extra | {"device": item.case.device},
-        "options": {"timer": t["clock"], "warmup": True, "disable_gc": False, "min_rounds": None,
-                    "max_time": None, "min_time": None},  # fmt: skip
+        "options": {
+            "timer": t["clock"],
+            "warmup": True,
+            "disable_gc": False,
+            "min_rounds": None,
+            "max_time": None,
+            "min_time": None,
+        },
         "stats": stats.as_dict() | {"iterations": t.get("calls_per_sample", 1)},
     }
 
@@ -151,12 +172,17 @@ def pytest_collection_modifyitems(session, config, items):
         p = plan(suites, _device(config), config.getoption("attnbench_backend") or None)
     except AttnbenchError as e:
         raise pytest.UsageError(f"attnbench: {e}") from None
-    nodes = {s.name: SuiteNode.from_parent(session, name=f"attnbench:{s.name}", nodeid=f"attnbench:{s.name}")
-             for s in p.suites}  # fmt: skip
+    nodes = {
+        s.name: SuiteNode.from_parent(session, name=f"attnbench:{s.name}", nodeid=f"attnbench:{s.name}")
+        for s in p.suites
+    }
     for case in p.cases:
         for b in p.backends:
-            items.append(AttnbenchItem.from_parent(nodes[case.suite], name=f"{case.id}[{b.name}]", case=case,
-                                                   backend=b, timing=timing))  # fmt: skip
+            items.append(
+                AttnbenchItem.from_parent(
+                    nodes[case.suite], name=f"{case.id}[{b.name}]", case=case, backend=b, timing=timing
+                )
+            )
 
 
 def pytest_configure(config):
@@ -169,7 +195,7 @@ def pytest_configure(config):
 
 
 class BenchmarkRecorder:
-    """Gathers the timed rows from test reports (on the xdist controller too) and writes the JSON at the end."""
+    """Gathers timed rows from the test reports (on the xdist controller too); writes the JSON at the end."""
 
     def __init__(self, config):
         self.config, self.benchmarks = config, []
@@ -181,19 +207,27 @@ class BenchmarkRecorder:
     def pytest_sessionfinish(self, session, exitstatus):
         if hasattr(self.config, "workerinput"):  # xdist workers send their reports; the controller writes
             return
-        write_benchmark_json(self.config, self.benchmarks, Path(self.config.getoption("attnbench_benchmark_json")))
+        write_benchmark_json(
+            self.config, self.benchmarks, Path(self.config.getoption("attnbench_benchmark_json"))
+        )
 
 
 def _machine_info(config) -> dict:
     from attnbench import env
 
     info = {
-        "node": platform.node(), "processor": platform.processor(), "machine": platform.machine(),
-        "python_compiler": platform.python_compiler(), "python_implementation": platform.python_implementation(),
-        "python_implementation_version": platform.python_version(), "python_version": platform.python_version(),
-        "python_build": list(platform.python_build()), "release": platform.release(), "system": platform.system(),
+        "node": platform.node(),
+        "processor": platform.processor(),
+        "machine": platform.machine(),
+        "python_compiler": platform.python_compiler(),
+        "python_implementation": platform.python_implementation(),
+        "python_implementation_version": platform.python_version(),
+        "python_version": platform.python_version(),
+        "python_build": list(platform.python_build()),
+        "release": platform.release(),
+        "system": platform.system(),
         "cpu": {},
-    }  # fmt: skip
+    }
     try:
         info["attnbench"] = env.capture(_device(config))
     except Exception as e:  # a description of the machine must not fail the session
@@ -213,7 +247,7 @@ def write_benchmark_json(config, benchmarks: list[dict], path: Path) -> None:
         "machine_info": _machine_info(config),
         "commit_info": commit,
         "benchmarks": sorted(benchmarks, key=lambda b: b["fullname"]),
-        "datetime": datetime.datetime.now(datetime.timezone.utc).isoformat(),
+        "datetime": datetime.datetime.now(datetime.UTC).isoformat(),
         "version": pytest_benchmark.__version__,
     }
     path.parent.mkdir(parents=True, exist_ok=True)

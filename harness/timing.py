@@ -48,7 +48,7 @@ class TimingConfig:
     graph_below_us: float = 25.0  # CUDA-graph mode when the fastest pilot median is below this; 0: never
     graph_calls: int = 10  # calls per graph replay, at least (rounded up to a multiple of the copies)
     rotate_l2_multiple: float = 5.0  # rotated working set >= this x L2 in graph mode
-    max_copies: int = 128  # input copies per backend for rotation, at most
+    max_copies: int = 512  # input copies per backend for rotation, at most
     max_memory_fraction: float = 0.5  # of the free device memory that the copies may take
 
 
@@ -94,7 +94,9 @@ class TimingStats:
     q3_us: float = 0.0
     max_us: float = 0.0
     stdev_us: float = 0.0
-    rcv: float = 0.0  # robust CV: 1.4826 MAD / median (= cv for normal noise; outliers, up to half, do not count)
+    rcv: float = (
+        0.0  # robust CV: 1.4826 MAD / median (= cv for normal noise; outliers, up to half, do not count)
+    )
     n_throttled: int = 0  # samples set aside because the GPU throttled while they ran
     throttled: bool = False  # throttled samples had to be used (too few clean ones)
     throttle: list[str] = field(default_factory=list)  # throttle reasons seen
@@ -294,9 +296,8 @@ def rotation_plan(bytes_per_call: float, l2_bytes: int, cfg: TimingConfig) -> tu
     need = cfg.rotate_l2_multiple * l2_bytes
     copies = max(1, math.ceil(need / bytes_per_call))
     if copies > cfg.max_copies:
-        return (
-            f"rotation needs {copies} input copies to reach {cfg.rotate_l2_multiple:g}x L2 (max {cfg.max_copies})"
-        )
+        need_l2 = f"{cfg.rotate_l2_multiple:g}x L2"
+        return f"rotation needs {copies} input copies to reach {need_l2} (max {cfg.max_copies})"
     calls = copies * math.ceil(max(cfg.graph_calls, copies) / copies)
     assert copies * bytes_per_call >= need, "rotated working set below the L2 multiple"
     return copies, calls
@@ -329,8 +330,8 @@ def _capture_graphs(
     free, _ = torch.cuda.mem_get_info(device)
     extra = (copies - 1) * rotation.bytes_per_call * len(closures)
     if extra > cfg.max_memory_fraction * free:
-        gib = 2**30
-        return f"{copies - 1} extra input copies per backend need {extra / gib:.1f} GiB; {free / gib:.1f} GiB free"
+        need, have = extra / 2**30, free / 2**30
+        return f"{copies - 1} more input copies per backend need {need:.1f} GiB, {have:.1f} GiB free"
     keep: list = []
     replays: dict[str, Callable[[], None]] = {}
     side = torch.cuda.Stream(device)
@@ -402,8 +403,12 @@ def time_closures(
         else:
             calls = dict.fromkeys(names, graphs.calls)
             sampler = EventSampler(graphs.replays, device, flush, calls)
-            extra |= {"mode": "cuda-graph", "calls_per_sample": graphs.calls, "copies": graphs.copies,
-                      "working_set_bytes": graphs.working_set}  # fmt: skip
+            extra |= {
+                "mode": "cuda-graph",
+                "calls_per_sample": graphs.calls,
+                "copies": graphs.copies,
+                "working_set_bytes": graphs.working_set,
+            }
             pilot = {}
     check = (lambda: nvml.throttle_reason(monitor.snapshot())) if monitor else None
     if check and pilot and check():
@@ -425,10 +430,17 @@ def _finish(got: Sampled, names, cfg: TimingConfig, clock: str, flush: bool, wal
         if use_bad:
             note = (note + "; " if note else "") + f"{len(bad)} throttled samples used (too few clean ones)"
         out[n] = summarize(
-            samples, clock, flush, _converged(samples, cfg.target_ci, cfg.min_samples), **(extra | {"note": note}),
-            n_throttled=len(bad), throttled=bool(use_bad), throttle=list(got.reasons), wall_s=wall,
+            samples,
+            clock,
+            flush,
+            _converged(samples, cfg.target_ci, cfg.min_samples),
+            **(extra | {"note": note}),
+            n_throttled=len(bad),
+            throttled=bool(use_bad),
+            throttle=list(got.reasons),
+            wall_s=wall,
             kernel_s=sum(clean + bad) * calls,
-        )  # fmt: skip
+        )
     return out
 
 

@@ -1,9 +1,9 @@
 """A small headless-Chromium driver over the DevTools protocol (stdlib only: no websocket package).
 
-    with Chromium() as browser:
-        browser.open("file:///tmp/run/report.html")
-        assert browser.errors == []
-        browser.evaluate("document.title")
+with Chromium() as browser:
+    browser.open("file:///tmp/run/report.html")
+    assert browser.errors == []
+    browser.evaluate("document.title")
 """
 
 from __future__ import annotations
@@ -23,9 +23,19 @@ import urllib.request
 from urllib.parse import urlparse
 
 CHROMIUM = "/usr/bin/chromium"
-FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--disable-default-apps", "--mute-audio", "--window-size=1500,1200"]  # fmt: skip
+FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--disable-default-apps",
+    "--mute-audio",
+    "--window-size=1500,1200",
+]
 
 
 class WebSocket:
@@ -36,9 +46,11 @@ class WebSocket:
         self.sock = socket.create_connection((u.hostname, u.port), timeout=timeout)
         key = base64.b64encode(os.urandom(16)).decode()
         self.sock.sendall(
-            (f"GET {u.path} HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\nUpgrade: websocket\r\n"
-             f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n").encode()
-        )  # fmt: skip
+            (
+                f"GET {u.path} HTTP/1.1\r\nHost: {u.hostname}:{u.port}\r\nUpgrade: websocket\r\n"
+                f"Connection: Upgrade\r\nSec-WebSocket-Key: {key}\r\nSec-WebSocket-Version: 13\r\n\r\n"
+            ).encode()
+        )
         self.buf = b""
         while b"\r\n\r\n" not in self.buf:
             self.buf += self._recv_some()
@@ -111,8 +123,10 @@ class Chromium:
         self.profile = tempfile.mkdtemp(prefix="attnbench-chromium-")
         self.proc = subprocess.Popen(
             [binary, *FLAGS, "--remote-debugging-port=0", f"--user-data-dir={self.profile}", "about:blank"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
-        )  # fmt: skip
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
         self.stderr: list[str] = []
         port = self._devtools_port()
         threading.Thread(target=self._drain, daemon=True).start()
@@ -180,7 +194,9 @@ class Chromium:
         self.evaluate("new Promise(r => setTimeout(r, 200))", await_promise=True)
 
     def evaluate(self, expression: str, await_promise: bool = False):
-        res = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=await_promise)
+        res = self.call(
+            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=await_promise
+        )
         if "exceptionDetails" in res:
             raise RuntimeError(f"evaluate({expression[:80]}): {res['exceptionDetails'].get('text')}")
         return res["result"].get("value")
@@ -195,7 +211,9 @@ class Chromium:
                 d = p["exceptionDetails"]
                 out.append(f"exception: {d.get('exception', {}).get('description') or d.get('text')}")
             elif e["method"] == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
-                out.append("console: " + " ".join(str(a.get("value", a.get("description"))) for a in p["args"]))
+                out.append(
+                    "console: " + " ".join(str(a.get("value", a.get("description"))) for a in p["args"])
+                )
             elif e["method"] == "Log.entryAdded" and p["entry"].get("level") == "error":
                 out.append(f"log: {p['entry'].get('text')} ({p['entry'].get('url', '')})")
         return out
@@ -203,8 +221,13 @@ class Chromium:
     def screenshot(self, path: str, width: int = 1500) -> None:
         """A PNG of the whole page."""
         height = int(self.evaluate("document.documentElement.scrollHeight"))
-        self.call("Emulation.setDeviceMetricsOverride", width=width, height=min(height, 16000), deviceScaleFactor=1,
-                  mobile=False)  # fmt: skip
+        self.call(
+            "Emulation.setDeviceMetricsOverride",
+            width=width,
+            height=min(height, 16000),
+            deviceScaleFactor=1,
+            mobile=False,
+        )
         data = self.call("Page.captureScreenshot", format="png", captureBeyondViewport=True)["data"]
         self.call("Emulation.clearDeviceMetricsOverride")
         with open(path, "wb") as f:

@@ -10,15 +10,34 @@ from attnbench.results import Result, ResultWriter
 from attnbench.timing import summarize
 
 PEAKS = {
-    "device": "NVIDIA H100 80GB HBM3", "driver": "570.86", "key": "NVIDIA H100 80GB HBM3 | driver 570.86",
+    "device": "NVIDIA H100 80GB HBM3",
+    "driver": "570.86",
+    "key": "NVIDIA H100 80GB HBM3 | driver 570.86",
     "measured": {"copy_tbps": 2.95, "bf16_tflops": 720.0, "fp16_tflops": 730.0, "fp32_tflops": 51.0},
     "spec": {"name": "H100 SXM", "bf16_tflops": 989, "fp16_tflops": 989, "hbm_tbps": 3.35},
-    "measured_at": "2026-11-20T10:00:00", "torch": "2.11.0",
-}  # fmt: skip
-ENV = {"device": "cuda", "gpu": "NVIDIA H100 80GB HBM3", "driver": "570.86", "cuda": "13.0", "l2_mb": 50.0,
-       "libraries": {"torch": "2.11.0", "triton": "3.6.0"}, "peaks": PEAKS}  # fmt: skip
-SNAP = {"sm_mhz": 1980, "mem_mhz": 2619, "sm_max_mhz": 1980, "mem_max_mhz": 2619, "temp_c": 55, "power_w": 420.0,
-        "power_limit_w": 700.0, "reasons": [], "reasons_mask": 0}  # fmt: skip
+    "measured_at": "2026-11-20T10:00:00",
+    "torch": "2.11.0",
+}
+ENV = {
+    "device": "cuda",
+    "gpu": "NVIDIA H100 80GB HBM3",
+    "driver": "570.86",
+    "cuda": "13.0",
+    "l2_mb": 50.0,
+    "libraries": {"torch": "2.11.0", "triton": "3.6.0"},
+    "peaks": PEAKS,
+}
+SNAP = {
+    "sm_mhz": 1980,
+    "mem_mhz": 2619,
+    "sm_max_mhz": 1980,
+    "mem_max_mhz": 2619,
+    "temp_c": 55,
+    "power_w": 420.0,
+    "power_limit_w": 700.0,
+    "reasons": [],
+    "reasons_mask": 0,
+}
 
 
 def timing(median_us: float, rel_noise: float = 0.01, n: int = 200, seed: int = 0, **extra) -> dict:
@@ -27,8 +46,9 @@ def timing(median_us: float, rel_noise: float = 0.01, n: int = 200, seed: int = 
     samples = [median_us * 1e-6 * (1 + rng.gauss(0, rel_noise)) for _ in range(n)]
     extra.setdefault("nvml", {"before": SNAP, "after": SNAP | {"temp_c": 58}})
     converged = extra.pop("converged", True)
-    st = summarize(samples, "cuda-events", True, converged, wall_s=n * median_us * 2e-6,
-                   kernel_s=sum(samples), **extra)  # fmt: skip
+    st = summarize(
+        samples, "cuda-events", True, converged, wall_s=n * median_us * 2e-6, kernel_s=sum(samples), **extra
+    )
     return st.to_dict()
 
 
@@ -46,29 +66,69 @@ def row(case_id: str, backend: str, status: str = "pass", median_us: float | Non
     if metrics is None and status in ("pass", "fail"):
         err = 3e-3 if status == "pass" else 0.4
         metrics = {
-            "o": {"bound": 8e-3, "twin_max_abs": 3.9e-3, "scale": 2.0, "max_abs": err, "max_rel": err * 10,
-                  "rel_l2": err / 3, "cos": 1 - err / 100, "mismatch": 0.0 if status == "pass" else 0.02,
-                  "worst": {"token": 3, "head": 5, "dim": 17}, "nonfinite": 0},
-            "lse": {"bound": 1e-3, "twin_max_abs": 2e-4, "scale": 9.0, "max_abs": 1e-4, "max_rel": 1e-5,
-                    "rel_l2": 1e-6, "cos": 1.0, "mismatch": 0.0, "worst": {"token": 1, "head": 2}, "nonfinite": 0},
-        }  # fmt: skip
+            "o": {
+                "bound": 8e-3,
+                "twin_max_abs": 3.9e-3,
+                "scale": 2.0,
+                "max_abs": err,
+                "max_rel": err * 10,
+                "rel_l2": err / 3,
+                "cos": 1 - err / 100,
+                "mismatch": 0.0 if status == "pass" else 0.02,
+                "worst": {"token": 3, "head": 5, "dim": 17},
+                "nonfinite": 0,
+            },
+            "lse": {
+                "bound": 1e-3,
+                "twin_max_abs": 2e-4,
+                "scale": 9.0,
+                "max_abs": 1e-4,
+                "max_rel": 1e-5,
+                "rel_l2": 1e-6,
+                "cos": 1.0,
+                "mismatch": 0.0,
+                "worst": {"token": 1, "head": 2},
+                "nonfinite": 0,
+            },
+        }
         if status == "fail":
             metrics["o"]["heat"] = [[0.01 * (h + 1) * (1 + (r % 5)) for r in range(16)] for h in range(8)]
     derived = {}
     if t:
         secs = t["median_us"] * 1e-6
-        nbytes = 0.6 * 2.95e12 * secs * (0.5 if backend == "torch" else 1.0)  # 60% (torch: 30%) of the roofline
+        nbytes = (
+            0.6 * 2.95e12 * secs * (0.5 if backend == "torch" else 1.0)
+        )  # 60% (torch: 30%) of the roofline
         flops = nbytes * 1.0
-        derived = {"flops": flops, "bytes": nbytes, "tflops": flops / secs / 1e12, "tbps": nbytes / secs / 1e12,
-                   "intensity": flops / nbytes, "bound_us": nbytes / 2.95e12 * 1e6,
-                   "roofline_pct": 100 * nbytes / 2.95e12 / secs, "limiter": "memory"}  # fmt: skip
+        derived = {
+            "flops": flops,
+            "bytes": nbytes,
+            "tflops": flops / secs / 1e12,
+            "tbps": nbytes / secs / 1e12,
+            "intensity": flops / nbytes,
+            "bound_us": nbytes / 2.95e12 * 1e6,
+            "roofline_pct": 100 * nbytes / 2.95e12 / secs,
+            "limiter": "memory",
+        }
     defaults = dict(
-        reason={"fail": "o: max abs error 0.4 > bound 0.008 at token 3 head 5 dim 17", "error": "RuntimeError: boom",
-                "skip": f"{backend} has no sliding window"}.get(status, ""),
-        params=params, dtype="bf16", suite="decode", features=["gqa", "paged"], metrics=metrics or {}, timing=t,
-        derived=derived, prepare_s=0.02 if status != "skip" else None, reference_s=0.5, check_s=0.05,
-        prepare_info={"plan_s": 0.001} if status != "skip" else {}, env={"device": "cuda"},
-    )  # fmt: skip
+        reason={
+            "fail": "o: max abs error 0.4 > bound 0.008 at token 3 head 5 dim 17",
+            "error": "RuntimeError: boom",
+            "skip": f"{backend} has no sliding window",
+        }.get(status, ""),
+        params=params,
+        dtype="bf16",
+        suite="decode",
+        features=["gqa", "paged"],
+        metrics=metrics or {},
+        timing=t,
+        derived=derived,
+        prepare_s=0.02 if status != "skip" else None,
+        reference_s=0.5,
+        check_s=0.05,
+        prepare_info={"plan_s": 0.001} if status != "skip" else {},
+        env={"device": "cuda"},
+    )
     return Result(case_id=case_id, op=op, backend=backend, status=status, **(defaults | kw))
 
 
@@ -89,8 +149,15 @@ def mixed_rows() -> list[Result]:
     rows.append(row("decode/b4-l2048-h32x8-d128-bf16", "broken", status="fail", median_us=30.0))
     rows.append(row("decode/b4-l2048-h32x8-d128-bf16-swa128", "flashinfer", status="skip", features=["swa"]))
     rows.append(row("decode/b4-l2048-h32x8-d128-bf16-swa128", "torch", status="error", median_us=None))
-    rows.append(row("merge_state/t33-h4-d64-bf16", "torch", params={"tokens": 33, "heads": 4, "head_dim": 64},
-                    suite="smoke", features=[]))  # fmt: skip
+    rows.append(
+        row(
+            "merge_state/t33-h4-d64-bf16",
+            "torch",
+            params={"tokens": 33, "heads": 4, "head_dim": 64},
+            suite="smoke",
+            features=[],
+        )
+    )
     return rows
 
 
@@ -102,8 +169,13 @@ def write_run(path: Path, rows: list[Result], env: dict | None = None, run: dict
         for r in rows:
             w.append(r)
     (path / "env.json").write_text(json.dumps(ENV if env is None else env))
-    run = run or {"argv": ["attnbench", "sweep", "decode", "--plugin", "my_kernels.py"], "device": "cuda",
-                  "started": "2026-11-20T10:00:00", "finished": "2026-11-20T10:05:00", "wall_s": 300.0,
-                  "complete": True}  # fmt: skip
+    run = run or {
+        "argv": ["attnbench", "sweep", "decode", "--plugin", "my_kernels.py"],
+        "device": "cuda",
+        "started": "2026-11-20T10:00:00",
+        "finished": "2026-11-20T10:05:00",
+        "wall_s": 300.0,
+        "complete": True,
+    }
     (path / "run.json").write_text(json.dumps(run))
     return path

@@ -6,13 +6,14 @@ import json
 import time
 
 import pytest
-import synthetic
 from typer.testing import CliRunner
 
 import attnbench
 from attnbench.backend import _INSTANCES, _REGISTRY
 from attnbench.cli import app
 from attnbench.compare import GateRule, compare_pair, compare_rows, compare_runs, write_comparison
+
+import synthetic
 
 CASES = [f"decode/b{b}-l{l}-h32x8-d128-bf16" for b in (1, 8, 64) for l in (1024, 4096)]
 
@@ -61,21 +62,38 @@ def test_faster_is_reported_not_failed():
 
 
 def test_correctness_regressions_always_count():
-    base = [synthetic.row(CASES[0], "triton"), synthetic.row(CASES[1], "triton"), synthetic.row(CASES[2], "triton"),
-            synthetic.row(CASES[3], "triton", status="fail"), synthetic.row(CASES[4], "triton")]  # fmt: skip
-    new = [synthetic.row(CASES[0], "triton", status="fail"), synthetic.row(CASES[1], "triton", status="error"),
-           synthetic.row(CASES[2], "triton", status="skip"), synthetic.row(CASES[3], "triton"),
-           synthetic.row(CASES[5], "triton")]  # fmt: skip
+    base = [
+        synthetic.row(CASES[0], "triton"),
+        synthetic.row(CASES[1], "triton"),
+        synthetic.row(CASES[2], "triton"),
+        synthetic.row(CASES[3], "triton", status="fail"),
+        synthetic.row(CASES[4], "triton"),
+    ]
+    new = [
+        synthetic.row(CASES[0], "triton", status="fail"),
+        synthetic.row(CASES[1], "triton", status="error"),
+        synthetic.row(CASES[2], "triton", status="skip"),
+        synthetic.row(CASES[3], "triton"),
+        synthetic.row(CASES[5], "triton"),
+    ]
     verdicts = {c.case_id: c.verdict for c in compare_rows(base, new)}
-    assert verdicts == {CASES[0]: "broke", CASES[1]: "broke", CASES[2]: "now skipped", CASES[3]: "fixed",
-                        CASES[4]: "missing", CASES[5]: "new"}  # fmt: skip
+    assert verdicts == {
+        CASES[0]: "broke",
+        CASES[1]: "broke",
+        CASES[2]: "now skipped",
+        CASES[3]: "fixed",
+        CASES[4]: "missing",
+        CASES[5]: "new",
+    }
     broke = compare_pair(base[0], new[0], GateRule())
     assert broke.regression and "max abs error" in broke.note
 
 
 def test_different_timing_modes_are_not_compared():
     b = synthetic.row(CASES[0], "triton", timing=synthetic.timing(10.0))
-    n = synthetic.row(CASES[0], "triton", timing=synthetic.timing(20.0, mode="cuda-graph", calls_per_sample=20))
+    n = synthetic.row(
+        CASES[0], "triton", timing=synthetic.timing(20.0, mode="cuda-graph", calls_per_sample=20)
+    )
     c = compare_pair(b, n, GateRule())
     assert c.verdict == "not comparable" and not c.regression and "cuda-graph" in c.note
 
@@ -117,7 +135,7 @@ SLEEP = {"s": 0.004}
 
 @pytest.fixture
 def sleepy():
-    """A backend registered here: the torch kernel, then a wait until SLEEP['s'] have passed since the call began.
+    """A backend registered here: the torch kernel, then a wait until SLEEP['s'] have passed since the call.
 
     The wait sleeps until 0.5 ms before the deadline (a sleeping process keeps its place in the scheduler on a
     loaded machine, a spinning one is preempted for whole time slices), then spins to the deadline (time.sleep
@@ -154,8 +172,15 @@ def _sweep(out, sleep_s):
     from attnbench.timing import TimingConfig
 
     SLEEP["s"] = sleep_s
-    cfg = TimingConfig(warmup_s=0.0, warmup_calls=2, min_samples=15, max_samples=80, max_s=0.6, target_ci=0.01,
-                       graph_below_us=0)  # fmt: skip
+    cfg = TimingConfig(
+        warmup_s=0.0,
+        warmup_calls=2,
+        min_samples=15,
+        max_samples=80,
+        max_s=0.6,
+        target_ci=0.01,
+        graph_below_us=0,
+    )
     p = plan(["smoke"], "cpu", ["sleepy"], ["merge_state"])
     execute(p, out, RunOptions(timing=True, timing_config=cfg))
     render_all(out)
@@ -171,15 +196,16 @@ def _gate(base, new) -> int:
 
 
 def test_end_to_end_gate_on_cpu(sleepy, tmp_path):
-    """Two runs of the same kernel compare clean; a 10% slower one fails the gate (plugin -> sweep -> compare).
+    """Two runs of a kernel compare clean; a 10% slower one fails the gate (plugin -> sweep -> compare).
 
     The runs are retaken once when a verdict is off; on a host so loaded that even the retaken timings do
     not converge (most samples preempted), the test skips: no timing can be judged there.
     """
     for attempt in range(2):
         d = tmp_path / f"try{attempt}"
-        base, again, slower = (_sweep(d / name, s) for name, s in (("base", 0.004), ("again", 0.004),
-                                                                   ("slower", 0.0044)))  # fmt: skip
+        base, again, slower = (
+            _sweep(d / name, s) for name, s in (("base", 0.004), ("again", 0.004), ("slower", 0.0044))
+        )
         clean, gate = _gate(base, again), _gate(base, slower)
         cmp = compare_runs(base, slower)
         slow = [c for c in cmp.changes if c.verdict == "slower"]

@@ -49,9 +49,16 @@ def test_snapshot_fields():
     m = nvml.monitor("cuda:0", lib=FakeNvml(reasons=0x1))
     snap = m.snapshot()
     assert snap == {
-        "sm_mhz": 1980, "mem_mhz": 2619, "sm_max_mhz": 1980, "mem_max_mhz": 2619, "temp_c": 61,
-        "power_w": 512.0, "power_limit_w": 700.0, "reasons": ["gpu idle"], "reasons_mask": 1,
-    }  # fmt: skip
+        "sm_mhz": 1980,
+        "mem_mhz": 2619,
+        "sm_max_mhz": 1980,
+        "mem_max_mhz": 2619,
+        "temp_c": 61,
+        "power_w": 512.0,
+        "power_limit_w": 700.0,
+        "reasons": ["gpu idle"],
+        "reasons_mask": 1,
+    }
 
 
 def test_unsupported_field_is_none_not_an_error():

@@ -14,7 +14,7 @@ pytest_plugins = ["pytester"]
 
 # A conftest that registers two plugin backends: one that computes zeros (fails every check) and one
 # that only supports merge_state (skips the rest).
-CONFTEST = '''
+CONFTEST = """
 import torch
 import attnbench
 from attnbench.kernels.torch import TorchBackend
@@ -33,7 +33,7 @@ class Zeros(TorchBackend):
 class MergeOnly(TorchBackend):
     def supports(self, case):
         return None if case.op_name == "merge_state" else "mergeonly has only merge_state"
-'''
+"""
 
 
 @pytest.mark.parametrize(
@@ -60,13 +60,24 @@ def test_suite_rows_become_tests(pytester):
     # are filtered out by -k; decode/extend cases are deselected by -k
     outcomes = result.parseoutcomes()
     assert outcomes.get("failed") == 4 and outcomes.get("passed") == 8, result.stdout.str()
-    result.stdout.fnmatch_lines(["*merge_state/t33-h4-d64-fp32*zeros*", "*o: max abs error*", "*re-run alone: attnbench sweep*"])
+    result.stdout.fnmatch_lines(
+        ["*merge_state/t33-h4-d64-fp32*zeros*", "*o: max abs error*", "*re-run alone: attnbench sweep*"]
+    )
 
 
 def test_skip_rows_are_pytest_skips(pytester):
     pytester.makeconftest(CONFTEST)
-    result = pytester.runpytest("--attnbench", "smoke", "--attnbench-backend", "mergeonly", "-k", "b2-l45-h4x2-d64",
-                                "-p", "no:cacheprovider", "-rs")  # fmt: skip
+    result = pytester.runpytest(
+        "--attnbench",
+        "smoke",
+        "--attnbench-backend",
+        "mergeonly",
+        "-k",
+        "b2-l45-h4x2-d64",
+        "-p",
+        "no:cacheprovider",
+        "-rs",
+    )
     result.assert_outcomes(skipped=1)
     result.stdout.fnmatch_lines(["*mergeonly has only merge_state*"])
 
@@ -86,8 +97,11 @@ def _check_benchmark_json(path, n):
         assert b["extra_info"]["clock"] == "host" and b["params"]["backend"] == "torch"
     assert doc["machine_info"]["attnbench"]["device"] == "cpu"
     # pytest-benchmark's own CLI reads it
-    cmp = subprocess.run([sys.executable, "-m", "pytest_benchmark", "compare", str(path), "--group-by", "group"],
-                         capture_output=True, text=True)  # fmt: skip
+    cmp = subprocess.run(
+        [sys.executable, "-m", "pytest_benchmark", "compare", str(path), "--group-by", "group"],
+        capture_output=True,
+        text=True,
+    )
     assert cmp.returncode == 0, cmp.stderr
     assert "merge_state/t33-h4-d64-fp32[torch]" in cmp.stdout and "Median" in cmp.stdout
     return doc
@@ -95,17 +109,38 @@ def _check_benchmark_json(path, n):
 
 def test_benchmark_json_for_pytest_benchmark(pytester):
     out = pytester.path / "bench.json"
-    result = pytester.runpytest("--attnbench", "smoke", "--attnbench-backend", "torch", "-k", "merge_state",
-                                "--attnbench-benchmark-json", str(out), "-p", "no:cacheprovider")  # fmt: skip
+    result = pytester.runpytest(
+        "--attnbench",
+        "smoke",
+        "--attnbench-backend",
+        "torch",
+        "-k",
+        "merge_state",
+        "--attnbench-benchmark-json",
+        str(out),
+        "-p",
+        "no:cacheprovider",
+    )
     result.assert_outcomes(passed=4)
     _check_benchmark_json(out, 4)
 
 
 def test_under_xdist(pytester):
     out = pytester.path / "bench.json"
-    result = pytester.runpytest_subprocess("--attnbench", "smoke", "--attnbench-backend", "torch", "-k", "merge_state",
-                                           "--attnbench-benchmark-json", str(out), "-n", "2", "-p",
-                                           "no:cacheprovider")  # fmt: skip
+    result = pytester.runpytest_subprocess(
+        "--attnbench",
+        "smoke",
+        "--attnbench-backend",
+        "torch",
+        "-k",
+        "merge_state",
+        "--attnbench-benchmark-json",
+        str(out),
+        "-n",
+        "2",
+        "-p",
+        "no:cacheprovider",
+    )
     result.assert_outcomes(passed=4)
     result.stdout.fnmatch_lines(["*2 workers*"])
     doc = _check_benchmark_json(out, 4)

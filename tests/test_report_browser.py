@@ -10,15 +10,27 @@ import os
 from pathlib import Path
 
 import pytest
-import synthetic
-from cdp import CHROMIUM, Chromium
 
 from attnbench.compare import compare_runs, write_comparison
 from attnbench.report import render_all
 
-pytestmark = pytest.mark.skipif(not Path(CHROMIUM).exists(), reason=f"needs Chromium at {CHROMIUM} (apt-get install chromium)")
+import synthetic
+from cdp import CHROMIUM, Chromium
 
-SECTIONS = ("overview", "measurement", "capability", "op-decode", "op-merge_state", "speedup", "environment", "conventions")
+pytestmark = pytest.mark.skipif(
+    not Path(CHROMIUM).exists(), reason=f"needs Chromium at {CHROMIUM} (apt-get install chromium)"
+)
+
+SECTIONS = (
+    "overview",
+    "measurement",
+    "capability",
+    "op-decode",
+    "op-merge_state",
+    "speedup",
+    "environment",
+    "conventions",
+)
 
 
 @pytest.fixture(scope="module")
@@ -54,12 +66,21 @@ def test_report_renders_every_section_without_errors(browser, run_dir, tmp_path)
     assert browser.errors == []
     for sid in SECTIONS:
         assert browser.evaluate(f"!!document.getElementById({sid!r})"), f"section #{sid} missing"
-    images = browser.evaluate("Array.from(document.images).map(i => [i.alt, i.complete && i.naturalWidth > 0])")
+    images = browser.evaluate(
+        "Array.from(document.images).map(i => [i.alt, i.complete && i.naturalWidth > 0])"
+    )
     assert len(images) >= 5 and all(ok for _, ok in images), images
     assert any("heatmap" in alt for alt, _ in images)
     text = browser.evaluate("document.body.innerText")
-    for needle in ("Harness cost", "Peaks (roofline)", "GPU state while timing (NVML)", "Error heatmaps of failing outputs",
-                   "Speedup over torch", "attnbench sweep --case", "Correctness"):  # fmt: skip
+    for needle in (
+        "Harness cost",
+        "Peaks (roofline)",
+        "GPU state while timing (NVML)",
+        "Error heatmaps of failing outputs",
+        "Speedup over torch",
+        "attnbench sweep --case",
+        "Correctness",
+    ):
         assert needle in text, needle
     browser.screenshot(str(_shots(tmp_path) / "report.png"))
     assert (_shots(tmp_path) / "report.png").stat().st_size > 50_000
@@ -101,8 +122,12 @@ def test_report_tables_sort_and_filter(browser, run_dir):
 def test_compare_report_renders(browser, tmp_path):
     rows = synthetic.mixed_rows()
     base = synthetic.write_run(tmp_path / "base", rows)
-    slower = [synthetic.row(r.case_id, r.backend, median_us=r.timing["median_us"] * 1.1) if r.backend == "triton"
-              and r.timing else r for r in rows]  # fmt: skip
+    slower = [
+        synthetic.row(r.case_id, r.backend, median_us=r.timing["median_us"] * 1.1)
+        if r.backend == "triton" and r.timing
+        else r
+        for r in rows
+    ]
     new = synthetic.write_run(tmp_path / "new", slower)
     cmp = compare_runs(base, new)
     assert cmp.regressions

@@ -43,7 +43,7 @@ def fmt(x, digits: int = 3) -> str:
             return str(x)
         if abs(x) >= 1e5 or abs(x) < 1e-2:
             return f"{x:.{digits - 1}e}"
-        if abs(x) >= 10 ** digits:
+        if abs(x) >= 10**digits:
             return f"{x:.0f}"
         return f"{x:.{digits}g}"
     return str(x)
@@ -61,7 +61,16 @@ def _plugins(run: dict) -> list[str]:
 
 def repro(r, run: dict) -> str:
     """The command that re-runs one row alone."""
-    parts = ["attnbench", "sweep", "--case", r.case_id, "--backend", r.backend, "--device", run.get("device", "cpu")]
+    parts = [
+        "attnbench",
+        "sweep",
+        "--case",
+        r.case_id,
+        "--backend",
+        r.backend,
+        "--device",
+        run.get("device", "cpu"),
+    ]
     for p in _plugins(run):
         parts += ["--plugin", p]
     return shlex.join(parts)
@@ -70,13 +79,23 @@ def repro(r, run: dict) -> str:
 def _flags(t: dict) -> list[dict]:
     out = []
     if t.get("mode") == "cuda-graph":
-        out.append({"s": "G", "t": f"CUDA graph: {t.get('calls_per_sample')} calls per replay over {t.get('copies')} "
-                    f"input copies ({fmt((t.get('working_set_bytes') or 0) / 2**20)} MiB rotated)"})  # fmt: skip
+        out.append(
+            {
+                "s": "G",
+                "t": f"CUDA graph: {t.get('calls_per_sample')} calls per replay over {t.get('copies')} "
+                f"input copies ({fmt((t.get('working_set_bytes') or 0) / 2**20)} MiB rotated)",
+            }
+        )
     if not t.get("converged", True):
         out.append({"s": "*", "t": "the CI target was not met within the time/count budget"})
     if t.get("n_throttled"):
         used = " (used: too few clean ones)" if t.get("throttled") else " (set aside and retaken)"
-        out.append({"s": "T", "t": f"{t['n_throttled']} samples ran throttled{used}: {', '.join(t.get('throttle', []))}"})
+        out.append(
+            {
+                "s": "T",
+                "t": f"{t['n_throttled']} samples ran throttled{used}: {', '.join(t.get('throttle', []))}",
+            }
+        )
     return out
 
 
@@ -131,13 +150,18 @@ def _correctness_rows(op_rows) -> list[dict]:
             else:
                 ratio = mm["max_abs"] / mm["bound"] if mm.get("bound") and "max_abs" in mm else None
                 row |= {
-                    "max_abs": fmt(mm.get("max_abs")), "bound": fmt(mm.get("bound")), "ratio": fmt(ratio),
-                    "ratio_v": ratio, "max_rel": fmt(mm.get("max_rel")), "rel_l2": fmt(mm.get("rel_l2")),
+                    "max_abs": fmt(mm.get("max_abs")),
+                    "bound": fmt(mm.get("bound")),
+                    "ratio": fmt(ratio),
+                    "ratio_v": ratio,
+                    "max_rel": fmt(mm.get("max_rel")),
+                    "rel_l2": fmt(mm.get("rel_l2")),
                     "cos": f"{mm['cos']:.6f}" if mm.get("cos") is not None else "",
                     "mismatch": f"{100 * mm['mismatch']:.3g}%" if mm.get("mismatch") is not None else "",
-                    "nonfinite": mm.get("nonfinite", ""), "twin": fmt(mm.get("twin_max_abs")),
+                    "nonfinite": mm.get("nonfinite", ""),
+                    "twin": fmt(mm.get("twin_max_abs")),
                     "worst": " ".join(f"{k} {v}" for k, v in (mm.get("worst") or {}).items()),
-                }  # fmt: skip
+                }
             out.append(row)
     return out
 
@@ -148,12 +172,18 @@ def _heatmaps(op_rows) -> list[dict]:
         for out, mm in (r.metrics or {}).items():
             if r.status == "fail" and mm.get("heat"):
                 worst = " ".join(f"{k} {v}" for k, v in (mm.get("worst") or {}).items())
-                heat.append({
-                    "title": f"{r.case_id} [{r.backend}] {out}: max abs {fmt(mm.get('max_abs'))} "
-                             f"(bound {fmt(mm.get('bound'))}), worst at {worst}",
-                    "png": plots.error_heatmap(mm["heat"], f"{r.backend}: |{out} - ref| per head and row",
-                                               "row (binned to at most 64)", "head"),
-                })  # fmt: skip
+                heat.append(
+                    {
+                        "title": f"{r.case_id} [{r.backend}] {out}: max abs {fmt(mm.get('max_abs'))} "
+                        f"(bound {fmt(mm.get('bound'))}), worst at {worst}",
+                        "png": plots.error_heatmap(
+                            mm["heat"],
+                            f"{r.backend}: |{out} - ref| per head and row",
+                            "row (binned to at most 64)",
+                            "head",
+                        ),
+                    }
+                )
     return heat
 
 
@@ -169,10 +199,17 @@ def speedups(rows, baseline: str) -> list[dict]:
         if r.backend != baseline and r.timing and r.case_id in base and r.timing["median_us"] > 0:
             acc.setdefault((r.op, r.backend), []).append(base[r.case_id] / r.timing["median_us"])
     return [
-        {"op": op, "backend": b, "speedup": fmt(math.exp(sum(map(math.log, v)) / len(v))), "cases": len(v),
-         "min": fmt(min(v)), "max": fmt(max(v)), "wins": sum(x > 1 for x in v)}
+        {
+            "op": op,
+            "backend": b,
+            "speedup": fmt(math.exp(sum(map(math.log, v)) / len(v))),
+            "cases": len(v),
+            "min": fmt(min(v)),
+            "max": fmt(max(v)),
+            "wins": sum(x > 1 for x in v),
+        }
         for (op, b), v in sorted(acc.items())
-    ]  # fmt: skip
+    ]
 
 
 def measurement(rows) -> dict:
@@ -195,10 +232,13 @@ def measurement(rows) -> dict:
         "throttled_used": sum(bool(r.timing.get("throttled")) for r in timed),
         "throttle_reasons": Counter(x for r in timed for x in r.timing.get("throttle", [])).most_common(6),
         "nvml": bool(snaps),
-        "sm": rng("sm_mhz"), "mem": rng("mem_mhz"), "temp": rng("temp_c"), "power": rng("power_w"),
+        "sm": rng("sm_mhz"),
+        "mem": rng("mem_mhz"),
+        "temp": rng("temp_c"),
+        "power": rng("power_w"),
         "sm_max": next((s.get("sm_max_mhz") for s in snaps if s.get("sm_max_mhz")), None),
         "power_limit": next((s.get("power_limit_w") for s in snaps if s.get("power_limit_w")), None),
-    }  # fmt: skip
+    }
 
 
 def harness_cost(rows, run: dict) -> dict:
@@ -215,8 +255,13 @@ def harness_cost(rows, run: dict) -> dict:
     wall = run.get("wall_s")
     out = [{"what": k, "s": v, "pct": 100 * v / wall if wall else None} for k, v in parts.items()]
     if wall:
-        out.append({"what": "other (input copies, stale-output runs, writing)", "s": wall - sum(parts.values()),
-                    "pct": 100 * (wall - sum(parts.values())) / wall})  # fmt: skip
+        out.append(
+            {
+                "what": "other (input copies, stale-output runs, writing)",
+                "s": wall - sum(parts.values()),
+                "pct": 100 * (wall - sum(parts.values())) / wall,
+            }
+        )
     return {"parts": out, "kernel_s": kernel, "wall_s": wall, "complete": run.get("complete", True)}
 
 
@@ -224,14 +269,23 @@ def peaks_view(env: dict) -> list[dict]:
     p = env.get("peaks") or {}
     m, s = p.get("measured") or {}, p.get("spec") or {}
     rows = []
-    for label, mk, sk, unit in (("copy bandwidth (read + write)", "copy_tbps", "hbm_tbps", "TB/s"),
-                                ("dense bf16 matmul", "bf16_tflops", "bf16_tflops", "TFLOP/s"),
-                                ("dense fp16 matmul", "fp16_tflops", "fp16_tflops", "TFLOP/s"),
-                                ("dense fp32 matmul (no TF32)", "fp32_tflops", None, "TFLOP/s")):  # fmt: skip
+    for label, mk, sk, unit in (
+        ("copy bandwidth (read + write)", "copy_tbps", "hbm_tbps", "TB/s"),
+        ("dense bf16 matmul", "bf16_tflops", "bf16_tflops", "TFLOP/s"),
+        ("dense fp16 matmul", "fp16_tflops", "fp16_tflops", "TFLOP/s"),
+        ("dense fp32 matmul (no TF32)", "fp32_tflops", None, "TFLOP/s"),
+    ):
         if mk in m:
             spec = s.get(sk) if sk else None
-            rows.append({"what": label, "measured": fmt(m[mk]), "spec": fmt(spec) if spec else "", "unit": unit,
-                         "pct": f"{100 * m[mk] / spec:.0f}%" if spec else ""})  # fmt: skip
+            rows.append(
+                {
+                    "what": label,
+                    "measured": fmt(m[mk]),
+                    "spec": fmt(spec) if spec else "",
+                    "unit": unit,
+                    "pct": f"{100 * m[mk] / spec:.0f}%" if spec else "",
+                }
+            )
     return rows
 
 
@@ -253,14 +307,19 @@ def render_html(rows, env: dict, run: dict, baseline: str | None = None) -> str:
         figs = [plots.latency_by_case(op_rows, op), plots.roofline(op_rows, op, env.get("peaks"))]
         figs += [plots.latency_vs_axis(op_rows, op, a) for a in _AXES]
         heat = _heatmaps(op_rows)
-        sections.append({
-            "op": op,
-            "rows": [_row_view(r, run, base_us.get(r.case_id) if r.backend != baseline else None) for r in op_rows],
-            "correctness": _correctness_rows(op_rows),
-            "figs": [f for f in figs if f],
-            "heat": heat[:12],
-            "heat_more": max(0, len(heat) - 12),
-        })  # fmt: skip
+        sections.append(
+            {
+                "op": op,
+                "rows": [
+                    _row_view(r, run, base_us.get(r.case_id) if r.backend != baseline else None)
+                    for r in op_rows
+                ],
+                "correctness": _correctness_rows(op_rows),
+                "figs": [f for f in figs if f],
+                "heat": heat[:12],
+                "heat_more": max(0, len(heat) - 12),
+            }
+        )
     return template("template.html.j2").render(
         rows=rows,
         env=env,

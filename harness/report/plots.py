@@ -38,7 +38,9 @@ def latency_by_case(rows, op: str, max_cases: int = 80) -> str | None:
         med = [r.timing["median_us"] for r in pts]
         lo = [r.timing["median_us"] - r.timing["p10_us"] for r in pts]
         hi = [r.timing["p90_us"] - r.timing["median_us"] for r in pts]
-        ax.errorbar(med, ys, xerr=[lo, hi], fmt="o", ms=4, capsize=2, label=b, color=_COLORS[k % len(_COLORS)])
+        ax.errorbar(
+            med, ys, xerr=[lo, hi], fmt="o", ms=4, capsize=2, label=b, color=_COLORS[k % len(_COLORS)]
+        )
     ax.set_yticks(range(len(cases)))
     ax.set_yticklabels([c.split("/", 1)[1] for c in cases], fontsize=7)
     ax.invert_yaxis()
@@ -87,10 +89,14 @@ _PEAK_KEY = {"bf16": "bf16_tflops", "fp16": "fp16_tflops", "fp32": "fp32_tflops"
 
 
 def roofline(rows, op: str, peaks: dict | None) -> str | None:
-    """Achieved TFLOP/s against arithmetic intensity (log-log) under the measured roofs, a color per backend."""
+    """Achieved TFLOP/s against arithmetic intensity (log-log) below the measured roofs, by backend."""
     measured = (peaks or {}).get("measured") or {}
     bw = measured.get("copy_tbps")
-    pts = [r for r in rows if r.op == op and r.timing and (r.derived or {}).get("intensity") and r.derived.get("tflops")]
+    pts = [
+        r
+        for r in rows
+        if r.op == op and r.timing and (r.derived or {}).get("intensity") and r.derived.get("tflops")
+    ]
     if not pts or not bw:
         return None
     fig, ax = plt.subplots(figsize=(7, 4.2))
@@ -103,13 +109,26 @@ def roofline(rows, op: str, peaks: dict | None) -> str | None:
         ridge = pf / bw
         xr = sorted({lo, min(max(ridge, lo), hi), hi})
         ax.plot(xr, [min(pf, x * bw) for x in xr], "--", color="0.45", lw=1)
-        ax.annotate(f"{dt} roof: {pf:.0f} TFLOP/s, {bw:.2f} TB/s", (xr[-1], min(pf, xr[-1] * bw)),
-                    fontsize=7, ha="right", va="bottom", color="0.35")  # fmt: skip
+        ax.annotate(
+            f"{dt} roof: {pf:.0f} TFLOP/s, {bw:.2f} TB/s",
+            (xr[-1], min(pf, xr[-1] * bw)),
+            fontsize=7,
+            ha="right",
+            va="bottom",
+            color="0.35",
+        )
     backends = sorted({r.backend for r in pts})
     for i, b in enumerate(backends):
         mine = [r for r in pts if r.backend == b]
-        ax.scatter([r.derived["intensity"] for r in mine], [r.derived["tflops"] for r in mine], s=14,
-                   color=_COLORS[i % len(_COLORS)], label=b, alpha=0.85, zorder=3)  # fmt: skip
+        ax.scatter(
+            [r.derived["intensity"] for r in mine],
+            [r.derived["tflops"] for r in mine],
+            s=14,
+            color=_COLORS[i % len(_COLORS)],
+            label=b,
+            alpha=0.85,
+            zorder=3,
+        )
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
@@ -129,10 +148,21 @@ def change_plot(changes) -> str | None:
     fig, ax = plt.subplots(figsize=(9, 3.6))
     x = range(len(timed))
     colors = {"slower": "#cf222e", "faster": "#1a7f37", "noisy": "#9a6700"}
-    ax.fill_between(x, [-100 * c.threshold for c in timed], [100 * c.threshold for c in timed], color="0.9",
-                    step="mid", label="threshold max(3%, 3 CV)")  # fmt: skip
-    ax.scatter(x, [100 * c.change for c in timed], s=10, zorder=3,
-               c=[colors.get(c.verdict, "#57606a") for c in timed])  # fmt: skip
+    ax.fill_between(
+        x,
+        [-100 * c.threshold for c in timed],
+        [100 * c.threshold for c in timed],
+        color="0.9",
+        step="mid",
+        label="threshold max(3%, 3 CV)",
+    )
+    ax.scatter(
+        x,
+        [100 * c.change for c in timed],
+        s=10,
+        zorder=3,
+        c=[colors.get(c.verdict, "#57606a") for c in timed],
+    )
     ax.axhline(0, color="0.5", lw=0.8)
     ax.set_xlabel("rows, sorted by change")
     ax.set_ylabel("median change, % (new vs base)")
