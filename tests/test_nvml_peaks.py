@@ -152,3 +152,42 @@ def test_roofline_compute_bound_uses_the_dtype_peak():
 
 def test_roofline_without_peaks_gives_intensity_only():
     assert peaks.roofline(4e9, 1e9, 1e-3, None, "bf16") == {"intensity": 4.0}
+
+
+class FakeLibNvml:
+    """Stands in for libnvidia-ml.so.1 under the ctypes binding: C calls writing through pointers."""
+
+    def __getattr__(self, name):
+        values = {"nvmlDeviceGetClockInfo": 1755, "nvmlDeviceGetMaxClockInfo": 1980, "nvmlDeviceGetTemperature": 47,
+                  "nvmlDeviceGetPowerUsage": 250_000, "nvmlDeviceGetEnforcedPowerLimit": 700_000,
+                  "nvmlDeviceGetCurrentClocksEventReasons": 0x4}  # fmt: skip
+
+        def call(*args):
+            if name in values:
+                args[-1]._obj.value = values[name]
+            elif name == "nvmlSystemGetDriverVersion":
+                args[0].value = b"570.86.15"
+            elif name == "nvmlDeviceGetHandleByUUID":
+                return 999  # NVML_ERROR_UNKNOWN: falls back to the index
+            return 0
+
+        if name.startswith("nvml"):
+            return call
+        raise AttributeError(name)
+
+
+def test_ctypes_binding(monkeypatch):
+    monkeypatch.setattr(nvml.ctypes, "CDLL", lambda path: FakeLibNvml())
+    lib = nvml._CtypesNvml()
+    assert lib.nvmlSystemGetDriverVersion() == "570.86.15"
+    m = nvml.monitor("cuda:3", lib=lib)
+    snap = m.snapshot()
+    assert snap["sm_mhz"] == 1755 and snap["sm_max_mhz"] == 1980 and snap["temp_c"] == 47
+    assert snap["power_w"] == 250.0 and snap["power_limit_w"] == 700.0 and snap["reasons"] == ["sw power cap"]
+    assert nvml.throttle_reason(snap) == "sw power cap"
+
+
+def test_without_nvml_there_is_no_monitor(monkeypatch):
+    monkeypatch.setattr(nvml, "_library", lambda: None)
+    monkeypatch.setattr(nvml, "_MONITORS", {})
+    assert nvml.monitor("cuda:0") is None and nvml.driver_version() is None

@@ -10,6 +10,8 @@ import pytest
 from attnbench.timing import (
     CPU_CONFIG,
     HostSampler,
+    Sampled,
+    _finish,
     TimingConfig,
     median_ci,
     rotation_plan,
@@ -88,6 +90,16 @@ def test_throttled_rounds_are_set_aside_and_retaken():
     assert got.reasons == ["sw power cap", "SM clock 900 MHz < 75% of max 1980 MHz"]
 
 
+def test_throttled_samples_are_used_only_when_too_few_clean_ones_remain():
+    cfg = TimingConfig(min_samples=10)
+    clean, bad = [1e-5] * 20, [2e-5] * 10
+    ok = _finish(Sampled({"a": clean}, {"a": bad}, ["sw power cap"]), ["a"], cfg, "cuda-events", True, 0.0, {})
+    assert ok["a"].n == 20 and ok["a"].n_throttled == 10 and not ok["a"].throttled
+    assert ok["a"].throttle == ["sw power cap"] and ok["a"].median_us == pytest.approx(10.0)
+    few = _finish(Sampled({"a": clean[:5]}, {"a": bad}, ["hw slowdown"]), ["a"], cfg, "cuda-events", True, 0.0, {})
+    assert few["a"].n == 15 and few["a"].throttled and "throttled samples used" in few["a"].note
+
+
 def test_summary_statistics():
     samples = [i * 1e-6 for i in range(1, 101)]  # 1..100 us
     st = summarize(samples, "host", False, True)
@@ -98,6 +110,14 @@ def test_summary_statistics():
     assert st.ci95_us[0] < st.median_us < st.ci95_us[1]
     assert st.cv == pytest.approx(st.stdev_us / st.mean_us)
     assert st.n == 100 and st.samples_us[:3] == [1.0, 2.0, 3.0]
+    assert st.rcv == pytest.approx(1.4826 * 25 / 50.5)
+
+
+def test_robust_cv_ignores_outliers():
+    rng = random.Random(0)
+    samples = [1e-5 * (1 + rng.gauss(0, 0.01)) for _ in range(100)] + [1e-4] * 20  # 17% of samples 10x slower
+    st = summarize(samples, "host", False, True)
+    assert st.cv > 1.0 and st.rcv < 0.02
 
 
 def test_median_ci_covers_the_true_median_about_95_percent_of_the_time():
