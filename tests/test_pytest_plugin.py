@@ -8,9 +8,20 @@ import sys
 
 import pytest
 
+from attnbench import backend as backend_mod
 from attnbench.pytest_plugin import worker_device
 
 pytest_plugins = ["pytester"]
+
+
+@pytest.fixture(autouse=True)
+def _restore_registry():
+    """In-process pytester runs import the conftest below: drop the backends it registers afterwards."""
+    before = dict(backend_mod._REGISTRY)
+    yield
+    for name in set(backend_mod._REGISTRY) - set(before):
+        backend_mod._REGISTRY.pop(name)
+        backend_mod._INSTANCES.pop(name, None)
 
 # A conftest that registers two plugin backends: one that computes zeros (fails every check) and one
 # that only supports merge_state (skips the rest).
