@@ -78,6 +78,10 @@ def test_report_baseline_option(tmp_path):
     assert bad.exit_code == 2 and "not a backend of this run" in bad.output
 
 
+def test_report_shows_prepare_breakdown(run_dir):
+    assert "plan_s 1.00e-03" in (run_dir / "report.html").read_text()
+
+
 def test_report_is_self_contained(run_dir):
     html = (run_dir / "report.html").read_text()
     assert "<script src" not in html and "<link" not in html and "url(http" not in html
