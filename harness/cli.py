@@ -151,13 +151,21 @@ def _print_summary(rows) -> None:
 
 
 @app.command()
-def report(run_dir: Annotated[Path, typer.Argument(help="A run directory holding results.jsonl.")]) -> None:
+def report(
+    run_dir: Annotated[Path, typer.Argument(help="A run directory holding results.jsonl.")],
+    baseline: Annotated[str | None, typer.Option(help="Backend that speedups are relative to (default: torch).")] = None,
+) -> None:
     """Re-render report.html, results.csv, junit.xml and summary.md from a run's results.jsonl."""
     from attnbench.report import render_all
+    from attnbench.results import read_results
 
     if not (run_dir / "results.jsonl").is_file():
         _fail(AttnbenchError(f"{run_dir}: no results.jsonl here"))
-    render_all(run_dir)
+    if baseline:
+        names = sorted({r.backend for r in read_results(run_dir / "results.jsonl")})
+        if baseline not in names:
+            _fail(AttnbenchError(f"--baseline {baseline!r} is not a backend of this run; it has: {', '.join(names)}"))
+    render_all(run_dir, baseline)
     out_console.print(f"{run_dir / 'report.html'}")
 
 
@@ -203,6 +211,63 @@ def selftest(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N
     missed = [o for o in outcomes if not o.ok]
     out_console.print(f"{len(outcomes) - len(missed)}/{len(outcomes)} ok", highlight=False)
     raise typer.Exit(1 if missed else 0)
+
+
+@app.command()
+def compare(
+    base: Annotated[Path, typer.Argument(help="The baseline run directory (or its results.jsonl).")],
+    new: Annotated[Path, typer.Argument(help="The run to check against it.")],
+    out: Annotated[Path | None, typer.Option(help="Where compare.html/.md/.json go. Default: NEW/compare.")] = None,
+    min_change: Annotated[float, typer.Option(help="Smallest relative speed change that counts.")] = 0.03,
+    cv_multiple: Annotated[float, typer.Option(help="A change must also exceed this many CVs.")] = 3.0,
+) -> None:
+    """The regression gate: exit 1 when a row broke (pass -> fail/error) or got slower beyond noise.
+
+    Slower means: the 95% CIs of the two medians separate and the change exceeds max(min-change,
+    cv-multiple x CV). Writes compare.html, compare.md and compare.json.
+    """
+    from attnbench.compare import GateRule, compare_runs, write_comparison
+
+    try:
+        cmp = compare_runs(base, new, GateRule(min_change, cv_multiple))
+    except AttnbenchError as e:
+        _fail(e)
+    out = out or (new if new.is_dir() else new.parent) / "compare"
+    write_comparison(cmp, out)
+    counts = cmp.counts()
+    table = Table(title=f"{base} -> {new}", show_edge=False)
+    for col in ("verdict", "rows"):
+        table.add_column(col)
+    for verdict, n in counts.most_common():
+        table.add_row(verdict, str(n))
+    console.print(table)
+    for w in cmp.env_warnings():
+        console.print(f"[yellow]warning:[/] {w}", highlight=False)
+    for c in cmp.regressions[:30]:
+        what = f"{100 * c.change:+.1f}% (threshold {100 * c.threshold:.1f}%)" if c.verdict == "slower" else c.note
+        console.print(f"[red]{c.verdict}[/] {c.case_id} [{c.backend}]: {what}", highlight=False)
+    console.print(f"comparison: {out / 'compare.html'}", highlight=False)
+    raise typer.Exit(1 if cmp.regressions else 0)
+
+
+@app.command()
+def peaks(
+    device: Annotated[str, typer.Option(help="cuda or cuda:N.")] = "cuda",
+    refresh: Annotated[bool, typer.Option("--refresh", help="Measure again even if cached.")] = False,
+) -> None:
+    """Measured peak copy bandwidth and matmul TFLOP/s of a GPU (cached), beside its spec sheet."""
+    import json
+
+    from attnbench.peaks import get_peaks
+    from attnbench.sweep import resolve_device
+
+    try:
+        dev = resolve_device(device)
+    except AttnbenchError as e:
+        _fail(e)
+    if not dev.startswith("cuda"):
+        _fail(AttnbenchError("peaks are measured on a CUDA device"))
+    out_console.print_json(json.dumps(get_peaks(dev, refresh=refresh)))
 
 
 @app.command()

@@ -1,15 +1,254 @@
 """pytest plugin (entry point `pytest11: attnbench`): run attnbench suites as parametrized tests.
 
     pytest --attnbench smoke --attnbench-backend torch
+    pytest --attnbench decode --attnbench-benchmark-json bench.json -n 2   # one GPU per xdist worker
 
-Each (case, backend) becomes one test that asserts the correctness verdict (a skip row is a skip).
+Each (case, backend) of the suites becomes one test, `attnbench:<suite>::<case id>[<backend>]`, that
+asserts the correctness verdict (a skip row is a pytest skip; a fail or error row fails with the
+reason and the command that re-runs it). With `--attnbench-benchmark-json PATH` (or
+`--attnbench-timing`) passing rows are also timed by the harness's timing function, one backend at a
+time (use `attnbench sweep` for backends interleaved), and PATH receives the timings in
+pytest-benchmark's JSON format, so `pytest-benchmark compare PATH ...` works on it.
+
+Under pytest-xdist, worker gwN runs on cuda:N (modulo the GPUs present) when the device is `auto` or
+`cuda` and several GPUs are visible; the controller gathers every worker's timings into PATH.
 """
 
 from __future__ import annotations
 
+import datetime
+import json
+import os
+import platform
+import re
+from pathlib import Path
+
+import pytest
+
+_KEY = "attnbench-benchmark"
+
 
 def pytest_addoption(parser):
     group = parser.getgroup("attnbench")
-    group.addoption("--attnbench", action="append", default=[], metavar="SUITE", help="run this attnbench suite as tests")
-    group.addoption("--attnbench-backend", action="append", default=[], metavar="NAME", help="only these backends")
+    group.addoption(
+        "--attnbench", action="append", default=[], metavar="SUITE", help="run this attnbench suite as tests"
+    )
+    group.addoption(
+        "--attnbench-backend", action="append", default=[], metavar="NAME", help="only these backends"
+    )
     group.addoption("--attnbench-device", default="auto", help="auto, cpu, cuda or cuda:N")
+    group.addoption(
+        "--attnbench-plugin",
+        action="append",
+        default=[],
+        metavar="FILE_OR_MODULE",
+        help="import backends from this file or module",
+    )
+    group.addoption("--attnbench-timing", action="store_true", help="time every passing case")
+    group.addoption(
+        "--attnbench-benchmark-json",
+        default=None,
+        metavar="PATH",
+        help="write the timings to PATH in pytest-benchmark's JSON format (implies timing)",
+    )
+
+
+def worker_device(requested: str, worker: str | None, n_gpus: int) -> str:
+    """The device one pytest process uses: xdist worker gwN gets cuda:N mod n_gpus when several GPUs exist."""
+    if requested == "auto":
+        requested = "cuda" if n_gpus > 0 else "cpu"
+    m = re.fullmatch(r"gw(\d+)", worker or "")
+    if requested == "cuda" and m and n_gpus > 1:
+        return f"cuda:{int(m.group(1)) % n_gpus}"
+    return requested
+
+
+def _device(config) -> str:
+    import torch
+
+    n = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    return worker_device(config.getoption("attnbench_device"), os.environ.get("PYTEST_XDIST_WORKER"), n)
+
+
+def pytest_report_header(config):
+    if config.getoption("attnbench"):
+        return f"attnbench: suites {', '.join(config.getoption('attnbench'))} on {_device(config)}"
+    return None
+
+
+class CaseFailed(Exception):
+    """A fail or error row."""
+
+    def __init__(self, row, repro: str):
+        super().__init__(row.reason)
+        self.row, self.repro = row, repro
+
+
+class SuiteNode(pytest.Collector):
+    """The parent of one suite's items (collected by the plugin, not from a file)."""
+
+    def collect(self):
+        return []
+
+
+class AttnbenchItem(pytest.Item):
+    """One (case, backend): runs it through the harness's runner and asserts its verdict."""
+
+    def __init__(self, *, case, backend, timing: bool, **kw):
+        super().__init__(**kw)
+        self.case, self.backend, self.timing = case, backend, timing
+        self.row = None
+
+    def runtest(self):
+        from attnbench.runner import RunOptions, run_case
+
+        row = self.row = run_case(self.case, [self.backend], RunOptions(timing=self.timing))[0]
+        if row.status == "skip":
+            pytest.skip(row.reason)
+        if row.status in ("fail", "error"):
+            c, b = self.case, self.backend.name
+            raise CaseFailed(row, f"attnbench sweep --case {c.id} --backend {b} --device {c.device}")
+        if row.timing:
+            self.user_properties.append((_KEY, benchmark_entry(self, row)))
+
+    def repr_failure(self, excinfo, style=None):
+        if isinstance(excinfo.value, CaseFailed):
+            e = excinfo.value
+            return f"{e.row.status}: {e.row.reason}\nre-run alone: {e.repro}"
+        return super().repr_failure(excinfo, style)
+
+    def reportinfo(self):
+        return self.path, None, f"attnbench {self.case.id} [{self.backend.name}]"
+
+
+def benchmark_entry(item: AttnbenchItem, row) -> dict:
+    """One benchmark of pytest-benchmark's JSON (stats in seconds per call) from a timed row."""
+    from pytest_benchmark.stats import Stats
+
+    t, d = row.timing, row.derived or {}
+    stats = Stats()
+    for us in t["samples_us"]:
+        stats.update(us * 1e-6)
+    extra = {
+        k: t.get(k) for k in ("clock", "mode", "median_us", "ci95_us", "converged", "n_throttled", "l2_flush")
+    }
+    extra |= {k: d[k] for k in ("tflops", "tbps", "intensity", "roofline_pct") if k in d}
+    return {
+        "group": row.op,
+        "name": item.name,
+        "fullname": item.nodeid,
+        "params": {"case": row.case_id, "backend": row.backend},
+        "param": f"{row.case_id}-{row.backend}",
+        "extra_info": extra | {"device": item.case.device},
+        "options": {
+            "timer": t["clock"],
+            "warmup": True,
+            "disable_gc": False,
+            "min_rounds": None,
+            "max_time": None,
+            "min_time": None,
+        },
+        "stats": stats.as_dict() | {"iterations": t.get("calls_per_sample", 1)},
+    }
+
+
+@pytest.hookimpl(tryfirst=True)  # before -k/-m deselection, so that they apply to these items
+def pytest_collection_modifyitems(session, config, items):
+    suites = config.getoption("attnbench")
+    if not suites:
+        return
+    from attnbench import backend as backend_mod
+    from attnbench.errors import AttnbenchError
+    from attnbench.sweep import plan
+
+    backend_mod.load_builtin()
+    backend_mod.load_entry_points()
+    for p in config.getoption("attnbench_plugin"):
+        backend_mod.load_plugin(p)
+    if backend_mod.LOAD_PROBLEMS:
+        raise pytest.UsageError("attnbench: " + "; ".join(backend_mod.LOAD_PROBLEMS))
+    timing = bool(config.getoption("attnbench_timing") or config.getoption("attnbench_benchmark_json"))
+    try:
+        p = plan(suites, _device(config), config.getoption("attnbench_backend") or None)
+    except AttnbenchError as e:
+        raise pytest.UsageError(f"attnbench: {e}") from None
+    nodes = {
+        s.name: SuiteNode.from_parent(session, name=f"attnbench:{s.name}", nodeid=f"attnbench:{s.name}")
+        for s in p.suites
+    }
+    for case in p.cases:
+        for b in p.backends:
+            items.append(
+                AttnbenchItem.from_parent(
+                    nodes[case.suite], name=f"{case.id}[{b.name}]", case=case, backend=b, timing=timing
+                )
+            )
+
+
+def pytest_configure(config):
+    if config.getoption("attnbench_benchmark_json"):
+        try:
+            import pytest_benchmark.stats  # noqa: F401
+        except ImportError:
+            raise pytest.UsageError("--attnbench-benchmark-json needs pytest-benchmark installed") from None
+        config.pluginmanager.register(BenchmarkRecorder(config), "attnbench-benchmark-recorder")
+
+
+class BenchmarkRecorder:
+    """Gathers timed rows from the test reports (on the xdist controller too); writes the JSON at the end."""
+
+    def __init__(self, config):
+        self.config, self.benchmarks = config, []
+
+    def pytest_runtest_logreport(self, report):
+        if report.when == "call":
+            self.benchmarks += [value for key, value in report.user_properties if key == _KEY]
+
+    def pytest_sessionfinish(self, session, exitstatus):
+        if hasattr(self.config, "workerinput"):  # xdist workers send their reports; the controller writes
+            return
+        write_benchmark_json(
+            self.config, self.benchmarks, Path(self.config.getoption("attnbench_benchmark_json"))
+        )
+
+
+def _machine_info(config) -> dict:
+    from attnbench import env
+
+    info = {
+        "node": platform.node(),
+        "processor": platform.processor(),
+        "machine": platform.machine(),
+        "python_compiler": platform.python_compiler(),
+        "python_implementation": platform.python_implementation(),
+        "python_implementation_version": platform.python_version(),
+        "python_version": platform.python_version(),
+        "python_build": list(platform.python_build()),
+        "release": platform.release(),
+        "system": platform.system(),
+        "cpu": {},
+    }
+    try:
+        info["attnbench"] = env.capture(_device(config))
+    except Exception as e:  # a description of the machine must not fail the session
+        info["attnbench"] = {"error": str(e)}
+    return info
+
+
+def write_benchmark_json(config, benchmarks: list[dict], path: Path) -> None:
+    import pytest_benchmark
+    from pytest_benchmark.utils import get_commit_info
+
+    try:
+        commit = get_commit_info()
+    except Exception:
+        commit = {}
+    doc = {
+        "machine_info": _machine_info(config),
+        "commit_info": commit,
+        "benchmarks": sorted(benchmarks, key=lambda b: b["fullname"]),
+        "datetime": datetime.datetime.now(datetime.UTC).isoformat(),
+        "version": pytest_benchmark.__version__,
+    }
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(doc, indent=1), encoding="utf-8")

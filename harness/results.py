@@ -31,6 +31,7 @@ class Result:
     prepare_s: float | None = None  # layout conversion, plan(), JIT, compilation: never in `timing`
     prepare_info: dict[str, Any] = field(default_factory=dict)  # a backend's breakdown (jit_s, plan_s, variant)
     reference_s: float | None = None  # float64 reference + twin, shared by every backend of the case
+    check_s: float | None = None  # the correctness checks of this row (outputs, side effects, staleness)
     tolerance_why: str = ""
     env: dict[str, Any] = field(default_factory=dict)
 

@@ -21,8 +21,9 @@ from attnbench.buffers import clone_tensors
 from attnbench.case import Case
 from attnbench.checks import Verdict, check, outputs_changed
 from attnbench.errors import Unsupported
+from attnbench.peaks import roofline
 from attnbench.results import Result
-from attnbench.timing import TimingConfig, time_closures
+from attnbench.timing import Rotation, TimingConfig, time_closures
 from attnbench.tolerance import rule_for
 
 
@@ -30,6 +31,7 @@ from attnbench.tolerance import rule_for
 class RunOptions:
     timing: bool = True
     timing_config: TimingConfig | None = None
+    peaks: dict | None = None  # attnbench.peaks.get_peaks() of the device: adds the roofline to `derived`
 
 
 class ContextLost(Exception):
@@ -172,12 +174,14 @@ def run_case(
             prep = time.perf_counter() - t0
             outputs = fn()
             _sync(case)
+            t0 = time.perf_counter()
             verdict = check(op, p, pristine, work, outputs, expected, twin, rule)
             _stale_check(case, fn, work, outputs, verdict)
+            check_s = time.perf_counter() - t0
             status = "pass" if verdict.ok else "fail"
             rows[b.name] = _row(
                 case, b.name, status, verdict.reason, metrics=verdict.metrics, prepare_s=prep, reference_s=ref_s,
-                prepare_info=dict(getattr(fn, "info", {}) or {}), env=env,
+                check_s=check_s, prepare_info=dict(getattr(fn, "info", {}) or {}), env=env,
             )  # fmt: skip
             closures[b.name] = fn
         except Unsupported as e:
@@ -193,8 +197,11 @@ def run_case(
                 torch.cuda.empty_cache()
     if opts.timing and closures:
         stage("timing")
+        # graph mode rotates over closures prepared on fresh copies of the inputs
+        by_name = {b.name: b for b in todo}
+        factories = {n: (lambda b=by_name[n]: b.prepare(case, clone_tensors(pristine))) for n in closures}
         try:
-            stats = time_closures(closures, case.device, opts.timing_config)
+            stats = time_closures(closures, case.device, opts.timing_config, Rotation(factories, nbytes))
         except Exception as e:
             for name in closures:
                 rows[name].status, rows[name].reason = "error", f"timing failed: {_describe(e)}"
@@ -209,10 +216,10 @@ def run_case(
                 "bytes": nbytes,
                 "tflops": flops / secs / 1e12 if secs > 0 else 0.0,
                 "tbps": nbytes / secs / 1e12 if secs > 0 else 0.0,
-            }
+            } | roofline(flops, nbytes, secs, opts.peaks, case.dtype)
     else:
         for name in closures:
-            rows[name].derived = {"flops": flops, "bytes": nbytes}
+            rows[name].derived = {"flops": flops, "bytes": nbytes} | roofline(flops, nbytes, 0.0, None, case.dtype)
     return [rows[b.name] for b in backends]
 
 

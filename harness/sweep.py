@@ -11,7 +11,7 @@ import sys
 import time
 from collections import Counter
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -172,6 +172,14 @@ def execute(
     if not how.resume and results.exists():
         results.unlink()  # a fresh run into an old directory starts clean
     environment = envmod.capture(p.device)
+    if opts.timing and opts.peaks is None and p.device.startswith("cuda"):
+        from attnbench.peaks import get_peaks
+
+        try:  # measured once per device and driver, then cached
+            environment["peaks"] = get_peaks(p.device)
+            opts = replace(opts, peaks=environment["peaks"])
+        except Exception as e:
+            environment["peaks_error"] = f"{type(e).__name__}: {e}"
     (out / "env.json").write_text(json.dumps(environment, indent=2))
     run_info = {
         "argv": argv if argv is not None else sys.argv,
@@ -192,24 +200,27 @@ def execute(
     jobs = [(c, names) for c, names in jobs if names]
     rows: list[Result] = list(earlier)
     t0 = time.perf_counter()
-    with ResultWriter(results) as writer:
+    try:
+        with ResultWriter(results) as writer:
 
-        def record(case: Case, case_rows: list[Result]) -> None:
-            for r in case_rows:
-                writer.append(r)
-            rows.extend(case_rows)
-            if on_rows:
-                on_rows(case, case_rows)
+            def record(case: Case, case_rows: list[Result]) -> None:
+                for r in case_rows:
+                    writer.append(r)
+                rows.extend(case_rows)
+                if on_rows:
+                    on_rows(case, case_rows)
 
-        if how.isolate:
-            pool = Pool(list(how.devices or (p.device,)), opts, record, plugins=list(how.plugins),
-                        timeout_s=how.timeout_s, log_dir=out / "logs", on_problem=on_problem)  # fmt: skip
-            pool.run(jobs)
-        else:
-            _in_process(jobs, p, opts, envmod.short(environment), record)
-    run_info["wall_s"] = round(time.perf_counter() - t0, 3)
-    run_info["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
-    (out / "run.json").write_text(json.dumps(run_info, indent=2))
+            if how.isolate:
+                pool = Pool(list(how.devices or (p.device,)), opts, record, plugins=list(how.plugins),
+                            timeout_s=how.timeout_s, log_dir=out / "logs", on_problem=on_problem)  # fmt: skip
+                pool.run(jobs)
+            else:
+                _in_process(jobs, p, opts, envmod.short(environment), record)
+        run_info["complete"] = True
+    finally:  # the report states the run's wall time (and whether it finished)
+        run_info |= {"finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_s": round(time.perf_counter() - t0, 3)}
+        run_info.setdefault("complete", False)
+        (out / "run.json").write_text(json.dumps(run_info, indent=2))
     return rows
 
 

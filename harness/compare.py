@@ -1,0 +1,233 @@
+"""Compare two runs row by row: the regression gate behind `attnbench compare BASE NEW`.
+
+Rows match on (case id, backend). Correctness: a row that passed in BASE and fails or errors in NEW
+is always a regression ("broke"). Speed: NEW is slower only when the 95% confidence intervals of the
+two medians do not overlap AND the change exceeds max(3%, 3 x CV), CV being the larger coefficient
+of variation of the two; the same rule in the other direction marks "faster" (so that a baseline
+gets updated). CV is the robust coefficient of variation of the samples (1.4826 x MAD / median: the
+same as std / mean for normal noise, but blind to outliers as long as they are fewer than half of the
+samples: preempted or interrupted samples must not blind the gate). A change over the threshold
+whose CIs overlap is "noisy"; timings taken in different modes (per-call events, CUDA graph, host
+clock) are "not comparable". Missing, new and newly skipped
+rows are listed as coverage changes, not regressions.
+"""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from attnbench.errors import AttnbenchError
+from attnbench.results import Result, read_results
+
+REGRESSIONS = ("broke", "slower")
+ORDER = (
+    "broke",
+    "slower",
+    "noisy",
+    "not comparable",
+    "missing",
+    "now skipped",
+    "faster",
+    "fixed",
+    "still failing",
+    "new",
+    "same",
+)
+
+
+@dataclass(frozen=True)
+class GateRule:
+    """Speed changes count when the CIs separate and |change| > max(min_change, cv_multiple x CV).
+
+    CV: the larger robust CV (1.4826 x MAD / median) of the two timings.
+    """
+
+    min_change: float = 0.03
+    cv_multiple: float = 3.0
+
+    def threshold(self, cv_base: float, cv_new: float) -> float:
+        return max(self.min_change, self.cv_multiple * max(cv_base, cv_new))
+
+    def describe(self) -> str:
+        return (
+            f"slower/faster: the medians' 95% CIs separate and |change| > max({self.min_change:.0%}, "
+            f"{self.cv_multiple:g} x CV); pass -> fail/error always a regression"
+        )
+
+
+@dataclass
+class Change:
+    """The comparison of one (case, backend) row."""
+
+    case_id: str
+    op: str
+    backend: str
+    verdict: str
+    base_status: str | None
+    new_status: str | None
+    base_us: float | None = None
+    new_us: float | None = None
+    change: float | None = None  # new / base - 1
+    threshold: float | None = None
+    ci_separate: bool | None = None
+    note: str = ""
+
+    @property
+    def regression(self) -> bool:
+        return self.verdict in REGRESSIONS
+
+
+@dataclass
+class Comparison:
+    base: str
+    new: str
+    rule: GateRule
+    changes: list[Change]
+    base_env: dict = field(default_factory=dict)
+    new_env: dict = field(default_factory=dict)
+
+    @property
+    def regressions(self) -> list[Change]:
+        return [c for c in self.changes if c.regression]
+
+    def counts(self) -> Counter:
+        return Counter(c.verdict for c in self.changes)
+
+    def env_warnings(self) -> list[str]:
+        """Differences between the two environments that make speed comparisons doubtful."""
+        out = []
+        for key in ("gpu", "driver", "cuda", "device", "cpu"):
+            a, b = self.base_env.get(key), self.new_env.get(key)
+            if a != b and (a or b):
+                out.append(f"{key} differs: {a} -> {b}")
+        la, lb = self.base_env.get("libraries", {}), self.new_env.get("libraries", {})
+        for lib in sorted(set(la) | set(lb)):
+            if la.get(lib) != lb.get(lib):
+                out.append(f"{lib} {la.get(lib)} -> {lb.get(lib)}")
+        return out
+
+    def to_dict(self) -> dict:
+        return {
+            "base": self.base,
+            "new": self.new,
+            "rule": asdict(self.rule),
+            "counts": dict(self.counts()),
+            "regressions": len(self.regressions),
+            "env_warnings": self.env_warnings(),
+            "changes": [asdict(c) | {"regression": c.regression} for c in self.changes],
+        }
+
+
+def _cv(t: dict) -> float:
+    """The robust CV of a timing (std / mean for results written before it existed)."""
+    return t["rcv"] if t.get("rcv") is not None else t.get("cv", 0.0)
+
+
+def _speed(b: dict, n: dict, rule: GateRule) -> tuple[str, dict]:
+    """Speed verdict of two timing dicts: slower | faster | noisy | same | not comparable."""
+    mode_b, mode_n = (b.get("clock"), b.get("mode", "per-call")), (n.get("clock"), n.get("mode", "per-call"))
+    info = {"base_us": b["median_us"], "new_us": n["median_us"]}
+    if mode_b != mode_n:
+        return "not comparable", info | {"note": f"timed as {'/'.join(mode_b)} then {'/'.join(mode_n)}"}
+    change = n["median_us"] / b["median_us"] - 1 if b["median_us"] > 0 else 0.0
+    thr = rule.threshold(_cv(b), _cv(n))
+    (blo, bhi), (nlo, nhi) = b["ci95_us"], n["ci95_us"]
+    slower_apart, faster_apart = nlo > bhi, nhi < blo
+    info |= {"change": change, "threshold": thr, "ci_separate": slower_apart or faster_apart}
+    notes = []
+    for label, t in (("base", b), ("new", n)):
+        if t.get("n_throttled"):
+            notes.append(f"{label}: {t['n_throttled']} throttled samples")
+        if not t.get("converged", True):
+            notes.append(f"{label}: CI target not met")
+    info["note"] = "; ".join(notes)
+    if slower_apart and change > thr:
+        return "slower", info
+    if faster_apart and -change > thr:
+        return "faster", info
+    if abs(change) > thr:
+        return "noisy", info
+    return "same", info
+
+
+def compare_pair(base: Result | None, new: Result | None, rule: GateRule) -> Change:
+    """The verdict for one (case, backend): correctness first, then speed."""
+    ref = new or base
+    ch = Change(ref.case_id, ref.op, ref.backend, "same", base and base.status, new and new.status)
+    if base is None:
+        ch.verdict = "new"
+        return ch
+    if new is None:
+        ch.verdict = "missing"
+        return ch
+    ok, bad = base.status == "pass", new.status in ("fail", "error")
+    if ok and bad:
+        ch.verdict, ch.note = "broke", new.reason
+    elif base.status in ("fail", "error") and new.status == "pass":
+        ch.verdict = "fixed"
+    elif base.status in ("fail", "error") and bad:
+        ch.verdict, ch.note = "still failing", new.reason
+    elif base.status != "skip" and new.status == "skip":
+        ch.verdict, ch.note = "now skipped", new.reason
+    elif base.status == "skip" and new.status != "skip":
+        ch.verdict = "new"
+    if base.timing and new.timing:
+        speed, info = _speed(base.timing, new.timing, rule)
+        note = info.pop("note", "")
+        for k, v in info.items():
+            setattr(ch, k, v)
+        if ch.verdict == "same":
+            ch.verdict = speed
+        if note:
+            ch.note = f"{ch.note}; {note}" if ch.note else note
+    return ch
+
+
+def compare_rows(base: list[Result], new: list[Result], rule: GateRule | None = None) -> list[Change]:
+    """Changes of every (case, backend) in either run, regressions first."""
+    rule = rule or GateRule()
+    b = {(r.case_id, r.backend): r for r in base}
+    n = {(r.case_id, r.backend): r for r in new}
+    keys = list(dict.fromkeys([*b, *n]))
+    changes = [compare_pair(b.get(k), n.get(k), rule) for k in keys]
+    rank = {v: i for i, v in enumerate(ORDER)}
+    return sorted(changes, key=lambda c: (rank.get(c.verdict, 99), -(abs(c.change or 0.0))))
+
+
+def _results_path(run: Path) -> Path:
+    run = Path(run)
+    path = run / "results.jsonl" if run.is_dir() else run
+    if not path.is_file():
+        raise AttnbenchError(f"{run}: no results.jsonl here")
+    return path
+
+
+def _env(results: Path) -> dict:
+    try:
+        return json.loads((results.parent / "env.json").read_text(encoding="utf-8"))
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def compare_runs(base: Path, new: Path, rule: GateRule | None = None) -> Comparison:
+    """Compare two run directories (or results.jsonl files)."""
+    rule = rule or GateRule()
+    pb, pn = _results_path(base), _results_path(new)
+    changes = compare_rows(read_results(pb), read_results(pn), rule)
+    return Comparison(str(base), str(new), rule, changes, _env(pb), _env(pn))
+
+
+def write_comparison(cmp: Comparison, out: Path) -> list[Path]:
+    """compare.md, compare.html and compare.json in `out`."""
+    from attnbench.report.comparison import render_compare_html, render_compare_md
+
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = [out / "compare.md", out / "compare.html", out / "compare.json"]
+    files[0].write_text(render_compare_md(cmp), encoding="utf-8")
+    files[1].write_text(render_compare_html(cmp), encoding="utf-8")
+    files[2].write_text(json.dumps(cmp.to_dict(), indent=1), encoding="utf-8")
+    return files

@@ -1,0 +1,168 @@
+"""The timing loop on the CPU: adaptive stopping, budgets, throttle handling, rotation sizing, statistics."""
+
+from __future__ import annotations
+
+import random
+import time
+
+import pytest
+
+from attnbench.timing import (
+    CPU_CONFIG,
+    HostSampler,
+    Sampled,
+    TimingConfig,
+    _finish,
+    median_ci,
+    rotation_plan,
+    sample_until_converged,
+    summarize,
+    time_closures,
+)
+
+
+class FakeSampler:
+    """Samples drawn from a distribution per name, on a fake clock that advances per sample."""
+
+    clock = "fake"
+
+    def __init__(
+        self, dists: dict, clock: list[float] | None = None, per_sample_s: float = 0.0, seed: int = 0
+    ):
+        self.dists, self.rng = dists, random.Random(seed)
+        self.clock_box, self.per_sample_s = clock if clock is not None else [0.0], per_sample_s
+        self.rounds = 0
+
+    def round(self, names, size, during=None):
+        self.rounds += 1
+        out = {n: [self.dists[n](self.rng) for _ in range(size)] for n in names}
+        self.clock_box[0] += self.per_sample_s * size * len(names)
+        if during:
+            during()
+        return out
+
+
+def _noise(mean: float, rel: float):
+    return lambda rng: mean * (1 + rng.gauss(0, rel))
+
+
+def test_stops_as_soon_as_every_median_is_tight():
+    cfg = TimingConfig(min_samples=10, max_samples=5000, max_s=1e9, target_ci=0.01, round_size=10)
+    s = FakeSampler({"a": _noise(1e-5, 0.001), "b": _noise(2e-5, 0.001)})
+    got = sample_until_converged(s, ["a", "b"], cfg, now=lambda: 0.0)
+    assert s.rounds == 1  # 0.1% noise: the first 10 samples already give a CI well within 1%
+    assert all(len(v) == 10 for v in got.clean.values())
+
+
+def test_noisy_closure_samples_until_its_ci_is_within_target():
+    cfg = TimingConfig(min_samples=10, max_samples=5000, max_s=1e9, target_ci=0.01, round_size=10)
+    s = FakeSampler({"quiet": _noise(1e-5, 0.001), "noisy": _noise(1e-5, 0.10)})
+    got = sample_until_converged(s, ["quiet", "noisy"], cfg, now=lambda: 0.0)
+    n = len(got.clean["noisy"])
+    assert 100 < n < 5000  # 10% noise needs a few hundred samples for a +-1% median CI
+    lo, hi = median_ci(got.clean["noisy"])
+    med = sorted(got.clean["noisy"])[n // 2]
+    assert (hi - lo) / 2 <= 0.01 * med
+    assert len(got.clean["quiet"]) == n  # interleaved: every closure gets every round
+
+
+def test_count_budget_bounds_sampling():
+    cfg = TimingConfig(min_samples=10, max_samples=60, max_s=1e9, target_ci=0.0001, round_size=10)
+    got = sample_until_converged(FakeSampler({"a": _noise(1e-5, 0.2)}), ["a"], cfg, now=lambda: 0.0)
+    assert len(got.clean["a"]) == 60
+
+
+def test_time_budget_bounds_sampling():
+    clock = [0.0]
+    cfg = TimingConfig(min_samples=10, max_samples=10**6, max_s=0.5, target_ci=0.0001, round_size=10)
+    s = FakeSampler({"a": _noise(1e-5, 0.2)}, clock=clock, per_sample_s=0.01)  # 0.1 s of fake time per round
+    got = sample_until_converged(s, ["a"], cfg, now=lambda: clock[0])
+    assert s.rounds == 6  # rounds start while at most 0.5 s have passed
+    assert len(got.clean["a"]) == 60
+
+
+def test_throttled_rounds_are_set_aside_and_retaken():
+    cfg = TimingConfig(min_samples=10, max_samples=40, max_s=1e9, target_ci=0.0001, round_size=10)
+    flags = iter(["sw power cap", None, "SM clock 900 MHz < 75% of max 1980 MHz", None] + [None] * 100)
+    s = FakeSampler({"a": _noise(1e-5, 0.05)})
+    got = sample_until_converged(s, ["a"], cfg, throttle_check=lambda: next(flags), now=lambda: 0.0)
+    assert len(got.clean["a"]) == 40 and len(got.throttled["a"]) == 20
+    assert got.reasons == ["sw power cap", "SM clock 900 MHz < 75% of max 1980 MHz"]
+
+
+def test_throttled_samples_are_used_only_when_too_few_clean_ones_remain():
+    cfg = TimingConfig(min_samples=10)
+    clean, bad = [1e-5] * 20, [2e-5] * 10
+    ok = _finish(Sampled({"a": clean}, {"a": bad}, ["sw power cap"]), ["a"], cfg, "cuda-events", True, 0.0, {})
+    assert ok["a"].n == 20 and ok["a"].n_throttled == 10 and not ok["a"].throttled
+    assert ok["a"].throttle == ["sw power cap"] and ok["a"].median_us == pytest.approx(10.0)
+    few = _finish(Sampled({"a": clean[:5]}, {"a": bad}, ["hw slowdown"]), ["a"], cfg, "cuda-events", True, 0.0, {})
+    assert few["a"].n == 15 and few["a"].throttled and "throttled samples used" in few["a"].note
+
+
+def test_summary_statistics():
+    samples = [i * 1e-6 for i in range(1, 101)]  # 1..100 us
+    st = summarize(samples, "host", False, True)
+    assert st.median_us == pytest.approx(50.5)
+    assert st.min_us == pytest.approx(1) and st.max_us == pytest.approx(100)
+    assert st.p10_us == pytest.approx(10.9) and st.p90_us == pytest.approx(90.1)
+    assert st.q1_us == pytest.approx(25.75) and st.q3_us == pytest.approx(75.25)
+    assert st.ci95_us[0] < st.median_us < st.ci95_us[1]
+    assert st.cv == pytest.approx(st.stdev_us / st.mean_us)
+    assert st.n == 100 and st.samples_us[:3] == [1.0, 2.0, 3.0]
+    assert st.rcv == pytest.approx(1.4826 * 25 / 50.5)
+
+
+def test_robust_cv_ignores_outliers():
+    rng = random.Random(0)
+    samples = [1e-5 * (1 + rng.gauss(0, 0.01)) for _ in range(100)] + [1e-4] * 20  # 17% of samples 10x slower
+    st = summarize(samples, "host", False, True)
+    assert st.cv > 1.0 and st.rcv < 0.02
+
+
+def test_median_ci_covers_the_true_median_about_95_percent_of_the_time():
+    rng = random.Random(1)
+    hits = 0
+    for _ in range(400):
+        xs = [rng.expovariate(1.0) for _ in range(60)]
+        lo, hi = median_ci(xs)
+        hits += lo <= 0.6931 <= hi
+    assert 0.90 <= hits / 400 <= 0.995
+
+
+@pytest.mark.parametrize(
+    "bytes_per_call, l2, expected",
+    [
+        (4 << 20, 50 << 20, (63, 63)),  # 4 MiB per call on a 50 MiB L2: 63 copies reach 5x L2
+        (300 << 20, 50 << 20, (1, 10)),  # already past 5x L2: no rotation, graph_calls calls
+        (30 << 20, 50 << 20, (9, 18)),  # calls: a multiple of the copies, at least graph_calls
+    ],
+)
+def test_rotation_plan_reaches_five_times_l2(bytes_per_call, l2, expected):
+    plan = rotation_plan(bytes_per_call, l2, TimingConfig())
+    assert plan == expected
+    copies, calls = plan
+    assert copies * bytes_per_call >= 5 * l2 and calls % copies == 0
+
+
+def test_rotation_plan_refuses_what_it_cannot_size():
+    assert "copies" in rotation_plan(1 << 10, 50 << 20, TimingConfig(max_copies=128))
+    assert "byte count" in rotation_plan(0, 50 << 20, TimingConfig())
+
+
+def test_host_timing_measures_what_the_closure_takes():
+    closures = {"2ms": lambda: time.sleep(0.002), "4ms": lambda: time.sleep(0.004)}
+    stats = time_closures(closures, "cpu", CPU_CONFIG)
+    assert stats["2ms"].clock == "host" and stats["2ms"].mode == "per-call" and not stats["2ms"].l2_flush
+    assert 1900 < stats["2ms"].median_us < 4000
+    assert stats["4ms"].median_us > stats["2ms"].median_us * 1.5
+    assert stats["2ms"].n >= CPU_CONFIG.min_samples and stats["2ms"].nvml is None
+    assert stats["2ms"].kernel_s == pytest.approx(sum(stats["2ms"].samples_us) * 1e-6, rel=1e-3)
+    assert stats["2ms"].wall_s >= stats["2ms"].kernel_s + stats["4ms"].kernel_s
+
+
+def test_host_sampler_interleaves_round_robin():
+    order = []
+    s = HostSampler({"a": lambda: order.append("a"), "b": lambda: order.append("b")})
+    s.round(["a", "b"], 3)
+    assert order == ["a", "b"] * 3
