@@ -167,7 +167,7 @@ def sleepy():
 def _sweep(out, sleep_s):
     from attnbench.report import render_all
     from attnbench.runner import RunOptions
-    from attnbench.sweep import execute, plan
+    from attnbench.sweep import Execution, execute, plan
     from attnbench.timing import TimingConfig
 
     SLEEP["s"] = sleep_s
@@ -181,7 +181,7 @@ def _sweep(out, sleep_s):
         graph_below_us=0,
     )
     p = plan(["smoke"], "cpu", ["sleepy"], ["merge_state"])
-    execute(p, out, RunOptions(timing=True, timing_config=cfg))
+    execute(p, out, RunOptions(timing=True, timing_config=cfg), how=Execution(isolate=False))  # registered in-process
     render_all(out)
     return out
 

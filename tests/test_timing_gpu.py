@@ -223,7 +223,7 @@ def _paced_class():
 def test_gate_end_to_end_on_the_decode_suite(registered, tmp_path):
     from attnbench.compare import compare_runs, write_comparison
     from attnbench.report import render_all
-    from attnbench.sweep import execute, plan
+    from attnbench.sweep import Execution, execute, plan
 
     registered("paced", _paced_class())
     runs = {}
@@ -231,7 +231,7 @@ def test_gate_end_to_end_on_the_decode_suite(registered, tmp_path):
         PACE["factor"] = factor
         p = plan(["decode"], DEVICE, ["paced"], keywords=CASES)
         assert len(p.cases) == 6
-        execute(p, tmp_path / name, RunOptions(timing=True))
+        execute(p, tmp_path / name, RunOptions(timing=True), how=Execution(isolate=False))  # registered in-process
         render_all(tmp_path / name)
         runs[name] = tmp_path / name
     clean = compare_runs(runs["base"], runs["again"])
