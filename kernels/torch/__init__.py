@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from attnbench.backend import Backend, register_backend
-from attnbench.kernels.torch.attention import paged_attention
+from attnbench.kernels.torch.attention import prepare_paged_attention
 from attnbench.kernels.torch.merge import merge_state
 from attnbench.kernels.torch.spec import build_eagle_tree, verify_greedy
 
@@ -13,10 +13,10 @@ class TorchBackend(Backend):
     description = "plain PyTorch in the case dtype with float32 accumulation (vectorised, CPU and GPU)"
 
     def prepare_decode(self, case, x):
-        return lambda: paged_attention(x)
+        return prepare_paged_attention(x)
 
     def prepare_extend(self, case, x):
-        return lambda: paged_attention(x)
+        return prepare_paged_attention(x)
 
     # tree verification is a custom-mask extend with save: its inputs are extend's, converted by nothing
     prepare_tree_verify = prepare_extend

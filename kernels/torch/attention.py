@@ -4,11 +4,15 @@ Inputs stay in the case dtype; scores and the value product accumulate in float3
 values upcast exactly), probabilities are rounded to the case dtype before the value product, and the
 output is rounded once. Requests are processed in groups padded to the group's longest sequence, and
 queries in row chunks, so memory stays bounded for long prefills and large batches.
+
+`prepare` turns the page tables and lengths into device index tensors once; the closure it returns
+only gathers and computes (no host synchronisation), so it can be captured in a CUDA graph.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
 
@@ -18,94 +22,129 @@ def _budget(device: torch.device) -> int:
     return 1 << (28 if device.type == "cuda" else 23)
 
 
+@dataclass
+class _Chunk:
+    """Query rows i0..i1 of every request of a group."""
+
+    src: torch.Tensor  # [nb, nr] packed query row (clamped where not a query)
+    q_ok: torch.Tensor  # [nb, nr] bool
+    dst: torch.Tensor  # [n_valid] packed rows to write
+    vis: torch.Tensor | None  # [nb, nr, Lpad] bool visibility when it needs no data (no custom mask)
+    mask_idx: torch.Tensor | None  # [nb, nr, Lpad] index into the flat custom mask
+    inside: torch.Tensor | None  # [nb, nr, Lpad] bool, valid (query, key) pairs for the custom mask
+
+
+@dataclass
+class _Group:
+    """Requests b0..b1 padded to Lpad keys."""
+
+    pages: torch.Tensor  # [nb, npages] long
+    key_ok: torch.Tensor  # [nb, Lpad] bool
+    Lpad: int
+    chunks: list[_Chunk]
+    new_at: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # attend mode: (batch, position, source row)
+
+
 def save_new_kv(x) -> None:
     """save_kv_cache: write the new tokens' K/V into their cache slots."""
-    k_flat = x.k_cache.view(-1, *x.k_cache.shape[2:])
-    k_flat.index_copy_(0, x.slot_mapping, x.k_new)
+    x.k_cache.view(-1, *x.k_cache.shape[2:]).index_copy_(0, x.slot_mapping, x.k_new)
     if x.v_cache.untyped_storage().data_ptr() != x.k_cache.untyped_storage().data_ptr():  # MLA: V is K's latent
         x.v_cache.view(-1, *x.v_cache.shape[2:]).index_copy_(0, x.slot_mapping, x.v_new)
 
 
-def paged_attention(x) -> dict[str, torch.Tensor]:
-    """Attention of `x.q [T, Hq, Dk]` over each request's paged K/V; writes `x.o`, `x.lse`."""
-    if x.save_kv:
-        save_new_kv(x)
-    device = x.q.device
+def prepare_paged_attention(x):
+    """The closure computing attention of `x.q [T, Hq, Dk]` over each request's paged K/V into `x.o`, `x.lse`."""
     lens, qlens = x.seq_lens_host, x.q_lens_host
     Hkv, Dk = x.k_cache.shape[2], x.q.shape[2]
-    budget = _budget(device)
+    budget = _budget(x.q.device)
     qo = [0]
     for n in qlens:
         qo.append(qo[-1] + n)
-    b0 = 0
+    groups, b0 = [], 0
     while b0 < len(lens):
-        # grow the group while its padded keys fit the budget
-        b1, lmax = b0 + 1, lens[b0]
+        b1, lmax = b0 + 1, lens[b0]  # grow the group while its padded keys fit the budget
         while b1 < len(lens) and (b1 + 1 - b0) * max(lmax, lens[b1]) * Hkv * Dk <= budget:
             lmax = max(lmax, lens[b1])
             b1 += 1
-        _group(x, b0, b1, qo, budget)
+        groups.append(_plan_group(x, b0, b1, qo, budget))
         b0 = b1
-    return {"o": x.o, "lse": x.lse}
+
+    def run():
+        if x.save_kv:
+            save_new_kv(x)
+        for g in groups:
+            _attend_group(x, g)
+        return {"o": x.o, "lse": x.lse}
+
+    return run
 
 
-def _group(x, b0: int, b1: int, qo: list[int], budget: int) -> None:
-    device, dtype = x.q.device, x.q.dtype
+def _plan_group(x, b0: int, b1: int, qo: list[int], budget: int) -> _Group:
+    device = x.q.device
     lens = torch.tensor(x.seq_lens_host[b0:b1], device=device)
     qlens = torch.tensor(x.q_lens_host[b0:b1], device=device)
-    nb, Lpad, nmax = b1 - b0, int(lens.max()), int(qlens.max())
-    Hq, Hkv = x.q.shape[1], x.k_cache.shape[2]
-    G, ps = Hq // Hkv, x.k_cache.shape[1]
-
-    # keys/values padded to [nb, Lpad, Hkv, D]; padding positions are zeroed (the cache holds NaN there)
+    nb, Lpad, nmax = b1 - b0, max(x.seq_lens_host[b0:b1]), max(x.q_lens_host[b0:b1])
+    Hq, ps = x.q.shape[1], x.k_cache.shape[1]
     npages = -(-Lpad // ps)
-    starts = x.kv_indptr[b0:b1].long()
-    ends = x.kv_indptr[b0 + 1 : b1 + 1].long()
+    starts, ends = x.kv_indptr[b0:b1].long(), x.kv_indptr[b0 + 1 : b1 + 1].long()
     idx = starts[:, None] + torch.arange(npages, device=device)[None, :]
     pages = x.kv_page_indices[torch.where(idx < ends[:, None], idx, torch.zeros_like(idx))].long()
-    K = x.k_cache[pages].flatten(1, 2)[:, :Lpad]
-    V = x.v_cache[pages].flatten(1, 2)[:, :Lpad]
     j = torch.arange(Lpad, device=device)
-    key_ok = j[None, :] < lens[:, None]  # [nb, Lpad]
+    key_ok = j[None, :] < lens[:, None]
     first_new = lens - qlens  # absolute position of each request's first query
+    q_start = torch.tensor(qo[b0:b1], device=device)
+    new_at = None
     if x.k_new is not None and not x.save_kv:  # attend: new tokens come from k_new/v_new, not the cache
-        K, V = K.clone(), V.clone()
         r = torch.arange(nmax, device=device)
         ok = r[None, :] < qlens[:, None]
         bi = torch.arange(nb, device=device)[:, None].expand(nb, nmax)[ok]
-        pos = (first_new[:, None] + r[None, :])[ok]
-        src = (torch.tensor(qo[b0:b1], device=device)[:, None] + r[None, :])[ok]
-        K[bi, pos], V[bi, pos] = x.k_new[src], x.v_new[src]
-    zero = torch.zeros((), dtype=dtype, device=device)
-    K = torch.where(key_ok[..., None, None], K, zero).float().permute(0, 2, 1, 3)  # [nb, Hkv, Lpad, Dk]
-    V = torch.where(key_ok[..., None, None], V, zero).float().permute(0, 2, 1, 3)
-
-    mask_flat = x.custom_mask
+        new_at = (bi, (first_new[:, None] + r[None, :])[ok], (q_start[:, None] + r[None, :])[ok])
+    chunks = []
     rows_per_chunk = max(1, budget // max(1, nb * Hq * Lpad))
     for i0 in range(0, nmax, rows_per_chunk):
-        i1 = min(nmax, i0 + rows_per_chunk)
-        r = torch.arange(i0, i1, device=device)
-        q_ok = r[None, :] < qlens[:, None]  # [nb, nr]
-        src = torch.tensor(qo[b0:b1], device=device)[:, None] + r[None, :]
-        src = torch.where(q_ok, src, torch.zeros_like(src))
-        Q = x.q[src].float()  # [nb, nr, Hq, Dk]
-        nr = i1 - i0
-        Q = Q.view(nb, nr, Hkv, G, -1).permute(0, 2, 3, 1, 4).reshape(nb, Hkv, G * nr, -1)
-        s = torch.matmul(Q, K.transpose(-1, -2)) * x.sm_scale  # [nb, Hkv, G*nr, Lpad]
-        s = s.view(nb, Hkv, G, nr, Lpad)
-        if x.soft_cap > 0:
-            s = torch.tanh(s / x.soft_cap) * x.soft_cap
+        r = torch.arange(i0, min(nmax, i0 + rows_per_chunk), device=device)
+        q_ok = r[None, :] < qlens[:, None]
+        src = torch.where(q_ok, q_start[:, None] + r[None, :], torch.zeros_like(q_ok, dtype=torch.long))
         pos = first_new[:, None] + r[None, :]  # [nb, nr]
-        if mask_flat is not None:
+        vis = mask_idx = inside = None
+        if x.custom_mask is not None:
             off = x.mask_indptr[b0:b1][:, None, None] + r[None, :, None] * lens[:, None, None] + j[None, None, :]
             inside = q_ok[..., None] & key_ok[:, None, :]
-            vis = mask_flat[torch.where(inside, off, torch.zeros_like(off))] & inside
+            mask_idx = torch.where(inside, off, torch.zeros_like(off))
         else:
-            vis = key_ok[:, None, :].expand(nb, nr, Lpad).clone()
+            vis = key_ok[:, None, :] & q_ok[..., None]
             if x.causal:
-                vis &= j[None, None, :] <= pos[..., None]
+                vis = vis & (j[None, None, :] <= pos[..., None])
         if x.window >= 0:
-            vis &= j[None, None, :] >= pos[..., None] - x.window
+            win = j[None, None, :] >= pos[..., None] - x.window
+            vis = vis & win if vis is not None else None
+            inside = inside & win if inside is not None else None
+        chunks.append(_Chunk(src, q_ok, src[q_ok], vis, mask_idx, inside))
+    return _Group(pages, key_ok, Lpad, chunks, new_at)
+
+
+def _attend_group(x, g: _Group) -> None:
+    dtype = x.q.dtype
+    nb = g.pages.shape[0]
+    Hq, Hkv = x.q.shape[1], x.k_cache.shape[2]
+    G = Hq // Hkv
+    K = x.k_cache[g.pages].flatten(1, 2)[:, : g.Lpad]
+    V = x.v_cache[g.pages].flatten(1, 2)[:, : g.Lpad]
+    if g.new_at is not None:
+        bi, pos, src = g.new_at
+        K, V = K.clone(), V.clone()
+        K[bi, pos], V[bi, pos] = x.k_new[src], x.v_new[src]
+    zero = torch.zeros((), dtype=dtype, device=K.device)
+    K = torch.where(g.key_ok[..., None, None], K, zero).float().permute(0, 2, 1, 3)  # [nb, Hkv, Lpad, Dk]
+    V = torch.where(g.key_ok[..., None, None], V, zero).float().permute(0, 2, 1, 3)
+    for c in g.chunks:
+        nr = c.src.shape[1]
+        Q = x.q[c.src].float()  # [nb, nr, Hq, Dk]
+        Q = Q.view(nb, nr, Hkv, G, -1).permute(0, 2, 3, 1, 4).reshape(nb, Hkv, G * nr, -1)
+        s = (torch.matmul(Q, K.transpose(-1, -2)) * x.sm_scale).view(nb, Hkv, G, nr, g.Lpad)
+        if x.soft_cap > 0:
+            s = torch.tanh(s / x.soft_cap) * x.soft_cap
+        vis = c.vis if c.vis is not None else x.custom_mask[c.mask_idx] & c.inside
         s = s.masked_fill(~vis[:, None, None], -math.inf)
         m = s.amax(-1)  # [nb, Hkv, G, nr]
         if x.sinks is not None:
@@ -116,12 +155,15 @@ def _group(x, b0: int, b1: int, qo: list[int], budget: int) -> None:
         l = p.sum(-1)
         if x.sinks is not None:
             l = l + torch.exp(sink - m)
-        o = torch.matmul(p.to(dtype).float().view(nb, Hkv, G * nr, Lpad), V).view(nb, Hkv, G, nr, -1)
+        o = torch.matmul(p.to(dtype).float().view(nb, Hkv, G * nr, g.Lpad), V).view(nb, Hkv, G, nr, -1)
         o = o / torch.where(l > 0, l, torch.ones_like(l))[..., None]
         lse = torch.where(l > 0, m + torch.log(l), torch.full_like(l, -math.inf))
-        # back to packed [T, Hq, ...] rows
-        o = o.permute(0, 3, 1, 2, 4).reshape(nb, nr, Hq, -1)
+        o = o.permute(0, 3, 1, 2, 4).reshape(nb, nr, Hq, -1)  # back to packed [T, Hq, ...] rows
         lse = lse.permute(0, 3, 1, 2).reshape(nb, nr, Hq)
-        dst = src[q_ok]
-        x.o[dst] = o[q_ok].to(x.o.dtype)
-        x.lse[dst] = lse[q_ok]
+        x.o[c.dst] = o[c.q_ok].to(x.o.dtype)
+        x.lse[c.dst] = lse[c.q_ok]
+
+
+def paged_attention(x) -> dict[str, torch.Tensor]:
+    """Plan and run in one call (for wrappers that change the inputs per call, e.g. the mutants)."""
+    return prepare_paged_attention(x)()
