@@ -33,6 +33,8 @@ class SdpaDecode(attnbench.Backend):
             return f"sdpa example implements decode only, not {case.op_name}"
         if p.window >= 0 or p.soft_cap > 0 or p.sinks:
             return "sdpa example has no sliding window, soft cap or sinks"
+        if p.kv_dtype != "auto":
+            return "sdpa example reads the cache in the query dtype only (no fp8 KV)"
         return None
 
     def prepare_decode(self, case, x):

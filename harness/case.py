@@ -31,6 +31,8 @@ class Case:
     tolerance: Tolerance | None = field(default=None, compare=False)
     suite: str = field(default="", compare=False)
     device: str = field(default="cpu", compare=False)  # where inputs are built and kernels run
+    require: frozenset[str] = field(default=frozenset(), compare=False)  # deterministic, batch_invariant
+    invariance: bool = field(default=False, compare=False)  # check (and report) batch invariance
 
     @property
     def op(self) -> Op:

@@ -33,6 +33,8 @@ class Result:
     reference_s: float | None = None  # float64 reference + twin, shared by every backend of the case
     check_s: float | None = None  # the correctness checks of this row (outputs, side effects, staleness)
     tolerance_why: str = ""
+    deterministic: bool | None = None  # two calls on the same inputs gave bitwise identical outputs
+    batch_invariant: bool | None = None  # a request's outputs were bitwise the same alone and in a reordered batch
     env: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:

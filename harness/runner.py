@@ -17,7 +17,7 @@ from dataclasses import dataclass
 import torch
 
 from attnbench.backend import Backend
-from attnbench.buffers import clone_tensors
+from attnbench.buffers import bitwise_equal, clone_tensors
 from attnbench.case import Case
 from attnbench.checks import Verdict, check, outputs_changed
 from attnbench.errors import Unsupported
@@ -31,6 +31,7 @@ from attnbench.tolerance import rule_for
 class RunOptions:
     timing: bool = True
     timing_config: TimingConfig | None = None
+    invariance: bool = False  # check batch invariance for every case (else only where a suite requires it)
     peaks: dict | None = None  # attnbench.peaks.get_peaks() of the device: adds the roofline to `derived`
 
 
@@ -176,12 +177,13 @@ def run_case(
             _sync(case)
             t0 = time.perf_counter()
             verdict = check(op, p, pristine, work, outputs, expected, twin, rule)
+            determinism = _determinism(case, b, fn, pristine, outputs, verdict, opts)
             _stale_check(case, fn, work, outputs, verdict)
             check_s = time.perf_counter() - t0
             status = "pass" if verdict.ok else "fail"
             rows[b.name] = _row(
                 case, b.name, status, verdict.reason, metrics=verdict.metrics, prepare_s=prep, reference_s=ref_s,
-                check_s=check_s, prepare_info=dict(getattr(fn, "info", {}) or {}), env=env,
+                check_s=check_s, prepare_info=dict(getattr(fn, "info", {}) or {}), env=env, **determinism,
             )  # fmt: skip
             closures[b.name] = fn
         except Unsupported as e:
@@ -221,6 +223,39 @@ def run_case(
         for name in closures:
             rows[name].derived = {"flops": flops, "bytes": nbytes} | roofline(flops, nbytes, 0.0, None, case.dtype)
     return [rows[b.name] for b in backends]
+
+
+def _determinism(case: Case, b: Backend, fn: Callable, pristine, outputs: dict, verdict: Verdict, opts) -> dict:
+    """Run-to-run determinism (always) and batch invariance (when asked); required ones fail the row."""
+    first = {k: v.clone() for k, v in outputs.items()}
+    again = fn()
+    _sync(case)
+    out = {"deterministic": not outputs_changed(first, again)}
+    if not out["deterministic"] and "deterministic" in case.require:
+        verdict.problems.append("not deterministic: two calls on the same inputs gave different bits")
+    if opts.invariance or case.invariance or "batch_invariant" in case.require:
+        out["batch_invariant"] = _batch_invariant(case, b, pristine, first)
+        if out["batch_invariant"] is False and "batch_invariant" in case.require:
+            verdict.problems.append("not batch invariant: a request's output changed with the batch around it")
+    return out
+
+
+def _batch_invariant(case: Case, b: Backend, pristine, reference: dict) -> bool | None:
+    """Request 0 alone, and the whole batch reversed, must reproduce the batch's outputs bit for bit."""
+    op, p = case.op, case.params
+    n = len(pristine.seq_lens_host) if hasattr(pristine, "seq_lens_host") else None
+    n = n if n is not None else next(iter(reference.values())).shape[0]
+    for order in ([0], list(range(n))[::-1]) if n > 1 else ([0],):
+        sub = op.subset(p, pristine, order)
+        if sub is None:
+            return None
+        inputs, rows = sub
+        got = b.prepare(case, clone_tensors(inputs))()
+        _sync(case)
+        for k, ref_out in reference.items():
+            if not bool(bitwise_equal(got[k], ref_out[rows]).all()):
+                return False
+    return True
 
 
 def _stale_check(case: Case, fn: Callable, work, outputs: dict, verdict: Verdict) -> None:

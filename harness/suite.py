@@ -14,6 +14,7 @@
           head_dim: [64, 192]
           head_dim_v: [64, 128]
         tolerance: {factor: 3, why: "soft cap: tanh amplifies rounding"}
+        require: [deterministic, batch_invariant]   # a backend without them fails here
 
 Every error (YAML syntax, unknown key, wrong type, impossible shape) is a SuiteError `file:line: ...`.
 """
@@ -91,6 +92,10 @@ class Entry(_Strict):
     dtypes: list[str] | None = None
     seeds: list[int] | None = None
     tolerance: ToleranceSpec | None = None
+    require: list[Literal["deterministic", "batch_invariant"]] = Field(
+        [], description="properties a backend must have here, or its row fails (determinism checks)"
+    )
+    invariance: bool = Field(False, description="also check (and report) batch invariance, without requiring it")
 
     @field_validator("op")
     @classmethod
@@ -115,6 +120,7 @@ class SuiteSpec(_Strict):
     backends: list[str] | None = None
     dtypes: list[str] = ["bf16"]
     seeds: list[int] = [0]
+    require: list[Literal["deterministic", "batch_invariant"]] = []
     cases: list[Entry] = Field(min_length=1)
 
     _check_dtypes = field_validator("dtypes")(Entry._dtypes.__func__)
@@ -280,5 +286,7 @@ def _expand(entry: Entry, i: int, spec: SuiteSpec, known, path, lines, device) -
                 raise SuiteError(path, line or yamlines.line_of(lines, at), f"{where}{_msg(err)} (at {shown})") from None
             for dtype in dtypes:
                 for seed in seeds:
-                    out.append(Case(entry.op, params, dtype, seed, tolerance=tol, suite=suite_name, device=device))
+                    out.append(Case(entry.op, params, dtype, seed, tolerance=tol, suite=suite_name, device=device,
+                                    require=frozenset(entry.require) | frozenset(spec.require),
+                                    invariance=entry.invariance))  # fmt: skip
     return out

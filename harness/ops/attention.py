@@ -8,6 +8,7 @@ denominator only, absorbed MLA (Dk = 576 = 512 latent + 64 rope, Dv = 512, Hkv =
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Literal
@@ -17,6 +18,7 @@ from pydantic import Field, model_validator
 
 from attnbench.buffers import alloc_output
 from attnbench.ops.base import IdField, Op, OutputSpec, Params
+from attnbench.ops.distributions import Distribution, Sampler, lse_like
 from attnbench.ops.paged import fill, make_layout, poisoned_cache
 from attnbench.references import attention as ref
 
@@ -41,6 +43,9 @@ class AttentionParams(Params):
     soft_cap: float = Field(0.0, ge=0.0, description="cap * tanh(s / cap) after scaling; 0 = none")
     sinks: bool = Field(False, description="one learnable sink logit per q head")
     sm_scale: float | None = Field(None, gt=0.0, description="default: head_dim**-0.5 (MLA: 192**-0.5)")
+    distribution: Distribution = Field("normal", description="input values: see harness/ops/distributions.py")
+    kv_dtype: Literal["auto", "fp8_e4m3", "fp8_e5m2"] = Field("auto", description="KV cache dtype; auto = the case dtype")
+    kv_scale: Literal["tensor", "head"] = Field("tensor", description="fp8 KV: one scale per tensor or per kv head")
 
     @model_validator(mode="after")
     def _shapes(self):
@@ -93,6 +98,7 @@ class MergeStateParams(Params):
     heads: int = Field(8, ge=1)
     head_dim: int = Field(128, ge=1)
     empty: bool = Field(False, description="some states empty (lse -inf) on one or both sides")
+    distribution: Distribution = Field("normal", description="values and LSEs: see harness/ops/distributions.py")
 
 
 @dataclass
@@ -116,7 +122,9 @@ class AttentionInputs:
     window: int = -1
     soft_cap: float = 0.0
     sinks: torch.Tensor | None = None  # [Hq] fp32 logits
-    k_new: torch.Tensor | None = None  # [T, Hkv, Dk] extend: keys of the new tokens
+    k_scale: torch.Tensor | None = None  # fp8 caches: [1] or [Hkv] fp32, real value = stored * scale
+    v_scale: torch.Tensor | None = None  # (powers of two, so quantising k_new is exact to define)
+    k_new: torch.Tensor | None = None  # [T, Hkv, Dk] extend: keys of the new tokens (case dtype)
     v_new: torch.Tensor | None = None  # [T, Hkv, Dv]            (MLA: k_new[..., :512])
     save_kv: bool = False  # write k_new/v_new into slot_mapping before attending
     slot_mapping: torch.Tensor | None = None  # [T] int64 cache slot (page * page_size + offset) per new token
@@ -178,6 +186,9 @@ _ATTN_ID = (
     IdField("cap", ("soft_cap",)),
     IdField("sink", ("sinks",)),
     IdField("scale", ("sm_scale",)),
+    IdField("", ("distribution",)),
+    IdField("", ("kv_dtype",)),
+    IdField("kvscale", ("kv_scale",)),
 )
 
 
@@ -193,30 +204,43 @@ class _PagedAttentionOp(Op):
         if p.head_dim not in (64, 128, 256) and not p.mla:
             f.append("odd-dim")
         f += [name for name, on in (("swa", p.window >= 0), ("softcap", p.soft_cap > 0), ("sinks", p.sinks)) if on]
+        if p.kv_dtype != "auto":
+            f.append(f"kv-{p.kv_dtype}" + ("-per-head" if p.kv_scale == "head" else ""))
+        if p.distribution != "normal":
+            f.append(f"dist-{p.distribution}")
         return tuple(f)
 
     def _build(self, p: AttentionParams, dtype, seed, device, kv_lens, q_lens, new_kv: str) -> AttentionInputs:
         host, gen = _generators(seed, device)
+        draw = Sampler(p.distribution, gen, device, dtype)
         T = sum(q_lens)
         Hkv, Dk, Dv = p.heads_kv, p.head_dim, p.dv
         layout = make_layout(kv_lens, p.page_size, host, device)
-        k_cache = poisoned_cache(layout, Hkv, Dk, dtype, device)
-        v_cache = k_cache[..., :Dv] if p.mla else poisoned_cache(layout, Hkv, Dv, dtype, device)
-        k_new = v_new = slot_mapping = None
+        # every request's keys/values in float32, new tokens included, shaped by the distribution
+        keys = [draw.structure_keys(draw.draw("k", (L, Hkv, Dk))) for L in kv_lens]
+        values = [k[..., :Dv] for k in keys] if p.mla else [draw.draw("v", (L, Hkv, Dv)) for L in kv_lens]
+        cache_dtype = FP8.get(p.kv_dtype, dtype)
+        k_scale = v_scale = None
+        if p.kv_dtype != "auto":
+            k_scale = _fp8_scale(keys, cache_dtype, p.kv_scale)
+            v_scale = k_scale if p.mla else _fp8_scale(values, cache_dtype, p.kv_scale)
+        k_cache = poisoned_cache(layout, Hkv, Dk, cache_dtype, device)
+        v_cache = k_cache[..., :Dv] if p.mla else poisoned_cache(layout, Hkv, Dv, cache_dtype, device)
         new_slots = []
         for b, (L, n) in enumerate(zip(kv_lens, q_lens)):
             cached = L - n if new_kv != "shared" else L
             slots = layout.slots(b, 0, cached)
-            fill(k_cache, slots, _randn((cached, Hkv, Dk), dtype, gen, device))
+            fill(k_cache, slots, quantize(keys[b][:cached], k_scale, cache_dtype))
             if not p.mla:
-                fill(v_cache, slots, _randn((cached, Hkv, Dv), dtype, gen, device))
+                fill(v_cache, slots, quantize(values[b][:cached], v_scale, cache_dtype))
             new_slots.append(layout.slots(b, L - n, L))
+        k_new = v_new = slot_mapping = None
         if new_kv in ("save", "attend"):
-            k_new = _randn((T, Hkv, Dk), dtype, gen, device)
-            v_new = k_new[..., :Dv] if p.mla else _randn((T, Hkv, Dv), dtype, gen, device)
+            k_new = torch.cat([k[L - n :] for k, L, n in zip(keys, kv_lens, q_lens)]).to(dtype)
+            v_new = k_new[..., :Dv] if p.mla else torch.cat([v[L - n :] for v, L, n in zip(values, kv_lens, q_lens)]).to(dtype)
             if new_kv == "save":
                 slot_mapping = torch.cat(new_slots)
-        q = _randn((T, p.heads_q, Dk), dtype, gen, device)
+        q = draw.draw("q", (T, p.heads_q, Dk)).to(dtype)
         sinks = _randn((p.heads_q,), torch.float32, gen, device) * 2 if p.sinks else None
         qo = torch.tensor([0] + list(q_lens), dtype=torch.int64).cumsum(0).to(torch.int32)
         mask = mask_indptr = None
@@ -237,6 +261,8 @@ class _PagedAttentionOp(Op):
             window=p.window,
             soft_cap=p.soft_cap,
             sinks=sinks,
+            k_scale=k_scale,
+            v_scale=v_scale,
             k_new=k_new,
             v_new=v_new,
             save_kv=new_kv == "save",
@@ -248,24 +274,64 @@ class _PagedAttentionOp(Op):
         )
 
     def expected(self, p, x: AttentionInputs, precision):
+        k_cache, v_cache, k_new, v_new = x.k_cache, x.v_cache, x.k_new, x.v_new
+        if x.k_scale is not None:  # the reference reads exactly what the kernel reads: dequantised fp8
+            k_cache, v_cache = dequantize(k_cache, x.k_scale), dequantize(v_cache, x.v_scale)
+            if x.save_kv:  # saved new tokens are attended as stored in the cache
+                k_new = dequantize(quantize(k_new, x.k_scale, x.k_cache.dtype), x.k_scale)
+                v_new = dequantize(quantize(v_new, x.v_scale, x.v_cache.dtype), x.v_scale)
         o, lse = ref.paged_attention(
-            x.q, x.k_cache, x.v_cache, x.kv_indptr, x.kv_page_indices, x.seq_lens, x.qo_indptr,
+            x.q, k_cache, v_cache, x.kv_indptr, x.kv_page_indices, x.seq_lens, x.qo_indptr,
             sm_scale=x.sm_scale, causal=x.causal, window=x.window, soft_cap=x.soft_cap, sinks=x.sinks,
-            k_new=x.k_new, v_new=x.v_new, custom_mask=x.custom_mask, mask_indptr=x.mask_indptr,
+            k_new=k_new, v_new=v_new, custom_mask=x.custom_mask, mask_indptr=x.mask_indptr,
             precision=precision,
         )  # fmt: skip
         out = {"o": o, "lse": lse}
         if x.save_kv:
-            out["k_cache"] = ref.saved_cache(x.k_cache, x.k_new, x.slot_mapping)
+            stored_k = quantize(x.k_new, x.k_scale, x.k_cache.dtype)
+            out["k_cache"] = ref.saved_cache(x.k_cache, stored_k, x.slot_mapping)
             if not p.mla:
-                out["v_cache"] = ref.saved_cache(x.v_cache, x.v_new, x.slot_mapping)
+                stored_v = quantize(x.v_new, x.v_scale, x.v_cache.dtype)
+                out["v_cache"] = ref.saved_cache(x.v_cache, stored_v, x.slot_mapping)
         return out
+
+    def subset(self, p, x: AttentionInputs, order: list[int]):
+        qo, kvp = x.qo_indptr.tolist(), x.kv_indptr.tolist()
+        dev = x.q.device
+        rows = torch.cat([torch.arange(qo[b], qo[b + 1]) for b in order]).to(dev)
+        pages = torch.cat([x.kv_page_indices[kvp[b] : kvp[b + 1]] for b in order])
+        counts = [kvp[b + 1] - kvp[b] for b in order]
+        qlens = [x.q_lens_host[b] for b in order]
+        lens = [x.seq_lens_host[b] for b in order]
+        changes = dict(
+            q=x.q[rows],
+            kv_indptr=torch.tensor([0] + counts, device=dev).cumsum(0).to(torch.int32),
+            kv_page_indices=pages,
+            seq_lens=torch.tensor(lens, dtype=torch.int32, device=dev),
+            qo_indptr=torch.tensor([0] + qlens, device=dev).cumsum(0).to(torch.int32),
+            o=alloc_output((len(rows), *x.o.shape[1:]), x.o.dtype, dev),
+            lse=alloc_output((len(rows), *x.lse.shape[1:]), x.lse.dtype, dev),
+            seq_lens_host=tuple(lens),
+            q_lens_host=tuple(qlens),
+        )
+        if x.k_new is not None:
+            changes["k_new"] = x.k_new[rows]
+            shared = x.v_new.untyped_storage().data_ptr() == x.k_new.untyped_storage().data_ptr()
+            changes["v_new"] = changes["k_new"][..., : x.v_new.shape[-1]] if shared else x.v_new[rows]
+        if x.slot_mapping is not None:
+            changes["slot_mapping"] = x.slot_mapping[rows]
+        if x.custom_mask is not None:
+            mi = x.mask_indptr.tolist()
+            changes["custom_mask"] = torch.cat([x.custom_mask[mi[b] : mi[b + 1]] for b in order])
+            sizes = [mi[b + 1] - mi[b] for b in order]
+            changes["mask_indptr"] = torch.tensor([0] + sizes, device=dev).cumsum(0)
+        return dataclasses.replace(x, **changes), rows
 
     def perturb(self, x: AttentionInputs) -> None:
         # Negating the values negates every output row that has a visible key, whatever the scores.
-        x.v_cache.neg_()
+        negate(x.v_cache)
         if x.v_new is not None:
-            x.v_new.neg_()
+            negate(x.v_new)
 
     # ---- cost model ---------------------------------------------------------------------------
     def _pairs_and_tokens(self, p: AttentionParams, x: AttentionInputs) -> tuple[int, int]:
@@ -292,14 +358,47 @@ class _PagedAttentionOp(Op):
 
     def bytes(self, p: AttentionParams, x: AttentionInputs) -> float:
         _, tokens = self._pairs_and_tokens(p, x)
-        el = x.q.element_size()
-        kv_per_token = p.heads_kv * (p.head_dim if p.mla else p.head_dim + p.dv) * el
+        el, kv_el = x.q.element_size(), x.k_cache.element_size()
+        kv_per_token = p.heads_kv * (p.head_dim if p.mla else p.head_dim + p.dv) * kv_el
         total = x.q.numel() * el + x.o.numel() * el + x.lse.numel() * 4 + tokens * kv_per_token
         if x.k_new is not None:  # read once; written into the cache once more when saved
             new = x.k_new.numel() * el + (0 if p.mla else x.v_new.numel() * el)
             total += new * (2 if x.save_kv else 1)
         total += (x.kv_page_indices.numel() + x.kv_indptr.numel() + x.seq_lens.numel()) * 4
         return float(total)
+
+
+FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
+
+
+def _fp8_scale(tensors: list[torch.Tensor], fp8: torch.dtype, per: str) -> torch.Tensor:
+    """Power-of-two scales (so x / scale is exact) putting each tensor's (or kv head's) amax within fp8 range.
+
+    Returns `[1]` (per tensor) or `[Hkv]` (per head) float32; real value = stored * scale.
+    """
+    every = torch.cat(tensors).abs()  # [tokens, H, D]
+    amax = (every.amax(dim=(0, 2)) if per == "head" else every.amax().reshape(1)).clamp_min(1e-30)
+    return torch.exp2(torch.ceil(torch.log2(amax / torch.finfo(fp8).max))).float()
+
+
+def quantize(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """`[..., H, D]` values -> stored cache entries: x / scale rounded to the fp8 dtype (or cast, without a scale)."""
+    if scale is None:
+        return x.to(dtype)
+    return (x.float() / scale.view(-1, 1)).to(dtype)
+
+
+def negate(t: torch.Tensor) -> None:
+    """In place, exactly, any float dtype (fp8 by its sign bit: some builds have no fp8 arithmetic)."""
+    if t.element_size() == 1:
+        t.view(torch.uint8).bitwise_xor_(0x80)
+    else:
+        t.neg_()
+
+
+def dequantize(stored: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Stored fp8 cache entries `[..., H, D]` -> their float32 values (exact: the scales are powers of two)."""
+    return stored.float() * scale.view(-1, 1)
 
 
 def _custom_mask(kv_lens, q_lens, host: torch.Generator, device, empty_rows: bool = False):
@@ -370,18 +469,19 @@ class MergeStateOp(Op):
         IdField("h", ("heads",), always=True),
         IdField("d", ("head_dim",), always=True),
         IdField("empty", ("empty",)),
+        IdField("", ("distribution",)),
     )
     outputs = {"o": OutputSpec(("token", "head", "dim")), "lse": OutputSpec(("token", "head"))}
 
     def features(self, p: MergeStateParams) -> tuple[str, ...]:
-        return ("empty-states",) if p.empty else ()
+        return (("empty-states",) if p.empty else ()) + ((f"dist-{p.distribution}",) if p.distribution != "normal" else ())
 
     def make_inputs(self, p: MergeStateParams, dtype, seed, device) -> MergeStateInputs:
         _, gen = _generators(seed, device)
         T, H, D = p.tokens, p.heads, p.head_dim
-        v_a, v_b = _randn((T, H, D), dtype, gen, device), _randn((T, H, D), dtype, gen, device)
-        s_a = _randn((T, H), torch.float32, gen, device) * 4
-        s_b = _randn((T, H), torch.float32, gen, device) * 4
+        draw = Sampler(p.distribution, gen, device, dtype)
+        v_a, v_b = draw.draw("v", (T, H, D)).to(dtype), draw.draw("v", (T, H, D)).to(dtype)
+        s_a, s_b = lse_like(p.distribution, (T, H), gen, device)
         if p.empty:  # a quarter of rows: a empty; an eighth: b empty; one in sixteen: both
             t = torch.arange(T, device=device)
             s_a[t % 4 == 1] = -math.inf
@@ -394,6 +494,12 @@ class MergeStateOp(Op):
     def expected(self, p, x: MergeStateInputs, precision):
         o, lse = ref.merge_state(x.v_a, x.s_a, x.v_b, x.s_b, precision=precision)
         return {"o": o, "lse": lse}
+
+    def subset(self, p, x: MergeStateInputs, order: list[int]):
+        rows = torch.tensor(order, device=x.v_a.device)
+        fresh = dict(o=alloc_output((len(order), *x.o.shape[1:]), x.o.dtype, x.o.device),
+                     lse=alloc_output((len(order), *x.lse.shape[1:]), x.lse.dtype, x.lse.device))  # fmt: skip
+        return MergeStateInputs(x.v_a[rows], x.s_a[rows], x.v_b[rows], x.s_b[rows], **fresh), rows
 
     def perturb(self, x: MergeStateInputs) -> None:
         x.v_a.neg_()

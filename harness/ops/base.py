@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Any, ClassVar, Literal, get_args, get_origin
+from typing import Any, ClassVar, Literal, get_args, get_origin, get_type_hints
 
 import torch
 from pydantic import BaseModel, ConfigDict
@@ -81,6 +81,14 @@ class Op:
         """
         raise NotImplementedError
 
+    def subset(self, p: Params, inputs: Any, order: list[int]) -> tuple[Any, torch.Tensor] | None:
+        """The same data with only the requests in `order` (in that order), for batch-invariance checks.
+
+        Returns (new inputs with fresh outputs, index of each new output row in the original outputs),
+        or None when the op has no notion of independent requests. Outputs' first dim is the row dim.
+        """
+        return None
+
     def perturb(self, inputs: Any) -> None:
         """Change, in place, a data input so that every correct implementation's outputs change."""
         raise NotImplementedError
@@ -114,16 +122,16 @@ class Op:
     def parse_id_tokens(self, tokens: list[str]) -> dict[str, Any]:
         """Inverse of `id_tokens`: the parameter values the tokens name (the rest keep defaults)."""
         out: dict[str, Any] = {}
-        schema = self.Params.model_fields
+        hints = get_type_hints(self.Params)  # resolves postponed annotations (type aliases)
         for tok in tokens:
             for f in sorted(self.id_fields, key=lambda f: -len(f.prefix)):
-                field = schema[f.fields[0]]
-                if field.annotation is bool:
+                ann = hints[f.fields[0]]
+                if ann is bool:
                     if tok in (f.prefix, "no" + f.prefix):
                         out[f.fields[0]] = tok == f.prefix
                         break
                     continue
-                choices = get_args(field.annotation) if get_origin(field.annotation) is Literal else ()
+                choices = get_args(ann) if get_origin(ann) is Literal else ()
                 if not tok.startswith(f.prefix):
                     continue
                 rest = tok[len(f.prefix) :]

@@ -289,6 +289,20 @@ def peaks_view(env: dict) -> list[dict]:
     return rows
 
 
+def determinism(rows) -> list[dict]:
+    """Per backend: how many checked rows were deterministic / batch invariant."""
+    out = []
+    for b in sorted({r.backend for r in rows}):
+        mine = [r for r in rows if r.backend == b]
+        det = [r.deterministic for r in mine if r.deterministic is not None]
+        inv = [r.batch_invariant for r in mine if r.batch_invariant is not None]
+        if det or inv:
+            out.append({"backend": b, "det": f"{sum(det)}/{len(det)}", "inv": f"{sum(inv)}/{len(inv)}" if inv else "not checked",
+                        "nondet": [r.case_id for r in mine if r.deterministic is False][:5],
+                        "variant": [r.case_id for r in mine if r.batch_invariant is False][:5]})  # fmt: skip
+    return out
+
+
 def default_baseline(rows) -> str:
     names = sorted({r.backend for r in rows})
     return "torch" if "torch" in names else (names[0] if names else "")
@@ -305,6 +319,7 @@ def render_html(rows, env: dict, run: dict, baseline: str | None = None) -> str:
     for op in dict.fromkeys(r.op for r in rows):
         op_rows = [r for r in rows if r.op == op]
         figs = [plots.latency_by_case(op_rows, op), plots.roofline(op_rows, op, env.get("peaks"))]
+        figs.append(plots.error_vs_length(op_rows, op))
         figs += [plots.latency_vs_axis(op_rows, op, a) for a in _AXES]
         heat = _heatmaps(op_rows)
         sections.append(
@@ -329,6 +344,7 @@ def render_html(rows, env: dict, run: dict, baseline: str | None = None) -> str:
         cases=len({r.case_id for r in rows}),
         cap_names=names,
         cap=cap,
+        determinism=determinism(rows),
         sections=sections,
         speedups=speedups(rows, baseline),
         baseline=baseline,

@@ -174,6 +174,43 @@ def change_plot(changes) -> str | None:
     return _png(fig)
 
 
+def _seq_len(params: dict) -> int | None:
+    if "kv_len" in params:
+        return params["kv_len"]
+    if "q_len" in params:
+        return params.get("prefix_len", 0) + params["q_len"]
+    return None
+
+
+def error_vs_length(rows, op: str) -> str | None:
+    """Relative max error of `o` (max |out - ref| / max |ref|) against sequence length, per backend and distribution."""
+    pts = defaultdict(list)
+    for r in rows:
+        m = (r.metrics or {}).get("o", {})
+        L = _seq_len(r.params)
+        if r.op == op and L and m.get("scale") and "max_abs" in m and m["max_abs"] < float("inf"):
+            pts[(r.backend, r.params.get("distribution", "normal"))].append((L, max(m["max_abs"] / m["scale"], 1e-9)))
+    if len({L for v in pts.values() for L, _ in v}) < 2:
+        return None
+    fig, ax = plt.subplots(figsize=(7, 4))
+    backends = sorted({b for b, _ in pts})
+    dists = sorted({d for _, d in pts})
+    markers = "os^vD<>xP*"
+    for (b, d), v in sorted(pts.items()):
+        v.sort()
+        xs, ys = [x for x, _ in v], [y for _, y in v]
+        ax.plot(xs, ys, marker=markers[dists.index(d) % len(markers)], ls="", ms=4, alpha=0.75,
+                color=_COLORS[backends.index(b) % len(_COLORS)], label=f"{b} / {d}")  # fmt: skip
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length (keys per request)")
+    ax.set_ylabel("max |o - ref| / max |ref|")
+    ax.grid(which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    ax.set_title(f"{op}: error growth with length, per backend / distribution")
+    return _png(fig)
+
+
 def error_heatmap(heat: list[list[float]], title: str, xlabel: str, ylabel: str) -> str:
     fig, ax = plt.subplots(figsize=(6, 2.8))
     im = ax.imshow(heat, aspect="auto", cmap="magma", interpolation="nearest")

@@ -45,11 +45,23 @@ class _Group:
     new_at: tuple[torch.Tensor, torch.Tensor, torch.Tensor] | None  # attend mode: (batch, position, source row)
 
 
+def _stored(new: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
+    """New K/V `[T, H, D]` as the cache stores them (fp8 caches: divided by the per-tensor/per-head scale)."""
+    return new.to(dtype) if scale is None else (new.float() / scale.view(-1, 1)).to(dtype)
+
+
+def _loaded(cached: torch.Tensor, scale: torch.Tensor | None) -> torch.Tensor:
+    """Cache entries `[..., H, D]` as float32 values (fp8 caches: times their scale)."""
+    return cached.float() if scale is None else cached.float() * scale.view(-1, 1)
+
+
 def save_new_kv(x) -> None:
     """save_kv_cache: write the new tokens' K/V into their cache slots."""
-    x.k_cache.view(-1, *x.k_cache.shape[2:]).index_copy_(0, x.slot_mapping, x.k_new)
+    k_flat = x.k_cache.view(-1, *x.k_cache.shape[2:])
+    k_flat[x.slot_mapping] = _stored(x.k_new, x.k_scale, x.k_cache.dtype)  # index_put: fp8 has no index_copy on CPU
     if x.v_cache.untyped_storage().data_ptr() != x.k_cache.untyped_storage().data_ptr():  # MLA: V is K's latent
-        x.v_cache.view(-1, *x.v_cache.shape[2:]).index_copy_(0, x.slot_mapping, x.v_new)
+        v_flat = x.v_cache.view(-1, *x.v_cache.shape[2:])
+        v_flat[x.slot_mapping] = _stored(x.v_new, x.v_scale, x.v_cache.dtype)
 
 
 def prepare_paged_attention(x):
@@ -128,15 +140,13 @@ def _attend_group(x, g: _Group) -> None:
     nb = g.pages.shape[0]
     Hq, Hkv = x.q.shape[1], x.k_cache.shape[2]
     G = Hq // Hkv
-    K = x.k_cache[g.pages].flatten(1, 2)[:, : g.Lpad]
-    V = x.v_cache[g.pages].flatten(1, 2)[:, : g.Lpad]
+    K = _loaded(x.k_cache[g.pages].flatten(1, 2)[:, : g.Lpad], x.k_scale)  # float32 [nb, Lpad, Hkv, Dk]
+    V = _loaded(x.v_cache[g.pages].flatten(1, 2)[:, : g.Lpad], x.v_scale)
     if g.new_at is not None:
         bi, pos, src = g.new_at
-        K, V = K.clone(), V.clone()
-        K[bi, pos], V[bi, pos] = x.k_new[src], x.v_new[src]
-    zero = torch.zeros((), dtype=dtype, device=K.device)
-    K = torch.where(g.key_ok[..., None, None], K, zero).float().permute(0, 2, 1, 3)  # [nb, Hkv, Lpad, Dk]
-    V = torch.where(g.key_ok[..., None, None], V, zero).float().permute(0, 2, 1, 3)
+        K[bi, pos], V[bi, pos] = x.k_new[src].float(), x.v_new[src].float()
+    K = torch.where(g.key_ok[..., None, None], K, 0.0).permute(0, 2, 1, 3)  # [nb, Hkv, Lpad, Dk]; NaN slots -> 0
+    V = torch.where(g.key_ok[..., None, None], V, 0.0).permute(0, 2, 1, 3)
     for c in g.chunks:
         nr = c.src.shape[1]
         Q = x.q[c.src].float()  # [nb, nr, Hq, Dk]
