@@ -5,8 +5,9 @@ from __future__ import annotations
 from attnbench.errors import AttnbenchError
 from attnbench.ops.attention import DecodeOp, ExtendOp, MergeStateOp
 from attnbench.ops.base import IdField, Op, OutputSpec, Params
+from attnbench.ops.gdn import GDN_OPS
 
-OPS: dict[str, Op] = {op.name: op for op in (DecodeOp(), ExtendOp(), MergeStateOp())}
+OPS: dict[str, Op] = {op.name: op for op in (DecodeOp(), ExtendOp(), MergeStateOp(), *GDN_OPS)}
 
 
 def get_op(name: str) -> Op:
