@@ -4,3 +4,4 @@ Each package imports without its optional library; its `available()` then says w
 """
 
 from attnbench.kernels import torch  # noqa: F401
+from attnbench.kernels import triton  # noqa: F401

@@ -43,7 +43,7 @@ def causal_conv1d(x) -> dict[str, torch.Tensor]:
     qsl = x.query_start_loc.long()
     idx = x.cache_indices.long()
     lens = qsl[1:] - qsl[:-1]
-    # extended rows: per request [W-1 state rows | its tokens], request b's tokens start at qsl[b] + (b+1)(W-1)
+    # extended rows, per request [W-1 state rows | its tokens]: token rows start at qsl[b] + (b+1)(W-1)
     init = x.conv_states[idx].transpose(1, 2)  # [B, W-1, D]
     init = torch.where(x.has_initial_state[:, None, None], init, torch.zeros_like(init))
     ext = torch.empty(T + B * (W - 1), D, dtype=x.x.dtype, device=dev)
@@ -56,7 +56,8 @@ def causal_conv1d(x) -> dict[str, torch.Tensor]:
     win = ext[taps].float()  # [T, W, D]
     y = (win * x.weight.float().t()[None]).sum(1) + x.bias.float()
     x.y.copy_(F.silu(y))
-    last = (qsl[1:] + (torch.arange(B, device=dev) + 1) * (W - 1))[:, None] - (W - 1) + torch.arange(W - 1, device=dev)
+    ends = qsl[1:] + (torch.arange(B, device=dev) + 1) * (W - 1)  # one past each request's last extended row
+    last = ends[:, None] - (W - 1) + torch.arange(W - 1, device=dev)
     x.conv_states[idx] = ext[last].transpose(1, 2)  # [B, D, W-1]
     return {"y": x.y}
 
@@ -132,7 +133,7 @@ def gdn_verify(x) -> dict[str, torch.Tensor]:
 def gdn_extend(x) -> dict[str, torch.Tensor]:
     """Chunked WY form over padded chunks; writes `x.o [T, HV, V]` and every request's final state."""
     dev = x.q.device
-    HV, V, K = x.v.shape[1], x.v.shape[2], x.q.shape[2]
+    HV, V = x.v.shape[1], x.v.shape[2]
     B = x.state_indices.shape[0]
     cu = x.cu_seqlens.long()
     lens = cu[1:] - cu[:-1]
