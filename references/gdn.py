@@ -35,8 +35,10 @@ computed from a zero state here; the op contracts leave them unspecified).
 
 `precision=torch.float64` gives the reference. `precision=<the case dtype>` gives the native-precision
 twin the tolerance rule scales from: float32 arithmetic on the low-precision inputs, outputs rounded
-to the case dtype once, states kept in float32; the chunked twin also rounds every matmul operand to
-the case dtype (as a tensor-core chunk kernel does).
+to the case dtype once, states kept in float32, softplus as the serving kernels write it
+(`log(1 + exp(x))` in float32, whose cancellation for negative x dominates the state error of a
+decode step); the chunked twin also rounds every matmul operand to the case dtype (as a tensor-core
+chunk kernel does).
 """
 
 from __future__ import annotations
@@ -102,7 +104,11 @@ def gating(
     """
     acc = _acc(precision)
     x = a.to(acc) + dt_bias.to(acc)
-    g = -torch.exp(A_log.to(acc)) * softplus(x, threshold)
+    if precision == D64:
+        sp = softplus(x, threshold)
+    else:  # the twin: softplus as the kernels write it, log(1 + exp(x)) in float32 (no log1p)
+        sp = torch.where(x > threshold, x, torch.log(1.0 + torch.exp(torch.clamp(x, max=threshold))))
+    g = -torch.exp(A_log.to(acc)) * sp
     return g, torch.sigmoid(b.to(acc))
 
 

@@ -9,6 +9,8 @@ the checks themselves catch a stray pool write.
 
 from __future__ import annotations
 
+import importlib.util
+
 import pytest
 import torch
 from attnbench.backend import Backend, get_backend
@@ -138,3 +140,39 @@ def test_padding_rows_of_the_output_are_not_compared():
     r = run_one("gdn_decode/b5-h2x4-d16x16-pad2-bf16", _GarbagePadding())
     assert r.status == "pass", r.reason
     assert r.metrics["o"]["unspecified"] == 2 * 4 * 16
+
+
+# ---- fla on a CPU -------------------------------------------------------------------------------------
+def test_fla_rows_skip_with_the_reason_when_fla_core_is_missing(monkeypatch):
+    real = importlib.util.find_spec
+    hide = lambda name, *a: None if name == "fla" else real(name, *a)  # noqa: E731
+    monkeypatch.setattr(importlib.util, "find_spec", hide)
+    r = run_one("gdn_decode/b4-h2x4-d16x16-bf16", get_backend("fla"))
+    assert (r.status, r.reason) == ("skip", "fla-core not installed")
+
+
+@pytest.mark.parametrize("case_id", ["gdn_decode/b4-h2x4-d16x16-bf16", "gdn_extend/b2-t70-h1x2-d32x16-bf16"])
+def test_fla_rows_skip_on_a_cpu(case_id):
+    r = run_one(case_id, get_backend("fla"))
+    assert r.status == "skip"
+    cuda_only = "fla runs on CUDA only (its chunk kernels fail under TRITON_INTERPRET)"
+    assert r.reason in ("fla-core not installed", cuda_only)
+
+
+class _FlaDecodeInInterpreter(Backend):
+    """fla's fused recurrent kernel runs under TRITON_INTERPRET=1 (its chunk kernels do not)."""
+
+    name = "fla-interpreter-test"
+
+    def prepare_gdn_decode(self, case, x):
+        from attnbench.kernels.fla.gdn import prepare_decode
+
+        return prepare_decode(case, x)
+
+
+@pytest.mark.fla
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU tests run fla on CUDA")
+@pytest.mark.parametrize("case_id", [c for c in SMOKE_GDN if c.startswith("gdn_decode")])
+def test_fla_decode_adapter_conventions_in_the_interpreter(case_id):
+    r = run_one(case_id, _FlaDecodeInInterpreter())
+    assert r.status == "pass", f"{r.status}: {r.reason}"

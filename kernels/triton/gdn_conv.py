@@ -125,7 +125,7 @@ def causal_conv1d_update(
     cache_indices: torch.Tensor,
     y: torch.Tensor,
 ) -> None:
-    """One decode token per request, `x [B, dim]`, against its slot's state; writes `y [B, dim]`, the state."""
+    """One decode token per request, `x [B, dim]`, against its slot's state; writes `y [B, dim]` and it."""
     assert x.is_contiguous() and y.is_contiguous() and conv_states.is_contiguous() and weight.is_contiguous()
     D, W = weight.shape
     B = cache_indices.shape[0]
