@@ -73,7 +73,7 @@ class TritonGDN:
         K, V = x.q.shape[2], x.v.shape[2]
         if K > 256 or V > 256:
             raise Unsupported("triton gdn_extend supports head dims up to 256")
-        p = plan(list(x.lens_host), x.v.shape[1], K, V, x.q.dtype, x.q.device)
+        p = plan(list(x.lens_host), x.q.shape[1], x.v.shape[1], K, V, x.q.dtype, x.q.device)
 
         def run():
             chunk_gated_delta_rule(

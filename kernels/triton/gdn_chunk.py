@@ -61,9 +61,13 @@ def _chunk_cumsum_kernel(g, gcum, chunks, cu_seqlens, HV: tl.constexpr, C: tl.co
 
 # ---- T = (I + L)^-1 -------------------------------------------------------------------------------
 @triton.jit
-def _l_block(k_i, k_j, gam_i, gam_j, beta_i, m_i, m_j, S: tl.constexpr, DIAG: tl.constexpr):
-    """Block (i, j) of L: beta_t exp(gamma_t - gamma_s) k_t . k_s (strictly lower inside a diagonal block)."""
-    b_kk = tl.dot(k_i, tl.trans(k_j), input_precision="ieee")
+def _l_block(k_i, k_j, gam_i, gam_j, beta_i, m_i, m_j, S: tl.constexpr, DIAG: tl.constexpr,
+             EMULATE: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """Block (i, j) of L: beta_t exp(gamma_t - gamma_s) k_t . k_s (strictly lower inside a diagonal block).
+
+    k_i, k_j are normalised keys already rounded to the input dtype: a tensor-core dot, fp32 accumulation.
+    """
+    b_kk = mm(k_i, tl.trans(k_j), EMULATE, IEEE)
     keep = m_i[:, None] & m_j[None, :]
     if DIAG:
         r = tl.arange(0, S)
@@ -95,11 +99,12 @@ def _unit_lower_inverse(L, S: tl.constexpr):
 @triton.jit
 def _chunk_tri_kernel(
     # Pointers
-    k, beta, gcum, tmat, chunks, cu_seqlens,
+    k, beta, gcum, tmat, khat, chunks, cu_seqlens,
     # Sizes and strides
     stride_kt, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
     # Meta-parameters
     C: tl.constexpr, S: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
+    IEEE: tl.constexpr,
 ):  # fmt: skip
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -109,11 +114,18 @@ def _chunk_tri_kernel(
     r = tl.arange(0, S)
     p_k = k + bos * stride_kt + i_h * K
     # the four 16-row sub-blocks: normalised k (rounded like every matmul operand), gamma, beta
-    k0 = _load_norm_rows(p_k, r, r < n, o_k, m_k, stride_kt, 1.0, DT, EMULATE).to(tl.float32)
-    k1 = _load_norm_rows(p_k, S + r, S + r < n, o_k, m_k, stride_kt, 1.0, DT, EMULATE).to(tl.float32)
-    k2 = _load_norm_rows(p_k, 2 * S + r, 2 * S + r < n, o_k, m_k, stride_kt, 1.0, DT, EMULATE).to(tl.float32)
-    k3 = _load_norm_rows(p_k, 3 * S + r, 3 * S + r < n, o_k, m_k, stride_kt, 1.0, DT, EMULATE).to(tl.float32)
+    k0 = _load_norm_rows(p_k, r, r < n, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
+    k1 = _load_norm_rows(p_k, S + r, S + r < n, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
+    k2 = _load_norm_rows(p_k, 2 * S + r, 2 * S + r < n, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
+    k3 = _load_norm_rows(p_k, 3 * S + r, 3 * S + r < n, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
     m0, m1, m2, m3 = r < n, S + r < n, 2 * S + r < n, 3 * S + r < n
+    if i_hv % (HV // H) == 0:  # one program per q/k head keeps the normalised keys for the later kernels
+        p_kh = khat + ((bos + r) * H + i_h)[:, None] * K + o_k[None, :]
+        m_kk = m_k[None, :]
+        tl.store(p_kh, k0, mask=m0[:, None] & m_kk)
+        tl.store(p_kh + S * H * K, k1, mask=m1[:, None] & m_kk)
+        tl.store(p_kh + 2 * S * H * K, k2, mask=m2[:, None] & m_kk)
+        tl.store(p_kh + 3 * S * H * K, k3, mask=m3[:, None] & m_kk)
     p_g = gcum + bos * HV + i_hv
     p_b = beta + bos * HV + i_hv
     g0 = tl.load(p_g + r * HV, mask=m0, other=0)
@@ -125,16 +137,16 @@ def _chunk_tri_kernel(
     b2 = tl.load(p_b + (2 * S + r) * HV, mask=m2, other=0)
     b3 = tl.load(p_b + (3 * S + r) * HV, mask=m3, other=0)
 
-    X00 = _unit_lower_inverse(_l_block(k0, k0, g0, g0, b0, m0, m0, S, True), S)
-    X11 = _unit_lower_inverse(_l_block(k1, k1, g1, g1, b1, m1, m1, S, True), S)
-    X22 = _unit_lower_inverse(_l_block(k2, k2, g2, g2, b2, m2, m2, S, True), S)
-    X33 = _unit_lower_inverse(_l_block(k3, k3, g3, g3, b3, m3, m3, S, True), S)
-    L10 = _l_block(k1, k0, g1, g0, b1, m1, m0, S, False)
-    L20 = _l_block(k2, k0, g2, g0, b2, m2, m0, S, False)
-    L21 = _l_block(k2, k1, g2, g1, b2, m2, m1, S, False)
-    L30 = _l_block(k3, k0, g3, g0, b3, m3, m0, S, False)
-    L31 = _l_block(k3, k1, g3, g1, b3, m3, m1, S, False)
-    L32 = _l_block(k3, k2, g3, g2, b3, m3, m2, S, False)
+    X00 = _unit_lower_inverse(_l_block(k0, k0, g0, g0, b0, m0, m0, S, True, EMULATE, IEEE), S)
+    X11 = _unit_lower_inverse(_l_block(k1, k1, g1, g1, b1, m1, m1, S, True, EMULATE, IEEE), S)
+    X22 = _unit_lower_inverse(_l_block(k2, k2, g2, g2, b2, m2, m2, S, True, EMULATE, IEEE), S)
+    X33 = _unit_lower_inverse(_l_block(k3, k3, g3, g3, b3, m3, m3, S, True, EMULATE, IEEE), S)
+    L10 = _l_block(k1, k0, g1, g0, b1, m1, m0, S, False, EMULATE, IEEE)
+    L20 = _l_block(k2, k0, g2, g0, b2, m2, m0, S, False, EMULATE, IEEE)
+    L21 = _l_block(k2, k1, g2, g1, b2, m2, m1, S, False, EMULATE, IEEE)
+    L30 = _l_block(k3, k0, g3, g0, b3, m3, m0, S, False, EMULATE, IEEE)
+    L31 = _l_block(k3, k1, g3, g1, b3, m3, m1, S, False, EMULATE, IEEE)
+    L32 = _l_block(k3, k2, g3, g2, b3, m3, m2, S, False, EMULATE, IEEE)
     # block forward substitution: X_ij = -X_ii sum_{j <= l < i} L_il X_lj
     X10 = -tl.dot(X11, tl.dot(L10, X00, input_precision="ieee"), input_precision="ieee")
     X21 = -tl.dot(X22, tl.dot(L21, X11, input_precision="ieee"), input_precision="ieee")
@@ -177,9 +189,9 @@ def _chunk_tri_kernel(
 @triton.jit
 def _chunk_wu_kernel(
     # Pointers
-    k, v, beta, gcum, tmat, w, u, chunks, cu_seqlens,
+    khat, v, beta, gcum, tmat, w, u, chunks, cu_seqlens,
     # Sizes and strides
-    stride_kt, stride_vt, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    stride_vt, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     # Meta-parameters
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
     IEEE: tl.constexpr,
@@ -187,27 +199,25 @@ def _chunk_wu_kernel(
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
     bos, n = _chunk_bounds(chunks, cu_seqlens, i_c, C)
-    o_t, o_k = tl.arange(0, C), tl.arange(0, BK)
-    m_t, m_k = o_t < n, o_k < K
+    o_t = tl.arange(0, C)
+    m_t = o_t < n
     b_g = tl.load(gcum + (bos + o_t) * HV + i_hv, mask=m_t, other=0)
     b_beta = tl.load(beta + (bos + o_t) * HV + i_hv, mask=m_t, other=0)
-    p_t = tmat + ((bos + o_t) * HV + i_hv)[:, None] * C + o_t[None, :]
-    b_T = round_to(tl.load(p_t, mask=m_t[:, None], other=0), DT, EMULATE)
+    # T's columns past the chunk's end are zero (upper triangle), so only its rows need a bound
+    p_T = tl.make_block_ptr(tmat + (bos * HV + i_hv) * C, (n, C), (HV * C, 1), (0, 0), (C, C), (1, 0))
+    b_T = round_to(tl.load(p_T, boundary_check=(0,), padding_option="zero"), DT, EMULATE)
 
-    b_k = _load_norm_rows(k + bos * stride_kt + i_h * K, o_t, m_t, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
-    b_rk = round_to(b_k.to(tl.float32) * (b_beta * tl.exp(b_g))[:, None], DT, EMULATE)
-    b_w = mm(b_T, b_rk, EMULATE, IEEE)
-    tl.store(w + ((bos + o_t) * HV + i_hv)[:, None] * K + o_k[None, :], round_to(b_w, DT, EMULATE),
-             mask=m_t[:, None] & m_k[None, :])  # fmt: skip
+    p_k = tl.make_block_ptr(khat + (bos * H + i_h) * K, (n, K), (H * K, 1), (0, 0), (C, BK), (1, 0))
+    b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    b_rk = round_to(b_k * (b_beta * tl.exp(b_g))[:, None], DT, EMULATE)
+    p_w = tl.make_block_ptr(w + (bos * HV + i_hv) * K, (n, K), (HV * K, 1), (0, 0), (C, BK), (1, 0))
+    tl.store(p_w, round_to(mm(b_T, b_rk, EMULATE, IEEE), DT, EMULATE).to(DT), boundary_check=(0, 1))
     for i_v in tl.static_range(0, V, BV):
-        o_v = i_v + tl.arange(0, BV)
-        m_v = o_v < V
-        m_tv = m_t[:, None] & m_v[None, :]
-        b_v = tl.load(v + (bos + o_t)[:, None] * stride_vt + i_hv * V + o_v[None, :], mask=m_tv, other=0)
-        b_rv = round_to(b_v.to(tl.float32) * b_beta[:, None], DT, EMULATE)
-        b_u = mm(b_T, b_rv, EMULATE, IEEE)
-        p_u = u + ((bos + o_t) * HV + i_hv)[:, None] * V + o_v[None, :]
-        tl.store(p_u, round_to(b_u, DT, EMULATE), mask=m_tv)
+        p_v = tl.make_block_ptr(v + bos * stride_vt + i_hv * V, (n, V), (stride_vt, 1), (0, i_v), (C, BV), (1, 0))
+        b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_rv = round_to(b_v * b_beta[:, None], DT, EMULATE)
+        p_u = tl.make_block_ptr(u + (bos * HV + i_hv) * V, (n, V), (HV * V, 1), (0, i_v), (C, BV), (1, 0))
+        tl.store(p_u, round_to(mm(b_T, b_rv, EMULATE, IEEE), DT, EMULATE).to(DT), boundary_check=(0, 1))
 
 
 # ---- the state recurrence over chunks ---------------------------------------------------------------------
@@ -226,9 +236,9 @@ _STATE_CONFIGS = autotune_configs(
 @triton.jit
 def _chunk_state_kernel(
     # Pointers
-    k, gcum, w, u, h, vnew, pool, indices, has_initial_state, cu_seqlens, chunk_offsets,
+    khat, gcum, w, u, h, vnew, pool, indices, has_initial_state, cu_seqlens, chunk_offsets,
     # Sizes and strides
-    stride_kt, B_KEY, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    B_KEY, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     # Meta-parameters
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
     IEEE: tl.constexpr,
@@ -240,29 +250,28 @@ def _chunk_state_kernel(
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
     o_t, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    m_k, m_v = o_k < K, o_v < V
-    m_h = m_k[:, None] & m_v[None, :]
-    o_h = o_k[:, None] * V + o_v[None, :]
-
-    i_slot = tl.load(indices + i_n).to(tl.int64)
+    m_h = (o_k < K)[:, None] & (o_v < V)[None, :]
+    p_pool = pool + (tl.load(indices + i_n).to(tl.int64) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
     init = tl.load(has_initial_state + i_n) != 0
-    p_pool = pool + (i_slot * HV + i_hv) * K * V + o_h
     b_s = tl.load(p_pool, mask=m_h & init, other=0).to(tl.float32)
 
     for j in range(tl.cdiv(eos - bos, C)):
         t0 = bos + j * C
-        m_t = o_t < eos - t0
+        nj = tl.minimum(eos - t0, C)
         b_sr = round_to(b_s, DT, EMULATE)
-        tl.store(h + ((c0 + j) * HV + i_hv) * K * V + o_h, b_sr, mask=m_h)
-        rows = (t0 + o_t) * HV + i_hv
-        b_w = tl.load(w + rows[:, None] * K + o_k[None, :], mask=m_t[:, None] & m_k[None, :], other=0)
-        b_w = round_to(b_w, DT, EMULATE)
-        b_u = tl.load(u + rows[:, None] * V + o_v[None, :], mask=m_t[:, None] & m_v[None, :], other=0)
-        b_vn = round_to(b_u.to(tl.float32) - mm(b_w, b_sr, EMULATE, IEEE), DT, EMULATE)
-        tl.store(vnew + rows[:, None] * V + o_v[None, :], b_vn, mask=m_t[:, None] & m_v[None, :])
-        b_g = tl.load(gcum + rows, mask=m_t, other=0)
-        b_glast = tl.load(gcum + (tl.minimum(t0 + C, eos) - 1) * HV + i_hv)
-        b_k = _load_norm_rows(k + t0 * stride_kt + i_h * K, o_t, m_t, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
+        p_h = tl.make_block_ptr(h + ((c0 + j) * HV + i_hv) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+        tl.store(p_h, b_sr.to(DT), boundary_check=(0, 1))
+        p_w = tl.make_block_ptr(w + (t0 * HV + i_hv) * K, (nj, K), (HV * K, 1), (0, 0), (C, BK), (1, 0))
+        p_u = tl.make_block_ptr(u + (t0 * HV + i_hv) * V, (nj, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0))
+        p_vn = tl.make_block_ptr(vnew + (t0 * HV + i_hv) * V, (nj, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0))
+        p_k = tl.make_block_ptr(khat + (t0 * H + i_h) * K, (nj, K), (H * K, 1), (0, 0), (C, BK), (1, 0))
+        b_w = round_to(tl.load(p_w, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
+        b_u = tl.load(p_u, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_vn = round_to(b_u - mm(b_w, b_sr, EMULATE, IEEE), DT, EMULATE)  # U' = U - W S
+        tl.store(p_vn, b_vn.to(DT), boundary_check=(0, 1))
+        b_g = tl.load(gcum + (t0 + o_t) * HV + i_hv, mask=o_t < nj, other=0)
+        b_glast = tl.load(gcum + (t0 + nj - 1) * HV + i_hv)
+        b_k = round_to(tl.load(p_k, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
         b_vd = round_to(b_vn.to(tl.float32) * tl.exp(b_glast - b_g)[:, None], DT, EMULATE)
         b_s = b_s * tl.exp(b_glast) + mm(tl.trans(b_k), b_vd, EMULATE, IEEE)
     tl.store(p_pool, b_s, mask=m_h)
@@ -283,9 +292,9 @@ _OUT_CONFIGS = autotune_configs(
 @triton.jit
 def _chunk_out_kernel(
     # Pointers
-    q, k, gcum, h, vnew, o, chunks, cu_seqlens,
+    q, khat, gcum, h, vnew, o, chunks, cu_seqlens,
     # Sizes and strides
-    stride_qt, stride_kt, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    stride_qt, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     # Meta-parameters
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
     IEEE: tl.constexpr,
@@ -293,24 +302,27 @@ def _chunk_out_kernel(
     i_c, i_hv, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
     bos, n = _chunk_bounds(chunks, cu_seqlens, i_c, C)
-    o_t, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    m_t, m_k, m_v = o_t < n, o_k < K, o_v < V
-    m_tv = m_t[:, None] & m_v[None, :]
-    rows = (bos + o_t) * HV + i_hv
-    b_q = _load_norm_rows(q + bos * stride_qt + i_h * K, o_t, m_t, o_k, m_k, stride_qt, scale, DT, EMULATE)
-    b_k = _load_norm_rows(k + bos * stride_kt + i_h * K, o_t, m_t, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
-    b_g = tl.load(gcum + rows, mask=m_t, other=0)
+    o_t = tl.arange(0, C)
+    m_t = o_t < n
+    i_c64 = tl.program_id(0).to(tl.int64)
+    p_q = tl.make_block_ptr(q + bos * stride_qt + i_h * K, (n, K), (stride_qt, 1), (0, 0), (C, BK), (1, 0))
+    p_k = tl.make_block_ptr(khat + (bos * H + i_h) * K, (n, K), (H * K, 1), (0, 0), (C, BK), (1, 0))
+    p_h = tl.make_block_ptr(h + (i_c64 * HV + i_hv) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
+    p_vn = tl.make_block_ptr(vnew + (bos * HV + i_hv) * V, (n, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0))
+    p_o = tl.make_block_ptr(o + (bos * HV + i_hv) * V, (n, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0))
+
+    b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    b_q = round_to(b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + L2_EPS)[:, None] * scale, DT, EMULATE)
+    b_k = round_to(tl.load(p_k, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
+    b_g = tl.load(gcum + (bos + o_t) * HV + i_hv, mask=m_t, other=0)
     keep = (o_t[:, None] >= o_t[None, :]) & m_t[:, None] & m_t[None, :]
     b_a = mm(b_q, tl.trans(b_k), EMULATE, IEEE)
-    b_a = tl.where(keep, b_a * tl.exp(tl.where(keep, b_g[:, None] - b_g[None, :], 0.0)), 0.0)
-    b_a = round_to(b_a, DT, EMULATE)
+    b_a = round_to(tl.where(keep, b_a * tl.exp(tl.where(keep, b_g[:, None] - b_g[None, :], 0.0)), 0.0), DT, EMULATE)
     b_qg = round_to(b_q.to(tl.float32) * tl.exp(b_g)[:, None], DT, EMULATE)
-    i_c64 = tl.program_id(0).to(tl.int64)
-    b_h = round_to(tl.load(h + (i_c64 * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :],
-                           mask=m_k[:, None] & m_v[None, :], other=0), DT, EMULATE)  # fmt: skip
-    b_vn = round_to(tl.load(vnew + rows[:, None] * V + o_v[None, :], mask=m_tv, other=0), DT, EMULATE)
+    b_h = round_to(tl.load(p_h, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
+    b_vn = round_to(tl.load(p_vn, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
     b_o = mm(b_qg, b_h, EMULATE, IEEE) + mm(b_a, b_vn, EMULATE, IEEE)
-    tl.store(o + rows[:, None] * V + o_v[None, :], round_to(b_o, DT, EMULATE), mask=m_tv)
+    tl.store(p_o, round_to(b_o, DT, EMULATE).to(DT), boundary_check=(0, 1))  # block stores take DT values
 
 
 # ---- plan and launcher ------------------------------------------------------------------------------------
@@ -321,6 +333,7 @@ class ChunkPlan:
     chunks: torch.Tensor  # [NC, 2] int32: (request, chunk index within it)
     chunk_offsets: torch.Tensor  # [B + 1] int32: first plan row of each request
     gcum: torch.Tensor  # [T, HV] fp32
+    khat: torch.Tensor  # [T, H, K]: the L2-normalised keys
     tmat: torch.Tensor  # [T, HV, C] input dtype
     w: torch.Tensor  # [T, HV, K]
     u: torch.Tensor  # [T, HV, V]
@@ -328,7 +341,7 @@ class ChunkPlan:
     vnew: torch.Tensor  # [T, HV, V]: U' = U - W S
 
 
-def plan(lens: list[int], HV: int, K: int, V: int, dtype: torch.dtype, device) -> ChunkPlan:
+def plan(lens: list[int], H: int, HV: int, K: int, V: int, dtype: torch.dtype, device) -> ChunkPlan:
     rows, offsets = [], [0]
     for n, L in enumerate(lens):
         nc = triton.cdiv(L, CHUNK)
@@ -339,6 +352,7 @@ def plan(lens: list[int], HV: int, K: int, V: int, dtype: torch.dtype, device) -
         chunks=torch.tensor(rows or [(0, 0)], dtype=torch.int32, device=device),
         chunk_offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
         gcum=torch.empty(T, HV, dtype=torch.float32, device=device),
+        khat=torch.empty(T, H, K, dtype=dtype, device=device),
         tmat=torch.empty(T, HV, CHUNK, dtype=dtype, device=device),
         w=torch.empty(T, HV, K, dtype=dtype, device=device),
         u=torch.empty(T, HV, V, dtype=dtype, device=device),
@@ -384,19 +398,18 @@ def chunk_gated_delta_rule(
     common = dict(DT=DT, EMULATE=INTERPRET)
     _chunk_cumsum_kernel[(NC, HV)](g, p.gcum, p.chunks, cu_seqlens, HV=HV, C=CHUNK)
     _chunk_tri_kernel[(NC, HV)](
-        k, beta, p.gcum, p.tmat, p.chunks, cu_seqlens, k.stride(0), H=H, HV=HV, K=K, C=CHUNK, S=SUB, BK=BK,
-        num_warps=4, **common,
+        k, beta, p.gcum, p.tmat, p.khat, p.chunks, cu_seqlens, k.stride(0), H=H, HV=HV, K=K, C=CHUNK, S=SUB,
+        BK=BK, IEEE=ieee, num_warps=4, **common,
     )  # fmt: skip
     _chunk_wu_kernel[(NC, HV)](
-        k, v, beta, p.gcum, p.tmat, p.w, p.u, p.chunks, cu_seqlens, k.stride(0), v.stride(0), H=H, HV=HV,
-        K=K, V=V, C=CHUNK, BK=BK, BV=min(64, max(16, triton.next_power_of_2(V))), IEEE=ieee, num_warps=4,
-        **common,
+        p.khat, v, beta, p.gcum, p.tmat, p.w, p.u, p.chunks, cu_seqlens, v.stride(0), H=H, HV=HV, K=K, V=V,
+        C=CHUNK, BK=BK, BV=min(64, max(16, triton.next_power_of_2(V))), IEEE=ieee, num_warps=8, **common,
     )  # fmt: skip
     _chunk_state_kernel[lambda meta: (triton.cdiv(V, meta["BV"]), B * HV)](
-        k, p.gcum, p.w, p.u, p.h, p.vnew, pool, indices, has_initial_state, cu_seqlens, p.chunk_offsets,
-        k.stride(0), B if B < 64 else B // 64 * 64, H=H, HV=HV, K=K, V=V, C=CHUNK, BK=BK, IEEE=ieee, **common,
+        p.khat, p.gcum, p.w, p.u, p.h, p.vnew, pool, indices, has_initial_state, cu_seqlens, p.chunk_offsets,
+        B if B < 64 else B // 64 * 64, H=H, HV=HV, K=K, V=V, C=CHUNK, BK=BK, IEEE=ieee, **common,
     )  # fmt: skip
     _chunk_out_kernel[lambda meta: (NC, HV, triton.cdiv(V, meta["BV"]))](
-        q, k, p.gcum, p.h, p.vnew, o, p.chunks, cu_seqlens, q.stride(0), k.stride(0), scale, H=H, HV=HV, K=K,
-        V=V, C=CHUNK, BK=BK, IEEE=ieee, **common,
+        q, p.khat, p.gcum, p.h, p.vnew, o, p.chunks, cu_seqlens, q.stride(0), scale, H=H, HV=HV, K=K, V=V,
+        C=CHUNK, BK=BK, IEEE=ieee, **common,
     )  # fmt: skip

@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
-L2_EPS = 1e-6
+L2_EPS = tl.constexpr(1e-6)  # q / sqrt(sum q^2 + eps), as FLA and SGLang
 
 TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 

@@ -6,6 +6,7 @@ conv states `[N, dim, W-1]` (the last W-1 raw inputs per slot) addressed by `cac
 Prefill: one program per (request, block of BT tokens, block of BD channels). Tap j of token t reads
 `x~[t - (W-1) + j]`, where `x~ = [state | x]`; only the first token block of a request reaches into
 the state (BT >= W-1), so that program alone rewrites the request's state after it has read it.
+Widths 2..4 (the state's columns are held in three registers).
 """
 
 from __future__ import annotations
@@ -36,31 +37,34 @@ def _conv1d_prefill_kernel(
         o_t = i_t * BT + tl.arange(0, BT)  # positions inside the request
         o_d = i_d * BD + tl.arange(0, BD)
         m_t, m_d = o_t < n, o_d < D
+        p_x, p_y = x + bos * D, y + bos * D
         p_state = states + i_slot * D * (W - 1) + o_d * (W - 1)  # [BD] row starts of this slot's channels
+        # the state's columns (up to 3), read once; a tap reaching before the request selects one of them
+        b_s0 = tl.load(p_state, mask=m_d & init, other=0).to(tl.float32)
+        b_s1 = tl.load(p_state + min(1, W - 2), mask=m_d & init, other=0).to(tl.float32)
+        b_s2 = tl.load(p_state + min(2, W - 2), mask=m_d & init, other=0).to(tl.float32)
 
         b_bias = tl.load(bias + o_d, mask=m_d, other=0).to(tl.float32)
         b_y = tl.zeros([BT, BD], dtype=tl.float32) + b_bias[None, :]
         for j in tl.static_range(W):
             pos = o_t - (W - 1) + j  # position in the request; < 0 reaches into the state
             m_x = m_t[:, None] & m_d[None, :] & (pos >= 0)[:, None]
-            b_x = tl.load(x + (bos + pos)[:, None] * D + o_d[None, :], mask=m_x, other=0).to(tl.float32)
-            m_s = m_t[:, None] & m_d[None, :] & (pos < 0)[:, None] & init
-            col = tl.maximum(pos + (W - 1), 0)
-            b_s = tl.load(p_state[None, :] + col[:, None], mask=m_s, other=0).to(tl.float32)
+            b_x = tl.load(p_x + pos[:, None] * D + o_d[None, :], mask=m_x, other=0).to(tl.float32)
+            col = (pos + (W - 1))[:, None]
+            b_s = tl.where(col == 0, b_s0[None, :], tl.where(col == 1, b_s1[None, :], b_s2[None, :]))
+            b_x = tl.where((pos < 0)[:, None], b_s, b_x)
             b_w = tl.load(weight + o_d * W + j, mask=m_d, other=0).to(tl.float32)
-            b_y += (b_x + b_s) * b_w[None, :]
+            b_y += b_x * b_w[None, :]
         b_y = b_y / (1.0 + tl.exp(-b_y))  # SiLU
-        p_y = y + (bos + o_t)[:, None] * D + o_d[None, :]
-        tl.store(p_y, round_to(b_y, DT, EMULATE), mask=m_t[:, None] & m_d[None, :])
+        tl.store(p_y + o_t[:, None] * D + o_d[None, :], round_to(b_y, DT, EMULATE), mask=m_t[:, None] & m_d[None, :])
 
         if i_t == 0:  # new state: the last W-1 rows of [state | x]; this program has finished reading it
             tl.debug_barrier()
             for c in tl.static_range(W - 1):
-                pos = n - (W - 1) + c
-                b_x = tl.load(x + (bos + pos) * D + o_d, mask=m_d & (pos >= 0), other=0)
-                col = tl.maximum(pos + (W - 1), 0)
-                b_s = tl.load(p_state + col, mask=m_d & (pos < 0) & init, other=0)
-                tl.store(p_state + c, tl.where(pos >= 0, b_x, b_s), mask=m_d)
+                src = n - (W - 1) + c  # position of the input that becomes state column c
+                b_xs = tl.load(x + (bos + src) * D + o_d, mask=m_d & (src >= 0), other=0)
+                b_ss = tl.load(p_state + tl.maximum(src + (W - 1), 0), mask=m_d & (src < 0) & init, other=0)
+                tl.store(p_state + c, tl.where(src >= 0, b_xs, b_ss), mask=m_d)
 
 
 @triton.jit
@@ -108,8 +112,8 @@ def causal_conv1d_fn(
     assert x.is_contiguous() and y.is_contiguous() and conv_states.is_contiguous() and weight.is_contiguous()
     D, W = weight.shape
     B = cache_indices.shape[0]
-    BT, BD = 64, min(128, triton.next_power_of_2(D))
-    assert BT >= W - 1
+    BT, BD = 32, min(64, triton.next_power_of_2(D))
+    assert BT >= W - 1 and 2 <= W <= 4, "width 2..4"
     grid = (B, triton.cdiv(max(max_len, 1), BT), triton.cdiv(D, BD))
     _conv1d_prefill_kernel[grid](
         x, weight, bias, conv_states, cache_indices, has_initial_state, query_start_loc, y, D, W=W,
