@@ -10,6 +10,7 @@ the checks themselves catch a stray pool write.
 from __future__ import annotations
 
 import importlib.util
+import sys
 
 import pytest
 import torch
@@ -175,4 +176,44 @@ class _FlaDecodeInInterpreter(Backend):
 @pytest.mark.parametrize("case_id", [c for c in SMOKE_GDN if c.startswith("gdn_decode")])
 def test_fla_decode_adapter_conventions_in_the_interpreter(case_id):
     r = run_one(case_id, _FlaDecodeInInterpreter())
+    assert r.status == "pass", f"{r.status}: {r.reason}"
+
+
+def _fla_chunk_stand_in(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
+                        use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None):  # fmt: skip
+    """fla's documented chunk_gated_delta_rule contract in float64: [1, T, H, *] varlen, log-space g,
+    states [N, HV, K, V]."""
+    from attnbench.references import gdn as ref
+
+    assert q.shape[0] == 1 and use_qk_l2norm_in_kernel and output_final_state
+    cu = cu_seqlens.tolist()
+    assert cu == cu_seqlens_cpu.tolist()
+    o, finals = torch.empty(v.shape, dtype=v.dtype), []
+    for i in range(len(cu) - 1):
+        s, e = cu[i], cu[i + 1]
+        oi, fi, _ = ref.recurrent_gated_delta_rule(q[0, s:e], k[0, s:e], v[0, s:e], g[0, s:e], beta[0, s:e],
+                                                   scale=scale, initial_state=initial_state[i])  # fmt: skip
+        o[0, s:e] = oi.to(v.dtype)
+        finals.append(fi.float())
+    return o, torch.stack(finals)
+
+
+def test_fla_extend_adapter_conventions_against_a_stand_in(monkeypatch):
+    """fla's chunk kernels do not run in the interpreter: check the adapter's conversions on a stand-in."""
+    import types
+
+    mods = {n: types.ModuleType(n) for n in ("fla", "fla.ops", "fla.ops.gated_delta_rule")}
+    mods["fla.ops.gated_delta_rule"].chunk_gated_delta_rule = _fla_chunk_stand_in
+    for name, mod in mods.items():
+        monkeypatch.setitem(sys.modules, name, mod)
+
+    class _Adapter(Backend):
+        name = "fla-extend-adapter-test"
+
+        def prepare_gdn_extend(self, case, x):
+            from attnbench.kernels.fla.gdn import prepare_extend
+
+            return prepare_extend(case, x)
+
+    r = run_one("gdn_extend/b3-t70-mixed-h2x4-d16x16-initmixed-bf16", _Adapter())
     assert r.status == "pass", f"{r.status}: {r.reason}"
