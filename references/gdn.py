@@ -318,8 +318,9 @@ def _gather_states(pool: torch.Tensor, indices: torch.Tensor, acc: torch.dtype) 
     return torch.where(valid[:, None, None, None], S, torch.zeros_like(S))
 
 
-def _scatter_states(pool: torch.Tensor, indices: torch.Tensor, states: torch.Tensor,
-                    out_dtype: torch.dtype) -> torch.Tensor:
+def _scatter_states(
+    pool: torch.Tensor, indices: torch.Tensor, states: torch.Tensor, out_dtype: torch.dtype
+) -> torch.Tensor:
     """`pool` (converted to `out_dtype`) with `states [B, ...]` written at the valid indices."""
     out = pool.to(out_dtype).clone()
     idx = indices.long()

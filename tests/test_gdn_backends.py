@@ -179,8 +179,19 @@ def test_fla_decode_adapter_conventions_in_the_interpreter(case_id):
     assert r.status == "pass", f"{r.status}: {r.reason}"
 
 
-def _fla_chunk_stand_in(q, k, v, g, beta, scale=None, initial_state=None, output_final_state=False,
-                        use_qk_l2norm_in_kernel=False, cu_seqlens=None, cu_seqlens_cpu=None):  # fmt: skip
+def _fla_chunk_stand_in(
+    q,
+    k,
+    v,
+    g,
+    beta,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    use_qk_l2norm_in_kernel=False,
+    cu_seqlens=None,
+    cu_seqlens_cpu=None,
+):
     """fla's documented chunk_gated_delta_rule contract in float64: [1, T, H, *] varlen, log-space g,
     states [N, HV, K, V]."""
     from attnbench.references import gdn as ref
@@ -191,8 +202,15 @@ def _fla_chunk_stand_in(q, k, v, g, beta, scale=None, initial_state=None, output
     o, finals = torch.empty(v.shape, dtype=v.dtype), []
     for i in range(len(cu) - 1):
         s, e = cu[i], cu[i + 1]
-        oi, fi, _ = ref.recurrent_gated_delta_rule(q[0, s:e], k[0, s:e], v[0, s:e], g[0, s:e], beta[0, s:e],
-                                                   scale=scale, initial_state=initial_state[i])  # fmt: skip
+        oi, fi, _ = ref.recurrent_gated_delta_rule(
+            q[0, s:e],
+            k[0, s:e],
+            v[0, s:e],
+            g[0, s:e],
+            beta[0, s:e],
+            scale=scale,
+            initial_state=initial_state[i],
+        )
         o[0, s:e] = oi.to(v.dtype)
         finals.append(fi.float())
     return o, torch.stack(finals)

@@ -38,8 +38,22 @@ def _decode_pretranspose(q, k, v, state, A_log, a, dt_bias, b, scale=None, outpu
     return output, state
 
 
-def _mtp(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, scale=None, output=None,
-         intermediate_states_buffer=None, disable_state_update=None, use_qk_l2norm=True):  # fmt: skip
+def _mtp(
+    q,
+    k,
+    v,
+    initial_state,
+    initial_state_indices,
+    A_log,
+    a,
+    dt_bias,
+    b,
+    scale=None,
+    output=None,
+    intermediate_states_buffer=None,
+    disable_state_update=None,
+    use_qk_l2norm=True,
+):
     assert disable_state_update is True and use_qk_l2norm
     g, beta = ref.gating(A_log, a, dt_bias, b)
     for i, slot in enumerate(initial_state_indices.tolist()):
@@ -51,8 +65,21 @@ def _mtp(q, k, v, initial_state, initial_state_indices, A_log, a, dt_bias, b, sc
     return output, initial_state
 
 
-def _chunk(q, k, v, g=None, beta=None, scale=None, initial_state=None, output_final_state=False, cu_seqlens=None,
-           use_qk_l2norm_in_kernel=False, output=None, output_state=None, max_seqlen=None):  # fmt: skip
+def _chunk(
+    q,
+    k,
+    v,
+    g=None,
+    beta=None,
+    scale=None,
+    initial_state=None,
+    output_final_state=False,
+    cu_seqlens=None,
+    use_qk_l2norm_in_kernel=False,
+    output=None,
+    output_state=None,
+    max_seqlen=None,
+):
     assert use_qk_l2norm_in_kernel and output_final_state and g.dtype == torch.float32
     cu = cu_seqlens.tolist()
     for i in range(len(cu) - 1):

@@ -15,10 +15,22 @@ from pathlib import Path
 import pytest
 
 SCRIPT = Path(__file__).with_name("gdn_sm90_compile.py")
-CHUNK = ["_chunk_cumsum_kernel", "_chunk_tri_kernel", "_chunk_wu_kernel", "_chunk_state_kernel", "_chunk_out_kernel"]
+CHUNK = [
+    "_chunk_cumsum_kernel",
+    "_chunk_tri_kernel",
+    "_chunk_wu_kernel",
+    "_chunk_state_kernel",
+    "_chunk_out_kernel",
+]
 # gating; decode and tree verify; conv fn and update; the chunk kernels in bf16 and fp32
-EXPECTED = ["_gdn_gating_kernel", *["_gdn_recurrent_kernel"] * 2, "_conv1d_prefill_kernel", "_conv1d_update_kernel",
-            *CHUNK, *CHUNK]  # fmt: skip
+EXPECTED = [
+    "_gdn_gating_kernel",
+    *["_gdn_recurrent_kernel"] * 2,
+    "_conv1d_prefill_kernel",
+    "_conv1d_update_kernel",
+    *CHUNK,
+    *CHUNK,
+]
 
 
 @pytest.mark.skipif(importlib.util.find_spec("triton") is None, reason="needs triton")

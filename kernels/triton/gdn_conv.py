@@ -56,7 +56,11 @@ def _conv1d_prefill_kernel(
             b_w = tl.load(weight + o_d * W + j, mask=m_d, other=0).to(tl.float32)
             b_y += b_x * b_w[None, :]
         b_y = b_y / (1.0 + tl.exp(-b_y))  # SiLU
-        tl.store(p_y + o_t[:, None] * D + o_d[None, :], round_to(b_y, DT, EMULATE), mask=m_t[:, None] & m_d[None, :])
+        tl.store(
+            p_y + o_t[:, None] * D + o_d[None, :],
+            round_to(b_y, DT, EMULATE),
+            mask=m_t[:, None] & m_d[None, :],
+        )
 
         if i_t == 0:  # new state: the last W-1 rows of [state | x]; this program has finished reading it
             tl.debug_barrier()
