@@ -58,6 +58,8 @@ def latency_vs_axis(rows, op: str, axis: str) -> str | None:
     for r in timed:
         rest = tuple(sorted((k, str(v)) for k, v in r.params.items() if k != axis))
         series[(r.backend, rest, r.dtype)].append((r.params[axis], r.timing["median_us"]))
+    if all(len(pts) < 2 for pts in series.values()):  # no line to draw (an empty log axis cannot render)
+        return None
     fig, ax = plt.subplots(figsize=(7, 4))
     backends = sorted({k[0] for k in series})
     for key, pts in series.items():
