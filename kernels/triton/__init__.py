@@ -23,7 +23,7 @@ class TritonBackend(TritonGDN, Backend):
         import torch
 
         if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") != "1":
-            return "no CUDA GPU (set TRITON_INTERPRET=1 to run the kernels in Triton's interpreter)"
+            return "no CUDA GPU (TRITON_INTERPRET=1 runs the kernels in the interpreter)"
         return None
 
     def supports(self, case) -> str | None:

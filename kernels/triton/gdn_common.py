@@ -22,9 +22,13 @@ L2_EPS = tl.constexpr(1e-6)  # q / sqrt(sum q^2 + eps), as FLA and SGLang
 TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
 
 
+AUTOTUNE = os.environ.get("ATTNBENCH_TRITON_AUTOTUNE", "1") != "0"
+
+
 def autotune_configs(configs: list[triton.Config]) -> list[triton.Config]:
-    """All configs on a GPU; the first only in the interpreter (autotuning needs a driver)."""
-    return configs[:1] if INTERPRET else configs
+    """All configs on a GPU; the first only in the interpreter (autotuning needs a driver) or when
+    ATTNBENCH_TRITON_AUTOTUNE=0 (correctness runs: one compile per shape instead of one per config)."""
+    return configs if AUTOTUNE and not INTERPRET else configs[:1]
 
 
 @triton.jit
