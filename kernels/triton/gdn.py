@@ -103,7 +103,8 @@ def _gdn_recurrent_kernel(
     i_slot = tl.load(indices + i_n).to(tl.int64)
     valid = i_slot >= 0
     p_pool = pool + (tl.maximum(i_slot, 0) * HV + i_hv) * K * V + o_h
-    b_h0 = tl.load(p_pool, mask=m_h & valid, other=0).to(tl.float32)
+    # the state is read once and written once: stream it past L2 (the pool is far larger than L2)
+    b_h0 = tl.load(p_pool, mask=m_h & valid, other=0, eviction_policy="evict_first").to(tl.float32)
     b_h = b_h0
     b_A = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
     b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
@@ -134,7 +135,7 @@ def _gdn_recurrent_kernel(
             tl.store(inter + (i_tok * HV + i_hv) * K * V + o_h, b_h, mask=m_h)
 
     if WRITE_POOL:
-        tl.store(p_pool, b_h, mask=m_h & valid)
+        tl.store(p_pool, b_h, mask=m_h & valid, eviction_policy="evict_first")
 
 
 def gdn_recurrent(
