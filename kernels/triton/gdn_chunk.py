@@ -227,7 +227,6 @@ _STATE_CONFIGS = autotune_configs(
     [
         triton.Config({"BV": 32}, num_warps=4, num_stages=2),
         triton.Config({"BV": 64}, num_warps=4, num_stages=2),
-        triton.Config({"BV": 32}, num_warps=2, num_stages=3),
         triton.Config({"BV": 64}, num_warps=8, num_stages=2),
         triton.Config({"BV": 16}, num_warps=2, num_stages=2),
     ]
