@@ -37,7 +37,8 @@ def build(kernel, sig: dict, consts: dict, config: triton.Config | None = None, 
     consts = {**consts, **(config.kwargs if config else {})}
     signature = {n: ("constexpr" if n in consts else sig[n]) for n in kernel.arg_names}
     # as a launch specialises them: tensors are 16-byte aligned
-    attrs = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(kernel.arg_names) if signature[n][0] == "*"}
+    pointers = [i for i, n in enumerate(kernel.arg_names) if signature[n].startswith("*")]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in pointers}
     source = ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=attrs)
     compiled = triton.compile(source, target=TARGET, options=opts)
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
