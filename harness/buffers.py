@@ -18,15 +18,18 @@ _CANARY_VALUE = -31337.0
 
 
 def alloc_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
-    """An output buffer: NaN-filled (integers: -1), with canary padding on both sides in its storage."""
+    """An output buffer: NaN-filled (signed ints -1, unsigned all bits set), canary padding on both sides."""
     n = math.prod(shape)
     base = torch.empty(n + 2 * CANARY_ELEMENTS, dtype=dtype, device=device)
     if dtype.is_floating_point:
         base.fill_(_CANARY_VALUE)
         base[CANARY_ELEMENTS : CANARY_ELEMENTS + n] = float("nan")
-    else:
+    elif dtype.is_signed:
         base.fill_(-7777)
         base[CANARY_ELEMENTS : CANARY_ELEMENTS + n] = -1
+    else:  # bool (True inside and out, as for signed ints) and unsigned ints (all bits set, 0xA5 outside)
+        base.fill_(True if dtype == torch.bool else 0xA5)
+        base[CANARY_ELEMENTS : CANARY_ELEMENTS + n] = True if dtype == torch.bool else torch.iinfo(dtype).max
     return base[CANARY_ELEMENTS : CANARY_ELEMENTS + n].view(shape)
 
 

@@ -51,7 +51,14 @@ def _fmt_where(w: dict[str, int]) -> str:
 
 
 def compare_numeric(
-    name: str, actual: torch.Tensor, ref: torch.Tensor, twin: torch.Tensor, spec: OutputSpec, rule: Rule, v: Verdict
+    name: str,
+    actual: torch.Tensor,
+    ref: torch.Tensor,
+    twin: torch.Tensor,
+    spec: OutputSpec,
+    rule: Rule,
+    v: Verdict,
+    units: float = 1.0,
 ) -> None:
     """Error metrics of `actual` against `ref` (float64) and the pass/fail bound from `twin`."""
     a, r, t = actual.double(), ref.double(), twin.double()
@@ -63,7 +70,7 @@ def compare_numeric(
     err = torch.where(finite, (a - r).abs(), torch.zeros_like(r))
     err = torch.where(bad, torch.full_like(err, math.inf), err)
     twin_err = float(torch.where(finite, (t - r).abs(), torch.zeros_like(r)).max()) if r.numel() else 0.0
-    bound = rule.bound(twin_err, actual.dtype, scale)
+    bound = rule.bound(twin_err, actual.dtype, scale, units)
     m: dict[str, Any] = {"bound": bound, "twin_max_abs": twin_err, "scale": scale}
     if r.numel():
         worst = int(err.flatten().argmax())
@@ -89,7 +96,7 @@ def compare_numeric(
     elif r.numel() and m["max_abs"] > bound:
         v.problems.append(
             f"{name}: max abs error {m['max_abs']:.3g} > bound {bound:.3g} "
-            f"({rule.describe(twin_err, actual.dtype, scale)}) at {_fmt_where(m['worst'])}; "
+            f"({rule.describe(twin_err, actual.dtype, scale, units)}) at {_fmt_where(m['worst'])}; "
             f"{100 * m['mismatch']:.3g}% of elements over"
         )
 
@@ -148,6 +155,10 @@ def _fill_unspecified(t: torch.Tensor, mask: torch.Tensor | None, value: torch.T
     return torch.where(mask.to(t.device), value.to(t.dtype), t)
 
 
+def _units(spec: OutputSpec, params) -> float:
+    return math.sqrt(getattr(params, spec.floor_units)) if spec.floor_units else 1.0
+
+
 def check(
     op,
     params,
@@ -179,7 +190,7 @@ def check(
             compare_exact(name, got, expected[name], want, v)
         else:
             tw = _fill_unspecified(twin[name], mask, expected[name])
-            compare_numeric(name, got, expected[name], tw, spec, rule, v)
+            compare_numeric(name, got, expected[name], tw, spec, rule, v, _units(spec, params))
         if mask is not None:
             v.metrics[name]["unspecified"] = int(mask.expand_as(got).sum())
     writes = op.writes_for(params)
@@ -187,7 +198,9 @@ def check(
         if spec.exact:
             compare_exact(name, getattr(work, name), expected[name], getattr(pristine, name), v)
         else:
-            compare_numeric(name, getattr(work, name), expected[name], twin[name], spec, rule, v)
+            compare_numeric(
+                name, getattr(work, name), expected[name], twin[name], spec, rule, v, _units(spec, params)
+            )
             compare_untouched(name, getattr(work, name), expected[name], getattr(pristine, name), v)
     touched = set(op.outputs) | set(writes)
     storages = {tensor_fields(work)[n].untyped_storage().data_ptr() for n in touched if n in tensor_fields(work)}

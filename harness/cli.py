@@ -43,7 +43,7 @@ def _load_backends(plugins: list[str] | None) -> None:
     for p in plugins or ():
         backend_mod.load_plugin(p)
     for problem in backend_mod.LOAD_PROBLEMS:
-        console.print(f"[yellow]warning:[/] {problem}", highlight=False)
+        console.print(f"[yellow]warning:[/] {problem}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -57,16 +57,24 @@ def sweep(
     out: Annotated[Path | None, typer.Option(help="Run directory. Default: reports/<time>-<suites>.")] = None,
     plugin: Annotated[list[str] | None, typer.Option(help="Import backends from this file or module (repeatable).")] = None,
     timing: Annotated[bool, typer.Option("--timing/--no-timing", help="Time the kernels (off: correctness only).")] = True,
+    resume: Annotated[bool, typer.Option("--resume", help="Keep the rows already in --out; run only what has none.")] = False,
+    shard: Annotated[str | None, typer.Option(help="Run shard K of N (K/N, 1-based) of the selected cases.")] = None,
+    gpus: Annotated[str | None, typer.Option(help="One worker per GPU: all, or a list like 0,1.")] = None,
+    isolate: Annotated[bool, typer.Option("--isolate/--no-isolate", help="Run cases in worker processes (crash isolation).")] = True,
+    timeout: Annotated[float, typer.Option(help="Seconds a case may take in a worker before it is killed.")] = 900.0,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would run and exit.")] = False,
 ) -> None:
     """Run suites: check every backend against float64 references, time it, write results and a report."""
     from attnbench.report import render_all
     from attnbench.runner import RunOptions
-    from attnbench.sweep import default_out, execute, exit_code, plan
+    from attnbench.sweep import Execution, default_out, execute, exit_code, parse_gpus, parse_shard, plan
 
     _load_backends(plugin)
     try:
-        p = plan(suites or [], device, backend, op, keyword, case)
+        p = plan(suites or [], device, backend, op, keyword, case, parse_shard(shard))
+        devices = tuple(parse_gpus(gpus, p.device))
+        if resume and out is None:
+            raise AttnbenchError("--resume needs --out, the run directory to resume")
     except AttnbenchError as e:
         _fail(e)
     if dry_run:
@@ -95,7 +103,7 @@ def sweep(
             counts.update(r.status for r in case_rows)
             for r in case_rows:
                 if r.status in ("fail", "error"):
-                    progress.console.print(f"[red]{r.status}[/] {r.case_id} [{r.backend}]: {r.reason}", highlight=False)
+                    progress.console.print(f"[red]{r.status}[/] {r.case_id} [{r.backend}]: {r.reason}", highlight=False, soft_wrap=True)
             progress.update(
                 task,
                 advance=1,
@@ -106,10 +114,18 @@ def sweep(
                 skipped=counts["skip"],
             )
 
+        how = Execution(isolate=isolate, devices=devices, timeout_s=timeout, plugins=tuple(plugin or ()), resume=resume)
+
+        def problem(msg: str) -> None:
+            progress.console.print(f"[yellow]warning:[/] {msg}", highlight=False, soft_wrap=True)
+
         try:
-            rows = execute(p, run_dir, RunOptions(timing=timing), on_rows, argv=sys.argv)
+            rows = execute(p, run_dir, RunOptions(timing=timing), on_rows, argv=sys.argv, how=how, on_problem=problem)
         except KeyboardInterrupt:
             interrupted = True
+        except AttnbenchError as e:
+            progress.stop()
+            _fail(e)
     from attnbench.results import read_results
 
     rows = read_results(run_dir / "results.jsonl") if (run_dir / "results.jsonl").exists() else rows
@@ -146,6 +162,50 @@ def report(run_dir: Annotated[Path, typer.Argument(help="A run directory holding
 
 
 @app.command()
+def merge(
+    runs: Annotated[list[Path], typer.Argument(help="Run directories to combine (e.g. shards).")],
+    out: Annotated[Path, typer.Option(help="The merged run directory.")],
+) -> None:
+    """Combine runs (shards of one sweep) into one run directory and report."""
+    from attnbench.report import render_all
+    from attnbench.sweep import exit_code
+    from attnbench.sweep import merge as merge_runs
+
+    try:
+        rows = merge_runs(runs, out)
+    except AttnbenchError as e:
+        _fail(e)
+    render_all(out)
+    _print_summary(rows)
+    out_console.print(f"{out / 'report.html'}")
+    raise typer.Exit(exit_code(rows))
+
+
+@app.command()
+def selftest(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "cpu") -> None:
+    """Run the built-in broken backends: every one must be flagged, while the torch backend passes."""
+    from attnbench import selftest as st
+    from attnbench.sweep import resolve_device
+
+    backend_mod.load_builtin()
+    try:
+        outcomes = st.run(resolve_device(device))
+    except AttnbenchError as e:
+        _fail(e)
+    table = Table(title="attnbench selftest: mutants must fail, torch must pass", show_edge=False)
+    for col in ("mutant", "bug", "case", "mutant", "torch", "why it was flagged"):
+        table.add_column(col)
+    for o in outcomes:
+        mark = "[green]caught[/]" if o.mutant_status == "fail" else f"[red]{o.mutant_status}[/]"
+        ref = "[green]pass[/]" if o.reference_status == "pass" else f"[red]{o.reference_status}[/]"
+        table.add_row(o.mutant, o.bug, o.case_id, mark, ref, o.mutant_reason[:110])
+    out_console.print(table)
+    missed = [o for o in outcomes if not o.ok]
+    out_console.print(f"{len(outcomes) - len(missed)}/{len(outcomes)} ok", highlight=False)
+    raise typer.Exit(1 if missed else 0)
+
+
+@app.command()
 def env(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto") -> None:
     """Print the environment a run would record (machine, GPU, library versions)."""
     import json
@@ -169,7 +229,7 @@ def list_suites() -> None:
         table.add_column(col)
     for name in builtin_names():
         try:
-            s = load(name)
+            s = load(name, "cuda")  # listing only: the device check does not apply
             table.add_row(name, s.spec.device, str(len(s.cases)), " ".join(s.spec.description.split())[:90])
         except AttnbenchError as e:
             table.add_row(name, "?", "?", f"[red]{e}[/]")

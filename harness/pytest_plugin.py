@@ -7,8 +7,6 @@ Each (case, backend) becomes one test that asserts the correctness verdict (a sk
 
 from __future__ import annotations
 
-import pytest
-
 
 def pytest_addoption(parser):
     group = parser.getgroup("attnbench")

@@ -55,7 +55,10 @@ class ResultWriter:
     def __init__(self, path: Path):
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)
+        torn = self.path.exists() and self.path.stat().st_size and not self.path.read_bytes().endswith(b"\n")
         self._f = open(self.path, "a", encoding="utf-8")
+        if torn:  # a crash mid-write left half a line: end it, so the next row starts on its own line
+            self._f.write("\n")
 
     def append(self, r: Result) -> None:
         self._f.write(r.to_json() + "\n")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import time
 import traceback
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -32,6 +32,38 @@ class RunOptions:
     timing_config: TimingConfig | None = None
 
 
+class ContextLost(Exception):
+    """A backend broke the CUDA context (illegal address, device assert): nothing more can run here.
+
+    Carries the rows finished so far (the culprit's error row included); the process must end.
+    """
+
+    def __init__(self, rows: list[Result], reason: str):
+        super().__init__(reason)
+        self.rows, self.reason = rows, reason
+
+
+_STICKY = ("illegal memory access", "device-side assert", "unspecified launch failure", "misaligned address",
+           "illegal instruction", "an illegal", "CUDA error: unknown error", "uncorrectable ECC")  # fmt: skip
+
+
+def context_lost(e: BaseException) -> bool:
+    """True for the CUDA errors after which the context is unusable."""
+    return isinstance(e, RuntimeError) and any(s in str(e) for s in _STICKY)
+
+
+def _nbytes(inputs) -> int:
+    from attnbench.buffers import tensor_fields
+
+    seen, total = set(), 0
+    for t in tensor_fields(inputs).values():
+        key = t.untyped_storage().data_ptr()
+        if key not in seen:
+            seen.add(key)
+            total += t.untyped_storage().nbytes()
+    return total
+
+
 def _sync(case: Case) -> None:
     if case.on_cuda:
         torch.cuda.synchronize(torch.device(case.device))
@@ -44,6 +76,11 @@ def _describe(e: BaseException) -> str:
     tb = traceback.extract_tb(e.__traceback__)
     where = f" ({tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
     return f"{type(e).__name__}: {e}{where}".strip()
+
+
+def error_row(case: Case, backend: str, reason: str, env: dict | None = None) -> Result:
+    """An `error` row for a backend that could not finish `case` (crash, timeout)."""
+    return _row(case, backend, "error", reason, env=env or {})
 
 
 def _row(case: Case, backend: str, status: str, reason: str = "", **kw) -> Result:
@@ -74,9 +111,21 @@ class _SupportsFailed(Exception):
     pass
 
 
-def run_case(case: Case, backends: list[Backend], opts: RunOptions, env: dict | None = None) -> list[Result]:
-    """All rows of one case, in backend order."""
+def run_case(
+    case: Case,
+    backends: list[Backend],
+    opts: RunOptions,
+    env: dict | None = None,
+    on_stage: Callable[[str], None] | None = None,
+) -> list[Result]:
+    """All rows of one case, in backend order.
+
+    `on_stage(name)` is told which backend is about to run (`"timing"` for the shared timing phase,
+    `"reference"` before inputs and references) so a supervisor can attribute a crash or a timeout.
+    Raises ContextLost when a backend broke the CUDA context.
+    """
     env = env or {}
+    stage = on_stage or (lambda name: None)
     rows: dict[str, Result] = {}
     todo: list[Backend] = []
     for b in backends:
@@ -93,7 +142,9 @@ def run_case(case: Case, backends: list[Backend], opts: RunOptions, env: dict | 
         return [rows[b.name] for b in backends]
 
     op, p = case.op, case.params
+    pristine = None
     try:
+        stage("reference")
         t0 = time.perf_counter()
         pristine = case.make_inputs()
         expected = op.expected(p, pristine, torch.float64)
@@ -102,13 +153,17 @@ def run_case(case: Case, backends: list[Backend], opts: RunOptions, env: dict | 
         ref_s = time.perf_counter() - t0
         flops, nbytes = op.flops(p, pristine), op.bytes(p, pristine)
     except Exception as e:
+        size = f" (inputs {_nbytes(pristine) / 2**30:.2f} GiB)" if pristine is not None else ""
         for b in todo:
-            rows[b.name] = _row(case, b.name, "error", f"building inputs/reference failed: {_describe(e)}", env=env)
+            rows[b.name] = _row(case, b.name, "error", f"building inputs/reference failed: {_describe(e)}{size}", env=env)
+        if context_lost(e):
+            raise ContextLost([rows[b.name] for b in backends if b.name in rows], str(e)) from e
         return [rows[b.name] for b in backends]
 
     rule = rule_for(case)
     closures: dict[str, Callable] = {}
     for b in todo:
+        stage(b.name)
         try:
             work = clone_tensors(pristine)
             t0 = time.perf_counter()
@@ -128,15 +183,23 @@ def run_case(case: Case, backends: list[Backend], opts: RunOptions, env: dict | 
         except Unsupported as e:
             rows[b.name] = _row(case, b.name, "skip", str(e), env=env)
         except Exception as e:
-            rows[b.name] = _row(case, b.name, "error", _describe(e), reference_s=ref_s, env=env)
+            reason = _describe(e)
+            if isinstance(e, torch.OutOfMemoryError):
+                reason += f" (case inputs {_nbytes(pristine) / 2**30:.2f} GiB, cloned once per backend)"
+            rows[b.name] = _row(case, b.name, "error", reason, reference_s=ref_s, env=env)
+            if context_lost(e):
+                raise ContextLost([rows[n] for n in rows], f"{b.name}: {e}") from e
             if case.on_cuda:
                 torch.cuda.empty_cache()
     if opts.timing and closures:
+        stage("timing")
         try:
             stats = time_closures(closures, case.device, opts.timing_config)
         except Exception as e:
             for name in closures:
                 rows[name].status, rows[name].reason = "error", f"timing failed: {_describe(e)}"
+            if context_lost(e):
+                raise ContextLost([rows[n] for n in rows], f"timing: {e}") from e
             stats = {}
         for name, st in stats.items():
             secs = st.median_us * 1e-6
@@ -163,13 +226,3 @@ def _stale_check(case: Case, fn: Callable, work, outputs: dict, verdict: Verdict
         verdict.problems.append("stale output: outputs did not change when the inputs did")
 
 
-def run_cases(
-    cases: Iterable[Case],
-    backends: list[Backend],
-    opts: RunOptions,
-    on_rows: Callable[[Case, list[Result]], None],
-    env: dict | None = None,
-) -> None:
-    """Run every case in order; `on_rows` receives each case's rows as soon as they exist."""
-    for case in cases:
-        on_rows(case, run_case(case, backends, opts, env))

@@ -23,10 +23,20 @@ from __future__ import annotations
 import itertools
 from importlib import resources
 from pathlib import Path
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, StrictFloat, StrictInt, StrictStr, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
 
 from attnbench import yamlines
 from attnbench.case import Case, Tolerance
@@ -41,26 +51,29 @@ class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-class RangeAxis(_Strict):
-    range: tuple[int, int] | tuple[int, int, int]
+def _axis(v: Any) -> list[Any]:
+    """An axis: a list of values, `{range: [start, stop(, step)]}` (inclusive) or `{pow2: [lo, hi]}`."""
+    if isinstance(v, list):
+        for x in v:
+            if isinstance(x, (dict, list)):
+                raise ValueError(f"axis values must be scalars, got {x!r}")
+        return v
+    if isinstance(v, dict) and len(v) == 1:
+        (kind, args), = v.items()
+        ints = isinstance(args, list) and all(isinstance(a, int) and not isinstance(a, bool) for a in args)
+        if kind == "range" and ints and len(args) in (2, 3):
+            start, stop, *step = args
+            if step and step[0] <= 0:
+                raise ValueError("range step must be positive")
+            return list(range(start, stop + 1, step[0] if step else 1))
+        if kind == "pow2" and ints and len(args) == 2:
+            return [2**e for e in range(args[0], args[1] + 1)]
+        if kind in ("range", "pow2"):
+            raise ValueError(f"{kind} takes " + ("[start, stop] or [start, stop, step]" if kind == "range" else "[lo, hi]"))
+    raise ValueError("an axis is a list of values, {range: [start, stop(, step)]} or {pow2: [lo, hi]}")
 
-    def values(self) -> list[int]:
-        start, stop, *step = self.range
-        return list(range(start, stop + 1, step[0] if step else 1))
 
-
-class Pow2Axis(_Strict):
-    pow2: tuple[int, int]
-
-    def values(self) -> list[int]:
-        return [2**e for e in range(self.pow2[0], self.pow2[1] + 1)]
-
-
-Axis = list[Scalar] | RangeAxis | Pow2Axis
-
-
-def _values(axis: Axis) -> list[Any]:
-    return axis if isinstance(axis, list) else axis.values()
+Axis = Annotated[list[Any], BeforeValidator(_axis)]
 
 
 class ToleranceSpec(_Strict):
@@ -157,8 +170,15 @@ def load(name_or_path: str, device: str = "cpu") -> Suite:
         spec = SuiteSpec.model_validate(data)
     except ValidationError as e:
         err = e.errors()[0]
-        loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and x in _UNION_TAGS))
+        loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and ("[" in x or "(" in x)))
         raise SuiteError(path, yamlines.line_of(lines, loc), f"{_dotted(loc)}: {_msg(err)}") from None
+    _check_backends(spec, path, lines)
+    if spec.device == "cuda" and not device.startswith("cuda"):
+        raise SuiteError(
+            path, yamlines.line_of(lines, ("device",)),
+            f"suite {spec.name or path.stem!r} is sized for a GPU (device: cuda) but the run device is {device}; "
+            "on a CPU run `smoke` or a suite of your own",
+        )  # fmt: skip
     known = presets()
     cases: dict[str, Case] = {}
     for i, entry in enumerate(spec.cases):
@@ -167,7 +187,15 @@ def load(name_or_path: str, device: str = "cpu") -> Suite:
     return Suite(path, spec, list(cases.values()))
 
 
-_UNION_TAGS = {"list[union[...]]", "RangeAxis", "Pow2Axis", "function-after[_op(), str]"}
+def _check_backends(spec: SuiteSpec, path, lines) -> None:
+    from attnbench.backend import all_backends
+
+    names = all_backends()
+    for i, b in enumerate(spec.backends or ()):
+        if names and b not in names:
+            raise SuiteError(
+                path, yamlines.line_of(lines, ("backends", i)), f"unknown backend {b!r}; available: {', '.join(names)}"
+            )
 
 
 def _dotted(loc) -> str:
@@ -184,6 +212,14 @@ def _msg(err: dict) -> str:
     if err["type"] == "missing":
         return "required key missing"
     return msg
+
+
+def _key_paths(at, key):
+    yield at + ("sweep", key)
+    yield at + ("params", key)
+    yield at + ("zip", key)
+    for g in range(16):
+        yield at + ("zip", g, key)
 
 
 def _expand(entry: Entry, i: int, spec: SuiteSpec, known, path, lines, device) -> list[Case]:
@@ -210,7 +246,7 @@ def _expand(entry: Entry, i: int, spec: SuiteSpec, known, path, lines, device) -
     zipped: list[list[dict[str, Any]]] = []
     for g, group in enumerate(groups):
         zat = at + ("zip",) + ((g,) if isinstance(entry.zip, list) else ())
-        cols = {k: _values(v) for k, v in group.items()}
+        cols = dict(group)
         for key in cols:
             if key not in names:
                 raise SuiteError(path, yamlines.line_of(lines, zat + (key,)), f"{entry.op} has no parameter {key!r}")
@@ -219,7 +255,7 @@ def _expand(entry: Entry, i: int, spec: SuiteSpec, known, path, lines, device) -
             raise SuiteError(path, yamlines.line_of(lines, zat), f"zipped axes differ in length: {sorted(sizes)}")
         n = sizes.pop() if sizes else 0
         zipped.append([{k: v[j] for k, v in cols.items()} for j in range(n)])
-    axes = {k: _values(v) for k, v in entry.sweep.items()}
+    axes = dict(entry.sweep)
     dtypes = entry.dtypes or spec.dtypes
     seeds = entry.seeds or spec.seeds
     tol = entry.tolerance and Tolerance(entry.tolerance.factor, entry.tolerance.floor, entry.tolerance.why)
@@ -236,11 +272,9 @@ def _expand(entry: Entry, i: int, spec: SuiteSpec, known, path, lines, device) -
             except ValidationError as e:
                 err = e.errors()[0]
                 key = err["loc"][0] if err["loc"] else None
-                line = None
-                for section in ("sweep", "params", "zip"):
-                    if key is not None and (at + (section, key)) in lines:
-                        line = lines[at + (section, key)]
-                        break
+                # a cross-field error names no key: point at the first key its message mentions
+                named = [key] if key is not None else [k for k in values if k in err["msg"]]
+                line = next((lines[p] for k in named for p in _key_paths(at, k) if p in lines), None)
                 shown = ", ".join(f"{k}={v}" for k, v in values.items())
                 where = f"{key}: " if key else ""
                 raise SuiteError(path, line or yamlines.line_of(lines, at), f"{where}{_msg(err)} (at {shown})") from None

@@ -20,8 +20,9 @@ from attnbench import env as envmod
 from attnbench.backend import Backend, all_backends, get_backend
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError
-from attnbench.results import Result, ResultWriter
-from attnbench.runner import RunOptions, run_case
+from attnbench.pool import Pool
+from attnbench.results import Result, ResultWriter, read_results
+from attnbench.runner import ContextLost, RunOptions, error_row, run_case
 from attnbench.suite import Suite, load
 from attnbench.suites import CPU_DEFAULT, GPU_DEFAULT
 
@@ -59,6 +60,42 @@ class Plan:
         return "\n".join(lines)
 
 
+def parse_shard(text: str | None) -> tuple[int, int] | None:
+    """`K/N` (1-based) -> (K, N)."""
+    if not text:
+        return None
+    try:
+        k, n = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise AttnbenchError(f"--shard takes K/N (e.g. 2/4), got {text!r}") from None
+    if not 1 <= k <= n:
+        raise AttnbenchError(f"--shard {text}: K must be between 1 and N")
+    return k, n
+
+
+def parse_gpus(text: str | None, device: str) -> list[str]:
+    """`all` or `0,1,...` -> worker devices; default: the run device alone.
+
+    A GPU may be named more than once (`0,0,0,0`): several workers then share it, which suits a
+    correctness-only pass (`--no-timing`) that fills JIT caches in parallel; their timings overlap.
+    """
+    if not text:
+        return [device]
+    if not device.startswith("cuda"):
+        raise AttnbenchError("--gpus needs a CUDA device")
+    count = torch.cuda.device_count()
+    ids = list(range(count)) if text == "all" else []
+    if text != "all":
+        try:
+            ids = [int(x) for x in text.split(",")]
+        except ValueError:
+            raise AttnbenchError(f"--gpus takes all or a list like 0,1, got {text!r}") from None
+    bad = [i for i in ids if not 0 <= i < count]
+    if bad or not ids:
+        raise AttnbenchError(f"--gpus {text}: this machine has GPUs 0..{count - 1}")
+    return [f"cuda:{i}" for i in ids]
+
+
 def plan(
     suite_names: list[str],
     device: str = "auto",
@@ -66,17 +103,12 @@ def plan(
     ops: list[str] | None = None,
     keywords: list[str] | None = None,
     case_ids: list[str] | None = None,
+    shard: tuple[int, int] | None = None,
 ) -> Plan:
     """Validate everything before anything is written: suites, backend names, filters."""
     device = resolve_device(device)
     names = suite_names or ([] if case_ids else default_suites(device))
     suites = [load(n, device) for n in names]
-    for s in suites:
-        if s.spec.device == "cuda" and not device.startswith("cuda"):
-            raise AttnbenchError(
-                f"suite {s.name!r} is sized for a GPU (device: cuda in {s.path}); on a CPU run `smoke`, "
-                "or give your own suite file"
-            )
     cases = [c for s in suites for c in s.cases]
     if case_ids:
         cases += [_case_from_id(i, device) for i in case_ids]
@@ -84,12 +116,15 @@ def plan(
         cases = [c for c in cases if c.op_name in ops]
     if keywords:
         cases = [c for c in cases if any(k in c.id for k in keywords)]
+    if shard:  # deterministic: every N-th case of the full, ordered selection
+        k, n = shard
+        cases = cases[k - 1 :: n]
     registered = all_backends()
     chosen = [get_backend(b) for b in backends] if backends else list(registered.values())
     allowed = {b for s in suites if s.spec.backends for b in s.spec.backends}
     if allowed and not backends:
         chosen = [b for b in chosen if b.name in allowed]
-    return Plan(device, suites, cases, chosen, {"backends": backends, "ops": ops, "k": keywords})
+    return Plan(device, suites, cases, chosen, {"backends": backends, "ops": ops, "k": keywords, "shard": shard})
 
 
 def _case_from_id(case_id: str, device: str) -> Case:
@@ -105,37 +140,120 @@ def default_out(p: Plan) -> Path:
     return Path("reports") / f"{stamp}-{names}"
 
 
+@dataclass(frozen=True)
+class Execution:
+    """How to run a plan: in crash-isolated workers (default) or in this process."""
+
+    isolate: bool = True
+    devices: tuple[str, ...] = ()  # worker devices; default: the plan's device
+    timeout_s: float = 900.0  # per case, in a worker
+    plugins: tuple[str, ...] = ()
+    resume: bool = False
+
+
 def execute(
     p: Plan,
     out: Path,
     opts: RunOptions,
     on_rows: Callable[[Case, list[Result]], None] | None = None,
     argv: list[str] | None = None,
+    how: Execution = Execution(),
+    on_problem: Callable[[str], None] | None = None,
 ) -> list[Result]:
-    """Run the plan into `out`; rows reach `on_rows` and results.jsonl as they are produced."""
+    """Run the plan into `out`; rows reach `on_rows` and results.jsonl as they are produced.
+
+    With `resume`, rows already in `out/results.jsonl` are kept and their (case, backend) pairs are
+    not run again; everything without a row is.
+    """
     out.mkdir(parents=True, exist_ok=True)
+    results = out / "results.jsonl"
+    earlier = read_results(results) if how.resume and results.exists() else []
+    done = {(r.case_id, r.backend) for r in earlier}
+    if not how.resume and results.exists():
+        results.unlink()  # a fresh run into an old directory starts clean
     environment = envmod.capture(p.device)
     (out / "env.json").write_text(json.dumps(environment, indent=2))
     run_info = {
         "argv": argv if argv is not None else sys.argv,
         "device": p.device,
+        "devices": list(how.devices or (p.device,)),
         "suites": [str(s.path) for s in p.suites],
         "backends": [b.name for b in p.backends],
         "filters": p.filters,
         "timing": opts.timing,
+        "isolated": how.isolate,
         "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
     }
+    if earlier:
+        old = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
+        run_info["resumed"] = old.get("resumed", []) + [{"started": old.get("started"), "rows_kept": len(earlier)}]
     (out / "run.json").write_text(json.dumps(run_info, indent=2))
-    short = envmod.short(environment)
-    rows: list[Result] = []
-    with ResultWriter(out / "results.jsonl") as writer:
-        for case in p.cases:
-            case_rows = run_case(case, p.backends, opts, short)
+    jobs = [(c, [b.name for b in p.backends if (c.id, b.name) not in done]) for c in p.cases]
+    jobs = [(c, names) for c, names in jobs if names]
+    rows: list[Result] = list(earlier)
+    t0 = time.perf_counter()
+    with ResultWriter(results) as writer:
+
+        def record(case: Case, case_rows: list[Result]) -> None:
             for r in case_rows:
                 writer.append(r)
-            rows += case_rows
+            rows.extend(case_rows)
             if on_rows:
                 on_rows(case, case_rows)
+
+        if how.isolate:
+            pool = Pool(list(how.devices or (p.device,)), opts, record, plugins=list(how.plugins),
+                        timeout_s=how.timeout_s, log_dir=out / "logs", on_problem=on_problem)  # fmt: skip
+            pool.run(jobs)
+        else:
+            _in_process(jobs, p, opts, envmod.short(environment), record)
+    run_info["wall_s"] = round(time.perf_counter() - t0, 3)
+    run_info["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    (out / "run.json").write_text(json.dumps(run_info, indent=2))
+    return rows
+
+
+def _in_process(jobs, p: Plan, opts: RunOptions, env: dict, record) -> None:
+    by_name = {b.name: b for b in p.backends}
+    lost = ""
+    for case, names in jobs:
+        if lost:
+            record(case, [error_row(case, n, f"not run: the CUDA context was lost earlier ({lost})") for n in names])
+            continue
+        try:
+            record(case, run_case(case, [by_name[n] for n in names], opts, env))
+        except ContextLost as e:
+            lost = e.reason
+            got = {r.backend for r in e.rows}
+            record(case, e.rows + [error_row(case, n, f"not run: CUDA context lost ({e.reason})") for n in names if n not in got])
+
+
+def merge(runs: list[Path], out: Path) -> list[Result]:
+    """Combine run directories (shards) into one: rows concatenated, a (case, backend) pair once."""
+    seen: dict[tuple[str, str], Path] = {}
+    rows: list[Result] = []
+    envs = []
+    for run in runs:
+        path = Path(run) / "results.jsonl"
+        if not path.is_file():
+            raise AttnbenchError(f"{run}: no results.jsonl here")
+        for r in read_results(path):
+            key = (r.case_id, r.backend)
+            if key in seen:
+                raise AttnbenchError(f"{r.case_id} [{r.backend}] is in both {seen[key]} and {run}: runs overlap")
+            seen[key] = Path(run)
+            rows.append(r)
+        env_path = Path(run) / "env.json"
+        envs.append(json.loads(env_path.read_text()) if env_path.is_file() else {})
+    out.mkdir(parents=True, exist_ok=True)
+    with ResultWriter(out / "results.jsonl") as w:
+        for r in rows:
+            w.append(r)
+    merged_env = dict(envs[0]) if envs else {}
+    if len({e.get("host") for e in envs}) > 1 or len({e.get("gpu") for e in envs}) > 1:
+        merged_env["merged_from"] = [{k: e.get(k) for k in ("host", "gpu", "device")} for e in envs]
+    (out / "env.json").write_text(json.dumps(merged_env, indent=2))
+    (out / "run.json").write_text(json.dumps({"merged": [str(r) for r in runs], "rows": len(rows)}, indent=2))
     return rows
 
 

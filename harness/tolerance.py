@@ -9,7 +9,11 @@ A numeric output passes when
 - `factor` (default 2; FlashAttention's own tests use 2) allows a different but faithful rounding
   order, `u(dtype)` is the unit roundoff of the output's dtype (fp32 2^-24, fp16 2^-11, bf16 2^-8),
 - `scale` is max |ref| over finite elements (1 when that is 0), and `floor` (default 1) unit of
-  roundoff at that scale catch the case where the twin happens to be exact.
+  roundoff at that scale catch the case where the twin happens to be exact. For a float32 output
+  computed through dot products of length n (an LSE over head_dim-long scores) the floor is
+  multiplied by sqrt(n), the typical growth of fp32 rounding in such a sum (OutputSpec.floor_units):
+  two faithful fp32 computations that sum in different orders differ by that much, and the twin's
+  own error is one random sample of it.
 
 Non-finite expectations (-inf LSE of an empty row) must be matched exactly. A suite may override
 `factor` and `floor` per sweep entry, only with a written `why` that the report shows.
@@ -33,14 +37,12 @@ class Rule:
     floor: float = DEFAULT_FLOOR
     why: str = ""
 
-    def bound(self, native_err: float, dtype: torch.dtype, scale: float) -> float:
-        return self.factor * native_err + self.floor * unit_roundoff(dtype) * scale
+    def bound(self, native_err: float, dtype: torch.dtype, scale: float, units: float = 1.0) -> float:
+        return self.factor * native_err + self.floor * units * unit_roundoff(dtype) * scale
 
-    def describe(self, native_err: float, dtype: torch.dtype, scale: float) -> str:
-        return (
-            f"{self.factor:g}x twin {native_err:.2e} + {self.floor:g}u*{scale:.3g} = "
-            f"{self.bound(native_err, dtype, scale):.2e}"
-        )
+    def describe(self, native_err: float, dtype: torch.dtype, scale: float, units: float = 1.0) -> str:
+        floor = f"{self.floor * units:.3g}u*{scale:.3g}"
+        return f"{self.factor:g}x twin {native_err:.2e} + {floor} = {self.bound(native_err, dtype, scale, units):.2e}"
 
 
 def rule_for(case) -> Rule:

@@ -55,3 +55,16 @@ def _backends():
     from attnbench.backend import load_builtin
 
     load_builtin()
+
+
+@pytest.fixture(autouse=True)
+def _registry_restored():
+    """Backends a test registers (plugins) do not leak into later tests."""
+    from attnbench import backend
+
+    before, problems = dict(backend._REGISTRY), list(backend.LOAD_PROBLEMS)
+    yield
+    backend._REGISTRY.clear()
+    backend._REGISTRY.update(before)
+    backend._INSTANCES.clear()
+    backend.LOAD_PROBLEMS[:] = problems

@@ -17,7 +17,7 @@ from pydantic import Field, model_validator
 
 from attnbench.buffers import alloc_output
 from attnbench.ops.base import IdField, Op, OutputSpec, Params
-from attnbench.ops.paged import PagedLayout, fill, make_layout, poisoned_cache
+from attnbench.ops.paged import fill, make_layout, poisoned_cache
 from attnbench.references import attention as ref
 
 MLA_DK, MLA_DV = 576, 512
@@ -72,6 +72,7 @@ class ExtendParams(AttentionParams):
     q_len: int = Field(128, ge=1, description="new tokens per request (the most, for mixed)")
     prefix_len: int = Field(0, ge=0, description="cached tokens before them (the most, for mixed)")
     mask: Literal["causal", "bidirectional", "custom"] = "causal"
+    empty_rows: bool = Field(False, description="custom mask: each request's first query sees no key (o 0, lse -inf)")
     new_kv: Literal["save", "attend", "shared"] = Field(
         "save",
         description="save: write k_new/v_new into their slots, then attend (save_kv_cache); attend: use "
@@ -82,6 +83,8 @@ class ExtendParams(AttentionParams):
     def _lens(self):
         if self.lens == "skewed":
             raise ValueError("extend supports lens equal or mixed")
+        if self.empty_rows and self.mask != "custom":
+            raise ValueError("empty_rows needs mask: custom")
         return self
 
 
@@ -168,6 +171,7 @@ _ATTN_ID = (
     IdField("d", ("head_dim", "head_dim_v"), always=True),
     IdField("p", ("page_size",), always=True),
     IdField("", ("mask",)),
+    IdField("emptyrows", ("empty_rows",)),
     IdField("kv", ("new_kv",)),
     IdField("mla", ("mla",)),
     IdField("swa", ("window",)),
@@ -179,7 +183,7 @@ _ATTN_ID = (
 
 class _PagedAttentionOp(Op):
     family = "attention"
-    outputs = {"o": OutputSpec(("token", "head", "dim")), "lse": OutputSpec(("token", "head"))}
+    outputs = {"o": OutputSpec(("token", "head", "dim")), "lse": OutputSpec(("token", "head"), floor_units="head_dim")}
 
     def features(self, p: AttentionParams) -> tuple[str, ...]:
         f = ["mla"] if p.mla else ["mha" if p.heads_q == p.heads_kv else "mqa" if p.heads_kv == 1 else "gqa"]
@@ -193,7 +197,7 @@ class _PagedAttentionOp(Op):
 
     def _build(self, p: AttentionParams, dtype, seed, device, kv_lens, q_lens, new_kv: str) -> AttentionInputs:
         host, gen = _generators(seed, device)
-        B, T = len(kv_lens), sum(q_lens)
+        T = sum(q_lens)
         Hkv, Dk, Dv = p.heads_kv, p.head_dim, p.dv
         layout = make_layout(kv_lens, p.page_size, host, device)
         k_cache = poisoned_cache(layout, Hkv, Dk, dtype, device)
@@ -217,7 +221,7 @@ class _PagedAttentionOp(Op):
         qo = torch.tensor([0] + list(q_lens), dtype=torch.int64).cumsum(0).to(torch.int32)
         mask = mask_indptr = None
         if getattr(p, "mask", "causal") == "custom":
-            mask, mask_indptr = _custom_mask(kv_lens, q_lens, host, device)
+            mask, mask_indptr = _custom_mask(kv_lens, q_lens, host, device, getattr(p, "empty_rows", False))
         return AttentionInputs(
             q=q,
             k_cache=k_cache,
@@ -298,12 +302,17 @@ class _PagedAttentionOp(Op):
         return float(total)
 
 
-def _custom_mask(kv_lens, q_lens, host: torch.Generator, device):
-    """Random visibility (p = 1/2) with each query's own key always visible, flattened per request."""
+def _custom_mask(kv_lens, q_lens, host: torch.Generator, device, empty_rows: bool = False):
+    """Random visibility (p = 1/2) with each query's own key visible, flattened per request.
+
+    With `empty_rows`, each request's first query sees nothing (its output is 0, its LSE -inf).
+    """
     blocks = []
     for L, n in zip(kv_lens, q_lens):
         block = torch.rand(n, L, generator=host) < 0.5
         block[torch.arange(n), torch.arange(L - n, L)] = True
+        if empty_rows:
+            block[0] = False
         blocks.append(block.flatten())
     sizes = [n * L for L, n in zip(kv_lens, q_lens)]
     indptr = torch.tensor([0] + sizes, dtype=torch.int64).cumsum(0)
@@ -315,7 +324,7 @@ class DecodeOp(_PagedAttentionOp):
 
     name = "decode"
     Params = DecodeParams
-    id_fields = tuple(f for f in _ATTN_ID if f.fields[0] not in ("q_len", "prefix_len", "mask", "new_kv"))
+    id_fields = tuple(f for f in _ATTN_ID if f.fields[0] in DecodeParams.model_fields)
 
     def make_inputs(self, p: DecodeParams, dtype, seed, device) -> AttentionInputs:
         host, _ = _generators(seed, device)
@@ -328,7 +337,7 @@ class ExtendOp(_PagedAttentionOp):
 
     name = "extend"
     Params = ExtendParams
-    id_fields = tuple(f for f in _ATTN_ID if f.fields[0] != "kv_len")
+    id_fields = tuple(f for f in _ATTN_ID if f.fields[0] in ExtendParams.model_fields)
 
     def writes_for(self, p: ExtendParams):
         if p.new_kv != "save":
@@ -338,6 +347,7 @@ class ExtendOp(_PagedAttentionOp):
 
     def features(self, p: ExtendParams) -> tuple[str, ...]:
         extra = [] if p.mask == "causal" else [p.mask]
+        extra += ["empty-rows"] if p.empty_rows else []
         extra += {"save": ["save-kv"], "attend": [], "shared": ["cross-layer-kv"]}[p.new_kv]
         return super().features(p) + tuple(extra) + (("prefix",) if p.prefix_len else ())
 

@@ -41,10 +41,14 @@ class OutputSpec:
     """An output the check compares: its dim names (to locate the worst element) and how it compares.
 
     `exact`: compared bit for bit (integer outputs, cache writes); otherwise with the tolerance rule.
+    `floor_units`: name of the op parameter whose square root multiplies the rule's floor, for a
+    float32 output computed through dot products of that length (an LSE over head_dim-long scores:
+    fp32 rounding grows like the square root of the length); None = 1.
     """
 
     dims: tuple[str, ...]
     exact: bool = False
+    floor_units: str | None = None
 
 
 class Op:

@@ -52,19 +52,19 @@ def latency_by_case(rows, op: str) -> str | None:
 def latency_vs_axis(rows, op: str, axis: str) -> str | None:
     """Latency against one swept parameter (log-log), a line per backend and per other-parameter group."""
     timed = [r for r in rows if r.op == op and r.timing and isinstance(r.params.get(axis), (int, float))]
+    timed = [r for r in timed if r.params[axis] > 0 and r.timing["median_us"] > 0]  # log axes
     if len({r.params[axis] for r in timed}) < 3:
         return None
     series = defaultdict(list)
     for r in timed:
         rest = tuple(sorted((k, str(v)) for k, v in r.params.items() if k != axis))
         series[(r.backend, rest, r.dtype)].append((r.params[axis], r.timing["median_us"]))
-    if all(len(pts) < 2 for pts in series.values()):  # no line to draw (an empty log axis cannot render)
+    series = {k: v for k, v in series.items() if len(v) >= 2}
+    if not series:
         return None
     fig, ax = plt.subplots(figsize=(7, 4))
     backends = sorted({k[0] for k in series})
     for key, pts in series.items():
-        if len(pts) < 2:
-            continue
         pts.sort()
         color = _COLORS[backends.index(key[0]) % len(_COLORS)]
         ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", ms=3, color=color, alpha=0.7, lw=1)

@@ -1,7 +1,8 @@
 """FlashInfer's GDN kernels behind the canonical GDN contracts: the mixin `FlashInferGDN`.
 
-The `flashinfer` backend class (kernels/flashinfer/__init__.py) inherits this mixin and calls
-`gdn_unsupported(case)` from its `supports()`. flashinfer is imported lazily, in `prepare`.
+The `flashinfer` backend class (kernels/flashinfer/backends.py) takes this mixin among its bases;
+its `supports()` then reaches `limits_gdn_*` (= `gdn_unsupported`). flashinfer is imported lazily,
+in `prepare`.
 
 Kernels (FlashInfer 0.7.2.post1, SM90+):
 - gdn_decode: `gdn_decode.gated_delta_rule_decode_pretranspose` (fp32 state, T = 1), state `[B, HV, V, K]`
@@ -31,7 +32,7 @@ def gdn_unsupported(case) -> str | None:
         return f"flashinfer has no {op} kernel here"
     if not case.on_cuda:
         return "flashinfer GDN kernels run on CUDA (SM90+) only"
-    if torch.cuda.get_device_capability(torch.device(case.device))[0] < 9:
+    if torch.cuda.is_available() and torch.cuda.get_device_capability(torch.device(case.device))[0] < 9:
         return "flashinfer GDN kernels need SM90+"
     if case.dtype not in ("bf16", "fp16"):
         return "flashinfer GDN kernels take fp16/bf16 q/k/v"
@@ -58,7 +59,17 @@ def _gather_k_last(pool: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, 
 
 
 class FlashInferGDN:
-    """Mixin of the flashinfer backend: prepare_gdn_decode, prepare_gdn_verify, prepare_gdn_extend."""
+    """Mixin of the flashinfer backend: prepare_gdn_decode, prepare_gdn_verify, prepare_gdn_extend,
+    and the `limits_<op>` hooks that FlashInferBase.supports consults."""
+
+    def limits_gdn_decode(self, case) -> str | None:
+        return gdn_unsupported(case)
+
+    def limits_gdn_verify(self, case) -> str | None:
+        return gdn_unsupported(case)
+
+    def limits_gdn_extend(self, case) -> str | None:
+        return gdn_unsupported(case)
 
     def prepare_gdn_decode(self, case, x):
         from flashinfer.gdn_decode import gated_delta_rule_decode_pretranspose

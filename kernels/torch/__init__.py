@@ -6,6 +6,7 @@ from attnbench.backend import Backend, register_backend
 from attnbench.kernels.torch import gdn
 from attnbench.kernels.torch.attention import paged_attention
 from attnbench.kernels.torch.merge import merge_state
+from attnbench.kernels.torch.spec import build_eagle_tree, verify_greedy
 
 
 @register_backend("torch")
@@ -18,8 +19,17 @@ class TorchBackend(Backend):
     def prepare_extend(self, case, x):
         return lambda: paged_attention(x)
 
+    # tree verification is a custom-mask extend with save: its inputs are extend's, converted by nothing
+    prepare_tree_verify = prepare_extend
+
     def prepare_merge_state(self, case, x):
         return lambda: merge_state(x)
+
+    def prepare_eagle_build_tree(self, case, x):
+        return lambda: build_eagle_tree(x)
+
+    def prepare_verify_greedy(self, case, x):
+        return lambda: verify_greedy(x)
 
     def prepare_gdn_gating(self, case, x):
         return lambda: gdn.gdn_gating(x)

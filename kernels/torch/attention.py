@@ -32,7 +32,7 @@ def paged_attention(x) -> dict[str, torch.Tensor]:
         save_new_kv(x)
     device = x.q.device
     lens, qlens = x.seq_lens_host, x.q_lens_host
-    Hq, Hkv, Dk = x.q.shape[1], x.k_cache.shape[2], x.q.shape[2]
+    Hkv, Dk = x.k_cache.shape[2], x.q.shape[2]
     budget = _budget(device)
     qo = [0]
     for n in qlens:

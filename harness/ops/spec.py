@@ -1,0 +1,348 @@
+"""Spec-family op contracts: `tree_verify`, `eagle_build_tree`, `verify_greedy`.
+
+- `tree_verify`: each request's draft tree (root + drafts, packed by `qo_indptr`) attends to its
+  paged prefix plus the tree under the tree mask. The inputs are `AttentionInputs` of a custom-mask
+  extend with `save` (new K/V written into their slots first): `custom_mask` is per request
+  `[n, prefix + n]`, the prefix all visible and the tree part from the tree mask, so a backend with
+  custom-mask extend runs tree_verify unchanged.
+- `eagle_build_tree`: SGLang `build_tree_kernel_efficient` (references/spec.py `build_eagle_tree`).
+- `verify_greedy`: SGLang `verify_tree_greedy` (references/spec.py `verify_tree_greedy`).
+
+The integer ops compare bit for bit. Their output buffers hold junk before the call (random bits in
+the masks, -9 in index outputs), so a kernel must write every element the contract defines.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+
+from attnbench.buffers import alloc_output
+from attnbench.ops.attention import (
+    _ATTN_ID,
+    AttentionInputs,
+    AttentionParams,
+    ExtendOp,
+    _generators,
+    _lengths,
+)
+from attnbench.ops.base import IdField, Op, OutputSpec, Params
+from attnbench.ops.trees import DRAFT_VOCAB, NAMED, TreeFields, request_parents, simulate_eagle_draft
+from attnbench.references import spec as ref
+
+UNWRITTEN = -9  # what index outputs hold before the kernel runs (legal values are -1 and >= 0)
+
+_TREE_ID = (
+    IdField("tree", ("tree",), always=True),
+    IdField("depth", ("depth",), always=True),
+    IdField("k", ("topk",)),
+    IdField("n", ("draft_tokens",)),
+)
+
+
+def _tree_seed(seed: int) -> torch.Generator:
+    """The generator of a case's draft trees and tokens (apart from the attention data's)."""
+    return torch.Generator().manual_seed(seed * 1_000_003 + 104_729)
+
+
+def _parse_tree_tokens(op: Op, tokens: list[str]) -> dict:
+    """`parse_id_tokens` that also reads `tree<shape or compact choices>` tokens."""
+    tree = [t for t in tokens if t.startswith("tree")]
+    out = Op.parse_id_tokens(op, [t for t in tokens if not t.startswith("tree")])
+    if tree:
+        out["tree"] = tree[-1][len("tree") :]
+    return out
+
+
+# ---- tree_verify ------------------------------------------------------------------------------------
+class TreeVerifyParams(TreeFields, AttentionParams):
+    """Attention parameters (presets apply) plus the tree; every request has `nodes` tree tokens."""
+
+    prefix_len: int = Field(1024, ge=1, description="verified tokens before the tree (the most, for mixed)")
+
+    @model_validator(mode="after")
+    def _no_window(self):
+        if self.window >= 0:
+            raise ValueError(
+                "tree_verify does not take a window: tree tokens sit at prefix + depth, not at their packed "
+                "order, so the extend window rule would be wrong"
+            )
+        return self
+
+    # What an extend-aware backend's supports() reads: tree verification is a custom-mask extend with save.
+    @property
+    def mask(self) -> str:
+        return "custom"
+
+    @property
+    def new_kv(self) -> str:
+        return "save"
+
+    @property
+    def q_len(self) -> int:
+        return self.nodes
+
+    @property
+    def empty_rows(self) -> bool:
+        return False
+
+
+@dataclass
+class TreeVerifyInputs(AttentionInputs):
+    """`AttentionInputs` of a custom-mask extend (save), plus the tree mask it was built from."""
+
+    tree_mask: torch.Tensor | None = None  # [B, n, n] bool, True = visible (node 0 = root)
+    tree_positions: torch.Tensor | None = None  # [T] int64, prefix + depth of every tree token
+
+
+class TreeVerifyOp(ExtendOp):
+    """Tree tokens of each request over its paged prefix plus the tree, under the tree mask."""
+
+    name = "tree_verify"
+    family = "spec"
+    preset_key = "attention"
+    Params = TreeVerifyParams
+    id_fields = tuple(f for f in _ATTN_ID if f.fields[0] in TreeVerifyParams.model_fields and f.fields[0] != "window")
+    id_fields += _TREE_ID
+
+    def parse_id_tokens(self, tokens: list[str]) -> dict:
+        return _parse_tree_tokens(self, tokens)
+
+    def features(self, p: TreeVerifyParams) -> tuple[str, ...]:
+        shape = p.tree if p.tree in NAMED else "choices"
+        return super().features(p) + ("tree", f"tree-{shape}")
+
+    def make_inputs(self, p: TreeVerifyParams, dtype, seed, device) -> TreeVerifyInputs:
+        host, _ = _generators(seed, device)
+        prefix = _lengths(p.batch, p.prefix_len, p.lens, host)
+        parents, _ = request_parents(p, p.batch, _tree_seed(seed))
+        n = p.nodes
+        # extend's build (same tensors as the extend case); the random custom mask it draws last is replaced
+        x = self._build(p, dtype, seed, device, [a + n for a in prefix], [n] * p.batch, "save")
+        masks = torch.stack([ref.tree_mask_from_parents(par) for par in parents])
+        x.custom_mask, x.mask_indptr = (t.to(device) for t in ref.tree_custom_mask(masks, prefix))
+        positions = [a + d for a, par in zip(prefix, parents, strict=True) for d in ref.depths_from_parents(par)]
+        base = {f.name: getattr(x, f.name) for f in fields(AttentionInputs)}
+        return TreeVerifyInputs(
+            **base,
+            tree_mask=masks.to(device),
+            tree_positions=torch.tensor(positions, dtype=torch.int64, device=device),
+        )
+
+
+# ---- eagle_build_tree ---------------------------------------------------------------------------------
+class EagleBuildTreeParams(Params):
+    batch: int = Field(1, ge=1)
+    prefix_len: int = Field(1024, ge=1, description="verified tokens per request (the most, for mixed)")
+    lens: Literal["equal", "mixed"] = "equal"
+    topk: int = Field(4, ge=1, description="branches per draft step")
+    depth: int = Field(3, ge=1, description="draft steps")
+    draft_tokens: int = Field(8, ge=2, description="tree tokens per request, root included")
+    mask_mode: Literal["full", "qlen", "qlen_packed"] = Field(
+        "full", description="full: [n, prefix + n] per request; qlen: [n, n]; qlen_packed: bit-packed rows"
+    )
+
+    @model_validator(mode="after")
+    def _sizes(self):
+        most = self.topk + (self.depth - 1) * self.topk**2
+        if self.draft_tokens - 1 > most:
+            raise ValueError(
+                f"draft_tokens {self.draft_tokens}: {self.depth} steps of topk {self.topk} draft at most "
+                f"{most} candidates (draft_tokens <= {most + 1})"
+            )
+        if self.mask_mode == "qlen_packed" and self.draft_tokens > 32:
+            raise ValueError(f"qlen_packed holds at most 32 tree tokens per row, got draft_tokens {self.draft_tokens}")
+        return self
+
+
+@dataclass
+class EagleBuildTreeInputs:
+    """Inputs and outputs of `eagle_build_tree` (SGLang `build_tree_kernel_efficient`)."""
+
+    parent_list: torch.Tensor  # [B, topk * (depth - 1) + 1] int64
+    selected_index: torch.Tensor  # [B, n - 1] int64, ascending
+    seq_lens: torch.Tensor  # [B] int64, verified tokens per request
+    tree_mask: torch.Tensor  # output: full bool [sum_b n (L_b + n)]; qlen bool [B n n]; packed uint8 [B n, nbytes]
+    positions: torch.Tensor  # output: [B * n] int64
+    retrive_index: torch.Tensor  # output: [B, n] int64
+    retrive_next_token: torch.Tensor  # output: [B, n] int64
+    retrive_next_sibling: torch.Tensor  # output: [B, n] int64
+    topk: int
+    depth: int
+    draft_tokens: int
+    mask_mode: str
+
+
+def _junk_mask(shape, dtype, gen: torch.Generator, device) -> torch.Tensor:
+    """A canary-padded mask output filled with random bits (elements a kernel skips are then wrong)."""
+    out = alloc_output(shape, dtype, device)
+    bits = torch.randint(0, 256 if dtype == torch.uint8 else 2, shape, generator=gen, dtype=torch.uint8)
+    out.copy_(bits.to(dtype))
+    return out
+
+
+def _unwritten(shape, dtype, device) -> torch.Tensor:
+    return alloc_output(shape, dtype, device).fill_(UNWRITTEN)
+
+
+def _int_bytes(x) -> float:
+    return float(sum(t.numel() * t.element_size() for t in vars(x).values() if isinstance(t, torch.Tensor)))
+
+
+class EagleBuildTreeOp(Op):
+    """SGLang build_tree_kernel_efficient: tree mask, positions and retrieve links of EAGLE drafts."""
+
+    name = "eagle_build_tree"
+    family = "spec"
+    Params = EagleBuildTreeParams
+    id_fields = (
+        IdField("b", ("batch",), always=True),
+        IdField("pre", ("prefix_len",), always=True),
+        IdField("", ("lens",)),
+        IdField("k", ("topk",), always=True),
+        IdField("depth", ("depth",), always=True),
+        IdField("n", ("draft_tokens",), always=True),
+        IdField("mask", ("mask_mode",), always=True),
+    )
+    outputs = {
+        "tree_mask": OutputSpec(("element",), exact=True),
+        "positions": OutputSpec(("token",), exact=True),
+        "retrive_index": OutputSpec(("request", "node"), exact=True),
+        "retrive_next_token": OutputSpec(("request", "node"), exact=True),
+        "retrive_next_sibling": OutputSpec(("request", "node"), exact=True),
+    }
+
+    def features(self, p: EagleBuildTreeParams) -> tuple[str, ...]:
+        return (f"mask-{p.mask_mode}",) + (("topk1-chain",) if p.topk == 1 else ())
+
+    def make_inputs(self, p: EagleBuildTreeParams, dtype, seed, device) -> EagleBuildTreeInputs:
+        host, _ = _generators(seed, device)
+        lens = _lengths(p.batch, p.prefix_len, p.lens, host)
+        gen = _tree_seed(seed)
+        draft = simulate_eagle_draft(p.batch, p.topk, p.depth, p.draft_tokens, gen)
+        B, n = p.batch, p.draft_tokens
+        if p.mask_mode == "full":
+            mask = _junk_mask((sum(lens) * n + B * n * n,), torch.bool, gen, device)
+        elif p.mask_mode == "qlen":
+            mask = _junk_mask((B * n * n,), torch.bool, gen, device)
+        else:
+            mask = _junk_mask((B * n, ref.packed_mask_bytes(n)), torch.uint8, gen, device)
+        return EagleBuildTreeInputs(
+            parent_list=draft.parent_list.to(device),
+            selected_index=draft.selected_index.to(device),
+            seq_lens=torch.tensor(lens, dtype=torch.int64, device=device),
+            tree_mask=mask,
+            positions=_unwritten((B * n,), torch.int64, device),
+            retrive_index=_unwritten((B, n), torch.int64, device),
+            retrive_next_token=_unwritten((B, n), torch.int64, device),
+            retrive_next_sibling=_unwritten((B, n), torch.int64, device),
+            topk=p.topk,
+            depth=p.depth,
+            draft_tokens=n,
+            mask_mode=p.mask_mode,
+        )
+
+    def expected(self, p, x: EagleBuildTreeInputs, precision):
+        tree = ref.build_eagle_tree(
+            x.parent_list, x.selected_index, x.seq_lens, x.topk, x.depth, x.draft_tokens, x.mask_mode
+        )
+        return tree._asdict()
+
+    def perturb(self, x: EagleBuildTreeInputs) -> None:
+        # One verified token fewer per request: every position moves (a full mask shrinks, in bounds).
+        x.seq_lens.sub_(1)
+
+    def bytes(self, p, x: EagleBuildTreeInputs) -> float:
+        return _int_bytes(x)
+
+
+# ---- verify_greedy -------------------------------------------------------------------------------
+class VerifyGreedyParams(TreeFields):
+    batch: int = Field(1, ge=1)
+    accept: float = Field(0.7, ge=0.0, le=1.0, description="chance that the target's token at a node is a child's")
+
+
+@dataclass
+class VerifyGreedyInputs:
+    """Inputs and outputs of `verify_greedy` (SGLang `verify_tree_greedy`)."""
+
+    candidates: torch.Tensor  # [B, n] int64, node tokens (the root's: the verified token)
+    retrive_index: torch.Tensor  # [B, n] int64, flat node index b * n + i
+    retrive_next_token: torch.Tensor  # [B, n] int64, first child, -1 = none
+    retrive_next_sibling: torch.Tensor  # [B, n] int64, next sibling, -1 = none
+    target_predict: torch.Tensor  # [B, n] int64, the target model's argmax at every node
+    predicts: torch.Tensor  # in/out [B * n] int32: written on the accepted path only
+    accept_index: torch.Tensor  # output [B, num_spec_steps] int32
+    accept_length: torch.Tensor  # output [B] int32
+
+
+class VerifyGreedyOp(Op):
+    """SGLang verify_tree_greedy: accept the longest tree path that agrees with the target's argmax."""
+
+    name = "verify_greedy"
+    family = "spec"
+    Params = VerifyGreedyParams
+    id_fields = (IdField("b", ("batch",), always=True),) + _TREE_ID + (IdField("acc", ("accept",)),)
+    outputs = {
+        "predicts": OutputSpec(("token",), exact=True),
+        "accept_index": OutputSpec(("request", "step"), exact=True),
+        "accept_length": OutputSpec(("request",), exact=True),
+    }
+
+    def parse_id_tokens(self, tokens: list[str]) -> dict:
+        return _parse_tree_tokens(self, tokens)
+
+    def features(self, p: VerifyGreedyParams) -> tuple[str, ...]:
+        return (f"tree-{p.tree if p.tree in NAMED else 'choices'}",)
+
+    def make_inputs(self, p: VerifyGreedyParams, dtype, seed, device) -> VerifyGreedyInputs:
+        gen = _tree_seed(seed)
+        B, n = p.batch, p.nodes
+        parents, draft = request_parents(p, B, gen)
+        candidates = torch.randint(0, DRAFT_VOCAB, (B, n), generator=gen)
+        if draft is not None:
+            candidates[:, 1:] = draft.draft_tokens
+        target = torch.randint(0, DRAFT_VOCAB, (B, n), generator=gen)
+        links = [ref.retrieve_links(par) for par in parents]
+        for b, (next_token, next_sibling) in enumerate(links):
+            for i in range(n):
+                children = []
+                c = next_token[i]
+                while c != -1:
+                    children.append(c)
+                    c = next_sibling[c]
+                if children and float(torch.rand((), generator=gen)) < p.accept:
+                    pick = children[int(torch.randint(len(children), (), generator=gen))]
+                    target[b, i] = candidates[b, pick]
+        steps = max(ref.depths_from_parents(parents[0])) + 1 if p.tree != "eagle" else p.depth + 1
+
+        def dev(t):
+            return t.to(device=device, dtype=torch.int64)
+
+        return VerifyGreedyInputs(
+            candidates=dev(candidates),
+            retrive_index=dev(torch.arange(B * n).view(B, n)),
+            retrive_next_token=dev(torch.tensor([nt for nt, _ in links])),
+            retrive_next_sibling=dev(torch.tensor([ns for _, ns in links])),
+            target_predict=dev(target),
+            predicts=_unwritten((B * n,), torch.int32, device),
+            accept_index=_unwritten((B, steps), torch.int32, device),
+            accept_length=_unwritten((B,), torch.int32, device),
+        )
+
+    def expected(self, p, x: VerifyGreedyInputs, precision):
+        v = ref.verify_tree_greedy(
+            x.candidates, x.retrive_index, x.retrive_next_token, x.retrive_next_sibling, x.target_predict,
+            num_spec_steps=x.accept_index.shape[1], predicts=x.predicts,
+        )  # fmt: skip
+        return v._asdict()
+
+    def perturb(self, x: VerifyGreedyInputs) -> None:
+        # Target tokens no draft holds: nothing is accepted and the root's bonus token changes.
+        x.target_predict.add_(DRAFT_VOCAB)
+
+    def bytes(self, p, x: VerifyGreedyInputs) -> float:
+        return _int_bytes(x)

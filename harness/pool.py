@@ -1,0 +1,217 @@
+"""Crash-isolated execution: one worker process per device, supervised.
+
+Cases are handed out one at a time to whichever worker is free. A worker that dies (segfault, exit,
+a broken CUDA context) or overruns the per-case timeout costs only the backend it was running: that
+backend gets an `error` row naming the crash, a fresh worker starts, and the case continues with the
+backends that have no row yet. Worker output (kernel prints, sanitizer reports) goes to one log per
+worker in `log_dir`.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection, wait
+from pathlib import Path
+
+from attnbench.case import Case
+from attnbench.errors import AttnbenchError
+from attnbench.results import Result
+from attnbench.runner import RunOptions, error_row
+
+MAX_START_FAILURES = 3
+STARTUP_TIMEOUT_S = 180
+
+
+@dataclass
+class _Job:
+    case: Case
+    backends: list[str]
+
+
+@dataclass
+class _Worker:
+    device: str
+    proc: subprocess.Popen
+    conn: Connection
+    log: Path
+    ready: bool = False
+    job: _Job | None = None
+    stage: str = ""
+    started: float = 0.0
+    done: list[str] = field(default_factory=list)  # backends of the current job with rows
+
+
+def _exit_text(code: int | None) -> str:
+    if code is None:
+        return "still running"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+class Pool:
+    """Workers over `devices`; `run()` feeds them cases and reports rows through `on_rows`."""
+
+    def __init__(
+        self,
+        devices: list[str],
+        opts: RunOptions,
+        on_rows: Callable[[Case, list[Result]], None],
+        plugins: list[str] | None = None,
+        timeout_s: float = 900.0,
+        log_dir: Path | None = None,
+        wrapper: list[str] | None = None,
+        on_problem: Callable[[str], None] | None = None,
+    ):
+        self.devices, self.opts, self.on_rows = devices, opts, on_rows
+        self.plugins, self.timeout_s = plugins or [], timeout_s
+        self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="attnbench-logs-"))
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        self.wrapper = wrapper or []
+        self.on_problem = on_problem or (lambda msg: None)
+        self._count = 0
+        self._problems_seen: set[str] = set()
+
+    # ---- worker lifecycle ------------------------------------------------------------------------
+    def _start(self, device: str) -> _Worker:
+        parent, child = socket.socketpair()
+        self._count += 1
+        tag = device.replace(":", "")
+        log = self.log_dir / f"worker-{tag}-{self._count}.log"
+        out = open(log, "ab")
+        args = [*self.wrapper, sys.executable, "-m", "attnbench.worker", str(child.fileno()), device]
+        for p in self.plugins:
+            args += ["--plugin", p]
+        env = dict(os.environ, PYTHONUNBUFFERED="1")
+        proc = subprocess.Popen(args, pass_fds=[child.fileno()], stdout=out, stderr=subprocess.STDOUT, env=env)
+        child.close()
+        out.close()
+        conn = Connection(os.dup(parent.fileno()))
+        parent.close()
+        return _Worker(device, proc, conn, log, started=time.monotonic())
+
+    def _stop(self, w: _Worker, kill: bool = False) -> None:
+        try:
+            if kill:
+                w.proc.kill()
+            else:
+                w.conn.send(None)
+        except (OSError, BrokenPipeError):
+            pass
+        try:
+            w.proc.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            w.proc.kill()
+            w.proc.wait()
+        w.conn.close()
+
+    # ---- the loop -------------------------------------------------------------------------------------
+    def run(self, jobs: list[tuple[Case, list[str]]]) -> None:
+        """Run each (case, backend names); rows arrive through `on_rows` as each case finishes."""
+        queue: deque[_Job] = deque(_Job(c, list(names)) for c, names in jobs if names)
+        workers = [self._start(d) for d in self.devices]
+        start_failures = 0
+        try:
+            while queue or any(w.job for w in workers):
+                for w in workers:
+                    if w.ready and w.job is None and queue:
+                        self._dispatch(w, queue.popleft())
+                ready = wait([w.conn for w in workers], timeout=1.0)
+                for i, w in enumerate(workers):
+                    replace = False
+                    if w.conn in ready:
+                        replace = self._receive(w, queue)
+                    elif w.job and time.monotonic() - w.started > self.timeout_s:
+                        replace = self._timeout(w, queue)
+                    elif not w.ready and time.monotonic() - w.started > STARTUP_TIMEOUT_S:
+                        self._stop(w, kill=True)
+                        self.on_problem(f"worker on {w.device} did not start in {STARTUP_TIMEOUT_S} s; log: {w.log}")
+                        replace = True
+                    if replace:
+                        start_failures = 0 if w.ready else start_failures + 1
+                        if start_failures >= MAX_START_FAILURES:
+                            raise AttnbenchError(f"workers on {w.device} keep failing to start; see {w.log}")
+                        workers[i] = self._start(w.device)
+        finally:
+            for w in workers:
+                self._stop(w, kill=bool(w.job))
+
+    def _dispatch(self, w: _Worker, job: _Job) -> None:
+        w.job, w.stage, w.started, w.done = job, "", time.monotonic(), []
+        w.conn.send(("case", job.case, job.backends, self.opts))
+
+    def _receive(self, w: _Worker, queue: deque[_Job]) -> bool:
+        """Handle one message; True when the worker is gone and must be replaced."""
+        try:
+            msg = w.conn.recv()
+        except (EOFError, OSError):
+            return self._crashed(w, queue)
+        kind = msg[0]
+        if kind == "ready":
+            w.ready = True
+            for p in msg[2]:
+                if p not in self._problems_seen:
+                    self._problems_seen.add(p)
+                    self.on_problem(p)
+        elif kind == "stage":
+            w.stage = msg[1]
+        elif kind == "rows":
+            rows: list[Result] = msg[1]
+            if rows:
+                w.done += [r.backend for r in rows]
+                self.on_rows(w.job.case, rows)
+            if w.job and set(w.done) >= set(w.job.backends):
+                w.job = None
+        elif kind == "lost":
+            self.on_problem(f"{w.device}: CUDA context lost ({msg[1]}); restarting the worker")
+            self._requeue_rest(w, queue)
+            self._stop(w, kill=True)
+            return True
+        return False
+
+    def _requeue_rest(self, w: _Worker, queue: deque[_Job]) -> None:
+        if w.job:
+            rest = [b for b in w.job.backends if b not in w.done]
+            if rest:
+                queue.appendleft(_Job(w.job.case, rest))
+        w.job = None
+
+    def _fail_current(self, w: _Worker, why: str) -> None:
+        """Error rows for the backend(s) the worker was on; the rest of the case goes back to the queue."""
+        job = w.job
+        rest = [b for b in job.backends if b not in w.done]
+        culprits = [w.stage] if w.stage in rest else rest  # reference/timing: every backend left
+        self.on_rows(job.case, [error_row(job.case, b, why) for b in culprits])
+        w.done += culprits
+
+    def _crashed(self, w: _Worker, queue: deque[_Job]) -> bool:
+        code = w.proc.wait()
+        if w.job:
+            where = f" while running {w.stage}" if w.stage else ""
+            self._fail_current(w, f"worker crashed ({_exit_text(code)}){where}; log: {w.log.name}")
+            self._requeue_rest(w, queue)
+        elif not w.ready:
+            self.on_problem(f"worker on {w.device} failed to start ({_exit_text(code)}); log: {w.log}")
+        w.conn.close()
+        return True
+
+    def _timeout(self, w: _Worker, queue: deque[_Job]) -> bool:
+        w.proc.kill()
+        w.proc.wait()
+        stage = w.stage or "startup"
+        self._fail_current(w, f"timed out after {self.timeout_s:g} s (in {stage})")
+        self._requeue_rest(w, queue)
+        w.conn.close()
+        return True

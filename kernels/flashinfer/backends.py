@@ -1,0 +1,254 @@
+"""The FlashInfer backends: one registered name per kernel family, built from per-op mixins.
+
+- `flashinfer`: decode on the tensor-core fa2 kernel; extend as one paged fa2 prefill (`attend`: the
+  ragged+paged cascade); sinks through the AttentionSink wrapper (fa2); MLA through the MLA wrapper
+  (fa2); merge_state on the cascade kernel.
+- `flashinfer-fa3`: the same decode/extend/sinks/MLA paths on FlashInfer's fa3 (SM90) kernels.
+- `flashinfer-cudacore`: decode on the CUDA-core kernel (`use_tensor_cores=False`).
+- `flashinfer-ragged`: extend as SGLang runs it: ragged kernel on the new tokens, paged kernel on the
+  prefix, merge_state (fa2). `flashinfer-ragged-fa3`: the same on fa3.
+
+An op is added by a mixin that defines `prepare_<op>(case, inputs)` and, optionally,
+`limits_<op>(case) -> str | None` (the case-level skip reason; hardware availability is checked
+before it) and `jit_<op>(case) -> list[JitKey]` (the JIT modules to prebuild). The GDN mixin
+(`gdn.py`, `FlashInferGDN`) joins a class's bases the same way.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+from attnbench.backend import Backend, register_backend
+from attnbench.dtypes import to_torch
+from attnbench.kernels.flashinfer import _lib, limits
+from attnbench.kernels.flashinfer.jitkeys import JitKey
+
+
+def _prefill_keys(case, backend: str, *, paged: bool, cascade: bool = False) -> list[JitKey]:
+    """Modules of a prefill-kernel path: the kernel itself, fa2's independent-stride variant for a
+    paged call with Dk != Dv, and the cascade (merge) module when a prefix is merged in."""
+    p = case.params
+    dv = p.dv
+    key = JitKey("prefill", backend, to_torch(case.dtype), p.head_dim, dv, p.window >= 0, p.soft_cap > 0)
+    keys = [key]
+    if paged and backend == "fa2" and p.head_dim != dv:
+        keys.append(key._replace(kind="prefill-independent"))
+    if cascade:
+        keys.append(JitKey("cascade"))
+    return keys
+
+
+def _sink_key(case, backend: str) -> JitKey:
+    p = case.params
+    return JitKey("sink", backend, to_torch(case.dtype), p.head_dim, p.dv, p.window >= 0)
+
+
+class FlashInferBase(Backend):
+    """Availability (package, GPU, SM90 for fa3), the case device, then `limits_<op>`."""
+
+    attention_backend: ClassVar[str] = "fa2"  # "fa2" or "fa3": the kernel family of the paged paths
+
+    def available(self) -> str | None:
+        return _lib.unavailable(need_sm90=self.attention_backend == "fa3")
+
+    def supports(self, case) -> str | None:
+        reason = super().supports(case)
+        if reason:
+            return reason
+        if not case.on_cuda:
+            return f"FlashInfer runs on CUDA devices; this case is on {case.device}"
+        return self.limits(case)
+
+    def limits(self, case) -> str | None:
+        """The case-level reason this backend cannot run `case` (no GPU needed to decide)."""
+        rule = getattr(self, f"limits_{case.op_name}", None)
+        return rule(case) if rule else None
+
+    def jit_modules(self, case) -> list[JitKey]:
+        """The FlashInfer JIT modules `prepare` will load for `case` (for `prebuild`)."""
+        keys = getattr(self, f"jit_{case.op_name}", None)
+        return keys(case) if keys else []
+
+
+class PagedDecode:
+    """Decode: tensor-core kernel, AttentionSink wrapper for sinks, MLA wrapper for MLA."""
+
+    def limits_decode(self, case) -> str | None:
+        p = case.params
+        if reason := limits.dtype(case.dtype):
+            return reason
+        if p.mla:
+            return limits.mla(p, extend=False)
+        reason = limits.one_head_dim(p.head_dim, p.dv)
+        reason = reason or limits.head_dims(self.attention_backend, p.head_dim, p.dv)
+        if reason or not p.sinks:
+            return reason
+        return limits.sinks(p, extend=False)
+
+    def jit_decode(self, case) -> list[JitKey]:
+        p = case.params
+        if p.mla:
+            return [JitKey("mla", self.attention_backend, to_torch(case.dtype))]
+        if p.sinks:
+            return [_sink_key(case, self.attention_backend)]
+        return _prefill_keys(case, self.attention_backend, paged=True)
+
+    def prepare_decode(self, case, x):
+        if case.params.mla:
+            from attnbench.kernels.flashinfer.mla import prepare_mla
+
+            return prepare_mla(case, x, backend=self.attention_backend, decode=True)
+        if case.params.sinks:
+            from attnbench.kernels.flashinfer.sinks import prepare_sinks
+
+            return prepare_sinks(case, x, backend=self.attention_backend)
+        from attnbench.kernels.flashinfer.decode import prepare_decode
+
+        return prepare_decode(case, x, tensor_cores=True, backend=self.attention_backend)
+
+
+class CudaCoreDecode:
+    """Decode on FlashInfer's CUDA-core kernel (`use_tensor_cores=False`)."""
+
+    def limits_decode(self, case) -> str | None:
+        p = case.params
+        if reason := limits.dtype(case.dtype):
+            return reason
+        if p.mla:
+            return "MLA decode runs through BatchMLAPagedAttentionWrapper (flashinfer, flashinfer-fa3)"
+        if p.sinks:
+            return (
+                "FlashInfer's CUDA-core decode kernel has no sink term (run(sinks=...) is dropped silently "
+                "on this path); sinks run on flashinfer / flashinfer-fa3 through the AttentionSink wrapper"
+            )
+        group = p.heads_q // p.heads_kv
+        return limits.one_head_dim(p.head_dim, p.dv) or limits.cuda_core_decode(p.head_dim, group)
+
+    def jit_decode(self, case) -> list[JitKey]:
+        p = case.params
+        return [JitKey("decode", "", to_torch(case.dtype), p.head_dim, p.dv, p.window >= 0, p.soft_cap > 0)]
+
+    def prepare_decode(self, case, x):
+        from attnbench.kernels.flashinfer.decode import prepare_decode
+
+        return prepare_decode(case, x, tensor_cores=False, backend="fa2")
+
+
+class PagedExtend:
+    """Extend: one paged prefill call; attend mode via the ragged+paged cascade; sinks; MLA."""
+
+    def limits_extend(self, case) -> str | None:
+        p, backend = case.params, self.attention_backend
+        if reason := limits.dtype(case.dtype):
+            return reason
+        if p.mla:
+            return limits.mla(p, extend=True)
+        if reason := limits.head_dims(backend, p.head_dim, p.dv):
+            return reason
+        if p.mask == "custom" and backend == "fa3":
+            return "FlashInfer's fa3 kernels take no custom mask (MaskMode.CUSTOM is rejected on SM90)"
+        if p.sinks:
+            reason = limits.sinks(p, extend=True)
+        elif p.new_kv == "attend":
+            return limits.cascade(p, backend)
+        else:
+            reason = None
+        if reason is None and backend == "fa3":
+            reason = limits.fa3_paged_strides(p.head_dim, p.dv)
+        return reason
+
+    def jit_extend(self, case) -> list[JitKey]:
+        p, backend = case.params, self.attention_backend
+        if p.mla:
+            return [JitKey("mla", backend, to_torch(case.dtype))]
+        if p.sinks:
+            return [_sink_key(case, backend)]
+        if p.new_kv == "attend":
+            prefix = p.prefix_len > 0
+            return _prefill_keys(case, backend, paged=prefix, cascade=prefix)
+        return _prefill_keys(case, backend, paged=True)
+
+    def prepare_extend(self, case, x):
+        p = case.params
+        if p.mla:
+            from attnbench.kernels.flashinfer.mla import prepare_mla
+
+            return prepare_mla(case, x, backend=self.attention_backend, decode=False)
+        if p.sinks:
+            from attnbench.kernels.flashinfer.sinks import prepare_sinks
+
+            return prepare_sinks(case, x, backend=self.attention_backend)
+        from attnbench.kernels.flashinfer import extend
+
+        if p.new_kv == "attend":
+            return extend.prepare_cascade(case, x, backend=self.attention_backend)
+        return extend.prepare_paged(case, x, backend=self.attention_backend)
+
+
+class RaggedExtend:
+    """Extend the SGLang way: ragged kernel on the new tokens, paged on the prefix, merge_state."""
+
+    def limits_extend(self, case) -> str | None:
+        p, backend = case.params, self.attention_backend
+        if reason := limits.dtype(case.dtype):
+            return reason
+        if p.mla:
+            return "FlashInfer MLA runs through BatchMLAPagedAttentionWrapper (flashinfer, flashinfer-fa3)"
+        if p.new_kv == "shared":
+            return "the ragged kernel reads the new tokens' K/V, which new_kv=shared keeps only in the cache"
+        return limits.head_dims(backend, p.head_dim, p.dv) or limits.cascade(p, backend)
+
+    def jit_extend(self, case) -> list[JitKey]:
+        prefix = case.params.prefix_len > 0
+        return _prefill_keys(case, self.attention_backend, paged=prefix, cascade=prefix)
+
+    def prepare_extend(self, case, x):
+        from attnbench.kernels.flashinfer.extend import prepare_cascade
+
+        return prepare_cascade(case, x, backend=self.attention_backend)
+
+
+class MergeState:
+    def jit_merge_state(self, case) -> list[JitKey]:
+        return [JitKey("cascade")]
+
+    def limits_merge_state(self, case) -> str | None:
+        return limits.merge_state(case.params, case.dtype)
+
+    def prepare_merge_state(self, case, x):
+        from attnbench.kernels.flashinfer.merge import prepare_merge_state
+
+        return prepare_merge_state(case, x)
+
+
+@register_backend("flashinfer")
+class FlashInfer(PagedDecode, PagedExtend, MergeState, FlashInferBase):
+    description = (
+        "FlashInfer 0.7.2 fa2: tensor-core paged decode, paged prefill (custom masks), sink and MLA "
+        "wrappers, merge_state"
+    )
+    attention_backend = "fa2"
+
+
+@register_backend("flashinfer-fa3")
+class FlashInferFA3(PagedDecode, PagedExtend, FlashInferBase):
+    description = "FlashInfer 0.7.2 fa3 (SM90): tensor-core paged decode, paged prefill, sink + MLA wrappers"
+    attention_backend = "fa3"
+
+
+@register_backend("flashinfer-cudacore")
+class FlashInferCudaCore(CudaCoreDecode, FlashInferBase):
+    description = "FlashInfer 0.7.2 CUDA-core paged decode kernel (use_tensor_cores=False)"
+    attention_backend = "fa2"
+
+
+@register_backend("flashinfer-ragged")
+class FlashInferRagged(RaggedExtend, FlashInferBase):
+    description = "FlashInfer 0.7.2 fa2 extend as SGLang runs it: ragged new tokens, paged prefix, merge"
+    attention_backend = "fa2"
+
+
+@register_backend("flashinfer-ragged-fa3")
+class FlashInferRaggedFA3(RaggedExtend, FlashInferBase):
+    description = "FlashInfer 0.7.2 fa3 extend as SGLang runs it: ragged new tokens, paged prefix, merge"
+    attention_backend = "fa3"

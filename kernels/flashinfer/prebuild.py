@@ -1,0 +1,139 @@
+"""Compile the FlashInfer JIT modules a set of cases needs, all at once, before running them.
+
+FlashInfer builds each kernel module with nvcc on first use (one module per backend, dtype, head
+dims, window and soft-cap flag; 10-90 s each), one after the other as the cases reach them. This
+collects the modules that the planned (backend, case) pairs will load and builds them in a single
+ninja run (`flashinfer.jit.core.build_jit_specs`), so their sources compile in parallel on every
+core. Each `prepare` then loads the built module (its `jit_s` is then a load time).
+
+Modules are named by keys (`JitKey`): the backends' `jit_modules(case)` return them, and
+`specs()` turns them into FlashInfer's JitSpec objects with the same generator functions and
+arguments the wrappers use. A spec that differs from the wrapper's only costs a rebuild at first
+use (ninja sees the changed sources); a build failure is only reported: `prepare` builds what it
+needs on its own either way. AttentionSink modules are named without their head dims (see
+`sinks.py`): of two sink keys with one name, only the first is prebuilt.
+
+Usage (on the GPU machine)::
+
+    python -m attnbench.kernels.flashinfer.prebuild smoke -b flashinfer -b flashinfer-cudacore
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from collections.abc import Iterable
+
+import torch
+
+from attnbench.kernels.flashinfer.jitkeys import JitKey
+
+
+def keys_for(backends: Iterable, cases: Iterable) -> list[JitKey]:
+    """The JIT modules the supported (backend, case) pairs will load, without duplicates."""
+    out: dict[JitKey, None] = {}
+    cases = list(cases)
+    for b in backends:
+        modules = getattr(b, "jit_modules", None)
+        if modules is None:
+            continue
+        for case in cases:
+            if case.op_name in b.ops and b.supports(case) is None:
+                out.update(dict.fromkeys(modules(case)))
+    return list(out)
+
+
+def specs(keys: Iterable[JitKey]) -> list:
+    """FlashInfer JitSpecs for the keys (the wrappers' own generators and arguments)."""
+    from flashinfer.jit import gen_batch_decode_module, gen_batch_mla_module
+    from flashinfer.jit.attention.modules import (
+        _gen_batch_prefill_independent_paged_module,
+        _gen_batch_prefill_primary_module,
+        gen_batch_prefill_module,
+        gen_customize_batch_prefill_module,
+    )
+    from flashinfer.jit.attention.variants import attention_sink_decl
+    from flashinfer.jit.cascade import gen_cascade_module
+    from flashinfer.jit.utils import filename_safe_dtype_map
+
+    from attnbench.kernels.flashinfer.sinks import module_name
+
+    out, sink_names = [], set()
+    for k in keys:
+        common = (k.dtype, k.dtype, k.dtype, torch.int32, k.head_dim_qk, k.head_dim_vo)
+        flags = (0, k.sliding_window, k.soft_cap)  # pos_encoding_mode NONE, window, soft cap
+        if k.kind == "prefill" and k.backend == "fa2":
+            out.append(_gen_batch_prefill_primary_module("fa2", *common, *flags, False))
+        elif k.kind == "prefill":
+            out.append(gen_batch_prefill_module(k.backend, *common, *flags, False))
+        elif k.kind == "prefill-independent":
+            out.append(_gen_batch_prefill_independent_paged_module("fa2", *common, *flags, False))
+        elif k.kind == "decode":
+            out.append(gen_batch_decode_module(*common, *flags))
+        elif k.kind == "mla":
+            out.append(gen_batch_mla_module(k.backend, *common[:4], 512, 64, False))
+        elif k.kind == "cascade":
+            out.append(gen_cascade_module())
+        elif k.kind == "sink":
+            name = module_name(filename_safe_dtype_map[k.dtype], 0 if k.sliding_window else -1, k.backend)
+            if name in sink_names:
+                continue
+            sink_names.add(name)
+            # BatchAttentionWithAttentionSinkWrapper.__init__'s jit_args / jit_kwargs (attention/_core.py)
+            out.append(
+                gen_customize_batch_prefill_module(
+                    k.backend, name, *common,
+                    ("sink",), ("float",), ("sm_scale",), ("double",), "AttentionSink",
+                    attention_sink_decl[k.backend],
+                    pos_encoding_mode=0,
+                    use_sliding_window=k.sliding_window,
+                    use_fp16_qk_reduction=False,
+                    paged_kv_stride_mode="independent" if k.backend == "fa2" else "runtime",
+                    module_surface="full",
+                )
+            )  # fmt: skip
+    return out
+
+
+def prebuild(keys: Iterable[JitKey], log=print) -> float:
+    """Build the modules of `keys` in one parallel ninja run; returns the seconds it took.
+
+    Failures are logged, not raised: every `prepare` still builds what it needs by itself.
+    """
+    keys = list(keys)
+    if not keys:
+        return 0.0
+    t0 = time.perf_counter()
+    try:
+        from flashinfer.jit.core import build_jit_specs
+
+        build_jit_specs(specs(keys))
+    except Exception as e:  # noqa: BLE001 - a prebuild problem must not stop the run
+        log(f"flashinfer prebuild failed ({type(e).__name__}: {str(e)[:2000]}); modules build when used")
+    dt = time.perf_counter() - t0
+    log(f"flashinfer prebuild: {len(keys)} modules in {dt:.1f} s")
+    return dt
+
+
+def main(argv: list[str] | None = None) -> int:
+    from attnbench.backend import all_backends, load_builtin
+    from attnbench.suite import load
+
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("suites", nargs="+", help="suite names or YAML files")
+    ap.add_argument("-b", "--backend", action="append", help="only these (default: every flashinfer*)")
+    ap.add_argument("--device", default="cuda")
+    args = ap.parse_args(argv)
+    load_builtin()
+    chosen = args.backend or [n for n in all_backends() if n.startswith("flashinfer")]
+    backends = [b for n, b in all_backends().items() if n in chosen]
+    cases = [c for s in args.suites for c in load(s, args.device).cases]
+    keys = keys_for(backends, cases)
+    print(f"{len(cases)} cases x {len(backends)} backends -> {len(keys)} JIT modules")
+    prebuild(keys)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""Faults do not stop a sweep: crashes, exits, hangs, OOM and raising plugins become error rows;
+resume re-runs only what has no row; shards partition and merge back."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+from typer.testing import CliRunner
+
+from attnbench.cli import app
+from attnbench.results import read_results
+
+runner = CliRunner()
+CASE = "merge_state/t8-h2-d16-bf16"
+
+FAULTY = textwrap.dedent("""
+    import ctypes, os, time
+    import torch
+    import attnbench
+
+    class _Merge(attnbench.Backend):
+        def prepare_merge_state(self, case, x):
+            def run():
+                self.fault()
+                return {"o": x.o, "lse": x.lse}
+            return run
+
+    @attnbench.register_backend("exits")
+    class Exits(_Merge):
+        def fault(self):
+            os._exit(7)
+
+    @attnbench.register_backend("segfaults")
+    class Segfaults(_Merge):
+        def fault(self):
+            ctypes.string_at(0)
+
+    @attnbench.register_backend("hangs")
+    class Hangs(_Merge):
+        def fault(self):
+            time.sleep(600)
+
+    @attnbench.register_backend("ooms")
+    class Ooms(_Merge):
+        def fault(self):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB")
+
+    @attnbench.register_backend("bad-supports")
+    class BadSupports(_Merge):
+        def supports(self, case):
+            raise ValueError("boom")
+""")
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+@pytest.mark.slow
+def test_crashes_exits_hangs_and_ooms_become_error_rows_and_the_sweep_goes_on(tmp_path):
+    plugin = tmp_path / "faulty.py"
+    plugin.write_text(FAULTY)
+    out = tmp_path / "run"
+    backends = ["exits", "segfaults", "hangs", "ooms", "bad-supports", "torch"]
+    args = ["sweep", "--case", CASE, "--case", "merge_state/t9-h2-d16-fp32", "--plugin", str(plugin), "--out", str(out),
+            "--device", "cpu", "--no-timing", "--timeout", "20"]  # fmt: skip
+    for b in backends:
+        args += ["--backend", b]
+    res = invoke(*args)
+    assert res.exit_code == 1, res.output
+    rows = read_results(out / "results.jsonl")
+    assert len(rows) == 2 * len(backends)
+    by = {(r.case_id.split("-")[0], r.backend): r for r in rows}
+    for case in ("merge_state/t8", "merge_state/t9"):
+        assert by[case, "torch"].status == "pass"
+        assert by[case, "exits"].status == "error" and "exit code 7" in by[case, "exits"].reason
+        assert by[case, "segfaults"].status == "error" and "SIGSEGV" in by[case, "segfaults"].reason
+        assert by[case, "hangs"].status == "error" and "timed out after 20 s" in by[case, "hangs"].reason
+        assert by[case, "ooms"].status == "error" and "out of memory" in by[case, "ooms"].reason
+        assert "GiB" in by[case, "ooms"].reason  # the sizes involved
+        assert by[case, "bad-supports"].status == "error" and "supports() raised ValueError" in by[case, "bad-supports"].reason
+    assert (out / "report.html").is_file() and any((out / "logs").iterdir())
+
+
+def test_in_process_mode_still_turns_exceptions_into_rows(tmp_path):
+    plugin = tmp_path / "faulty.py"
+    plugin.write_text(FAULTY)
+    out = tmp_path / "run"
+    res = invoke("sweep", "--case", CASE, "--plugin", str(plugin), "--backend", "ooms", "--backend", "torch",
+                 "--out", str(out), "--device", "cpu", "--no-timing", "--no-isolate")  # fmt: skip
+    assert res.exit_code == 1
+    statuses = {r.backend: r.status for r in read_results(out / "results.jsonl")}
+    assert statuses == {"ooms": "error", "torch": "pass"}
+
+
+def test_resume_reruns_nothing_finished_and_everything_missing(tmp_path):
+    out = tmp_path / "run"
+    args = ["sweep", "smoke", "--op", "merge_state", "--backend", "torch", "--out", str(out), "--device", "cpu",
+            "--no-timing", "--no-isolate"]  # fmt: skip
+    assert invoke(*args).exit_code == 0
+    lines = (out / "results.jsonl").read_text().splitlines()
+    assert len(lines) == 4
+    (out / "results.jsonl").write_text("\n".join(lines[:2]) + "\n" + lines[2][: len(lines[2]) // 2])  # crash mid-write
+    res = invoke(*args, "--resume")
+    assert res.exit_code == 0, res.output
+    after = (out / "results.jsonl").read_text().splitlines()
+    assert after[:2] == lines[:2]  # kept, not re-run
+    rows = read_results(out / "results.jsonl")
+    assert sorted(r.case_id for r in rows) == sorted(r.case_id for r in map(_row, lines))
+    assert "resumed" in (out / "run.json").read_text()
+    res = invoke(*args, "--resume")  # nothing left to do
+    assert res.exit_code == 0 and len(read_results(out / "results.jsonl")) == 4
+
+
+def _row(line):
+    import json
+
+    from attnbench.results import Result
+
+    return Result.from_dict(json.loads(line))
+
+
+def test_shards_partition_the_cases_and_merge_back(tmp_path):
+    base = ["sweep", "smoke", "--op", "merge_state", "--backend", "torch", "--device", "cpu", "--no-timing",
+            "--no-isolate"]  # fmt: skip
+    for k in (1, 2, 3):
+        assert invoke(*base, "--shard", f"{k}/3", "--out", str(tmp_path / f"s{k}")).exit_code == 0
+    ids = [{r.case_id for r in read_results(tmp_path / f"s{k}" / "results.jsonl")} for k in (1, 2, 3)]
+    assert not (ids[0] & ids[1] or ids[1] & ids[2] or ids[0] & ids[2])
+    res = invoke("merge", *(str(tmp_path / f"s{k}") for k in (1, 2, 3)), "--out", str(tmp_path / "all"))
+    assert res.exit_code == 0, res.output
+    merged = read_results(tmp_path / "all" / "results.jsonl")
+    assert {r.case_id for r in merged} == ids[0] | ids[1] | ids[2] and len(merged) == 4
+    assert (tmp_path / "all" / "report.html").is_file()
+    res = invoke("merge", str(tmp_path / "s1"), str(tmp_path / "s1"), "--out", str(tmp_path / "dup"))
+    assert res.exit_code == 2 and "overlap" in res.output
+
+
+@pytest.mark.parametrize("bad", ["3/2", "0/2", "x"])
+def test_bad_shard_is_a_usage_error(bad):
+    res = invoke("sweep", "smoke", "--shard", bad, "--dry-run", "--device", "cpu")
+    assert res.exit_code == 2 and "--shard" in res.output
