@@ -14,10 +14,10 @@ import types
 
 import pytest
 import torch
+
 from attnbench.backend import Backend
 from attnbench.kernels.flashinfer.gdn import FlashInferGDN
 from attnbench.references import gdn as ref
-
 from helpers import run_one
 
 

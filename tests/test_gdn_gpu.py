@@ -7,10 +7,10 @@ speed is measured by `attnbench sweep gdn`.
 from __future__ import annotations
 
 import pytest
+
 from attnbench.backend import Backend, get_backend
 from attnbench.kernels.flashinfer.gdn import FlashInferGDN, gdn_unsupported
 from attnbench.suite import load
-
 from helpers import run_one
 
 GDN_OPS = ("gdn_gating", "causal_conv1d", "gdn_decode", "gdn_extend", "gdn_verify")

@@ -6,6 +6,7 @@ import math
 
 import pytest
 import torch
+
 from attnbench.references import gdn as ref
 
 D64 = torch.float64
