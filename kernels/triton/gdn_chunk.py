@@ -4,7 +4,8 @@ Per chunk of C = 64 tokens and v-head, with gamma the in-chunk cumulative log de
 L2-normalised q (times scale) and k, L[t, s] = beta_t exp(gamma_t - gamma_s) (k^_t . k^_s) for s < t:
 
     T  = (I + L)^-1                       _chunk_tri: 16x16 diagonal blocks (Neumann product + one
-                                          Newton step), then the off-diagonal blocks from them
+                                          Newton step), then the off-diagonal blocks from them; it
+                                          also stores k^ once per q/k head for the later kernels
     W  = T (beta exp(gamma) k^),  U = T (beta v)                            _chunk_wu
     per request, chunk by chunk:  H_c = S (stored),  U' = U - W S,
         S = exp(gamma_last) S + k^T (exp(gamma_last - gamma) U')           _chunk_state (sequential)
