@@ -3,7 +3,9 @@
 Per numeric output: max abs, max rel, relative L2, cosine, mismatch fraction (share of elements over
 the bound), where the worst element is, and the bound of the tolerance rule. Besides error size, a
 check catches NaN/Inf, writes outside an output (canary padding), changed inputs, cache slots
-written that should not be or not written, and wrong shapes or dtypes. The stale-output check
+written that should not be or not written (bitwise, also in numerically compared writes such as
+state pools), and wrong shapes or dtypes. Output elements an op declares unspecified
+(`Op.unspecified`, e.g. rows of padding requests) are not compared. The stale-output check
 (outputs must change when inputs change) runs in the runner, which owns the closure.
 """
 
@@ -130,6 +132,29 @@ def compare_exact(name: str, actual: torch.Tensor, expected: torch.Tensor, befor
     v.problems.append(f"{name}: " + ", ".join(parts))
 
 
+def compare_untouched(
+    name: str, actual: torch.Tensor, expected: torch.Tensor, before: torch.Tensor, v: Verdict
+) -> None:
+    """The part of a numerically compared write that must stay as it was.
+
+    Where the expectation equals the value before the call exactly (e.g. pool slots that no request
+    addresses), every bit must be unchanged.
+    """
+    e, b = expected.double(), before.double()
+    keep = (e == b) | (e.isnan() & b.isnan())
+    stray = int((keep & ~bitwise_equal(actual, before)).sum())
+    v.metrics.setdefault(name, {})["untouched_changed"] = stray
+    if stray:
+        v.problems.append(f"{name}: {stray} elements written that should be untouched")
+
+
+def _fill_unspecified(t: torch.Tensor, mask: torch.Tensor | None, value: torch.Tensor) -> torch.Tensor:
+    """`t` with the elements the contract leaves open replaced by `value` (so they cannot fail a check)."""
+    if mask is None:
+        return t
+    return torch.where(mask.to(t.device), value.to(t.dtype), t)
+
+
 def _units(spec: OutputSpec, params) -> float:
     return math.sqrt(getattr(params, spec.floor_units)) if spec.floor_units else 1.0
 
@@ -146,6 +171,7 @@ def check(
 ) -> Verdict:
     """Everything but staleness: outputs, side effects, untouched inputs, canaries."""
     v = Verdict()
+    free = op.unspecified(params, pristine)
     for name, spec in op.outputs.items():
         got = outputs.get(name)
         if got is None:
@@ -157,16 +183,25 @@ def check(
             continue
         if not canary_intact(getattr(work, name), want):
             v.problems.append(f"{name}: wrote outside the output (canary padding changed)")
+        mask = free.get(name)
+        if mask is not None:
+            got = _fill_unspecified(got, mask, expected[name])
         if spec.exact:
             compare_exact(name, got, expected[name], want, v)
         else:
-            compare_numeric(name, got, expected[name], twin[name], spec, rule, v, _units(spec, params))
+            tw = _fill_unspecified(twin[name], mask, expected[name])
+            compare_numeric(name, got, expected[name], tw, spec, rule, v, _units(spec, params))
+        if mask is not None:
+            v.metrics[name]["unspecified"] = int(mask.expand_as(got).sum())
     writes = op.writes_for(params)
     for name, spec in writes.items():
         if spec.exact:
             compare_exact(name, getattr(work, name), expected[name], getattr(pristine, name), v)
         else:
-            compare_numeric(name, getattr(work, name), expected[name], twin[name], spec, rule, v, _units(spec, params))
+            compare_numeric(
+                name, getattr(work, name), expected[name], twin[name], spec, rule, v, _units(spec, params)
+            )
+            compare_untouched(name, getattr(work, name), expected[name], getattr(pristine, name), v)
     touched = set(op.outputs) | set(writes)
     storages = {tensor_fields(work)[n].untyped_storage().data_ptr() for n in touched if n in tensor_fields(work)}
     for name, before in tensor_fields(pristine).items():

@@ -5,11 +5,12 @@ from __future__ import annotations
 from attnbench.errors import AttnbenchError
 from attnbench.ops.attention import DecodeOp, ExtendOp, MergeStateOp
 from attnbench.ops.base import IdField, Op, OutputSpec, Params
+from attnbench.ops.gdn import GDN_OPS
 from attnbench.ops.spec import EagleBuildTreeOp, TreeVerifyOp, VerifyGreedyOp
 
 OPS: dict[str, Op] = {
     op.name: op
-    for op in (DecodeOp(), ExtendOp(), MergeStateOp(), TreeVerifyOp(), EagleBuildTreeOp(), VerifyGreedyOp())
+    for op in (DecodeOp(), ExtendOp(), MergeStateOp(), TreeVerifyOp(), EagleBuildTreeOp(), VerifyGreedyOp(), *GDN_OPS)
 }
 
 

@@ -69,6 +69,11 @@ class Op:
         """Inputs this case writes (side effects), each compared with its expected final value."""
         return {}
 
+    def unspecified(self, p: Params, inputs: Any) -> dict[str, torch.Tensor]:
+        """Output elements the contract leaves open, by output name: bool masks broadcastable to the
+        output, True where any value is fine (e.g. rows of padding requests). They are not compared."""
+        return {}
+
     # ---- inputs and expectations -------------------------------------------------------------
     def make_inputs(self, p: Params, dtype: torch.dtype, seed: int, device: torch.device) -> Any:
         raise NotImplementedError

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from attnbench.backend import Backend, register_backend
+from attnbench.kernels.torch import gdn
 from attnbench.kernels.torch.attention import prepare_paged_attention
 from attnbench.kernels.torch.merge import merge_state
 from attnbench.kernels.torch.spec import build_eagle_tree, verify_greedy
@@ -29,3 +30,18 @@ class TorchBackend(Backend):
 
     def prepare_verify_greedy(self, case, x):
         return lambda: verify_greedy(x)
+
+    def prepare_gdn_gating(self, case, x):
+        return lambda: gdn.gdn_gating(x)
+
+    def prepare_causal_conv1d(self, case, x):
+        return lambda: gdn.causal_conv1d(x)
+
+    def prepare_gdn_decode(self, case, x):
+        return lambda: gdn.gdn_decode(x)
+
+    def prepare_gdn_extend(self, case, x):
+        return lambda: gdn.gdn_extend(x)
+
+    def prepare_gdn_verify(self, case, x):
+        return lambda: gdn.gdn_verify(x)

@@ -1,4 +1,4 @@
-"""The triton backend (minimal, spec ops only on this branch; the full backend class is merged in).
+"""The triton backend (minimal: the spec and GDN mixins on this branch; the full backend class is merged in).
 
 Runs on a CUDA GPU, or on the CPU under the Triton interpreter (`TRITON_INTERPRET=1`).
 """
@@ -9,11 +9,12 @@ import importlib.util
 import os
 
 from attnbench.backend import Backend, register_backend
+from attnbench.kernels.triton.gdn_backend import TritonGDN
 from attnbench.kernels.triton.spec_backend import TritonSpec
 
 
 @register_backend("triton")
-class TritonBackend(TritonSpec, Backend):
+class TritonBackend(TritonSpec, TritonGDN, Backend):
     description = "attnbench's own Triton kernels (GPU, or CPU under TRITON_INTERPRET=1)"
 
     def available(self) -> str | None:

@@ -1,0 +1,607 @@
+"""GDN-family op contracts: `gdn_gating`, `causal_conv1d`, `gdn_decode`, `gdn_extend`, `gdn_verify`.
+
+Canonical semantics (ARCHITECTURE.md "GDN"; the math is in `attnbench.references.gdn`):
+
+- Heads: `H` q/k heads, `HV` v-heads (GVA: v-head `hv` reads q/k head `hv // (HV / H)`), head dims
+  `K` (q/k) and `V`. q and k arrive raw (not normalised); kernels L2-normalise them
+  (`x / sqrt(sum x^2 + 1e-6)`) and scale q by `scale` (default `K**-0.5`).
+- Gates: raw `a`, `b` `[T, HV]` (case dtype), `A_log [HV]` fp32, `dt_bias [HV]` (case dtype);
+  `g = -exp(A_log) * softplus(a + dt_bias)` (threshold 20), `beta = sigmoid(b)`, both fp32.
+  `gdn_decode` and `gdn_verify` take the raw gates (the gating is fused); `gdn_extend` takes `g`,
+  `beta` as `gdn_gating` makes them.
+- States: a pool `[N, HV, K, V]` fp32 addressed by `state_indices [B]` int32; per step decay first,
+  then the delta against the decayed state, then the output from the updated state. A negative
+  index is padding: the pool is neither read nor written for it, and its output rows are
+  unspecified (SGLang computes them from a zero state, FlashInfer writes zeros).
+- Tokens are packed token-major: `q [T, H, K]`, `v [T, HV, V]`, `o [T, HV, V]`. Extend packs requests
+  by `cu_seqlens [B+1]`; verify packs `draft` tokens per request (token `b * draft + t`).
+- causal_conv1d: token-major `x [T, dim]` (SGLang's `causal_conv1d_fn` takes the `[dim, T]` transposed
+  view of this same memory, `mixed_qkv.transpose(0, 1)`), `weight [dim, W]`, `bias [dim]`, conv
+  states `[N, dim, W-1]` addressed by `cache_indices [B]`, SiLU. `mode: prefill` is the varlen form
+  (`query_start_loc [B+1]`, `has_initial_state [B]`); `mode: update` is one decode token per request
+  (`x [B, dim]`). Both write the new states (the last W-1 raw inputs, bit-exact copies).
+
+Inputs are realistic: pool slots hold random states, slots are shuffled, spare slots exist (and must
+stay bitwise untouched), gates span strong and weak decay (`exp(g)` from ~0.02 to ~1).
+
+Cost model (what `flops()` and `bytes()` count; per v-head, summed over heads and requests):
+
+- gdn_decode / gdn_verify: FLOPs = 6 K V per token (S^T k, k u^T, S^T q at 2 FLOPs per
+  multiply-add; the decay scaling, gating and normalisation are not counted). Bytes = the fp32 state
+  read once per request and written once (decode) or written after every step to `inter_states`
+  (verify) + q, k, v, o, raw gates, A_log, dt_bias, indices (and parents). Padding rows count for
+  their q/k/v/o bytes but not for state traffic or FLOPs.
+- gdn_extend: FLOPs of the chunked form at chunk size c = 64, per chunk of n <= c tokens:
+  6 n K V (W S, (Gamma q) S, k^T U') + 4 n^2 (K + V) (k k^T, q k^T, T (beta Gamma k), P U')
+  + n^3 / 3 (the triangular solve). Bytes = q, k, v, o + g, beta (fp32) + initial states read (requests
+  with one) + final states written.
+- gdn_gating: elementwise, no FLOPs counted. Bytes = a, b read, g, beta written, A_log, dt_bias.
+- causal_conv1d: FLOPs = 2 W dim per token. Bytes = x read, y written, weight, bias, states read (the
+  requests with an initial state) and written, indices.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+from pydantic import Field, model_validator
+
+from attnbench.buffers import alloc_output
+from attnbench.ops.base import IdField, Op, OutputSpec, Params
+from attnbench.references import gdn as ref
+
+CHUNK = 64  # the chunk size the gdn_extend cost model counts
+
+
+# ---- parameters -----------------------------------------------------------------------------------
+class GatingParams(Params):
+    tokens: int = Field(64, ge=1, description="rows of a and b (tokens of the batch)")
+    heads_v: int = Field(8, ge=1)
+
+
+class ConvParams(Params):
+    mode: Literal["prefill", "update"] = Field("prefill", description="varlen prefill, or one token each")
+    batch: int = Field(2, ge=1)
+    seq_len: int = Field(1, ge=1, description="prefill: tokens per request (the most, for mixed); update: 1")
+    dim: int = Field(256, ge=1, description="channels: 2 H K + HV V of the model")
+    width: int = Field(4, ge=2, le=4)
+    lens: Literal["equal", "mixed"] = "equal"
+    init: Literal["all", "none", "mixed"] = Field("all", description="which requests have an initial state")
+
+    @model_validator(mode="after")
+    def _update(self):
+        if self.mode == "update" and (self.seq_len != 1 or self.lens != "equal" or self.init != "all"):
+            raise ValueError("mode update: one token per request, each with a state (seq_len 1, init all)")
+        return self
+
+
+class GDNParams(Params):
+    """Shared by gdn_decode, gdn_extend and gdn_verify."""
+
+    batch: int = Field(4, ge=1)
+    heads_qk: int = Field(4, ge=1, description="H: q/k heads")
+    heads_v: int = Field(8, ge=1, description="HV: v-heads (a multiple of H)")
+    head_dim_k: int = Field(128, ge=1)
+    head_dim_v: int = Field(128, ge=1)
+    scale: float | None = Field(None, gt=0.0, description="multiplies the normalised q; default K**-0.5")
+
+    @model_validator(mode="after")
+    def _heads(self):
+        if self.heads_v % self.heads_qk:
+            raise ValueError(f"heads_v ({self.heads_v}) must be a multiple of heads_qk ({self.heads_qk})")
+        return self
+
+    @property
+    def q_scale(self) -> float:
+        return self.head_dim_k**-0.5 if self.scale is None else self.scale
+
+
+class GDNDecodeParams(GDNParams):
+    pad: int = Field(0, ge=0, description="padding rows (state index -1) among the batch")
+    packed: bool = Field(False, description="q, k, v come as one mixed_qkv [B, 2 H K + HV V] row per request")
+
+    @model_validator(mode="after")
+    def _pad(self):
+        if self.pad >= self.batch:
+            raise ValueError(f"pad ({self.pad}) must leave at least one real request of batch {self.batch}")
+        return self
+
+
+class GDNExtendParams(GDNParams):
+    seq_len: int = Field(128, ge=1, description="tokens per request (the most, for mixed)")
+    lens: Literal["equal", "mixed"] = "equal"
+    init: Literal["all", "none", "mixed"] = Field("all", description="requests that start from a pool state")
+
+
+class GDNVerifyParams(GDNParams):
+    draft: int = Field(4, ge=1, description="T: draft tokens per request")
+    tree: bool = Field(False, description="tokens form a tree (parents array), not a chain")
+    pad: int = Field(0, ge=0, description="padding requests (state index -1)")
+
+    @model_validator(mode="after")
+    def _pad(self):
+        if self.pad >= self.batch:
+            raise ValueError(f"pad ({self.pad}) must leave at least one real request of batch {self.batch}")
+        return self
+
+
+# ---- inputs ---------------------------------------------------------------------------------------
+@dataclass
+class GatingInputs:
+    A_log: torch.Tensor  # [HV] fp32
+    a: torch.Tensor  # [T, HV] case dtype
+    b: torch.Tensor  # [T, HV] case dtype
+    dt_bias: torch.Tensor  # [HV] case dtype
+    g: torch.Tensor  # [T, HV] fp32 output, log-space decay
+    beta: torch.Tensor  # [T, HV] fp32 output
+
+
+@dataclass
+class ConvInputs:
+    """Inputs of causal_conv1d. Update mode: T = B, one token per request, every request has a state."""
+
+    x: torch.Tensor  # [T, dim] case dtype, token-major
+    weight: torch.Tensor  # [dim, W] case dtype
+    bias: torch.Tensor  # [dim] case dtype
+    conv_states: torch.Tensor  # [N, dim, W-1] case dtype, written
+    cache_indices: torch.Tensor  # [B] int32 slot per request
+    has_initial_state: torch.Tensor  # [B] bool
+    query_start_loc: torch.Tensor  # [B+1] int32
+    y: torch.Tensor  # [T, dim] output, case dtype
+    update: bool = False
+    lens_host: tuple[int, ...] = ()
+
+
+@dataclass
+class GDNInputs:
+    """Inputs of gdn_decode (T = B), gdn_extend (T = sum of lengths) and gdn_verify (T = B * draft)."""
+
+    q: torch.Tensor  # [T, H, K] case dtype, not normalised (packed decode: a view into mixed_qkv)
+    k: torch.Tensor  # [T, H, K]
+    v: torch.Tensor  # [T, HV, V]
+    state_pool: torch.Tensor  # [N, HV, K, V] fp32
+    state_indices: torch.Tensor  # [B] int32, negative = padding
+    o: torch.Tensor  # [T, HV, V] output, case dtype
+    scale: float
+    a: torch.Tensor | None = None  # [T, HV] raw gates (decode, verify)
+    b: torch.Tensor | None = None  # [T, HV]
+    A_log: torch.Tensor | None = None  # [HV] fp32
+    dt_bias: torch.Tensor | None = None  # [HV] case dtype
+    g: torch.Tensor | None = None  # [T, HV] fp32 log-space decay (extend)
+    beta: torch.Tensor | None = None  # [T, HV] fp32 (extend)
+    cu_seqlens: torch.Tensor | None = None  # [B+1] int32 (extend)
+    has_initial_state: torch.Tensor | None = None  # [B] bool (extend)
+    mixed_qkv: torch.Tensor | None = None  # [B, 2 H K + HV V] (packed decode): [q | k | v] per row
+    parents: torch.Tensor | None = None  # [B, draft] int32 (tree verify): -1 = the pool state
+    inter_states: torch.Tensor | None = None  # [B, draft, HV, K, V] fp32 output (verify)
+    lens_host: tuple[int, ...] = ()
+
+    @property
+    def batch(self) -> int:
+        return self.state_indices.shape[0]
+
+    @property
+    def draft(self) -> int:
+        return self.inter_states.shape[1] if self.inter_states is not None else 1
+
+
+# ---- shared generation ------------------------------------------------------------------------------
+def _generators(seed: int, device: torch.device) -> tuple[torch.Generator, torch.Generator]:
+    host = torch.Generator().manual_seed(seed)
+    dev = torch.Generator(device=device).manual_seed(seed + 7919)
+    return host, dev
+
+
+def _randn(shape, dtype, gen, device, std: float = 1.0) -> torch.Tensor:
+    return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * std).to(dtype)
+
+
+def _rand(shape, lo, hi, gen, device) -> torch.Tensor:
+    return torch.rand(shape, generator=gen, device=device, dtype=torch.float32) * (hi - lo) + lo
+
+
+def _lengths(n: int, most: int, kind: str, host: torch.Generator) -> list[int]:
+    """Per-request lengths; the first request always has `most`, so ids name the longest."""
+    if kind == "equal" or n == 1:
+        return [most] * n
+    return [most] + torch.randint(1, most + 1, (n - 1,), generator=host).tolist()
+
+
+def _initial(n: int, kind: str, host: torch.Generator) -> list[bool]:
+    if kind == "all":
+        return [True] * n
+    if kind == "none":
+        return [False] * n
+    return [True] + (torch.rand(n - 1, generator=host) < 0.5).tolist()
+
+
+def _slots(batch: int, pad: int, host: torch.Generator) -> tuple[int, list[int]]:
+    """(pool size, slot per request): shuffled distinct slots, ~12% spare, `pad` random rows at -1."""
+    pool = batch + max(2, batch // 8)
+    slots = torch.randperm(pool, generator=host)[:batch].tolist()
+    for i in torch.randperm(batch, generator=host)[:pad].tolist():
+        slots[i] = -1
+    return pool, slots
+
+
+def _gate_params(heads_v: int, dtype, gen, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A_log [HV] fp32 (rates 1..16) and dt_bias [HV] (softplus^-1 of dt in 0.001..0.1), as Mamba inits."""
+    A_log = torch.log(_rand((heads_v,), 1.0, 16.0, gen, device))
+    dt = _rand((heads_v,), 0.001, 0.1, gen, device)
+    dt_bias = (dt + torch.log(-torch.expm1(-dt))).to(dtype)  # softplus^-1(dt)
+    return A_log, dt_bias
+
+
+def _heads_feature(p: GDNParams) -> str:
+    return "gva" if p.heads_v > p.heads_qk else "hv=h"
+
+
+def _dims_features(p: GDNParams) -> list[str]:
+    f = []
+    if p.head_dim_k != p.head_dim_v:
+        f.append("k!=v")
+    if p.head_dim_k not in (64, 128, 256) or p.head_dim_v not in (64, 128, 256):
+        f.append("odd-dim")
+    return f
+
+
+# ---- gdn_gating -------------------------------------------------------------------------------------
+class GDNGatingOp(Op):
+    """g = -exp(A_log) softplus(a + dt_bias) (threshold 20), beta = sigmoid(b), fp32 outputs."""
+
+    name = "gdn_gating"
+    family = "gdn"
+    preset_key = "gdn_gating"
+    Params = GatingParams
+    id_fields = (IdField("t", ("tokens",), always=True), IdField("h", ("heads_v",), always=True))
+    outputs = {"g": OutputSpec(("token", "head")), "beta": OutputSpec(("token", "head"))}
+
+    def make_inputs(self, p: GatingParams, dtype, seed, device) -> GatingInputs:
+        _, gen = _generators(seed, device)
+        T, HV = p.tokens, p.heads_v
+        A_log, dt_bias = _gate_params(HV, dtype, gen, device)
+        a = _randn((T, HV), torch.float32, gen, device, std=2.0)
+        # every 16th element far above the softplus threshold, so the linear branch is exercised
+        a.view(-1)[::16] = _rand((a.view(-1)[::16].numel(),), 28.0, 48.0, gen, device)
+        b = _randn((T, HV), dtype, gen, device, std=2.0)
+        g = alloc_output((T, HV), torch.float32, device)
+        beta = alloc_output((T, HV), torch.float32, device)
+        return GatingInputs(A_log, a.to(dtype), b, dt_bias, g, beta)
+
+    def expected(self, p, x: GatingInputs, precision):
+        g, beta = ref.gating(x.A_log, x.a, x.dt_bias, x.b, precision=precision)
+        return {"g": g, "beta": beta}
+
+    def perturb(self, x: GatingInputs) -> None:
+        x.a.neg_()
+        x.b.neg_()
+
+    def bytes(self, p: GatingParams, x: GatingInputs) -> float:
+        el = x.a.element_size()
+        return float(2 * x.a.numel() * el + 2 * x.g.numel() * 4 + p.heads_v * (4 + x.dt_bias.element_size()))
+
+
+# ---- causal_conv1d ----------------------------------------------------------------------------------
+class CausalConv1dOp(Op):
+    """Depthwise causal conv1d + SiLU over per-request windows; writes the last W-1 raw inputs back."""
+
+    name = "causal_conv1d"
+    family = "gdn"
+    preset_key = "gdn_conv"
+    Params = ConvParams
+    id_fields = (
+        IdField("b", ("batch",), always=True),
+        IdField("t", ("seq_len",), always=True),
+        IdField("", ("lens",)),
+        IdField("c", ("dim",), always=True),
+        IdField("w", ("width",)),
+        IdField("init", ("init",)),
+        IdField("", ("mode",)),
+    )
+    outputs = {"y": OutputSpec(("token", "channel"))}
+
+    def features(self, p: ConvParams) -> tuple[str, ...]:
+        f = [p.mode]
+        if p.lens == "mixed":
+            f.append("varlen")
+        if p.init != "all":
+            f.append(f"init-{p.init}")
+        if p.width != 4:
+            f.append(f"width{p.width}")
+        return tuple(f)
+
+    def writes_for(self, p: ConvParams):
+        return {"conv_states": OutputSpec(("slot", "channel", "tap"), exact=True)}
+
+    def make_inputs(self, p: ConvParams, dtype, seed, device) -> ConvInputs:
+        host, gen = _generators(seed, device)
+        B, D, W = p.batch, p.dim, p.width
+        lens = _lengths(B, p.seq_len, p.lens, host)
+        init = _initial(B, p.init, host)
+        N, slots = _slots(B, 0, host)
+        T = sum(lens)
+        qsl = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
+        return ConvInputs(
+            x=_randn((T, D), dtype, gen, device),
+            weight=_randn((D, W), dtype, gen, device, std=W**-0.5),
+            bias=_randn((D,), dtype, gen, device, std=0.5),
+            conv_states=_randn((N, D, W - 1), dtype, gen, device),
+            cache_indices=torch.tensor(slots, dtype=torch.int32, device=device),
+            has_initial_state=torch.tensor(init, dtype=torch.bool, device=device),
+            query_start_loc=qsl.to(device),
+            y=alloc_output((T, D), dtype, device),
+            update=p.mode == "update",
+            lens_host=tuple(lens),
+        )
+
+    def expected(self, p, x: ConvInputs, precision):
+        y, states = ref.causal_conv1d(
+            x.x, x.weight, x.bias, x.conv_states, x.cache_indices, x.has_initial_state, x.query_start_loc,
+            precision=precision,
+        )  # fmt: skip
+        return {"y": y, "conv_states": states}
+
+    def perturb(self, x: ConvInputs) -> None:
+        x.x.neg_()
+
+    def flops(self, p: ConvParams, x: ConvInputs) -> float:
+        return 2.0 * p.width * p.dim * x.x.shape[0]
+
+    def bytes(self, p: ConvParams, x: ConvInputs) -> float:
+        el = x.x.element_size()
+        state = p.dim * (p.width - 1) * el
+        reads = sum(bool(i) for i in x.has_initial_state.tolist())
+        total = 2 * x.x.numel() * el + (x.weight.numel() + x.bias.numel()) * el
+        total += (reads + p.batch) * state + (x.cache_indices.numel() + x.query_start_loc.numel()) * 4
+        return float(total)
+
+
+# ---- the delta-rule ops -------------------------------------------------------------------------------
+_GDN_ID = (
+    IdField("b", ("batch",), always=True),
+    IdField("t", ("seq_len",), always=True),
+    IdField("t", ("draft",), always=True),
+    IdField("", ("lens",)),
+    IdField("h", ("heads_qk", "heads_v"), always=True),
+    IdField("d", ("head_dim_k", "head_dim_v"), always=True),
+    IdField("init", ("init",)),
+    IdField("pad", ("pad",)),
+    IdField("packed", ("packed",)),
+    IdField("tree", ("tree",)),
+    IdField("scale", ("scale",)),
+)
+
+
+def _id_fields(params: type[Params]) -> tuple[IdField, ...]:
+    return tuple(f for f in _GDN_ID if f.fields[0] in params.model_fields)
+
+
+class _GDNOp(Op):
+    family = "gdn"
+    outputs = {"o": OutputSpec(("token", "head", "dim"))}
+
+    def _qkv(self, p: GDNParams, T: int, dtype, gen, device):
+        H, HV, K, V = p.heads_qk, p.heads_v, p.head_dim_k, p.head_dim_v
+        return (
+            _randn((T, H, K), dtype, gen, device),
+            _randn((T, H, K), dtype, gen, device),
+            _randn((T, HV, V), dtype, gen, device),
+        )
+
+    def _pool(self, p: GDNParams, N: int, gen, device) -> torch.Tensor:
+        return _randn((N, p.heads_v, p.head_dim_k, p.head_dim_v), torch.float32, gen, device, std=0.5)
+
+    def _raw_gates(self, p: GDNParams, T: int, dtype, gen, device):
+        A_log, dt_bias = _gate_params(p.heads_v, dtype, gen, device)
+        a = _randn((T, p.heads_v), dtype, gen, device)
+        b = _randn((T, p.heads_v), dtype, gen, device, std=1.5)
+        return a, b, A_log, dt_bias
+
+    def perturb(self, x: GDNInputs) -> None:
+        x.v.neg_()
+
+    def _io_bytes(self, x: GDNInputs) -> int:
+        el = x.q.element_size()
+        total = (x.q.numel() + x.k.numel() + x.v.numel() + x.o.numel()) * el + x.state_indices.numel() * 4
+        for t in (x.a, x.b, x.A_log, x.dt_bias, x.g, x.beta, x.cu_seqlens, x.parents):
+            if t is not None:
+                total += t.numel() * t.element_size()
+        return total
+
+
+class GDNDecodeOp(_GDNOp):
+    """One recurrent step per request over the state pool, gating fused; `packed` reads mixed_qkv."""
+
+    name = "gdn_decode"
+    Params = GDNDecodeParams
+    id_fields = _id_fields(GDNDecodeParams)
+
+    def features(self, p: GDNDecodeParams) -> tuple[str, ...]:
+        f = [_heads_feature(p), *_dims_features(p)]
+        if p.pad:
+            f.append("padding")
+        if p.packed:
+            f.append("packed")
+        return tuple(f)
+
+    def writes_for(self, p):
+        return {"state_pool": OutputSpec(("slot", "head", "k", "v"))}
+
+    def unspecified(self, p, x: GDNInputs):
+        return {"o": (x.state_indices < 0)[:, None, None]} if p.pad else {}
+
+    def make_inputs(self, p: GDNDecodeParams, dtype, seed, device) -> GDNInputs:
+        host, gen = _generators(seed, device)
+        B, H, HV, K, V = p.batch, p.heads_qk, p.heads_v, p.head_dim_k, p.head_dim_v
+        N, slots = _slots(B, p.pad, host)
+        mixed = None
+        if p.packed:
+            mixed = _randn((B, 2 * H * K + HV * V), dtype, gen, device)
+            q = mixed[:, : H * K].view(B, H, K)
+            k = mixed[:, H * K : 2 * H * K].view(B, H, K)
+            v = mixed[:, 2 * H * K :].view(B, HV, V)
+        else:
+            q, k, v = self._qkv(p, B, dtype, gen, device)
+        a, b, A_log, dt_bias = self._raw_gates(p, B, dtype, gen, device)
+        return GDNInputs(
+            q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, mixed_qkv=mixed,
+            state_pool=self._pool(p, N, gen, device),
+            state_indices=torch.tensor(slots, dtype=torch.int32, device=device),
+            o=alloc_output((B, HV, V), dtype, device),
+            scale=p.q_scale,
+            lens_host=(1,) * B,
+        )  # fmt: skip
+
+    def expected(self, p, x: GDNInputs, precision):
+        o, pool = ref.gdn_decode(
+            x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, x.state_pool, x.state_indices, scale=x.scale,
+            precision=precision,
+        )  # fmt: skip
+        return {"o": o, "state_pool": pool}
+
+    def flops(self, p: GDNDecodeParams, x) -> float:
+        return 6.0 * p.head_dim_k * p.head_dim_v * p.heads_v * (p.batch - p.pad)
+
+    def bytes(self, p: GDNDecodeParams, x: GDNInputs) -> float:
+        state = 4 * p.heads_v * p.head_dim_k * p.head_dim_v
+        return float(self._io_bytes(x) + 2 * state * (p.batch - p.pad))
+
+
+class GDNExtendOp(_GDNOp):
+    """Chunked varlen prefill: initial states from the pool (where `has_initial_state`), final states back."""
+
+    name = "gdn_extend"
+    Params = GDNExtendParams
+    id_fields = _id_fields(GDNExtendParams)
+
+    def features(self, p: GDNExtendParams) -> tuple[str, ...]:
+        f = [_heads_feature(p), *_dims_features(p)]
+        if p.batch > 1:
+            f.append("varlen")
+        if p.lens == "mixed":
+            f.append("mixed-lens")
+        if p.init != "all":
+            f.append(f"init-{p.init}")
+        if p.seq_len >= 8192:
+            f.append("long")
+        return tuple(f)
+
+    def writes_for(self, p):
+        return {"state_pool": OutputSpec(("slot", "head", "k", "v"))}
+
+    def make_inputs(self, p: GDNExtendParams, dtype, seed, device) -> GDNInputs:
+        host, gen = _generators(seed, device)
+        B = p.batch
+        lens = _lengths(B, p.seq_len, p.lens, host)
+        init = _initial(B, p.init, host)
+        N, slots = _slots(B, 0, host)
+        T = sum(lens)
+        q, k, v = self._qkv(p, T, dtype, gen, device)
+        a, b, A_log, dt_bias = self._raw_gates(p, T, dtype, gen, device)
+        g, beta = ref.gating(A_log, a, dt_bias, b)  # the fp32 gates gdn_gating makes, from raw inputs
+        cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
+        return GDNInputs(
+            q=q, k=k, v=v, g=g.float(), beta=beta.float(),
+            state_pool=self._pool(p, N, gen, device),
+            state_indices=torch.tensor(slots, dtype=torch.int32, device=device),
+            cu_seqlens=cu.to(device),
+            has_initial_state=torch.tensor(init, dtype=torch.bool, device=device),
+            o=alloc_output((T, p.heads_v, p.head_dim_v), dtype, device),
+            scale=p.q_scale,
+            lens_host=tuple(lens),
+        )  # fmt: skip
+
+    def expected(self, p, x: GDNInputs, precision):
+        o, pool = ref.gdn_extend(
+            x.q, x.k, x.v, x.g, x.beta, x.state_pool, x.state_indices, x.cu_seqlens, x.has_initial_state,
+            scale=x.scale, precision=precision,
+        )  # fmt: skip
+        return {"o": o, "state_pool": pool}
+
+    def flops(self, p: GDNExtendParams, x: GDNInputs) -> float:
+        K, V = p.head_dim_k, p.head_dim_v
+        total = 0.0
+        for n_req in x.lens_host:
+            full, rest = divmod(n_req, CHUNK)
+            for n, count in ((CHUNK, full), (rest, 1 if rest else 0)):
+                total += count * (6.0 * n * K * V + 4.0 * n * n * (K + V) + n**3 / 3.0)
+        return total * p.heads_v
+
+    def bytes(self, p: GDNExtendParams, x: GDNInputs) -> float:
+        state = 4 * p.heads_v * p.head_dim_k * p.head_dim_v
+        reads = sum(bool(i) for i in x.has_initial_state.tolist())
+        return float(self._io_bytes(x) + state * (reads + p.batch))
+
+
+class GDNVerifyOp(_GDNOp):
+    """Target verify: `draft` tokens per request, the state after every step kept, the pool untouched."""
+
+    name = "gdn_verify"
+    Params = GDNVerifyParams
+    id_fields = _id_fields(GDNVerifyParams)
+    outputs = {
+        "o": OutputSpec(("token", "head", "dim")),
+        "inter_states": OutputSpec(("request", "step", "head", "k", "v")),
+    }
+
+    def features(self, p: GDNVerifyParams) -> tuple[str, ...]:
+        f = [_heads_feature(p), *_dims_features(p), "tree" if p.tree else "chain"]
+        if p.pad:
+            f.append("padding")
+        return tuple(f)
+
+    def unspecified(self, p, x: GDNInputs):
+        if not p.pad:
+            return {}
+        pad = x.state_indices < 0
+        return {
+            "o": pad.repeat_interleave(p.draft)[:, None, None],
+            "inter_states": pad[:, None, None, None, None],
+        }
+
+    def make_inputs(self, p: GDNVerifyParams, dtype, seed, device) -> GDNInputs:
+        host, gen = _generators(seed, device)
+        B, T, HV, K, V = p.batch, p.draft, p.heads_v, p.head_dim_k, p.head_dim_v
+        N, slots = _slots(B, p.pad, host)
+        q, k, v = self._qkv(p, B * T, dtype, gen, device)
+        a, b, A_log, dt_bias = self._raw_gates(p, B * T, dtype, gen, device)
+        parents = None
+        if p.tree:  # token 0 is the root (from the pool state); token t > 0 hangs off one of 0..t-1
+            par = torch.zeros(B, T, dtype=torch.int32)
+            par[:, 0] = -1
+            for t in range(1, T):
+                par[:, t] = torch.randint(0, t, (B,), generator=host, dtype=torch.int32)
+            parents = par.to(device)
+        return GDNInputs(
+            q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, parents=parents,
+            state_pool=self._pool(p, N, gen, device),
+            state_indices=torch.tensor(slots, dtype=torch.int32, device=device),
+            o=alloc_output((B * T, HV, V), dtype, device),
+            inter_states=alloc_output((B, T, HV, K, V), torch.float32, device),
+            scale=p.q_scale,
+            lens_host=(T,) * B,
+        )  # fmt: skip
+
+    def expected(self, p: GDNVerifyParams, x: GDNInputs, precision):
+        B, T = p.batch, p.draft
+
+        def per_request(t: torch.Tensor) -> torch.Tensor:
+            return t.view(B, T, *t.shape[1:])
+
+        o, states = ref.gdn_verify(
+            per_request(x.q), per_request(x.k), per_request(x.v), per_request(x.a), per_request(x.b),
+            x.A_log, x.dt_bias, x.state_pool, x.state_indices, x.parents, scale=x.scale, precision=precision,
+        )  # fmt: skip
+        return {"o": o.flatten(0, 1), "inter_states": states}
+
+    def flops(self, p: GDNVerifyParams, x) -> float:
+        return 6.0 * p.head_dim_k * p.head_dim_v * p.heads_v * p.draft * (p.batch - p.pad)
+
+    def bytes(self, p: GDNVerifyParams, x: GDNInputs) -> float:
+        state = 4 * p.heads_v * p.head_dim_k * p.head_dim_v
+        return float(self._io_bytes(x) + state * (1 + p.draft) * (p.batch - p.pad))
+
+
+GDN_OPS = (GDNGatingOp(), CausalConv1dOp(), GDNDecodeOp(), GDNExtendOp(), GDNVerifyOp())

@@ -1,0 +1,186 @@
+"""GDN Triton kernels, elementwise and recurrent: fused gating, decode (plain and packed) and verify.
+
+- `gdn_gating`: g = -exp(A_log) softplus(a + dt_bias), beta = sigmoid(b), fp32.
+- `gdn_recurrent`: one program per (request, v-head, block of BV value columns) keeps its `[K, BV]`
+  slice of the fp32 state in registers and steps through the request's tokens: gating from the raw
+  inputs, L2 norm of q/k, decay, delta, output. Decode is one step with the state written back to
+  the pool; packed decode is the same kernel reading q/k/v straight out of `mixed_qkv` rows through
+  strides (no split copy); verify runs `T` steps, stores the state after each step to the
+  intermediate buffer and leaves the pool alone, and with `parents` restarts every step from its
+  parent's stored state.
+
+A negative pool index reads a zero state and writes nothing back (its output rows are computed from
+that zero state, as SGLang's kernel does).
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from attnbench.kernels.triton.gdn_common import (
+    INTERPRET,
+    L2_EPS,
+    TL_DTYPES,
+    autotune_configs,
+    gates,
+    round_to,
+)
+
+
+# ---- gating ---------------------------------------------------------------------------------------
+@triton.jit
+def _gdn_gating_kernel(
+    # Pointers
+    A_log, a, b, dt_bias, g, beta,
+    # Sizes
+    N, HV: tl.constexpr,
+    # Meta-parameters
+    BLOCK: tl.constexpr,
+):  # fmt: skip
+    o_x = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    m_x = o_x < N
+    i_hv = o_x % HV
+    b_A = tl.exp(tl.load(A_log + i_hv, mask=m_x, other=0).to(tl.float32))
+    b_dt = tl.load(dt_bias + i_hv, mask=m_x, other=0).to(tl.float32)
+    b_a = tl.load(a + o_x, mask=m_x, other=0).to(tl.float32)
+    b_b = tl.load(b + o_x, mask=m_x, other=0).to(tl.float32)
+    b_g, b_beta = gates(b_a, b_b, b_A, b_dt)
+    tl.store(g + o_x, b_g, mask=m_x)
+    tl.store(beta + o_x, b_beta, mask=m_x)
+
+
+def gdn_gating(A_log, a, b, dt_bias, g, beta) -> None:
+    """Writes `g`, `beta` `[T, HV]` fp32 from `a`, `b` `[T, HV]` and `A_log`, `dt_bias` `[HV]`."""
+    assert a.is_contiguous() and b.is_contiguous() and g.is_contiguous() and beta.is_contiguous()
+    N, HV = a.numel(), a.shape[-1]
+    BLOCK = 1024
+    grid = (triton.cdiv(N, BLOCK),)
+    _gdn_gating_kernel[grid](A_log, a, b, dt_bias, g, beta, N, HV, BLOCK=BLOCK, num_warps=4)
+
+
+# ---- the recurrence ---------------------------------------------------------------------------------
+_RECURRENT_CONFIGS = autotune_configs(
+    [
+        triton.Config({"BV": 32}, num_warps=4),
+        triton.Config({"BV": 16}, num_warps=2),
+        triton.Config({"BV": 32}, num_warps=2),
+        triton.Config({"BV": 64}, num_warps=4),
+        triton.Config({"BV": 64}, num_warps=8),
+        triton.Config({"BV": 8}, num_warps=1),
+        triton.Config({"BV": 16}, num_warps=4),
+        triton.Config({"BV": 128}, num_warps=8),
+    ]
+)
+
+
+@triton.autotune(configs=_RECURRENT_CONFIGS, key=["B_KEY", "T", "HV", "K", "V"], restore_value=["pool"])
+@triton.jit
+def _gdn_recurrent_kernel(
+    # Pointers
+    q, k, v, a, b, A_log, dt_bias, pool, indices, o, inter, parents,
+    # Strides (elements) of the token and head dims of q, k, v; the last dim is contiguous
+    stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    scale,
+    B_KEY,
+    # Sizes
+    T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    # Meta-parameters
+    BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
+    WRITE_POOL: tl.constexpr, STORE_INTER: tl.constexpr, USE_PARENTS: tl.constexpr,
+):  # fmt: skip
+    i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+
+    o_k = tl.arange(0, BK)
+    o_v = i_v * BV + tl.arange(0, BV)
+    m_k, m_v = o_k < K, o_v < V
+    m_h = m_k[:, None] & m_v[None, :]
+    o_h = o_k[:, None] * V + o_v[None, :]  # offsets of this [BK, BV] slice inside one [K, V] state
+
+    i_slot = tl.load(indices + i_n).to(tl.int64)
+    valid = i_slot >= 0
+    p_pool = pool + (tl.maximum(i_slot, 0) * HV + i_hv) * K * V + o_h
+    # the state is read once and written once: stream it past L2 (the pool is far larger than L2)
+    b_h0 = tl.load(p_pool, mask=m_h & valid, other=0, eviction_policy="evict_first").to(tl.float32)
+    b_h = b_h0
+    b_A = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
+    b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
+
+    for t in range(T):
+        i_tok = i_n * T + t
+        if USE_PARENTS:
+            i_par = tl.load(parents + i_tok)
+            tl.debug_barrier()  # the parent's state was stored by this program's threads in an earlier step
+            p_par = inter + ((i_n * T + tl.maximum(i_par, 0)) * HV + i_hv) * K * V + o_h
+            b_hp = tl.load(p_par, mask=m_h & (i_par >= 0), other=0)
+            b_h = tl.where(i_par >= 0, b_hp, b_h0)
+        b_q = tl.load(q + i_tok * stride_qt + i_h * stride_qh + o_k, mask=m_k, other=0).to(tl.float32)
+        b_k = tl.load(k + i_tok * stride_kt + i_h * stride_kh + o_k, mask=m_k, other=0).to(tl.float32)
+        b_v = tl.load(v + i_tok * stride_vt + i_hv * stride_vh + o_v, mask=m_v, other=0).to(tl.float32)
+        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + L2_EPS) * scale
+        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + L2_EPS)
+        b_a = tl.load(a + i_tok * HV + i_hv).to(tl.float32)
+        b_b = tl.load(b + i_tok * HV + i_hv).to(tl.float32)
+        b_g, b_beta = gates(b_a, b_b, b_A, b_dt)
+
+        b_h = b_h * tl.exp(b_g)  # decay first
+        b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))  # delta against the decayed state
+        b_h = b_h + b_k[:, None] * b_u[None, :]
+        b_o = tl.sum(b_h * b_q[:, None], 0)  # output from the updated state
+        tl.store(o + (i_tok * HV + i_hv) * V + o_v, round_to(b_o, DT, EMULATE), mask=m_v)
+        if STORE_INTER:
+            tl.store(inter + (i_tok * HV + i_hv) * K * V + o_h, b_h, mask=m_h)
+
+    if WRITE_POOL:
+        tl.store(p_pool, b_h, mask=m_h & valid, eviction_policy="evict_first")
+
+
+def gdn_recurrent(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    a: torch.Tensor,
+    b: torch.Tensor,
+    A_log: torch.Tensor,
+    dt_bias: torch.Tensor,
+    pool: torch.Tensor,
+    indices: torch.Tensor,
+    o: torch.Tensor,
+    *,
+    scale: float,
+    steps: int = 1,
+    inter: torch.Tensor | None = None,
+    parents: torch.Tensor | None = None,
+) -> None:
+    """The recurrence over `steps` tokens per request (decode: 1; verify: draft tokens).
+
+    Args:
+        q, k: `[B * steps, H, K]` (any token/head strides; packed decode passes views of mixed_qkv);
+        v: `[B * steps, HV, V]`; a, b: `[B * steps, HV]` raw gates; A_log, dt_bias: `[HV]`.
+        pool: `[N, HV, K, V]` fp32; indices: `[B]` (negative = padding).
+        o: `[B * steps, HV, V]` contiguous output.
+        inter: `[B, steps, HV, K, V]` fp32: given (verify), the state after every step goes there and the
+            pool is not written; None (decode): the final state is written back to the pool.
+        parents: `[B, steps]` int32 (tree verify): step t starts from the state after step parents[t].
+    """
+    B = indices.shape[0]
+    H, K = q.shape[1], q.shape[2]
+    HV, V = v.shape[1], v.shape[2]
+    assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1, "the head dims must be contiguous"
+    assert o.is_contiguous() and pool.is_contiguous() and a.is_contiguous() and b.is_contiguous()
+    assert inter is not None or parents is None, "parents need the intermediate buffer"
+
+    def grid(meta):
+        return (triton.cdiv(V, meta["BV"]), B * HV)
+
+    _gdn_recurrent_kernel[grid](
+        q, k, v, a, b, A_log, dt_bias, pool, indices, o,
+        inter if inter is not None else o, parents if parents is not None else indices,
+        q.stride(0), q.stride(1), k.stride(0), k.stride(1), v.stride(0), v.stride(1),
+        scale, B if B < 64 else B // 64 * 64,  # autotune per batch bucket
+        T=steps, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), DT=TL_DTYPES[o.dtype], EMULATE=INTERPRET,
+        WRITE_POOL=inter is None, STORE_INTER=inter is not None, USE_PARENTS=parents is not None,
+    )  # fmt: skip

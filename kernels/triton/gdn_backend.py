@@ -1,0 +1,86 @@
+"""`TritonGDN`: the GDN ops of the `triton` backend, as a mixin for its Backend class.
+
+Each `prepare_gdn_*` does the host-side work (the chunk plan and workspaces of gdn_extend, contiguity
+checks) and returns the closure that launches our own kernels (kernels/triton/gdn*.py).
+"""
+
+from __future__ import annotations
+
+from attnbench.errors import Unsupported
+
+
+class TritonGDN:
+    """Mixin: gdn_gating, causal_conv1d, gdn_decode (plain and packed), gdn_extend, gdn_verify."""
+
+    def prepare_gdn_gating(self, case, x):
+        from attnbench.kernels.triton.gdn import gdn_gating
+
+        def run():
+            gdn_gating(x.A_log, x.a, x.b, x.dt_bias, x.g, x.beta)
+            return {"g": x.g, "beta": x.beta}
+
+        return run
+
+    def prepare_causal_conv1d(self, case, x):
+        from attnbench.kernels.triton.gdn_conv import causal_conv1d_fn, causal_conv1d_update
+
+        if x.update:
+
+            def run():
+                causal_conv1d_update(x.x, x.weight, x.bias, x.conv_states, x.cache_indices, x.y)
+                return {"y": x.y}
+
+            return run
+        max_len = max(x.lens_host)
+
+        def run():
+            causal_conv1d_fn(
+                x.x, x.weight, x.bias, x.conv_states, x.cache_indices, x.has_initial_state, x.query_start_loc,
+                x.y, max_len,
+            )  # fmt: skip
+            return {"y": x.y}
+
+        return run
+
+    def prepare_gdn_decode(self, case, x):
+        from attnbench.kernels.triton.gdn import gdn_recurrent
+
+        def run():
+            gdn_recurrent(
+                x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, x.state_pool, x.state_indices, x.o, scale=x.scale
+            )
+            return {"o": x.o}
+
+        packed = x.mixed_qkv is not None
+        run.info = {"variant": "packed: q/k/v read in place from mixed_qkv" if packed else "recurrent"}
+        return run
+
+    def prepare_gdn_verify(self, case, x):
+        from attnbench.kernels.triton.gdn import gdn_recurrent
+
+        def run():
+            gdn_recurrent(
+                x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, x.state_pool, x.state_indices, x.o,
+                scale=x.scale, steps=x.draft, inter=x.inter_states, parents=x.parents,
+            )  # fmt: skip
+            return {"o": x.o, "inter_states": x.inter_states}
+
+        return run
+
+    def prepare_gdn_extend(self, case, x):
+        from attnbench.kernels.triton.gdn_chunk import chunk_gated_delta_rule, plan
+
+        K, V = x.q.shape[2], x.v.shape[2]
+        if K > 256 or V > 256:
+            raise Unsupported("triton gdn_extend supports head dims up to 256")
+        p = plan(list(x.lens_host), x.q.shape[1], x.v.shape[1], K, V, x.q.dtype, x.q.device)
+
+        def run():
+            chunk_gated_delta_rule(
+                x.q, x.k, x.v, x.g, x.beta, x.state_pool, x.state_indices, x.has_initial_state, x.cu_seqlens,
+                x.o, p, scale=x.scale,
+            )  # fmt: skip
+            return {"o": x.o}
+
+        run.info = {"chunk": 64, "chunks": int(p.chunks.shape[0])}
+        return run

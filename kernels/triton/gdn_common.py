@@ -1,0 +1,73 @@
+"""Helpers shared by the GDN Triton kernels: rounding, matmuls, gates, the interpreter switch.
+
+Under `TRITON_INTERPRET=1` (the CPU lane) two things differ from a GPU, and the helpers hide both:
+the interpreter's float32 -> bfloat16 conversion truncates (a GPU rounds to nearest even), and its
+`tl.dot` on bfloat16 operands returns garbage (triton 3.6). So with `EMULATE` the kernels round with
+an explicit round-to-nearest-even and feed float32 operands that hold the rounded values to an IEEE
+float32 dot. Products of bf16/fp16 values are exact in float32, so this is the same math as a
+tensor-core dot on the rounded operands; only the accumulation order differs.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+L2_EPS = tl.constexpr(1e-6)  # q / sqrt(sum q^2 + eps), as FLA and SGLang
+
+TL_DTYPES = {torch.float32: tl.float32, torch.float16: tl.float16, torch.bfloat16: tl.bfloat16}
+
+
+AUTOTUNE = os.environ.get("ATTNBENCH_TRITON_AUTOTUNE", "1") != "0"
+
+
+def autotune_configs(configs: list[triton.Config]) -> list[triton.Config]:
+    """All configs on a GPU; the first only in the interpreter (autotuning needs a driver) or when
+    ATTNBENCH_TRITON_AUTOTUNE=0 (correctness runs: one compile per shape instead of one per config)."""
+    return configs if AUTOTUNE and not INTERPRET else configs[:1]
+
+
+@triton.jit
+def round_to(x, DT: tl.constexpr, EMULATE: tl.constexpr):
+    """`x` rounded to DT: a DT tensor on a GPU, a float32 tensor of DT values when emulating.
+
+    Emulated bfloat16 rounding is round-to-nearest-even on the bits (finite inputs), inline because
+    every nested jit call is expensive in the interpreter.
+    """
+    if EMULATE:
+        if DT == tl.bfloat16:
+            bits = x.to(tl.float32).to(tl.uint32, bitcast=True)
+            bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & 0xFFFF0000
+            return bits.to(tl.float32, bitcast=True)
+        else:
+            return x.to(DT).to(tl.float32)
+    else:
+        return x.to(DT)
+
+
+@triton.jit
+def mm(a, b, EMULATE: tl.constexpr, IEEE: tl.constexpr):
+    """a @ b with float32 accumulation; operands come from `round_to` (IEEE: float32 operands)."""
+    if EMULATE or IEEE:
+        return tl.dot(a, b, input_precision="ieee")
+    else:
+        return tl.dot(a, b)
+
+
+@triton.jit
+def softplus(x):
+    """log(1 + exp(x)), x itself above 20; log1p computed without cancellation (Goldberg's trick)."""
+    e = tl.exp(tl.minimum(x, 20.0))
+    u = 1.0 + e
+    lp = tl.where(u == 1.0, e, tl.log(u) * (e / tl.where(u == 1.0, 1.0, u - 1.0)))
+    return tl.where(x > 20.0, x, lp)
+
+
+@triton.jit
+def gates(a, b, A, dt_bias):
+    """(g, beta) = (-A * softplus(a + dt_bias), sigmoid(b)), A = exp(A_log); float32."""
+    return -A * softplus(a + dt_bias), 1.0 / (1.0 + tl.exp(-b))
