@@ -129,6 +129,8 @@ def case_reason(case) -> str | None:
         return f"FA4 runs fp16/bf16 on SM90 (fp8 is SM100-only), not {case.dtype}"
     if p.mla:
         return "FA4's absorbed-MLA path (qv, head_dim_v 512) asserts Blackwell (SM100); not run on SM90"
+    if getattr(p, "kv_dtype", "auto") != "auto":
+        return f"FA4 reads fp16/bf16 KV caches on SM90 (fp8 is SM100-only), not {p.kv_dtype}"
     for name, d in (("head_dim", p.head_dim), ("head_dim_v", p.dv)):
         if not (8 <= d <= 256 and d % 8 == 0):
             return (

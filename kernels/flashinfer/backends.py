@@ -21,6 +21,7 @@ from typing import ClassVar
 from attnbench.backend import Backend, register_backend
 from attnbench.dtypes import to_torch
 from attnbench.kernels.flashinfer import _lib, limits
+from attnbench.kernels.flashinfer.gdn import FlashInferGDN
 from attnbench.kernels.flashinfer.jitkeys import JitKey
 
 
@@ -59,8 +60,12 @@ class FlashInferBase(Backend):
             return f"FlashInfer runs on CUDA devices; this case is on {case.device}"
         return self.limits(case)
 
+    fp8_kv: ClassVar[bool] = False  # reads fp8 KV caches (per-tensor k_scale / v_scale) in decode
+
     def limits(self, case) -> str | None:
         """The case-level reason this backend cannot run `case` (no GPU needed to decide)."""
+        if getattr(case.params, "kv_dtype", "auto") != "auto" and (reason := limits.fp8_kv(case, self.fp8_kv)):
+            return reason
         rule = getattr(self, f"limits_{case.op_name}", None)
         return rule(case) if rule else None
 
@@ -72,6 +77,8 @@ class FlashInferBase(Backend):
 
 class PagedDecode:
     """Decode: tensor-core kernel, AttentionSink wrapper for sinks, MLA wrapper for MLA."""
+
+    fp8_kv = True
 
     def limits_decode(self, case) -> str | None:
         p = case.params
@@ -109,6 +116,8 @@ class PagedDecode:
 
 class CudaCoreDecode:
     """Decode on FlashInfer's CUDA-core kernel (`use_tensor_cores=False`)."""
+
+    fp8_kv = True
 
     def limits_decode(self, case) -> str | None:
         p = case.params
@@ -222,7 +231,7 @@ class MergeState:
 
 
 @register_backend("flashinfer")
-class FlashInfer(PagedDecode, PagedExtend, MergeState, FlashInferBase):
+class FlashInfer(PagedDecode, PagedExtend, MergeState, FlashInferGDN, FlashInferBase):
     description = (
         "FlashInfer 0.7.2 fa2: tensor-core paged decode, paged prefill (custom masks), sink and MLA "
         "wrappers, merge_state"

@@ -27,6 +27,8 @@ def prepare_decode(case, x, *, tensor_cores: bool, backend: str):
         _lib.float_workspace(x.q.device), "NHD", use_tensor_cores=tensor_cores, backend=backend
     )
     last = conv.last_page_len(x.seq_lens, x.page_size)
+    kv_dtype = x.k_cache.dtype  # the case dtype, or fp8 (real value = stored * scale: run(k_scale=, v_scale=))
+    scales = {} if x.k_scale is None else {"k_scale": float(x.k_scale), "v_scale": float(x.v_scale)}
 
     def plan():
         wrapper.plan(
@@ -41,7 +43,7 @@ def prepare_decode(case, x, *, tensor_cores: bool, backend: str):
             window_left=conv.window_left(x.window),
             logits_soft_cap=conv.soft_cap(x.soft_cap),
             q_data_type=dtype,  # plan() defaults to float16: always pass the case dtype
-            kv_data_type=dtype,
+            kv_data_type=kv_dtype,
             o_data_type=dtype,
             sm_scale=x.sm_scale,
         )
@@ -50,7 +52,7 @@ def prepare_decode(case, x, *, tensor_cores: bool, backend: str):
     kv = (x.k_cache, x.v_cache)
 
     def run():
-        wrapper.run(x.q, kv, out=x.o, lse=x.lse, return_lse=True)
+        wrapper.run(x.q, kv, out=x.o, lse=x.lse, return_lse=True, **scales)
         conv.lse_log2_to_ln_(x.lse)  # decode LSE is base 2 (no lse_base option on this wrapper)
         return {"o": x.o, "lse": x.lse}
 

@@ -23,6 +23,19 @@ def dtype(name: str) -> str | None:
     return None
 
 
+def fp8_kv(case, wired: bool) -> str | None:
+    """fp8 KV caches: FlashInfer's paged decode reads them with one k_scale / v_scale float each
+    (run(k_scale=, v_scale=)); the adapter wires that for plain decode only."""
+    p = case.params
+    if not wired or case.op_name != "decode":
+        return f"the FlashInfer adapter reads fp8 KV caches in plain decode only, not {case.op_name} on this path"
+    if p.mla or p.sinks:
+        return "the FlashInfer adapter reads fp8 KV caches in plain decode only (not MLA or the sink wrapper)"
+    if p.kv_scale != "tensor":
+        return "FlashInfer decode takes one k_scale / v_scale per tensor (run(k_scale=, v_scale=) are floats), not per head"
+    return None
+
+
 def fa2_head_dims(dk: int, dv: int) -> str | None:
     """The fa2 prefill kernel (also behind tensor-core decode and the ragged wrapper).
 
