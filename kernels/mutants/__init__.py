@@ -126,6 +126,43 @@ def _input_scribble(x):
     return out
 
 
+class _DecayAfterDelta(Backend):
+    """GDN decode that computes the delta with the undecayed state and decays afterwards."""
+
+    name = "gdn-decay-after-delta"
+
+    def prepare_gdn_decode(self, case, x):
+        from attnbench.kernels.torch import gdn
+
+        def wrong_step(S, qh, kh, v, g, beta):
+            u = beta[..., None] * (v - (S * kh[..., :, None]).sum(-2))
+            S = (S + kh[..., :, None] * u[..., None, :]) * torch.exp(g)[..., None, None]
+            return S, (S * qh[..., :, None]).sum(-2)
+
+        def run():
+            right, gdn._step = gdn._step, wrong_step
+            try:
+                return gdn.gdn_decode(x)
+            finally:
+                gdn._step = right
+
+        return run
+
+
+class _SiblingLeak(Backend):
+    """Tree verification whose mask lets every tree token see all earlier tree tokens (siblings too)."""
+
+    name = "tree-mask-leak"
+
+    def prepare_tree_verify(self, case, x):
+        leaky = x.custom_mask.clone()
+        offsets = x.mask_indptr.tolist()
+        for b, (L, n) in enumerate(zip(x.seq_lens_host, x.q_lens_host)):
+            block = leaky[offsets[b] : offsets[b + 1]].view(n, L)
+            block[:, L - n :] |= torch.ones(n, n, dtype=torch.bool, device=block.device).tril()
+        return lambda: paged_attention(dataclasses.replace(x, custom_mask=leaky))
+
+
 class _MergeBase2(Backend):
     name = "merge-base2"
 
@@ -167,4 +204,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "decode/b3-l37-mixed-h8x2-d128-p16-bf16",), lambda: _attention_mutant("input-modified", _input_scribble)()),
     Mutant("merge-base2-lse", "merge_state returns a base-2 LSE", ("merge_state/t33-h4-d64-empty-bf16",),
         lambda: _MergeBase2()),
+    Mutant("gdn-decay-after-delta", "GDN: delta from the undecayed state, decay applied after it", (
+        "gdn_decode/b5-h2x4-d16x16-bf16",), lambda: _DecayAfterDelta()),
+    Mutant("tree-mask-leaks-siblings", "tree verification lets tokens see their siblings", (
+        "tree_verify/b3-pre21-mixed-h8x2-d64-p16-treebinary-depth2-bf16",), lambda: _SiblingLeak()),
 )  # fmt: skip
