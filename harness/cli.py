@@ -13,6 +13,7 @@ from typing import Annotated
 
 import typer
 from rich.console import Console
+from rich.markup import escape as esc
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
@@ -33,7 +34,7 @@ out_console = Console()
 
 
 def _fail(e: Exception) -> None:
-    console.print(f"[bold red]error:[/] {e}", highlight=False, soft_wrap=True)
+    console.print(f"[bold red]error:[/] {esc(str(e))}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
 
 
@@ -43,7 +44,7 @@ def _load_backends(plugins: list[str] | None) -> None:
     for p in plugins or ():
         backend_mod.load_plugin(p)
     for problem in backend_mod.LOAD_PROBLEMS:
-        console.print(f"[yellow]warning:[/] {problem}", highlight=False, soft_wrap=True)
+        console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
 
 
 @app.command()
@@ -103,7 +104,7 @@ def sweep(
             counts.update(r.status for r in case_rows)
             for r in case_rows:
                 if r.status in ("fail", "error"):
-                    progress.console.print(f"[red]{r.status}[/] {r.case_id} [{r.backend}]: {r.reason}", highlight=False, soft_wrap=True)
+                    progress.console.print(f"[red]{r.status}[/] {r.case_id} {esc(f'[{r.backend}]: {r.reason}')}", highlight=False, soft_wrap=True)
             progress.update(
                 task,
                 advance=1,
@@ -117,7 +118,7 @@ def sweep(
         how = Execution(isolate=isolate, devices=devices, timeout_s=timeout, plugins=tuple(plugin or ()), resume=resume)
 
         def problem(msg: str) -> None:
-            progress.console.print(f"[yellow]warning:[/] {msg}", highlight=False, soft_wrap=True)
+            progress.console.print(f"[yellow]warning:[/] {esc(msg)}", highlight=False, soft_wrap=True)
 
         try:
             rows = execute(p, run_dir, RunOptions(timing=timing), on_rows, argv=sys.argv, how=how, on_problem=problem)
@@ -206,7 +207,7 @@ def selftest(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N
     for o in outcomes:
         mark = "[green]caught[/]" if o.mutant_status == "fail" else f"[red]{o.mutant_status}[/]"
         ref = "[green]pass[/]" if o.reference_status == "pass" else f"[red]{o.reference_status}[/]"
-        table.add_row(o.mutant, o.bug, o.case_id, mark, ref, o.mutant_reason[:110])
+        table.add_row(o.mutant, o.bug, o.case_id, mark, ref, esc(o.mutant_reason[:110]))
     out_console.print(table)
     missed = [o for o in outcomes if not o.ok]
     out_console.print(f"{len(outcomes) - len(missed)}/{len(outcomes)} ok", highlight=False)
@@ -242,10 +243,10 @@ def compare(
         table.add_row(verdict, str(n))
     console.print(table)
     for w in cmp.env_warnings():
-        console.print(f"[yellow]warning:[/] {w}", highlight=False)
+        console.print(f"[yellow]warning:[/] {esc(w)}", highlight=False)
     for c in cmp.regressions[:30]:
         what = f"{100 * c.change:+.1f}% (threshold {100 * c.threshold:.1f}%)" if c.verdict == "slower" else c.note
-        console.print(f"[red]{c.verdict}[/] {c.case_id} [{c.backend}]: {what}", highlight=False)
+        console.print(f"[red]{c.verdict}[/] {c.case_id} {esc(f'[{c.backend}]: {what}')}", highlight=False)
     console.print(f"comparison: {out / 'compare.html'}", highlight=False)
     raise typer.Exit(1 if cmp.regressions else 0)
 
@@ -297,7 +298,7 @@ def list_suites() -> None:
             s = load(name, "cuda")  # listing only: the device check does not apply
             table.add_row(name, s.spec.device, str(len(s.cases)), " ".join(s.spec.description.split())[:90])
         except AttnbenchError as e:
-            table.add_row(name, "?", "?", f"[red]{e}[/]")
+            table.add_row(name, "?", "?", f"[red]{esc(str(e))}[/]")
     out_console.print(table)
 
 
@@ -311,7 +312,7 @@ def list_ops() -> None:
         table.add_column(col)
     for name, o in OPS.items():
         params = ", ".join(f"{k}={f.default!r}" for k, f in o.Params.model_fields.items())
-        table.add_row(name, o.family, params)
+        table.add_row(name, o.family, esc(params))
     out_console.print(table)
 
 
@@ -321,7 +322,7 @@ def list_models() -> None:
     from attnbench.suite import presets
 
     for name, fam in presets().items():
-        out_console.print(f"[bold]{name}[/]: " + "; ".join(f"{k}: {v}" for k, v in fam.items()), highlight=False)
+        out_console.print(f"[bold]{name}[/]: " + esc("; ".join(f"{k}: {v}" for k, v in fam.items())), highlight=False)
 
 
 @list_app.command("backends")
@@ -344,16 +345,16 @@ def list_backends(
     backends = list(all_backends().values())
     for b in backends:
         avail = b.available()
-        state = "[green]available[/]" if not avail else f"[yellow]unavailable[/]: {avail}"
+        state = "[green]available[/]" if not avail else f"[yellow]unavailable[/]: {esc(avail)}"
         out_console.print(f"[bold]{b.name}[/] ({', '.join(sorted(b.ops))}) {state}", highlight=False)
         if b.description:
-            out_console.print(f"    {b.description}", highlight=False)
+            out_console.print(f"    {esc(b.description)}", highlight=False)
     table = Table(title=f"capability matrix over `{suite}` (supported/cases; why not)", show_edge=False)
     table.add_column("op / feature")
     for b in backends:
         table.add_column(b.name)
     for key, cells in matrix(cases, backends).items():
-        table.add_row(key, *[c.text() for c in cells])
+        table.add_row(esc(key), *[esc(c.text()) for c in cells])
     out_console.print(table)
 
 
@@ -361,5 +362,5 @@ def main() -> None:
     try:
         app()
     except AttnbenchError as e:  # anything that escaped a command
-        console.print(f"[bold red]error:[/] {e}", highlight=False)
+        console.print(f"[bold red]error:[/] {esc(str(e))}", highlight=False)
         sys.exit(2)
