@@ -1,0 +1,103 @@
+"""Our Triton backend for the attention family: paged decode, extend, merge_state.
+
+Two registered names:
+
+- `triton`: decode splits planned from the SM count, the batch, the heads and the lengths.
+- `triton-det`: the deterministic (batch-invariant) decode: fixed splits of 256 keys, so a request's
+  output and LSE do not depend on which other requests share its batch. Extend and merge_state are
+  batch-invariant already (one program per query tile and head) and are the same kernels.
+
+Kernels live in decode.py, extend.py and merge.py (kernel -> launcher -> public function); the
+schedule (splits, query tiles) and scratch buffers are built in `prepare`, never in the timed call.
+Triton is imported lazily, so this package imports without it. Design notes: NOTES.md.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+
+from attnbench.backend import Backend, register_backend
+
+DETERMINISTIC_SPLIT_TILE = 256
+
+
+def _triton_missing() -> str | None:
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install triton)"
+    try:
+        import triton  # noqa: F401
+    except Exception as e:  # a broken install is a reason, not a crash
+        return f"triton does not import: {type(e).__name__}: {e}"
+    return None
+
+
+class _TritonAttention(Backend):
+    deterministic = False
+
+    def available(self) -> str | None:
+        missing = _triton_missing()
+        if missing:
+            return missing
+        import torch
+
+        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            return "no CUDA device (set TRITON_INTERPRET=1 to run the kernels in Triton's CPU interpreter)"
+        return None
+
+    def supports(self, case) -> str | None:
+        reason = super().supports(case)
+        if reason:
+            return reason
+        import torch
+
+        interpreting = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+        if torch.device(case.device).type != "cuda" and not interpreting:
+            return f"case on {case.device}: Triton runs on CUDA (or set TRITON_INTERPRET=1 for the CPU)"
+        return None
+
+    def prepare_decode(self, case, x):
+        from attnbench.kernels.triton.decode import decode, plan_decode
+
+        plan = plan_decode(x, deterministic=self.deterministic, split_tile=DETERMINISTIC_SPLIT_TILE)
+
+        def run():
+            return decode(x, plan)
+
+        run.info = {
+            "max_splits": max(plan.splits),
+            "work_items": len(plan.splits) if plan.merge is None else int(plan.work.shape[0]),
+            "config": vars(plan.config) | {"two_stage": plan.merge is not None},
+        }
+        return run
+
+    def prepare_extend(self, case, x):
+        from attnbench.kernels.triton.extend import extend, plan_extend
+
+        plan = plan_extend(x)
+
+        def run():
+            return extend(x, plan)
+
+        run.info = {"tiles": int(plan.tiles.shape[0]), "config": vars(plan.config)}
+        return run
+
+    def prepare_merge_state(self, case, x):
+        from attnbench.kernels.triton.merge import merge_state
+
+        def run():
+            merge_state(x.v_a, x.s_a, x.v_b, x.s_b, x.o, x.lse)
+            return {"o": x.o, "lse": x.lse}
+
+        return run
+
+
+@register_backend("triton")
+class TritonBackend(_TritonAttention):
+    description = "our Triton kernels: split-KV decode (splits from the SM count), FA2-style extend, merge"
+
+
+@register_backend("triton-det")
+class TritonDeterministicBackend(_TritonAttention):
+    description = f"our Triton kernels, batch-invariant decode (fixed {DETERMINISTIC_SPLIT_TILE}-key splits)"
+    deterministic = True
