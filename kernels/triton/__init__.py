@@ -57,12 +57,10 @@ class _TritonAttention(Backend):
         return None
 
     def prepare_decode(self, case, x):
-        from attnbench.kernels.triton.decode import decode, plan_decode
+        from attnbench.kernels.triton.decode import bind_decode, plan_decode
 
         plan = plan_decode(x, deterministic=self.deterministic, split_tile=DETERMINISTIC_SPLIT_TILE)
-
-        def run():
-            return decode(x, plan)
+        run = bind_decode(x, plan)
 
         run.info = {
             "max_splits": max(plan.splits),
@@ -72,22 +70,23 @@ class _TritonAttention(Backend):
         return run
 
     def prepare_extend(self, case, x):
-        from attnbench.kernels.triton.extend import extend, plan_extend
+        from attnbench.kernels.triton.extend import bind_extend, plan_extend
 
         plan = plan_extend(x)
-
-        def run():
-            return extend(x, plan)
+        run = bind_extend(x, plan)
 
         run.info = {"tiles": int(plan.tiles.shape[0]), "config": vars(plan.config)}
         return run
 
     def prepare_merge_state(self, case, x):
-        from attnbench.kernels.triton.merge import merge_state
+        from attnbench.kernels.triton.merge import bind_merge_state
+
+        call = bind_merge_state(x.v_a, x.s_a, x.v_b, x.s_b, x.o, x.lse)
+        out = {"o": x.o, "lse": x.lse}
 
         def run():
-            merge_state(x.v_a, x.s_a, x.v_b, x.s_b, x.o, x.lse)
-            return {"o": x.o, "lse": x.lse}
+            call()
+            return out
 
         return run
 

@@ -129,3 +129,57 @@ def mma(a, b, acc, PRECISION: tl.constexpr):
         return tl.dot(a.to(tl.float32), b.to(tl.float32), acc, input_precision="ieee")
     else:
         return tl.dot(a, b, acc, input_precision=PRECISION)
+
+
+@triton.jit
+def load_tile(ptrs, m_row, m_col, ROWS: tl.constexpr, COLS: tl.constexpr):
+    """Load a 2-D tile `ptrs [R, C]`, masking rows (`m_row [R]`) and/or columns (`m_col [C]`) only
+    where the constexpr flags say so (masked elements read 0), so full tiles load without masks."""
+    if ROWS and COLS:
+        b = tl.load(ptrs, mask=m_row[:, None] & m_col[None, :], other=0.0)
+    elif ROWS:
+        b = tl.load(ptrs, mask=m_row[:, None], other=0.0)
+    elif COLS:
+        b = tl.load(ptrs, mask=m_col[None, :], other=0.0)
+    else:
+        b = tl.load(ptrs)
+    return b
+
+
+def bind_launch(fn, grid: tuple[int, ...], args: tuple, kwargs: dict):
+    """A zero-argument launch of `fn[grid](*args, **kwargs)` with the arguments bound once.
+
+    `fn[grid](...)` re-binds and re-specialises every argument on every call (about 10 us of host
+    time for a kernel with 40 arguments), which is most of a short decode's time. On CUDA this
+    compiles the kernel now and returns a callable that calls the compiled launcher directly with
+    the bound arguments (the tensors are the same objects on every call, so their current contents
+    are read). Anything unexpected in Triton's internals (or the interpreter, or launch hooks being
+    set) falls back to the ordinary launch.
+    """
+
+    def plain():
+        fn[grid](*args, **kwargs)
+
+    if interpreting():
+        return plain
+    try:
+        from triton import knobs
+        from triton.runtime.driver import driver
+
+        device = driver.active.get_current_device()
+        kernel = fn.run(*args, grid=grid, warmup=True, **kwargs)  # compile (or fetch) without launching
+        binder = fn.device_caches[device][4]
+        values = tuple(binder(*args, **kwargs)[0].values())
+        g0, g1, g2 = (tuple(grid) + (1, 1))[:3]
+        run, function, packed = kernel.run, kernel.function, kernel.packed_metadata
+        get_stream = driver.active.get_current_stream
+    except Exception:  # internals moved: the ordinary launch is always right
+        return plain
+
+    def fast():
+        if knobs.runtime.launch_enter_hook is not None or knobs.runtime.launch_exit_hook is not None:
+            return plain()
+        run(g0, g1, g2, get_stream(device), function, packed, None, None, None, *values)
+
+    fast.plain = plain
+    return fast

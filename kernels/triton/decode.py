@@ -18,6 +18,7 @@ log2(e)), so the softmax uses exp2; the LSE written out is natural log.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -26,9 +27,11 @@ import triton.language as tl
 from attnbench.kernels.triton.common import (
     LOG2E,
     arch,
+    bind_launch,
     block_dv,
     dot_precision,
     head_split,
+    load_tile,
     mma,
     sm_count,
     soft_cap_scores,
@@ -87,23 +90,30 @@ def _decode_split_kernel(
     b_m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     b_l = tl.zeros([BLOCK_H], tl.float32)
     b_acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+    # Page indices are loaded one block ahead by hand: with the index load and the K/V loads that
+    # depend on it in the same iteration, Triton's pipeliner does not overlap the K/V copies with
+    # the math (it waits for all copies at the top of every iteration).
+    o_n = n_start + tl.arange(0, BLOCK_N)
+    i_page_next = tl.load(p_pages + o_n // PAGE_SIZE, mask=o_n < n_end, other=0)
     for n0 in tl.range(n_start, n_end, BLOCK_N):
         o_n = n0 + tl.arange(0, BLOCK_N)
         m_n = o_n < n_end
-        i_page = tl.load(p_pages + o_n // PAGE_SIZE, mask=m_n, other=0).to(tl.int64)
+        i_page = i_page_next.to(tl.int64)
+        o_next = o_n + BLOCK_N
+        i_page_next = tl.load(p_pages + o_next // PAGE_SIZE, mask=o_next < n_end, other=0)
         o_slot = o_n % PAGE_SIZE
         p_k = k_cache + i_page * stride_kp + o_slot * stride_ks + i_hk * stride_kh
-        b_k = tl.load(p_k[:, None] + o_da[None, :], mask=m_n[:, None] & m_da[None, :], other=0.0)
+        b_k = load_tile(p_k[:, None] + o_da[None, :], m_n, m_da, True, DA > DK)
         if USE_DOT:
-            b_s = mma(b_q, tl.trans(b_k), tl.zeros([b_q.shape[0], BLOCK_N], tl.float32), DOT_PRECISION)
-        else:
-            b_s = tl.sum(b_q[:, None, :].to(tl.float32) * b_k[None, :, :].to(tl.float32), axis=2)
+            b_s = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_PRECISION)
+        else:  # one head (BLOCK_H == 1): a vector product
+            b_s = tl.sum(b_q.to(tl.float32) * b_k.to(tl.float32), 1)[None, :]
         if DB > 0:
-            b_kb = tl.load(p_k[:, None] + o_db[None, :], mask=m_n[:, None] & m_db[None, :], other=0.0)
+            b_kb = load_tile(p_k[:, None] + o_db[None, :], m_n, m_db, True, DA + DB > DK)
             if USE_DOT:
                 b_s = mma(b_qb, tl.trans(b_kb), b_s, DOT_PRECISION)
             else:
-                b_s += tl.sum(b_qb[:, None, :].to(tl.float32) * b_kb[None, :, :].to(tl.float32), axis=2)
+                b_s += tl.sum(b_qb.to(tl.float32) * b_kb.to(tl.float32), 1)[None, :]
         if HAS_SOFTCAP:
             b_s = soft_cap_scores(b_s, scale_over_cap, cap_log2e)
         else:
@@ -113,7 +123,7 @@ def _decode_split_kernel(
             b_v = b_k
         else:
             p_v = v_cache + i_page * stride_vp + o_slot * stride_vs + i_hk * stride_vh
-            b_v = tl.load(p_v[:, None] + o_dv[None, :], mask=m_n[:, None] & m_dv[None, :], other=0.0)
+            b_v = load_tile(p_v[:, None] + o_dv[None, :], m_n, m_dv, True, BLOCK_DV > DV)
         # every block holds a key of the range, so the new max is finite
         b_mn = tl.maximum(b_m, tl.max(b_s, 1))
         b_alpha = tl.exp2(b_m - b_mn)
@@ -123,7 +133,7 @@ def _decode_split_kernel(
         if USE_DOT:
             b_acc = mma(b_p, b_v, b_acc * b_alpha[:, None], DOT_PRECISION)
         else:
-            b_pv = tl.sum(b_p.to(tl.float32)[:, :, None] * b_v[None, :, :].to(tl.float32), axis=1)
+            b_pv = tl.sum(tl.trans(b_p.to(tl.float32)) * b_v.to(tl.float32), 0)[None, :]
             b_acc = b_acc * b_alpha[:, None] + b_pv
         b_m = b_mn
 
@@ -139,8 +149,8 @@ def _decode_split_kernel(
         tl.store(p_o, (b_acc / b_l[:, None]).to(o.dtype.element_ty), mask=m_h[:, None] & m_dv[None, :])
         tl.store(lse + i_t * stride_lt + o_h, (b_m + tl.log2(b_l)) * _LN2, mask=m_h)
     else:
-        p_o = part_o + i_w * stride_pw + o_h[:, None] * stride_ph + o_dv[None, :]
-        tl.store(p_o, b_acc / b_l[:, None], mask=m_h[:, None] & m_dv[None, :])
+        p_part = part_o + i_w * stride_pw + o_h[:, None] * stride_ph + o_dv[None, :]
+        tl.store(p_part, b_acc / b_l[:, None], mask=m_h[:, None] & m_dv[None, :])
         tl.store(part_lse + i_w * stride_lw + o_h, b_m + tl.log2(b_l), mask=m_h)
 
 
@@ -189,7 +199,7 @@ def _decode_merge_kernel(
         b_l = b_l * b_scale + tl.exp2(b_sink - b_mf)
         b_m = b_mf
     tl.store(o + i_t * stride_ot + i_h * stride_oh + o_dv, (b_acc / b_l).to(o.dtype.element_ty), mask=m_dv)
-    tl.store(lse + i_t * stride_lt + i_h + tl.arange(0, 1), (b_m + tl.log2(b_l)) * _LN2)
+    tl.store(lse + i_t * stride_lt + i_h + tl.zeros([1], tl.int32), (b_m + tl.log2(b_l)) * _LN2)
 
 
 # ---- launch configuration and schedule ---------------------------------------------------------
@@ -213,14 +223,15 @@ class DecodeConfig:
 def decode_config(group: int, dk: int, dv: int, sm: int) -> DecodeConfig:
     """Tiling by head-group size and head dims (Hopper-first; the same on every batch, for determinism)."""
     width = max(sum(_parts(dk)), block_dv(dv))
-    stages = 2 if sm >= 80 else 1
+    # 3 stages = 2 K/V buffers (the page-index load takes the first stage): copies overlap the math
+    stages = 3 if sm >= 80 else 1
     if group == 1:  # MHA: a vector product per head, no tensor cores
         return DecodeConfig(1, 64 if width <= 128 else 32, 4, stages, 4)
     if group >= 64 and width >= 512:  # absorbed MLA: 64 heads x 512+64 latent, one heavy CTA per SM
         return DecodeConfig(64, 32, 8, stages, 1)
     block_h = max(16, min(64, triton.next_power_of_2(group)))
     block_n = 64 if width <= 128 else 32
-    return DecodeConfig(block_h, block_n, 4, stages, 4 if block_h <= 16 else 2)
+    return DecodeConfig(block_h, block_n, 4, stages, 3 if block_h <= 16 else 2)
 
 
 def _parts(dk: int) -> tuple[int, int]:
@@ -284,7 +295,8 @@ def plan_decode(
         x: `AttentionInputs` of a decode case (one query per request).
         deterministic: fixed splits of `split_tile` keys (batch-invariant results).
         split_tile: keys per split in deterministic mode (a multiple of the config's block_n).
-        min_chunk: smallest split in the default mode (default: 2 * block_n).
+        min_chunk: smallest split in the default mode (default: 2 * block_n, or more where the
+            partial outputs of a split would outweigh its keys).
         num_sms: SMs to plan for (default: the device's).
         config: stage-1 tiling (default: `decode_config`).
     """
@@ -300,18 +312,22 @@ def plan_decode(
     if deterministic and split_tile % cfg.block_n:
         raise ValueError(f"split_tile ({split_tile}) must be a multiple of block_n ({cfg.block_n})")
     sms = num_sms or sm_count(device)
+    v_from_k = v_is_k_prefix(x.k_cache, x.v_cache) and Dv == split.da
+    if min_chunk is None:
+        # a split costs Hq x Dv fp32 partials written and read again: keep that below the split's own
+        # K/V bytes (it matters for MLA: 128 heads x 512 of partials against 1152 bytes per key)
+        kv_bytes_per_key = Hkv * (Dk + (0 if v_from_k else Dv)) * x.k_cache.element_size()
+        min_chunk = max(2 * cfg.block_n, -(-Hq * Dv * 8 // kv_bytes_per_key))
     items, _ = split_schedule(
         list(x.seq_lens_host), x.window, Hkv * num_hb, cfg.block_n, sms * cfg.ctas_per_sm,
-        min_chunk=min_chunk or 2 * cfg.block_n, deterministic=deterministic, split_tile=split_tile,
+        min_chunk=min_chunk, deterministic=deterministic, split_tile=split_tile,
     )  # fmt: skip
     counts = [0] * len(x.seq_lens_host)
     for b, _, _ in items:
         counts[b] += 1
-    work, merge, w = [], [], 0
-    for b in range(len(counts)):
-        n = counts[b]
-        mine = [it for it in items[w : w + n]]
-        work += [(bb, s, e, int(n == 1)) for bb, s, e in mine]
+    work = [(b, s, e, int(counts[b] == 1)) for b, s, e in items]  # items are grouped by request
+    merge, w = [], 0
+    for b, n in enumerate(counts):
         if n > 1:
             merge.append((b, w, w + n))
         w += n
@@ -325,7 +341,6 @@ def plan_decode(
         part_o = torch.empty(1, 1, 1, dtype=torch.float32, device=device)
         part_lse = torch.empty(1, 1, dtype=torch.float32, device=device)
     bdv = block_dv(Dv)
-    v_from_k = v_is_k_prefix(x.k_cache, x.v_cache) and Dv == split.da
     meta = dict(
         G=G, NUM_HB=num_hb, DK=Dk, DV=Dv, DA=split.da, DB=split.db, BLOCK_DV=bdv,
         PAGE_SIZE=x.k_cache.shape[1], BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
@@ -343,6 +358,32 @@ def plan_decode(
     )
 
 
+def _launches(x, plan: DecodePlan) -> list[tuple]:
+    """(kernel, grid, args, kwargs) of the stage-1 launch and, when some request is split, stage 2."""
+    q, k, v, o, lse = x.q, x.k_cache, x.v_cache, x.o, x.lse
+    sinks = x.sinks if x.sinks is not None else lse  # never read without sinks
+    scale, cap = x.sm_scale, x.soft_cap
+    split_args = (
+        q, k, v, x.kv_page_indices, x.kv_indptr, x.qo_indptr, sinks, plan.work,
+        o, lse, plan.part_o, plan.part_lse,
+        scale * LOG2E, scale / cap if cap > 0 else 0.0, cap * LOG2E,
+        q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        o.stride(0), o.stride(1), lse.stride(0),
+        plan.part_o.stride(0), plan.part_o.stride(1), plan.part_lse.stride(0),
+    )  # fmt: skip
+    out = [(_decode_split_kernel, plan.grid, split_args, plan.meta)]
+    if plan.merge is not None:
+        merge_args = (
+            x.qo_indptr, plan.merge, sinks, plan.part_o, plan.part_lse, o, lse,
+            plan.part_o.stride(0), plan.part_o.stride(1), plan.part_lse.stride(0),
+            o.stride(0), o.stride(1), lse.stride(0),
+        )  # fmt: skip
+        out.append((_decode_merge_kernel, plan.merge_grid, merge_args, plan.merge_meta))
+    return out
+
+
 def decode(x, plan: DecodePlan) -> dict[str, torch.Tensor]:
     """Paged decode of `x.q [B, Hq, Dk]` over `x.k_cache/x.v_cache [P, page, Hkv, D*]` into `x.o`, `x.lse`.
 
@@ -352,27 +393,25 @@ def decode(x, plan: DecodePlan) -> dict[str, torch.Tensor]:
 
     Returns:
         `{"o": x.o, "lse": x.lse}`.
+
+    Example::
+
+        plan = plan_decode(x)          # host work: schedule, scratch
+        out = decode(x, plan)          # launches; call again for new contents of the same tensors
     """
-    q, k, v, o, lse = x.q, x.k_cache, x.v_cache, x.o, x.lse
-    sinks = x.sinks if x.sinks is not None else lse
-    scale = x.sm_scale
-    cap = x.soft_cap
-    _decode_split_kernel[plan.grid](
-        q, k, v, x.kv_page_indices, x.kv_indptr, x.qo_indptr, sinks, plan.work,
-        o, lse, plan.part_o, plan.part_lse,
-        scale * LOG2E, scale / cap if cap > 0 else 0.0, cap * LOG2E,
-        q.stride(0), q.stride(1),
-        k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2),
-        o.stride(0), o.stride(1), lse.stride(0),
-        plan.part_o.stride(0), plan.part_o.stride(1), plan.part_lse.stride(0),
-        **plan.meta,
-    )  # fmt: skip
-    if plan.merge is not None:
-        _decode_merge_kernel[plan.merge_grid](
-            x.qo_indptr, plan.merge, sinks, plan.part_o, plan.part_lse, o, lse,
-            plan.part_o.stride(0), plan.part_o.stride(1), plan.part_lse.stride(0),
-            o.stride(0), o.stride(1), lse.stride(0),
-            **plan.merge_meta,
-        )  # fmt: skip
-    return {"o": o, "lse": lse}
+    for fn, grid, args, kwargs in _launches(x, plan):
+        fn[grid](*args, **kwargs)
+    return {"o": x.o, "lse": x.lse}
+
+
+def bind_decode(x, plan: DecodePlan) -> Callable[[], dict[str, torch.Tensor]]:
+    """`decode(x, plan)` as a zero-argument call with its kernels compiled and arguments bound now."""
+    calls = [bind_launch(*launch) for launch in _launches(x, plan)]
+    out = {"o": x.o, "lse": x.lse}
+
+    def run():
+        for call in calls:
+            call()
+        return out
+
+    return run

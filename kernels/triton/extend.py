@@ -16,6 +16,7 @@ race with reads. Rows that see no key (and have no sink) get o = 0 and lse = -in
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -24,9 +25,11 @@ import triton.language as tl
 from attnbench.kernels.triton.common import (
     LOG2E,
     arch,
+    bind_launch,
     block_dv,
     dot_precision,
     head_split,
+    load_tile,
     mma,
     soft_cap_scores,
     v_is_k_prefix,
@@ -37,28 +40,6 @@ _LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
-def _key_rows(
-    k_src, v_src, p_pages, o_n, m_n, row0, new_start,
-    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
-    FROM_NEW: tl.constexpr, PAGE_SIZE: tl.constexpr, ROW_MASK: tl.constexpr,
-):  # fmt: skip
-    """Row pointers `[BLOCK_N]` of keys `o_n` (absolute positions) in K and V."""
-    if FROM_NEW:  # packed new tokens: row = first row of the request + (position - prefix)
-        i_row = (row0 + o_n - new_start).to(tl.int64)
-        p_k = k_src + i_row * stride_kp + i_hk * stride_kh
-        p_v = v_src + i_row * stride_vp + i_hk * stride_vh
-    else:  # paged cache
-        if ROW_MASK:
-            i_page = tl.load(p_pages + o_n // PAGE_SIZE, mask=m_n, other=0).to(tl.int64)
-        else:
-            i_page = tl.load(p_pages + o_n // PAGE_SIZE).to(tl.int64)
-        o_slot = o_n % PAGE_SIZE
-        p_k = k_src + i_page * stride_kp + o_slot * stride_ks + i_hk * stride_kh
-        p_v = v_src + i_page * stride_vp + o_slot * stride_vs + i_hk * stride_vh
-    return p_k, p_v
-
-
-@triton.jit
 def _attend_range(
     b_acc, b_m, b_l, b_q, b_qb,
     k_src, v_src, p_pages, row0, new_start, n_lo, n_hi,
@@ -66,7 +47,7 @@ def _attend_range(
     o_pos, m_rows, o_mask_row, custom_mask, seq_len, window,
     qk_scale, scale_over_cap, cap_log2e,
     DK: tl.constexpr, DV: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, BLOCK_DV: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, FROM_NEW: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_SOFTCAP: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -82,24 +63,31 @@ def _attend_range(
     if DB > 0:
         o_db = DA + tl.arange(0, DB)
         m_db = o_db < DK
+    # paged keys: page indices are loaded one block ahead by hand, so the pipeliner overlaps the K/V
+    # copies with the math (with the index load in the same iteration it does not)
+    o_n = n_lo + tl.arange(0, BLOCK_N)
+    if FROM_NEW:
+        i_page_next = o_n  # unused
+    else:
+        i_page_next = tl.load(p_pages + o_n // PAGE_SIZE, mask=o_n < n_hi, other=0)
     for n0 in tl.range(n_lo, n_hi, BLOCK_N):
         o_n = n0 + tl.arange(0, BLOCK_N)
         m_n = o_n < n_hi
-        p_k, p_v = _key_rows(
-            k_src, v_src, p_pages, o_n, m_n, row0, new_start,
-            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
-            FROM_NEW, PAGE_SIZE, MASKED,
-        )  # fmt: skip
-        if MASKED:
-            b_k = tl.load(p_k[:, None] + o_da[None, :], mask=m_n[:, None] & m_da[None, :], other=0.0)
-        else:
-            b_k = tl.load(p_k[:, None] + o_da[None, :], mask=m_da[None, :], other=0.0)
-        b_s = mma(b_q, tl.trans(b_k), tl.zeros([b_q.shape[0], BLOCK_N], tl.float32), DOT_PRECISION)
+        if FROM_NEW:  # packed new tokens: row = first row of the request + (position - prefix)
+            i_row = (row0 + o_n - new_start).to(tl.int64)
+            p_k = k_src + i_row * stride_kp + i_hk * stride_kh
+            p_v = v_src + i_row * stride_vp + i_hk * stride_vh
+        else:  # paged cache
+            i_page = i_page_next.to(tl.int64)
+            o_next = o_n + BLOCK_N
+            i_page_next = tl.load(p_pages + o_next // PAGE_SIZE, mask=o_next < n_hi, other=0)
+            o_slot = o_n % PAGE_SIZE
+            p_k = k_src + i_page * stride_kp + o_slot * stride_ks + i_hk * stride_kh
+            p_v = v_src + i_page * stride_vp + o_slot * stride_vs + i_hk * stride_vh
+        b_k = load_tile(p_k[:, None] + o_da[None, :], m_n, m_da, MASKED, DA > DK)
+        b_s = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_PRECISION)
         if DB > 0:
-            if MASKED:
-                b_kb = tl.load(p_k[:, None] + o_db[None, :], mask=m_n[:, None] & m_db[None, :], other=0.0)
-            else:
-                b_kb = tl.load(p_k[:, None] + o_db[None, :], mask=m_db[None, :], other=0.0)
+            b_kb = load_tile(p_k[:, None] + o_db[None, :], m_n, m_db, MASKED, DA + DB > DK)
             b_s = mma(b_qb, tl.trans(b_kb), b_s, DOT_PRECISION)
         if HAS_SOFTCAP:
             b_s = soft_cap_scores(b_s, scale_over_cap, cap_log2e)
@@ -107,10 +95,8 @@ def _attend_range(
             b_s = b_s * qk_scale
         if V_FROM_K:
             b_v = b_k
-        elif MASKED:
-            b_v = tl.load(p_v[:, None] + o_dv[None, :], mask=m_n[:, None] & m_dv[None, :], other=0.0)
         else:
-            b_v = tl.load(p_v[:, None] + o_dv[None, :], mask=m_dv[None, :], other=0.0)
+            b_v = load_tile(p_v[:, None] + o_dv[None, :], m_n, m_dv, MASKED, BLOCK_DV > DV)
         if MASKED:
             b_vis = m_n[None, :] & m_rows[:, None]
             if IS_CAUSAL:
@@ -142,7 +128,7 @@ def _attend_source(
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
     o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
     DK: tl.constexpr, DV: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, BLOCK_DV: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     FROM_NEW: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
 ):  # fmt: skip
@@ -154,21 +140,21 @@ def _attend_source(
         b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, p_pages, row0, new_start, a, u0,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
-        DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_N,
+        DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
         True, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION,
     )  # fmt: skip
     b_acc, b_m, b_l = _attend_range(
         b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, p_pages, row0, new_start, u0, u1,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
-        DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_N,
+        DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
         False, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION,
     )  # fmt: skip
     b_acc, b_m, b_l = _attend_range(
         b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, p_pages, row0, new_start, u1, e,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
-        DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_N,
+        DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
         True, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION,
     )  # fmt: skip
     return b_acc, b_m, b_l
@@ -271,7 +257,7 @@ def _extend_kernel(
         k_cache, v_cache, p_pages, row0, prefix, lo, tl.minimum(hi, prefix), full_lo, full_hi,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
-        DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_N,
+        DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
         False, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION,
     )  # fmt: skip
     if NEW_FROM_CACHE:  # shared (cross-layer) KV: the new tokens are in the cache too
@@ -280,7 +266,7 @@ def _extend_kernel(
             k_cache, v_cache, p_pages, row0, prefix, tl.maximum(lo, prefix), hi, full_lo, full_hi,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
             o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
-            DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_N,
+            DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
             False, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION,
         )  # fmt: skip
     else:
@@ -289,7 +275,7 @@ def _extend_kernel(
             k_new, v_new, p_pages, row0, prefix, tl.maximum(lo, prefix), hi, full_lo, full_hi,
             stride_knt, 0, stride_knh, stride_vnt, 0, stride_vnh, i_hk,
             o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
-            DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_N,
+            DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
             True, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION,
         )  # fmt: skip
 
@@ -388,6 +374,30 @@ def plan_extend(x, *, config: ExtendConfig | None = None) -> ExtendPlan:
     return ExtendPlan(tiles_t, (Hq * len(tiles),), meta, cfg)
 
 
+def _launch(x, plan: ExtendPlan) -> tuple:
+    """(kernel, grid, args, kwargs) of the extend launch."""
+    q, kc, vc, o, lse = x.q, x.k_cache, x.v_cache, x.o, x.lse
+    kn = x.k_new if x.k_new is not None else kc
+    vn = x.v_new if x.v_new is not None else vc
+    # tensors a case does not have are never read: any valid pointer stands in for them
+    mask = x.custom_mask if x.custom_mask is not None else x.kv_indptr
+    mask_indptr = x.mask_indptr if x.mask_indptr is not None else x.kv_indptr
+    sinks = x.sinks if x.sinks is not None else lse
+    slots = x.slot_mapping if x.slot_mapping is not None else x.kv_indptr
+    scale, cap = x.sm_scale, x.soft_cap
+    args = (
+        q, kc, vc, kn, vn, x.kv_page_indices, x.kv_indptr, x.qo_indptr, x.seq_lens, plan.tiles,
+        mask, mask_indptr, sinks, slots,
+        o, lse,
+        scale * LOG2E, scale / cap if cap > 0 else 0.0, cap * LOG2E, x.window,
+        q.stride(0), q.stride(1),
+        kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
+        kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
+        o.stride(0), o.stride(1), lse.stride(0),
+    )  # fmt: skip
+    return _extend_kernel, plan.grid, args, plan.meta
+
+
 def extend(x, plan: ExtendPlan) -> dict[str, torch.Tensor]:
     """Attention of packed new tokens over their paged prefix plus themselves, into `x.o`, `x.lse`.
 
@@ -400,24 +410,18 @@ def extend(x, plan: ExtendPlan) -> dict[str, torch.Tensor]:
     Returns:
         `{"o": x.o, "lse": x.lse}`.
     """
-    q, kc, vc, o, lse = x.q, x.k_cache, x.v_cache, x.o, x.lse
-    kn = x.k_new if x.k_new is not None else kc
-    vn = x.v_new if x.v_new is not None else vc
-    # tensors a case does not have are never read: any valid pointer stands in for them
-    mask = x.custom_mask if x.custom_mask is not None else x.kv_indptr
-    mask_indptr = x.mask_indptr if x.mask_indptr is not None else x.kv_indptr
-    sinks = x.sinks if x.sinks is not None else lse
-    slots = x.slot_mapping if x.slot_mapping is not None else x.kv_indptr
-    scale, cap = x.sm_scale, x.soft_cap
-    _extend_kernel[plan.grid](
-        q, kc, vc, kn, vn, x.kv_page_indices, x.kv_indptr, x.qo_indptr, x.seq_lens, plan.tiles,
-        mask, mask_indptr, sinks, slots,
-        o, lse,
-        scale * LOG2E, scale / cap if cap > 0 else 0.0, cap * LOG2E, x.window,
-        q.stride(0), q.stride(1),
-        kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
-        kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
-        o.stride(0), o.stride(1), lse.stride(0),
-        **plan.meta,
-    )  # fmt: skip
-    return {"o": o, "lse": lse}
+    fn, grid, args, kwargs = _launch(x, plan)
+    fn[grid](*args, **kwargs)
+    return {"o": x.o, "lse": x.lse}
+
+
+def bind_extend(x, plan: ExtendPlan) -> Callable[[], dict[str, torch.Tensor]]:
+    """`extend(x, plan)` as a zero-argument call with its kernel compiled and arguments bound now."""
+    call = bind_launch(*_launch(x, plan))
+    out = {"o": x.o, "lse": x.lse}
+
+    def run():
+        call()
+        return out
+
+    return run

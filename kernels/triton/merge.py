@@ -7,9 +7,12 @@ states merge to o = 0, lse = -inf.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 import triton
 import triton.language as tl
+from attnbench.kernels.triton.common import bind_launch
 
 _LOG2E = tl.constexpr(1.4426950408889634)
 _LN2 = tl.constexpr(0.6931471805599453)
@@ -56,6 +59,23 @@ def _merge_state_kernel(
     tl.store(lse + i_t * stride_lt + o_h, b_lse, mask=m_h)
 
 
+def _launch(v_a, s_a, v_b, s_b, o, lse) -> tuple:
+    T, H, D = v_a.shape
+    shapes = [tuple(t.shape) for t in (v_a, v_b, o, s_a, s_b, lse)]
+    if shapes != [(T, H, D)] * 3 + [(T, H)] * 3:
+        raise ValueError(f"expected v_a, v_b, o [T, H, D] and s_a, s_b, lse [T, H], got {shapes}")
+    block_d = max(16, triton.next_power_of_2(D))
+    block_h = max(1, min(triton.next_power_of_2(H), 4096 // block_d))
+    grid = (T, triton.cdiv(H, block_h))
+    args = (
+        v_a, s_a, v_b, s_b, o, lse,
+        H, v_a.stride(0), v_a.stride(1), v_b.stride(0), v_b.stride(1), s_a.stride(0), s_b.stride(0),
+        o.stride(0), o.stride(1), lse.stride(0),
+    )  # fmt: skip
+    meta = dict(D=D, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4 if block_h * block_d >= 2048 else 2)
+    return _merge_state_kernel, grid, args, meta
+
+
 def merge_state(
     v_a: torch.Tensor,
     s_a: torch.Tensor,
@@ -74,17 +94,17 @@ def merge_state(
     Returns:
         `(o, lse)`.
     """
-    T, H, D = v_a.shape
-    shapes = [tuple(t.shape) for t in (v_a, v_b, o, s_a, s_b, lse)]
-    if shapes != [(T, H, D)] * 3 + [(T, H)] * 3:
-        raise ValueError(f"expected v_a, v_b, o [T, H, D] and s_a, s_b, lse [T, H], got {shapes}")
-    block_d = max(16, triton.next_power_of_2(D))
-    block_h = max(1, min(triton.next_power_of_2(H), 4096 // block_d))
-    grid = (T, triton.cdiv(H, block_h))
-    _merge_state_kernel[grid](
-        v_a, s_a, v_b, s_b, o, lse,
-        H, v_a.stride(0), v_a.stride(1), v_b.stride(0), v_b.stride(1), s_a.stride(0), s_b.stride(0),
-        o.stride(0), o.stride(1), lse.stride(0),
-        D=D, BLOCK_H=block_h, BLOCK_D=block_d, num_warps=4 if block_h * block_d >= 2048 else 2,
-    )  # fmt: skip
+    fn, grid, args, kwargs = _launch(v_a, s_a, v_b, s_b, o, lse)
+    fn[grid](*args, **kwargs)
     return o, lse
+
+
+def bind_merge_state(v_a, s_a, v_b, s_b, o, lse) -> Callable[[], tuple[torch.Tensor, torch.Tensor]]:
+    """`merge_state(...)` as a zero-argument call with its kernel compiled and arguments bound now."""
+    call = bind_launch(*_launch(v_a, s_a, v_b, s_b, o, lse))
+
+    def run():
+        call()
+        return o, lse
+
+    return run
