@@ -348,9 +348,8 @@ def plan_decode(
         HAS_SINKS=x.sinks is not None, DOT_PRECISION=dot_precision(x.q.dtype),
         num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    most = max(counts)
-    merge_meta = dict(
-        DV=Dv, BLOCK_DV=bdv, BLOCK_S=max(2, min(32, triton.next_power_of_2(most))),
+    merge_meta = dict(  # BLOCK_S is fixed: the merge's summation order must not depend on the batch
+        DV=Dv, BLOCK_DV=bdv, BLOCK_S=16,
         HAS_SINKS=x.sinks is not None, num_warps=4 if bdv >= 256 else 2,
     )  # fmt: skip
     return DecodePlan(
