@@ -57,25 +57,30 @@ class _TritonAttention(Backend):
         return None
 
     def prepare_decode(self, case, x):
-        from attnbench.kernels.triton.decode import bind_decode, plan_decode
+        from attnbench.kernels.triton.decode import bind_decode, plan_decode, tuned_decode_config
 
-        plan = plan_decode(x, deterministic=self.deterministic, split_tile=DETERMINISTIC_SPLIT_TILE)
+        # the deterministic variant keeps the fixed heuristic: a timing-dependent choice would make
+        # its results depend on the process
+        config, tuned = (None, {}) if self.deterministic else tuned_decode_config(x)
+        plan = plan_decode(
+            x, deterministic=self.deterministic, split_tile=DETERMINISTIC_SPLIT_TILE, config=config
+        )
         run = bind_decode(x, plan)
-
         run.info = {
             "max_splits": max(plan.splits),
-            "work_items": len(plan.splits) if plan.merge is None else int(plan.work.shape[0]),
+            "work_items": int(plan.work.shape[0]),
             "config": vars(plan.config) | {"two_stage": plan.merge is not None},
+            **tuned,
         }
         return run
 
     def prepare_extend(self, case, x):
-        from attnbench.kernels.triton.extend import bind_extend, plan_extend
+        from attnbench.kernels.triton.extend import bind_extend, plan_extend, tuned_extend_config
 
-        plan = plan_extend(x)
+        config, tuned = (None, {}) if self.deterministic else tuned_extend_config(x)
+        plan = plan_extend(x, config=config)
         run = bind_extend(x, plan)
-
-        run.info = {"tiles": int(plan.tiles.shape[0]), "config": vars(plan.config)}
+        run.info = {"tiles": int(plan.tiles.shape[0]), "config": vars(plan.config), **tuned}
         return run
 
     def prepare_merge_state(self, case, x):

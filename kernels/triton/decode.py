@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from attnbench.kernels.triton import tune
 from attnbench.kernels.triton.common import (
     LOG2E,
     arch,
@@ -234,6 +235,21 @@ def decode_config(group: int, dk: int, dv: int, sm: int) -> DecodeConfig:
     return DecodeConfig(block_h, block_n, 4, stages, 3 if block_h <= 16 else 2)
 
 
+def decode_candidates(group: int, dk: int, dv: int, sm: int) -> list[DecodeConfig]:
+    """Configs worth timing on the device (the heuristic's choice first)."""
+    first = decode_config(group, dk, dv, sm)
+    if first.block_h == 1:
+        more = [DecodeConfig(1, 32, 4, 4, 4), DecodeConfig(1, 128, 8, 3, 2)]
+    elif first.block_h >= 64:  # MLA
+        more = [DecodeConfig(64, 16, 8, 4, 1), DecodeConfig(32, 32, 4, 3, 1)]
+    else:
+        more = [
+            DecodeConfig(first.block_h, first.block_n // 2, 4, 4, 4),
+            DecodeConfig(first.block_h, first.block_n * 2, 8, 3, 1),
+        ]
+    return [first] + [c for c in more if c != first]
+
+
 def _parts(dk: int) -> tuple[int, int]:
     s = head_split(dk)
     return s.da, s.db
@@ -414,3 +430,24 @@ def bind_decode(x, plan: DecodePlan) -> Callable[[], dict[str, torch.Tensor]]:
         return out
 
     return run
+
+
+def tuned_decode_config(x) -> tuple[DecodeConfig | None, dict]:
+    """On CUDA, for MLA and for large GQA/MHA batches: the fastest of `decode_candidates` on `x`
+    (timed now, cached per kernel variant). Otherwise (None, {}): the heuristic stands."""
+    device = x.q.device
+    if not tune.enabled(device):
+        return None, {}
+    _, Hq, Dk = x.q.shape
+    Hkv, Dv = x.k_cache.shape[2], x.v_cache.shape[-1]
+    G = Hq // Hkv
+    mla = G >= 64 and Dk >= 512
+    work = sum(x.seq_lens_host) * Hkv
+    if not mla and work < (1 << 20):
+        return None, {}
+    key = (
+        "decode", G, Dk, Dv, x.k_cache.shape[1], x.q.dtype, x.window >= 0, x.soft_cap > 0,
+        x.sinks is not None, len(x.seq_lens_host) >= 32, (work.bit_length() if not mla else 0),
+    )  # fmt: skip
+    cands = decode_candidates(G, Dk, Dv, arch(device))
+    return tune.pick(key, cands, lambda cfg: bind_decode(x, plan_decode(x, config=cfg)))

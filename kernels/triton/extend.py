@@ -22,6 +22,7 @@ from dataclasses import dataclass
 import torch
 import triton
 import triton.language as tl
+from attnbench.kernels.triton import tune
 from attnbench.kernels.triton.common import (
     LOG2E,
     arch,
@@ -317,11 +318,25 @@ def extend_config(dk: int, dv: int, max_q_len: int, sm: int) -> ExtendConfig:
     elif width <= 128:
         cfg = ExtendConfig(128, 64, 8, stages)
     elif width <= 256:
-        cfg = ExtendConfig(64, 64, 4, 2 if sm >= 80 else 1)
+        cfg = ExtendConfig(64, 64, 8, 2 if sm >= 80 else 1)
     else:  # MLA 576/512: a 64 x 512 fp32 accumulator
         cfg = ExtendConfig(64, 32, 8, 2 if sm >= 80 else 1)
     block_m = max(16, min(cfg.block_m, triton.next_power_of_2(max_q_len)))
     return ExtendConfig(block_m, cfg.block_n, cfg.num_warps if block_m >= 64 else 4, cfg.num_stages)
+
+
+def extend_candidates(dk: int, dv: int, max_q_len: int, sm: int) -> list[ExtendConfig]:
+    """Configs worth timing on the device for a long prefill (the heuristic's choice first)."""
+    first = extend_config(dk, dv, max_q_len, sm)
+    s = head_split(dk)
+    width = max(s.da + s.db, block_dv(dv))
+    if width <= 128:
+        more = [ExtendConfig(128, 128, 8, 3), ExtendConfig(128, 128, 8, 2), ExtendConfig(64, 64, 4, 3)]
+    elif width <= 256:
+        more = [ExtendConfig(64, 32, 4, 3), ExtendConfig(128, 64, 8, 2)]
+    else:
+        more = [ExtendConfig(64, 16, 8, 3), ExtendConfig(32, 32, 4, 2)]
+    return [first] + [c for c in more if c != first and c.block_m <= first.block_m]
 
 
 @dataclass
@@ -425,3 +440,19 @@ def bind_extend(x, plan: ExtendPlan) -> Callable[[], dict[str, torch.Tensor]]:
         return out
 
     return run
+
+
+def tuned_extend_config(x) -> tuple[ExtendConfig | None, dict]:
+    """On CUDA, for prefills of at least 1024 queries: the fastest of `extend_candidates` on `x`
+    (timed now, cached per kernel variant). Otherwise (None, {}): the heuristic stands."""
+    device = x.q.device
+    if not tune.enabled(device) or max(x.q_lens_host) < 1024:
+        return None, {}
+    _, Hq, Dk = x.q.shape
+    Hkv, Dv = x.k_cache.shape[2], x.v_cache.shape[-1]
+    key = (
+        "extend", Hq // Hkv, Dk, Dv, x.k_cache.shape[1], x.q.dtype, x.causal, x.window >= 0,
+        x.custom_mask is not None, x.soft_cap > 0, x.sinks is not None, x.k_new is None, bool(x.save_kv),
+    )  # fmt: skip
+    cands = extend_candidates(Dk, Dv, max(x.q_lens_host), arch(device))
+    return tune.pick(key, cands, lambda cfg: bind_extend(x, plan_extend(x, config=cfg)))
