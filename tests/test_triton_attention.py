@@ -90,11 +90,11 @@ def test_decode_splits(case_id):
 def _request(x, b: int):
     """The decode inputs of request `b` alone (same caches, fresh outputs)."""
     pages = x.kv_page_indices[int(x.kv_indptr[b]) : int(x.kv_indptr[b + 1])]
-    one = torch.tensor([0, 1], dtype=torch.int32)
+    one = torch.tensor([0, 1], dtype=torch.int32, device=x.q.device)
     return dataclasses.replace(
         x,
         q=x.q[b : b + 1].clone(),
-        kv_indptr=torch.tensor([0, len(pages)], dtype=torch.int32),
+        kv_indptr=torch.tensor([0, len(pages)], dtype=torch.int32, device=x.q.device),
         kv_page_indices=pages.clone(),
         seq_lens=x.seq_lens[b : b + 1].clone(),
         qo_indptr=one,
