@@ -20,6 +20,7 @@ import os
 from attnbench.backend import Backend, register_backend
 
 DETERMINISTIC_SPLIT_TILE = 256
+MAX_DK, MAX_DV = 576, 512  # the largest head dims the launch configs are sized for (absorbed MLA)
 
 
 def _triton_missing() -> str | None:
@@ -54,6 +55,9 @@ class _TritonAttention(Backend):
         interpreting = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
         if torch.device(case.device).type != "cuda" and not interpreting:
             return f"case on {case.device}: Triton runs on CUDA (or set TRITON_INTERPRET=1 for the CPU)"
+        p = case.params
+        if case.op_name in ("decode", "extend") and (p.head_dim > MAX_DK or p.dv > MAX_DV):
+            return f"head dims {p.head_dim}/{p.dv}: tiles are sized for at most {MAX_DK}/{MAX_DV}"
         return None
 
     def prepare_decode(self, case, x):
