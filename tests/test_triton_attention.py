@@ -154,6 +154,8 @@ def test_triton_det_backend_on_long_requests():
         "extend/b2-q40-pre70-h4x2-d64-p16-swa20-bf16",  # window edge inside the prefix
         "extend/b2-q40-pre70-h4x2-d64-p16-bidirectional-swa20-bf16",
         "extend/b2-q40-pre30-h4x2-d64-p16-kvshared-swa25-cap5-bf16",
+        "extend/b2-q40-pre30-h4x2-d64-p16-custom-swa20-sink-bf16",  # the window still applies to the mask
+        "extend/b2-q40-pre30-h8x1-d576x512-p16-mla-kvattend-bf16",
     ],
 )
 def test_extend_focused(case_id):
