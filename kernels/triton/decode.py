@@ -310,7 +310,9 @@ def plan_decode(
     Args:
         x: `AttentionInputs` of a decode case (one query per request).
         deterministic: fixed splits of `split_tile` keys (batch-invariant results).
-        split_tile: keys per split in deterministic mode (a multiple of the config's block_n).
+        split_tile: keys per split in deterministic mode (a multiple of the config's block_n);
+            raised to a multiple of itself where a split's partials would be a quarter of its keys
+            or more (MLA: 2048), which depends on the head dims only, never on the batch.
         min_chunk: smallest split in the default mode (default: 2 * block_n, or more where the
             partial outputs of a split would outweigh its keys).
         num_sms: SMs to plan for (default: the device's).
@@ -329,11 +331,15 @@ def plan_decode(
         raise ValueError(f"split_tile ({split_tile}) must be a multiple of block_n ({cfg.block_n})")
     sms = num_sms or sm_count(device)
     v_from_k = v_is_k_prefix(x.k_cache, x.v_cache) and Dv == split.da
+    # a split costs Hq x Dv fp32 partials written and read again: keep that below the split's own
+    # K/V bytes (it matters for MLA: 128 heads x 512 of partials against 1152 bytes per key)
+    kv_bytes_per_key = Hkv * (Dk + (0 if v_from_k else Dv)) * x.k_cache.element_size()
+    partial_keys = -(-Hq * Dv * 8 // kv_bytes_per_key)
     if min_chunk is None:
-        # a split costs Hq x Dv fp32 partials written and read again: keep that below the split's own
-        # K/V bytes (it matters for MLA: 128 heads x 512 of partials against 1152 bytes per key)
-        kv_bytes_per_key = Hkv * (Dk + (0 if v_from_k else Dv)) * x.k_cache.element_size()
-        min_chunk = max(2 * cfg.block_n, -(-Hq * Dv * 8 // kv_bytes_per_key))
+        min_chunk = max(2 * cfg.block_n, partial_keys)
+    if deterministic and 4 * partial_keys > split_tile:
+        # still batch-independent (head dims only): MLA tiles grow to 2048 keys, GQA stays at 256
+        split_tile *= -(-4 * partial_keys // split_tile)
     items, _ = split_schedule(
         list(x.seq_lens_host), x.window, Hkv * num_hb, cfg.block_n, sms * cfg.ctas_per_sm,
         min_chunk=min_chunk, deterministic=deterministic, split_tile=split_tile,
