@@ -100,7 +100,30 @@ def v_is_k_prefix(k: torch.Tensor, v: torch.Tensor) -> bool:
 
 
 @triton.jit
-def soft_cap_scores(s, scale_over_cap, cap_log2e):
+def exp2_(x, PRECISE: tl.constexpr):
+    """2^x: `tl.exp2` (ex2.approx, ~2^-22 relative), or with PRECISE (fp32 inputs, whose tolerance
+    is set by fp32 math) Cephes' exp2f: x = n + f, |f| <= 1/2, a degree-6 polynomial, times 2^n
+    built from the exponent bits (~1 ulp; 0 below 2^-126 like ex2.approx.ftz)."""
+    if PRECISE:
+        xc = tl.minimum(tl.maximum(x, -126.0), 127.0)
+        n = tl.floor(xc + 0.5)
+        f = xc - n
+        p = 1.535336188319500e-4 * f + 1.339887440266574e-3
+        p = p * f + 9.618437357674640e-3
+        p = p * f + 5.550332471162809e-2
+        p = p * f + 2.402264791363012e-1
+        p = p * f + 6.931472028550421e-1
+        two_n = ((n.to(tl.int32) + 127) << 23).to(tl.float32, bitcast=True)
+        y = (1.0 + p * f) * two_n
+        y = tl.where(x < -126.0, 0.0, y)
+        y = tl.where(x > 127.0, float("inf"), y)
+    else:
+        y = tl.exp2(x)
+    return y
+
+
+@triton.jit
+def soft_cap_scores(s, scale_over_cap, cap_log2e, PRECISE: tl.constexpr):
     """`cap * tanh(s * scale / cap)`, times log2(e) (the kernels' softmax is base 2).
 
     tanh to about one ulp from exp2 alone (no libdevice, so the interpreter runs it too): an odd
@@ -112,7 +135,7 @@ def soft_cap_scores(s, scale_over_cap, cap_log2e):
     z = x * x
     small = (((((-5.70498872745e-3 * z + 2.06390887954e-2) * z - 5.37397155531e-2) * z + 1.33314422036e-1) * z
               - 3.33332819422e-1) * z * x + x)  # fmt: skip
-    big = 1.0 - 2.0 / (tl.exp2(tl.abs(x) * 2.8853900817779268) + 1.0)  # 2 log2(e)
+    big = 1.0 - 2.0 / (exp2_(tl.abs(x) * 2.8853900817779268, PRECISE) + 1.0)  # 2 log2(e)
     t = tl.where(tl.abs(x) < 0.625, small, tl.where(x < 0, -big, big))
     return cap_log2e * t
 
@@ -188,3 +211,70 @@ def bind_launch(fn, grid: tuple[int, ...], args: tuple, kwargs: dict):
         return plain
     fast.plain = plain
     return fast
+
+
+_LN2_F64 = tl.constexpr(0.6931471805599453)
+_LOG2E_F64 = tl.constexpr(1.4426950408889634)
+
+
+@triton.jit
+def finish_o(b_acc, b_m, b_l, b_sink, HAS_SINKS: tl.constexpr, PRECISE: tl.constexpr):
+    """The normalised output `[R, D]` fp32 of a softmax state (see `finish_lse`); 0 for empty rows."""
+    if HAS_SINKS:
+        b_top = tl.maximum(b_m, b_sink * 1.4426950408889634)  # log2 units; finite: the sink is
+        b_kept = b_l * exp2_(b_m - b_top, PRECISE)
+        b_total = b_kept + exp2_(b_sink * 1.4426950408889634 - b_top, PRECISE)
+        b_scale = tl.where(b_l > 0, b_kept / (b_total * tl.where(b_l > 0, b_l, 1.0)), 0.0)
+    else:
+        b_scale = tl.where(b_l > 0, 1.0 / tl.where(b_l > 0, b_l, 1.0), 0.0)
+    return b_acc * b_scale[:, None]
+
+
+@triton.jit
+def log_fp64(x):
+    """Natural log of fp32 `x >= 1` (normal numbers), as fp64 accurate to ~1e-9.
+
+    Exponent and mantissa from the bits, then Cephes' logf polynomial evaluated in fp64: native fp64
+    arithmetic only. (`lg2.approx` is 2^-22 off; a libdevice fp64 log costs the prefill kernel
+    registers it does not have.)
+    """
+    bits = x.to(tl.int32, bitcast=True)
+    e = ((bits >> 23) & 0xFF) - 127
+    f = ((bits & 0x7FFFFF) | 0x3F800000).to(tl.float32, bitcast=True)  # [1, 2)
+    big = f > 1.4142135
+    f = tl.where(big, f * 0.5, f)
+    e = tl.where(big, e + 1, e)
+    z = f.to(tl.float64) - 1.0  # exact, in [sqrt(1/2) - 1, sqrt(2) - 1]
+    p = 7.0376836292e-2 * z - 1.1514610310e-1
+    p = p * z + 1.1676998740e-1
+    p = p * z - 1.2420140846e-1
+    p = p * z + 1.4249322787e-1
+    p = p * z - 1.6668057665e-1
+    p = p * z + 2.0000714765e-1
+    p = p * z - 2.4999993993e-1
+    p = p * z + 3.3333331174e-1
+    w = z * z
+    return z * w * p - 0.5 * w + z + e.to(tl.float64) * _LN2_F64
+
+
+@triton.jit
+def finish_lse(b_m, b_l, b_sink, HAS_SINKS: tl.constexpr, PRECISE: tl.constexpr):
+    """The natural-log LSE `[R]` fp32 of a softmax state.
+
+    `b_m [R]` is the running max in log2 units (scores times log2 e), `b_l [R]` the sum of
+    `exp2(s - m)` (>= 1 for a row that saw a key: its max contributes 1), `b_sink [R]` natural-log
+    sink logits. Sums, base change and log are done in fp64 and the LSE is rounded once: fp32
+    `(m + log2 l) * ln 2` at |lse| ~ 8 adds half an ulp twice, and `lg2.approx` another 2^-22.
+    No key and no sink: -inf; only a sink: the sink.
+    """
+    m = b_m.to(tl.float64) * _LN2_F64
+    if HAS_SINKS:
+        s = b_sink.to(tl.float64)
+        top = tl.maximum(m, s)  # finite: the sink is
+        w_keys = exp2_(((m - top) * _LOG2E_F64).to(tl.float32), PRECISE)
+        total = b_l * w_keys + exp2_(((s - top) * _LOG2E_F64).to(tl.float32), PRECISE)  # >= 1: the top term
+    else:
+        top = m
+        total = b_l
+    seen = total > 0
+    return tl.where(seen, top + log_fp64(tl.where(seen, total, 1.0)), float("-inf")).to(tl.float32)

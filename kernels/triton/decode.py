@@ -31,6 +31,9 @@ from attnbench.kernels.triton.common import (
     bind_launch,
     block_dv,
     dot_precision,
+    exp2_,
+    finish_lse,
+    finish_o,
     head_split,
     load_tile,
     mma,
@@ -39,16 +42,13 @@ from attnbench.kernels.triton.common import (
     v_is_k_prefix,
 )
 
-_LOG2E = tl.constexpr(1.4426950408889634)
-_LN2 = tl.constexpr(0.6931471805599453)
-
 
 @triton.jit
 def _decode_split_kernel(
     # Inputs
     q, k_cache, v_cache, kv_page_indices, kv_indptr, qo_indptr, sinks, work,
     # Outputs: final (requests with one split) and partial (requests with several)
-    o, lse, part_o, part_lse,
+    o, lse, part_o, part_ml,
     # Scalars
     qk_scale, scale_over_cap, cap_log2e,
     # Strides (last dims are contiguous)
@@ -56,13 +56,13 @@ def _decode_split_kernel(
     stride_kp, stride_ks, stride_kh,
     stride_vp, stride_vs, stride_vh,
     stride_ot, stride_oh, stride_lt,
-    stride_pw, stride_ph, stride_lw,
+    stride_pw, stride_ph, stride_mw, stride_ml,
     # Meta-parameters
     G: tl.constexpr, NUM_HB: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, BLOCK_DV: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_DOT: tl.constexpr, V_FROM_K: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PRECISE_EXP: tl.constexpr,
 ):  # fmt: skip
     i_u, i_w = tl.program_id(0), tl.program_id(1)
     i_hk, i_hb = i_u // NUM_HB, i_u % NUM_HB
@@ -116,7 +116,7 @@ def _decode_split_kernel(
             else:
                 b_s += tl.sum(b_qb.to(tl.float32) * b_kb.to(tl.float32), 1)[None, :]
         if HAS_SOFTCAP:
-            b_s = soft_cap_scores(b_s, scale_over_cap, cap_log2e)
+            b_s = soft_cap_scores(b_s, scale_over_cap, cap_log2e, PRECISE_EXP)
         else:
             b_s = b_s * qk_scale
         b_s = tl.where(m_n[None, :], b_s, float("-inf"))
@@ -127,8 +127,8 @@ def _decode_split_kernel(
             b_v = load_tile(p_v[:, None] + o_dv[None, :], m_n, m_dv, True, BLOCK_DV > DV)
         # every block holds a key of the range, so the new max is finite
         b_mn = tl.maximum(b_m, tl.max(b_s, 1))
-        b_alpha = tl.exp2(b_m - b_mn)
-        b_p = tl.exp2(b_s - b_mn[:, None])
+        b_alpha = exp2_(b_m - b_mn, PRECISE_EXP)
+        b_p = exp2_(b_s - b_mn[:, None], PRECISE_EXP)
         b_l = b_l * b_alpha + tl.sum(b_p, 1)
         b_p = b_p.to(b_v.dtype)  # probabilities meet the values in the input precision, as in a flash kernel
         if USE_DOT:
@@ -140,31 +140,31 @@ def _decode_split_kernel(
 
     if is_final != 0:
         if HAS_SINKS:
-            b_sink = tl.load(sinks + o_h, mask=m_h, other=0.0) * _LOG2E
-            b_mf = tl.maximum(b_m, b_sink)
-            b_scale = tl.exp2(b_m - b_mf)
-            b_acc = b_acc * b_scale[:, None]
-            b_l = b_l * b_scale + tl.exp2(b_sink - b_mf)
-            b_m = b_mf
+            b_sink = tl.load(sinks + o_h, mask=m_h, other=0.0)
+        else:
+            b_sink = b_m  # unused
+        b_o = finish_o(b_acc, b_m, b_l, b_sink, HAS_SINKS, PRECISE_EXP)
         p_o = o + i_t * stride_ot + o_h[:, None] * stride_oh + o_dv[None, :]
-        tl.store(p_o, (b_acc / b_l[:, None]).to(o.dtype.element_ty), mask=m_h[:, None] & m_dv[None, :])
-        tl.store(lse + i_t * stride_lt + o_h, (b_m + tl.log2(b_l)) * _LN2, mask=m_h)
-    else:
+        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_h[:, None] & m_dv[None, :])
+        tl.store(lse + i_t * stride_lt + o_h, finish_lse(b_m, b_l, b_sink, HAS_SINKS, PRECISE_EXP), mask=m_h)
+    else:  # the partial output, normalised, with its max (log2 units) and sum kept apart
         p_part = part_o + i_w * stride_pw + o_h[:, None] * stride_ph + o_dv[None, :]
         tl.store(p_part, b_acc / b_l[:, None], mask=m_h[:, None] & m_dv[None, :])
-        tl.store(part_lse + i_w * stride_lw + o_h, b_m + tl.log2(b_l), mask=m_h)
+        tl.store(part_ml + i_w * stride_mw + o_h, b_m, mask=m_h)
+        tl.store(part_ml + i_w * stride_mw + stride_ml + o_h, b_l, mask=m_h)
 
 
 @triton.jit
 def _decode_merge_kernel(
     # Inputs
-    qo_indptr, merge, sinks, part_o, part_lse,
+    qo_indptr, merge, sinks, part_o, part_ml,
     # Outputs
     o, lse,
     # Strides
-    stride_pw, stride_ph, stride_lw, stride_ot, stride_oh, stride_lt,
+    stride_pw, stride_ph, stride_mw, stride_ml, stride_ot, stride_oh, stride_lt,
     # Meta-parameters
     DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr,
+    PRECISE_EXP: tl.constexpr,
 ):  # fmt: skip
     i_r, i_h = tl.program_id(0), tl.program_id(1)
     i_b = tl.load(merge + i_r * 3)
@@ -180,27 +180,28 @@ def _decode_merge_kernel(
     for s0 in tl.range(w_start, w_end, BLOCK_S):
         o_s = s0 + tl.arange(0, BLOCK_S)
         m_s = o_s < w_end
-        b_lse = tl.load(part_lse + o_s * stride_lw + i_h, mask=m_s, other=float("-inf"))
+        b_ms = tl.load(part_ml + o_s * stride_mw + i_h, mask=m_s, other=float("-inf"))
+        b_ls = tl.load(part_ml + o_s * stride_mw + stride_ml + i_h, mask=m_s, other=0.0)
         b_part = tl.load(
             part_o + o_s[:, None] * stride_pw + i_h * stride_ph + o_dv[None, :],
             mask=m_s[:, None] & m_dv[None, :],
             other=0.0,
         )
-        b_mn = tl.maximum(b_m, tl.max(b_lse, 0))  # finite: every split holds keys
-        b_alpha = tl.exp2(b_m - b_mn)
-        b_w = tl.exp2(b_lse - b_mn)
+        b_mn = tl.maximum(b_m, tl.max(b_ms, 0))  # finite: every split holds keys
+        b_alpha = exp2_(b_m - b_mn, PRECISE_EXP)
+        b_w = b_ls * exp2_(b_ms - b_mn, PRECISE_EXP)
         b_acc = b_acc * b_alpha + tl.sum(b_w[:, None] * b_part, 0)
         b_l = b_l * b_alpha + tl.sum(b_w, 0)
         b_m = b_mn
+    o_one = tl.zeros([1], tl.int32)
     if HAS_SINKS:
-        b_sink = tl.load(sinks + i_h + tl.zeros([1], tl.int32)) * _LOG2E
-        b_mf = tl.maximum(b_m, b_sink)
-        b_scale = tl.exp2(b_m - b_mf)
-        b_acc = b_acc * b_scale
-        b_l = b_l * b_scale + tl.exp2(b_sink - b_mf)
-        b_m = b_mf
-    tl.store(o + i_t * stride_ot + i_h * stride_oh + o_dv, (b_acc / b_l).to(o.dtype.element_ty), mask=m_dv)
-    tl.store(lse + i_t * stride_lt + i_h + tl.zeros([1], tl.int32), (b_m + tl.log2(b_l)) * _LN2)
+        b_sink = tl.load(sinks + i_h + o_one)
+    else:
+        b_sink = b_m  # unused
+    b_o = finish_o(b_acc[None, :], b_m, b_l, b_sink, HAS_SINKS, PRECISE_EXP)
+    p_o = o + i_t * stride_ot + i_h * stride_oh + o_dv[None, :]
+    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_dv[None, :])
+    tl.store(lse + i_t * stride_lt + i_h + o_one, finish_lse(b_m, b_l, b_sink, HAS_SINKS, PRECISE_EXP))
 
 
 # ---- launch configuration and schedule ---------------------------------------------------------
@@ -262,7 +263,7 @@ class DecodePlan:
     work: torch.Tensor  # [W, 4] int32: request, first key, end key, 1 = write the final output
     merge: torch.Tensor | None  # [M, 3] int32: request, first work item, end work item
     part_o: torch.Tensor  # [W, Hq, Dv] fp32 partial outputs (1 element when nothing is split)
-    part_lse: torch.Tensor  # [W, Hq] fp32 partial base-2 LSEs
+    part_ml: torch.Tensor  # [W, 2, Hq] fp32 per split: max of the scores (log2 units), sum of exp2
     grid: tuple[int, int]
     merge_grid: tuple[int, int]
     meta: dict
@@ -358,24 +359,25 @@ def plan_decode(
     merge_t = torch.tensor(merge, dtype=torch.int32).to(device) if merge else None
     if merge:
         part_o = torch.empty(W, Hq, Dv, dtype=torch.float32, device=device)
-        part_lse = torch.empty(W, Hq, dtype=torch.float32, device=device)
+        part_ml = torch.empty(W, 2, Hq, dtype=torch.float32, device=device)
     else:
         part_o = torch.empty(1, 1, 1, dtype=torch.float32, device=device)
-        part_lse = torch.empty(1, 1, dtype=torch.float32, device=device)
+        part_ml = torch.empty(1, 2, 1, dtype=torch.float32, device=device)
     bdv = block_dv(Dv)
     meta = dict(
         G=G, NUM_HB=num_hb, DK=Dk, DV=Dv, DA=split.da, DB=split.db, BLOCK_DV=bdv,
         PAGE_SIZE=x.k_cache.shape[1], BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
         USE_DOT=cfg.block_h >= 16, V_FROM_K=v_from_k, HAS_SOFTCAP=x.soft_cap > 0,
         HAS_SINKS=x.sinks is not None, DOT_PRECISION=dot_precision(x.q.dtype),
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        PRECISE_EXP=x.q.dtype == torch.float32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     merge_meta = dict(  # BLOCK_S is fixed: the merge's summation order must not depend on the batch
         DV=Dv, BLOCK_DV=bdv, BLOCK_S=16,
-        HAS_SINKS=x.sinks is not None, num_warps=4 if bdv >= 256 else 2,
+        HAS_SINKS=x.sinks is not None, PRECISE_EXP=x.q.dtype == torch.float32,
+        num_warps=4 if bdv >= 256 else 2,
     )  # fmt: skip
     return DecodePlan(
-        work_t, merge_t, part_o, part_lse, (Hkv * num_hb, W), (len(merge), Hq), meta, merge_meta, counts, cfg
+        work_t, merge_t, part_o, part_ml, (Hkv * num_hb, W), (len(merge), Hq), meta, merge_meta, counts, cfg
     )
 
 
@@ -386,19 +388,19 @@ def _launches(x, plan: DecodePlan) -> list[tuple]:
     scale, cap = x.sm_scale, x.soft_cap
     split_args = (
         q, k, v, x.kv_page_indices, x.kv_indptr, x.qo_indptr, sinks, plan.work,
-        o, lse, plan.part_o, plan.part_lse,
+        o, lse, plan.part_o, plan.part_ml,
         scale * LOG2E, scale / cap if cap > 0 else 0.0, cap * LOG2E,
         q.stride(0), q.stride(1),
         k.stride(0), k.stride(1), k.stride(2),
         v.stride(0), v.stride(1), v.stride(2),
         o.stride(0), o.stride(1), lse.stride(0),
-        plan.part_o.stride(0), plan.part_o.stride(1), plan.part_lse.stride(0),
+        plan.part_o.stride(0), plan.part_o.stride(1), plan.part_ml.stride(0), plan.part_ml.stride(1),
     )  # fmt: skip
     out = [(_decode_split_kernel, plan.grid, split_args, plan.meta)]
     if plan.merge is not None:
         merge_args = (
-            x.qo_indptr, plan.merge, sinks, plan.part_o, plan.part_lse, o, lse,
-            plan.part_o.stride(0), plan.part_o.stride(1), plan.part_lse.stride(0),
+            x.qo_indptr, plan.merge, sinks, plan.part_o, plan.part_ml, o, lse,
+            plan.part_o.stride(0), plan.part_o.stride(1), plan.part_ml.stride(0), plan.part_ml.stride(1),
             o.stride(0), o.stride(1), lse.stride(0),
         )  # fmt: skip
         out.append((_decode_merge_kernel, plan.merge_grid, merge_args, plan.merge_meta))

@@ -29,15 +29,15 @@ from attnbench.kernels.triton.common import (
     bind_launch,
     block_dv,
     dot_precision,
+    exp2_,
+    finish_lse,
+    finish_o,
     head_split,
     load_tile,
     mma,
     soft_cap_scores,
     v_is_k_prefix,
 )
-
-_LOG2E = tl.constexpr(1.4426950408889634)
-_LN2 = tl.constexpr(0.6931471805599453)
 
 
 @triton.jit
@@ -51,6 +51,7 @@ def _attend_range(
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, FROM_NEW: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_SOFTCAP: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PRECISE_EXP: tl.constexpr,
 ):  # fmt: skip
     """Online-softmax update of (acc, m, l) over keys [n_lo, n_hi) of one source.
 
@@ -91,7 +92,7 @@ def _attend_range(
             b_kb = load_tile(p_k[:, None] + o_db[None, :], m_n, m_db, MASKED, DA + DB > DK)
             b_s = mma(b_qb, tl.trans(b_kb), b_s, DOT_PRECISION)
         if HAS_SOFTCAP:
-            b_s = soft_cap_scores(b_s, scale_over_cap, cap_log2e)
+            b_s = soft_cap_scores(b_s, scale_over_cap, cap_log2e, PRECISE_EXP)
         else:
             b_s = b_s * qk_scale
         if V_FROM_K:
@@ -114,8 +115,8 @@ def _attend_range(
         else:
             b_mn = tl.maximum(b_m, tl.max(b_s, 1))
             b_ms = b_mn
-        b_alpha = tl.exp2(b_m - b_ms)
-        b_p = tl.exp2(b_s - b_ms[:, None])
+        b_alpha = exp2_(b_m - b_ms, PRECISE_EXP)
+        b_p = exp2_(b_s - b_ms[:, None], PRECISE_EXP)
         b_l = b_l * b_alpha + tl.sum(b_p, 1)
         b_acc = mma(b_p.to(b_v.dtype), b_v, b_acc * b_alpha[:, None], DOT_PRECISION)
         b_m = b_mn
@@ -132,6 +133,7 @@ def _attend_source(
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     FROM_NEW: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PRECISE_EXP: tl.constexpr,
 ):  # fmt: skip
     """Keys [a, e) of one source: masked blocks left of `full_lo`, whole unmasked blocks inside
     [full_lo, full_hi), masked blocks for the rest."""
@@ -142,21 +144,21 @@ def _attend_source(
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
         DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
-        True, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION,
+        True, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
     )  # fmt: skip
     b_acc, b_m, b_l = _attend_range(
         b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, p_pages, row0, new_start, u0, u1,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
         DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
-        False, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION,
+        False, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
     )  # fmt: skip
     b_acc, b_m, b_l = _attend_range(
         b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, p_pages, row0, new_start, u1, e,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
         DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
-        True, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION,
+        True, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
     )  # fmt: skip
     return b_acc, b_m, b_l
 
@@ -182,6 +184,7 @@ def _extend_kernel(
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
     NEW_FROM_CACHE: tl.constexpr, SAVE_KV: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PRECISE_EXP: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     i_h, i_tile = pid % HQ, pid // HQ
@@ -259,7 +262,7 @@ def _extend_kernel(
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
         DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
-        False, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION,
+        False, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
     )  # fmt: skip
     if NEW_FROM_CACHE:  # shared (cross-layer) KV: the new tokens are in the cache too
         b_acc, b_m, b_l = _attend_source(
@@ -268,7 +271,7 @@ def _extend_kernel(
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
             o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
             DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
-            False, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION,
+            False, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
         )  # fmt: skip
     else:
         b_acc, b_m, b_l = _attend_source(
@@ -277,21 +280,17 @@ def _extend_kernel(
             stride_knt, 0, stride_knh, stride_vnt, 0, stride_vnh, i_hk,
             o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
             DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
-            True, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION,
+            True, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
         )  # fmt: skip
 
     if HAS_SINKS:
-        b_sink = tl.load(sinks + i_h + tl.zeros([BLOCK_M], tl.int32)) * _LOG2E
-        b_mf = tl.maximum(b_m, b_sink)
-        b_scale = tl.exp2(b_m - b_mf)
-        b_acc = b_acc * b_scale[:, None]
-        b_l = b_l * b_scale + tl.exp2(b_sink - b_mf)
-        b_m = b_mf
-    b_seen = b_l > 0
-    b_o = b_acc / tl.where(b_seen, b_l, 1.0)[:, None]
-    b_lse = tl.where(b_seen, (b_m + tl.log2(tl.where(b_seen, b_l, 1.0))) * _LN2, float("-inf"))
+        b_sink = tl.load(sinks + i_h + tl.zeros([BLOCK_M], tl.int32))
+    else:
+        b_sink = b_m  # unused
+    b_o = finish_o(b_acc, b_m, b_l, b_sink, HAS_SINKS, PRECISE_EXP)
     p_o = o + (row0 + o_m)[:, None] * stride_ot + i_h * stride_oh + o_dv[None, :]
     tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_rows[:, None] & m_dv[None, :])
+    b_lse = finish_lse(b_m, b_l, b_sink, HAS_SINKS, PRECISE_EXP)
     tl.store(lse + (row0 + o_m) * stride_lt + i_h, b_lse, mask=m_rows)
 
 
@@ -384,7 +383,8 @@ def plan_extend(x, *, config: ExtendConfig | None = None) -> ExtendPlan:
         IS_CAUSAL=causal, HAS_WINDOW=x.window >= 0, HAS_MASK=has_mask,
         HAS_SOFTCAP=x.soft_cap > 0, HAS_SINKS=x.sinks is not None,
         NEW_FROM_CACHE=x.k_new is None, SAVE_KV=bool(x.save_kv), V_FROM_K=v_from_k and Dv == split.da,
-        DOT_PRECISION=dot_precision(x.q.dtype), num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        DOT_PRECISION=dot_precision(x.q.dtype), PRECISE_EXP=x.q.dtype == torch.float32,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return ExtendPlan(tiles_t, (Hq * len(tiles),), meta, cfg)
 

@@ -14,9 +14,6 @@ import triton
 import triton.language as tl
 from attnbench.kernels.triton.common import bind_launch
 
-_LOG2E = tl.constexpr(1.4426950408889634)
-_LN2 = tl.constexpr(0.6931471805599453)
-
 
 @triton.jit
 def _merge_state_kernel(
@@ -36,27 +33,30 @@ def _merge_state_kernel(
     o_d = tl.arange(0, BLOCK_D)
     m_hd = m_h[:, None] & (o_d < D)[None, :]
 
-    b_sa = tl.load(s_a + i_t * stride_sat + o_h, mask=m_h, other=float("-inf")) * _LOG2E
-    b_sb = tl.load(s_b + i_t * stride_sbt + o_h, mask=m_h, other=float("-inf")) * _LOG2E
+    # the row scalars in fp64 (exact exp/log, one rounding of the LSE); the weights then in fp32
+    b_sa = tl.load(s_a + i_t * stride_sat + o_h, mask=m_h, other=float("-inf")).to(tl.float64)
+    b_sb = tl.load(s_b + i_t * stride_sbt + o_h, mask=m_h, other=float("-inf")).to(tl.float64)
     b_sa = tl.where(b_sa == float("inf"), float("-inf"), b_sa)
     b_sb = tl.where(b_sb == float("inf"), float("-inf"), b_sb)
     b_m = tl.maximum(b_sa, b_sb)
     b_m = tl.where(b_m == float("-inf"), 0.0, b_m)
-    b_wa = tl.exp2(b_sa - b_m)
-    b_wb = tl.exp2(b_sb - b_m)
+    b_wa = tl.exp(b_sa - b_m)
+    b_wb = tl.exp(b_sb - b_m)
     b_total = b_wa + b_wb
     b_seen = b_total > 0
     b_inv = tl.where(b_seen, 1.0 / tl.where(b_seen, b_total, 1.0), 0.0)
-    # an empty side contributes weight 0; its values (possibly garbage) must not be read into the sum
+    b_lse = tl.where(b_seen, b_m + tl.log(tl.where(b_seen, b_total, 1.0)), float("-inf"))
+    b_fa = (b_wa * b_inv).to(tl.float32)
+    b_fb = (b_wb * b_inv).to(tl.float32)
+    # an empty side has weight 0; its values (possibly garbage) must not be read into the sum
     b_va = tl.load(v_a + i_t * stride_vat + o_h[:, None] * stride_vah + o_d[None, :], mask=m_hd, other=0.0)
     b_vb = tl.load(v_b + i_t * stride_vbt + o_h[:, None] * stride_vbh + o_d[None, :], mask=m_hd, other=0.0)
-    b_va = tl.where((b_wa > 0)[:, None], b_va.to(tl.float32), 0.0)
-    b_vb = tl.where((b_wb > 0)[:, None], b_vb.to(tl.float32), 0.0)
-    b_o = b_va * (b_wa * b_inv)[:, None] + b_vb * (b_wb * b_inv)[:, None]
+    b_va = tl.where((b_fa > 0)[:, None], b_va.to(tl.float32), 0.0)
+    b_vb = tl.where((b_fb > 0)[:, None], b_vb.to(tl.float32), 0.0)
+    b_o = b_va * b_fa[:, None] + b_vb * b_fb[:, None]
     p_o = o + i_t * stride_ot + o_h[:, None] * stride_oh + o_d[None, :]
     tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_hd)
-    b_lse = tl.where(b_seen, (b_m + tl.log2(tl.where(b_seen, b_total, 1.0))) * _LN2, float("-inf"))
-    tl.store(lse + i_t * stride_lt + o_h, b_lse, mask=m_h)
+    tl.store(lse + i_t * stride_lt + o_h, b_lse.to(tl.float32), mask=m_h)
 
 
 def _launch(v_a, s_a, v_b, s_b, o, lse) -> tuple:
