@@ -226,3 +226,35 @@ def test_split_schedule():
     batch, _ = split_schedule([100, 700, 3000], -1, 8, 64, 528, **det)
     tiles = [(0, 256), (256, 512), (512, 700)]
     assert [(s, e) for _, s, e in alone] == [(s, e) for b, s, e in batch if b == 1] == tiles
+
+
+def test_configs_shrink_until_they_fit():
+    """A config the device has no shared memory for is shrunk (stages, then tile sizes) and retried."""
+    from attnbench.kernels.triton.common import first_that_fits
+    from attnbench.kernels.triton.decode import DecodeConfig, shrink_decode_config
+    from attnbench.kernels.triton.extend import ExtendConfig, shrink_extend_config
+    from triton.runtime.errors import OutOfResources
+
+    def build_needing(limit_kib, smem_of):
+        def build(cfg):
+            def run():
+                if smem_of(cfg) > limit_kib:
+                    raise OutOfResources(smem_of(cfg) * 1024, limit_kib * 1024, "shared memory")
+
+            return run
+
+        return build
+
+    ext_smem = lambda c: (c.block_m + 2 * c.num_stages * c.block_n) * 128 * 2 // 1024  # noqa: E731
+    _, cfg, shrunk = first_that_fits(
+        ExtendConfig(128, 128, 8, 3), shrink_extend_config, build_needing(99, ext_smem), torch.device("cuda")
+    )
+    assert cfg == ExtendConfig(128, 64, 8, 2) and len(shrunk) == 2, (cfg, shrunk)
+    dec_smem = lambda c: 2 * max(1, c.num_stages - 1) * c.block_n * 576 * 2 // 1024  # noqa: E731
+    _, cfg, _ = first_that_fits(
+        DecodeConfig(64, 32, 8, 3, 1), shrink_decode_config, build_needing(80, dec_smem), torch.device("cuda")
+    )
+    assert cfg == DecodeConfig(64, 32, 8, 2, 1)
+    with pytest.raises(OutOfResources):
+        first_that_fits(DecodeConfig(64, 32, 8, 3, 1), shrink_decode_config, build_needing(1, dec_smem),
+                        torch.device("cuda"))  # fmt: skip

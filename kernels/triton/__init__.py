@@ -61,30 +61,52 @@ class _TritonAttention(Backend):
         return None
 
     def prepare_decode(self, case, x):
-        from attnbench.kernels.triton.decode import bind_decode, plan_decode, tuned_decode_config
+        from attnbench.kernels.triton import decode as d
+        from attnbench.kernels.triton.common import first_that_fits
 
         # the deterministic variant keeps the fixed heuristic: a timing-dependent choice would make
         # its results depend on the process
-        config, tuned = (None, {}) if self.deterministic else tuned_decode_config(x)
-        plan = plan_decode(
-            x, deterministic=self.deterministic, split_tile=DETERMINISTIC_SPLIT_TILE, config=config
+        config, tuned = (None, {}) if self.deterministic else d.tuned_decode_config(x)
+        plans = {}
+
+        def build(cfg):
+            det = dict(deterministic=self.deterministic, split_tile=DETERMINISTIC_SPLIT_TILE)
+            plans[cfg] = d.plan_decode(x, config=cfg, **det)
+            return d.bind_decode(x, plans[cfg])
+
+        run, config, shrunk = first_that_fits(
+            config or d.default_decode_config(x), d.shrink_decode_config, build, x.q.device
         )
-        run = bind_decode(x, plan)
+        plan = plans[config]
         run.info = {
             "max_splits": max(plan.splits),
             "work_items": int(plan.work.shape[0]),
-            "config": vars(plan.config) | {"two_stage": plan.merge is not None},
+            "config": vars(config) | {"two_stage": plan.merge is not None},
             **tuned,
+            **({"did_not_fit": shrunk} if shrunk else {}),
         }
         return run
 
     def prepare_extend(self, case, x):
-        from attnbench.kernels.triton.extend import bind_extend, plan_extend, tuned_extend_config
+        from attnbench.kernels.triton import extend as e
+        from attnbench.kernels.triton.common import first_that_fits
 
-        config, tuned = (None, {}) if self.deterministic else tuned_extend_config(x)
-        plan = plan_extend(x, config=config)
-        run = bind_extend(x, plan)
-        run.info = {"tiles": int(plan.tiles.shape[0]), "config": vars(plan.config), **tuned}
+        config, tuned = (None, {}) if self.deterministic else e.tuned_extend_config(x)
+        plans = {}
+
+        def build(cfg):
+            plans[cfg] = e.plan_extend(x, config=cfg)
+            return e.bind_extend(x, plans[cfg])
+
+        run, config, shrunk = first_that_fits(
+            config or e.default_extend_config(x), e.shrink_extend_config, build, x.q.device
+        )
+        run.info = {
+            "tiles": int(plans[config].tiles.shape[0]),
+            "config": vars(config),
+            **tuned,
+            **({"did_not_fit": shrunk} if shrunk else {}),
+        }
         return run
 
     def prepare_merge_state(self, case, x):

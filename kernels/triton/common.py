@@ -278,3 +278,24 @@ def finish_lse(b_m, b_l, b_sink, HAS_SINKS: tl.constexpr, PRECISE: tl.constexpr)
         total = b_l
     seen = total > 0
     return tl.where(seen, top + log_fp64(tl.where(seen, total, 1.0)), float("-inf")).to(tl.float32)
+
+
+def first_that_fits(config, shrink, build, device: torch.device):
+    """`(run, config, shrunk)`: `build(config)` run once, the config shrunk while the device lacks the
+    resources for it (shared memory: the configs are sized for Hopper's 227 KiB; an A100 has 163,
+    an RTX 4090 99). `shrunk` lists the configs that did not fit. On the CPU nothing is run."""
+    shrunk = []
+    while True:
+        run = build(config)
+        if device.type != "cuda":
+            return run, config, shrunk
+        from triton.runtime.errors import OutOfResources
+
+        try:
+            run()
+            return run, config, shrunk
+        except OutOfResources:
+            shrunk.append(repr(config))
+            config = shrink(config)
+            if config is None:
+                raise

@@ -19,7 +19,7 @@ log2(e)), so the softmax uses exp2; the LSE written out is natural log.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -251,9 +251,25 @@ def decode_candidates(group: int, dk: int, dv: int, sm: int) -> list[DecodeConfi
     return [first] + [c for c in more if c != first]
 
 
+def shrink_decode_config(c: DecodeConfig) -> DecodeConfig | None:
+    """A config needing less shared memory (fewer stages, then fewer keys per step), or None."""
+    if c.num_stages > 2:
+        return replace(c, num_stages=c.num_stages - 1)
+    if c.block_n > 16:
+        return replace(c, block_n=c.block_n // 2)
+    return None
+
+
 def _parts(dk: int) -> tuple[int, int]:
     s = head_split(dk)
     return s.da, s.db
+
+
+def default_decode_config(x) -> DecodeConfig:
+    """`decode_config` for the shapes of `x`."""
+    _, Hq, Dk = x.q.shape
+    Hkv, Dv = x.k_cache.shape[2], x.v_cache.shape[-1]
+    return decode_config(Hq // Hkv, Dk, Dv, arch(x.q.device))
 
 
 @dataclass
@@ -325,7 +341,7 @@ def plan_decode(
     if any(n != 1 for n in x.q_lens_host) or T != len(x.seq_lens_host):
         raise ValueError("decode takes exactly one query per request")
     G = Hq // Hkv
-    cfg = config or decode_config(G, Dk, Dv, arch(device))
+    cfg = config or default_decode_config(x)
     split = head_split(Dk)
     num_hb = -(-G // cfg.block_h)
     if deterministic and split_tile % cfg.block_n:

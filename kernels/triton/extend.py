@@ -17,7 +17,7 @@ race with reads. Rows that see no key (and have no sink) get o = 0 and lse = -in
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -338,6 +338,27 @@ def extend_candidates(dk: int, dv: int, max_q_len: int, sm: int) -> list[ExtendC
     return [first] + [c for c in more if c != first and c.block_m <= first.block_m]
 
 
+def shrink_extend_config(c: ExtendConfig) -> ExtendConfig | None:
+    """A config needing less shared memory, or None: down to 2 stages, then narrower key blocks (to 32),
+    then 1 stage, then shorter query tiles, then the narrowest key blocks."""
+    if c.num_stages > 2:
+        return replace(c, num_stages=c.num_stages - 1)
+    if c.block_n > 32:
+        return replace(c, block_n=c.block_n // 2)
+    if c.num_stages > 1:
+        return replace(c, num_stages=1)
+    if c.block_m > 16:
+        return replace(c, block_m=c.block_m // 2)
+    if c.block_n > 16:
+        return replace(c, block_n=c.block_n // 2)
+    return None
+
+
+def default_extend_config(x) -> ExtendConfig:
+    """`extend_config` for the shapes of `x`."""
+    return extend_config(x.q.shape[2], x.v_cache.shape[-1], max(x.q_lens_host), arch(x.q.device))
+
+
 @dataclass
 class ExtendPlan:
     tiles: torch.Tensor  # [N, 2] int32: request, first query of the tile; heaviest tiles first
@@ -367,7 +388,7 @@ def plan_extend(x, *, config: ExtendConfig | None = None) -> ExtendPlan:
     T, Hq, Dk = x.q.shape
     Hkv, Dv = x.k_cache.shape[2], x.v_cache.shape[-1]
     G = Hq // Hkv
-    cfg = config or extend_config(Dk, Dv, max(x.q_lens_host), arch(device))
+    cfg = config or default_extend_config(x)
     split = head_split(Dk)
     has_mask = x.custom_mask is not None
     causal = x.causal and not has_mask
