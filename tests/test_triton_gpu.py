@@ -31,7 +31,7 @@ TARGETS = [
     "decode/b64-l4096-skewed-h32x8-d128-p16-bf16",
     "decode/b64-l4096-h32x8-d128-p1-bf16",
     "decode/b32-l4096-h32x32-d128-p16-bf16",  # MHA
-    "decode/b16-l4096-h128x1-d576x512-p64-mla-bf16",  # MLA (2 splits per request)
+    "decode/b16-l4096-h128x1-d576x512-p64-mla-bf16",  # MLA, 4 splits per request
     "decode/b64-l4096-h64x8-d64-p16-swa127-sink-bf16",
     "extend/b1-q2048-pre0-h32x8-d128-p16-bf16",  # prefill: the autotuned path
     "extend/b4-q512-pre1024-h32x8-d128-p16-bf16",
