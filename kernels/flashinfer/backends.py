@@ -193,6 +193,11 @@ class PagedExtend:
             return extend.prepare_cascade(case, x, backend=self.attention_backend)
         return extend.prepare_paged(case, x, backend=self.attention_backend)
 
+    # tree verification is a custom-mask extend with save (its inputs are extend's): same paths, same limits
+    limits_tree_verify = limits_extend
+    jit_tree_verify = jit_extend
+    prepare_tree_verify = prepare_extend
+
 
 class RaggedExtend:
     """Extend the SGLang way: ragged kernel on the new tokens, paged on the prefix, merge_state."""

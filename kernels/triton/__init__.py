@@ -1,6 +1,17 @@
-"""The triton backend (minimal: the spec and GDN mixins on this branch; the full backend class is merged in).
+"""Our Triton backend: the attention family (paged decode, extend, merge_state), the spec ops
+(tree_verify through extend, EAGLE tree building, greedy verification) and the GDN family.
 
-Runs on a CUDA GPU, or on the CPU under the Triton interpreter (`TRITON_INTERPRET=1`).
+Two registered names:
+
+- `triton`: decode splits planned from the SM count, the batch, the heads and the lengths; every op.
+- `triton-det`: the deterministic (batch-invariant) decode: fixed splits of 256 keys, so a request's
+  output and LSE do not depend on which other requests share its batch. Extend and merge_state are
+  batch-invariant already (one program per query tile and head) and are the same kernels. It runs
+  the attention ops only (the spec and GDN kernels have no split to fix).
+
+Kernels live in decode.py, extend.py, merge.py, spec.py and gdn*.py (kernel -> launcher -> public function); the
+schedule (splits, query tiles) and scratch buffers are built in `prepare`, never in the timed call.
+Triton is imported lazily, so this package imports without it. Design notes: NOTES.md.
 """
 
 from __future__ import annotations
@@ -12,23 +23,117 @@ from attnbench.backend import Backend, register_backend
 from attnbench.kernels.triton.gdn_backend import TritonGDN
 from attnbench.kernels.triton.spec_backend import TritonSpec
 
+DETERMINISTIC_SPLIT_TILE = 256
+MAX_DK, MAX_DV = 576, 512  # the largest head dims the launch configs are sized for (absorbed MLA)
 
-@register_backend("triton")
-class TritonBackend(TritonSpec, TritonGDN, Backend):
-    description = "attnbench's own Triton kernels (GPU, or CPU under TRITON_INTERPRET=1)"
+
+def _triton_missing() -> str | None:
+    if importlib.util.find_spec("triton") is None:
+        return "triton is not installed (pip install triton)"
+    try:
+        import triton  # noqa: F401
+    except Exception as e:  # a broken install is a reason, not a crash
+        return f"triton does not import: {type(e).__name__}: {e}"
+    return None
+
+
+class _TritonAttention(Backend):
+    deterministic = False
 
     def available(self) -> str | None:
-        if importlib.util.find_spec("triton") is None:
-            return "triton is not installed (pip install 'attnbench[gpu]')"
+        missing = _triton_missing()
+        if missing:
+            return missing
         import torch
 
-        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET") != "1":
-            return "no CUDA GPU (set TRITON_INTERPRET=1 to run the kernels in the interpreter)"
+        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+            return "no CUDA device (set TRITON_INTERPRET=1 to run the kernels in Triton's CPU interpreter)"
         return None
 
     def supports(self, case) -> str | None:
-        if case.op_name == "tree_verify" and not callable(getattr(self, "prepare_extend", None)):
-            return "triton has no extend kernel on this build (tree_verify runs through extend)"
-        if not case.on_cuda and os.environ.get("TRITON_INTERPRET") != "1":
-            return "a CPU case needs TRITON_INTERPRET=1 (the Triton interpreter)"
-        return super().supports(case)
+        reason = super().supports(case)
+        if reason:
+            return reason
+        import torch
+
+        interpreting = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+        if torch.device(case.device).type != "cuda" and not interpreting:
+            return f"case on {case.device}: Triton runs on CUDA (or set TRITON_INTERPRET=1 for the CPU)"
+        p = case.params
+        if case.op_name in ("decode", "extend", "tree_verify") and (p.head_dim > MAX_DK or p.dv > MAX_DV):
+            return f"head dims {p.head_dim}/{p.dv}: tiles are sized for at most {MAX_DK}/{MAX_DV}"
+        if getattr(p, "kv_dtype", "auto") != "auto":
+            return f"our Triton attention kernels read the KV cache in the query dtype; {p.kv_dtype} is not implemented"
+        return None
+
+    def prepare_decode(self, case, x):
+        from attnbench.kernels.triton import decode as d
+        from attnbench.kernels.triton.common import first_that_fits
+
+        # the deterministic variant keeps the fixed heuristic: a timing-dependent choice would make
+        # its results depend on the process
+        config, tuned = (None, {}) if self.deterministic else d.tuned_decode_config(x)
+        plans = {}
+
+        def build(cfg):
+            det = dict(deterministic=self.deterministic, split_tile=DETERMINISTIC_SPLIT_TILE)
+            plans[cfg] = d.plan_decode(x, config=cfg, **det)
+            return d.bind_decode(x, plans[cfg])
+
+        run, config, shrunk = first_that_fits(
+            config or d.default_decode_config(x), d.shrink_decode_config, build, x.q.device
+        )
+        plan = plans[config]
+        run.info = {
+            "max_splits": max(plan.splits),
+            "work_items": int(plan.work.shape[0]),
+            "config": vars(config) | {"two_stage": plan.merge is not None},
+            **tuned,
+            **({"did_not_fit": shrunk} if shrunk else {}),
+        }
+        return run
+
+    def prepare_extend(self, case, x):
+        from attnbench.kernels.triton import extend as e
+        from attnbench.kernels.triton.common import first_that_fits
+
+        config, tuned = (None, {}) if self.deterministic else e.tuned_extend_config(x)
+        plans = {}
+
+        def build(cfg):
+            plans[cfg] = e.plan_extend(x, config=cfg)
+            return e.bind_extend(x, plans[cfg])
+
+        run, config, shrunk = first_that_fits(
+            config or e.default_extend_config(x), e.shrink_extend_config, build, x.q.device
+        )
+        run.info = {
+            "tiles": int(plans[config].tiles.shape[0]),
+            "config": vars(config),
+            **tuned,
+            **({"did_not_fit": shrunk} if shrunk else {}),
+        }
+        return run
+
+    def prepare_merge_state(self, case, x):
+        from attnbench.kernels.triton.merge import bind_merge_state
+
+        call = bind_merge_state(x.v_a, x.s_a, x.v_b, x.s_b, x.o, x.lse)
+        out = {"o": x.o, "lse": x.lse}
+
+        def run():
+            call()
+            return out
+
+        return run
+
+
+@register_backend("triton")
+class TritonBackend(TritonSpec, TritonGDN, _TritonAttention):
+    description = "our Triton kernels: split-KV decode (splits from the SM count), FA2-style extend, merge"
+
+
+@register_backend("triton-det")
+class TritonDeterministicBackend(_TritonAttention):
+    description = f"our Triton kernels, batch-invariant decode (fixed {DETERMINISTIC_SPLIT_TILE}-key splits)"
+    deterministic = True

@@ -1,0 +1,478 @@
+"""Paged decode as two-stage flash decoding (Triton).
+
+Stage 1 (`_decode_split_kernel`): one program per (kv head, head block, work item). A work item is a
+request and a contiguous range of its keys (a KV split). The program attends the query heads that
+share the kv head (GQA/MQA/MLA: a `tl.dot` over the head group; MHA: a vector product) over that
+range and writes either the final output and LSE (a request with one split) or a partial output and
+its base-2 LSE into scratch. Stage 2 (`_decode_merge_kernel`) merges the partials of every request
+with more than one split by their LSEs and adds the sink.
+
+The split schedule is planned on the host from `seq_lens_host` (no device sync), in `plan_decode`:
+the default mode balances key tokens over the SMs; the deterministic mode cuts every request into
+fixed tiles of `split_tile` keys so a request's result does not depend on the rest of the batch.
+A sliding window is applied by the schedule itself: only the last W + 1 keys are ever scheduled.
+
+Scores are computed in base 2: `s * sm_scale * log2(e)` (or the soft cap of `s * sm_scale`, times
+log2(e)), so the softmax uses exp2; the LSE written out is natural log.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from attnbench.kernels.triton import tune
+from attnbench.kernels.triton.common import (
+    LOG2E,
+    arch,
+    bind_launch,
+    block_dv,
+    dot_precision,
+    exp2_,
+    finish_lse,
+    finish_o,
+    head_split,
+    load_tile,
+    mma,
+    sm_count,
+    soft_cap_scores,
+    v_is_k_prefix,
+)
+
+
+@triton.jit
+def _decode_split_kernel(
+    # Inputs
+    q, k_cache, v_cache, kv_page_indices, kv_indptr, qo_indptr, sinks, work,
+    # Outputs: final (requests with one split) and partial (requests with several)
+    o, lse, part_o, part_ml,
+    # Scalars
+    qk_scale, scale_over_cap, cap_log2e,
+    # Strides (last dims are contiguous)
+    stride_qt, stride_qh,
+    stride_kp, stride_ks, stride_kh,
+    stride_vp, stride_vs, stride_vh,
+    stride_ot, stride_oh, stride_lt,
+    stride_pw, stride_ph, stride_mw, stride_ml,
+    # Meta-parameters
+    G: tl.constexpr, NUM_HB: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
+    USE_DOT: tl.constexpr, V_FROM_K: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PRECISE_EXP: tl.constexpr,
+):  # fmt: skip
+    i_u, i_w = tl.program_id(0), tl.program_id(1)
+    i_hk, i_hb = i_u // NUM_HB, i_u % NUM_HB
+    i_b = tl.load(work + i_w * 4)
+    n_start = tl.load(work + i_w * 4 + 1)
+    n_end = tl.load(work + i_w * 4 + 2)
+    is_final = tl.load(work + i_w * 4 + 3)
+    i_t = tl.load(qo_indptr + i_b)
+
+    o_g = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
+    m_h = o_g < G
+    o_h = i_hk * G + o_g  # query heads of this program
+    o_da = tl.arange(0, DA)
+    m_da = o_da < DK
+    o_dv = tl.arange(0, BLOCK_DV)
+    m_dv = o_dv < DV
+
+    p_q = q + i_t * stride_qt + o_h[:, None] * stride_qh
+    b_q = tl.load(p_q + o_da[None, :], mask=m_h[:, None] & m_da[None, :], other=0.0)
+    if DB > 0:
+        o_db = DA + tl.arange(0, DB)
+        m_db = o_db < DK
+        b_qb = tl.load(p_q + o_db[None, :], mask=m_h[:, None] & m_db[None, :], other=0.0)
+
+    p_pages = kv_page_indices + tl.load(kv_indptr + i_b)
+    b_m = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    b_l = tl.zeros([BLOCK_H], tl.float32)
+    b_acc = tl.zeros([BLOCK_H, BLOCK_DV], tl.float32)
+    # Page indices are loaded one block ahead by hand: with the index load and the K/V loads that
+    # depend on it in the same iteration, Triton's pipeliner does not overlap the K/V copies with
+    # the math (it waits for all copies at the top of every iteration).
+    o_n = n_start + tl.arange(0, BLOCK_N)
+    i_page_next = tl.load(p_pages + o_n // PAGE_SIZE, mask=o_n < n_end, other=0)
+    for n0 in tl.range(n_start, n_end, BLOCK_N):
+        o_n = n0 + tl.arange(0, BLOCK_N)
+        m_n = o_n < n_end
+        i_page = i_page_next.to(tl.int64)
+        o_next = o_n + BLOCK_N
+        i_page_next = tl.load(p_pages + o_next // PAGE_SIZE, mask=o_next < n_end, other=0)
+        o_slot = o_n % PAGE_SIZE
+        p_k = k_cache + i_page * stride_kp + o_slot * stride_ks + i_hk * stride_kh
+        b_k = load_tile(p_k[:, None] + o_da[None, :], m_n, m_da, True, DA > DK)
+        if USE_DOT:
+            b_s = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_PRECISION)
+        else:  # one head (BLOCK_H == 1): a vector product
+            b_s = tl.sum(b_q.to(tl.float32) * b_k.to(tl.float32), 1)[None, :]
+        if DB > 0:
+            b_kb = load_tile(p_k[:, None] + o_db[None, :], m_n, m_db, True, DA + DB > DK)
+            if USE_DOT:
+                b_s = mma(b_qb, tl.trans(b_kb), b_s, DOT_PRECISION)
+            else:
+                b_s += tl.sum(b_qb.to(tl.float32) * b_kb.to(tl.float32), 1)[None, :]
+        if HAS_SOFTCAP:
+            b_s = soft_cap_scores(b_s, scale_over_cap, cap_log2e, PRECISE_EXP)
+        else:
+            b_s = b_s * qk_scale
+        b_s = tl.where(m_n[None, :], b_s, float("-inf"))
+        if V_FROM_K:
+            b_v = b_k
+        else:
+            p_v = v_cache + i_page * stride_vp + o_slot * stride_vs + i_hk * stride_vh
+            b_v = load_tile(p_v[:, None] + o_dv[None, :], m_n, m_dv, True, BLOCK_DV > DV)
+        # every block holds a key of the range, so the new max is finite
+        b_mn = tl.maximum(b_m, tl.max(b_s, 1))
+        b_alpha = exp2_(b_m - b_mn, PRECISE_EXP)
+        b_p = exp2_(b_s - b_mn[:, None], PRECISE_EXP)
+        b_l = b_l * b_alpha + tl.sum(b_p, 1)
+        b_p = b_p.to(b_v.dtype)  # probabilities meet the values in the input precision, as in a flash kernel
+        if USE_DOT:
+            b_acc = mma(b_p, b_v, b_acc * b_alpha[:, None], DOT_PRECISION)
+        else:
+            b_pv = tl.sum(tl.trans(b_p.to(tl.float32)) * b_v.to(tl.float32), 0)[None, :]
+            b_acc = b_acc * b_alpha[:, None] + b_pv
+        b_m = b_mn
+
+    if is_final != 0:
+        if HAS_SINKS:
+            b_sink = tl.load(sinks + o_h, mask=m_h, other=0.0)
+        else:
+            b_sink = b_m  # unused
+        b_o = finish_o(b_acc, b_m, b_l, b_sink, HAS_SINKS, PRECISE_EXP)
+        p_o = o + i_t * stride_ot + o_h[:, None] * stride_oh + o_dv[None, :]
+        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_h[:, None] & m_dv[None, :])
+        tl.store(lse + i_t * stride_lt + o_h, finish_lse(b_m, b_l, b_sink, HAS_SINKS, PRECISE_EXP), mask=m_h)
+    else:  # the partial output, normalised, with its max (log2 units) and sum kept apart
+        p_part = part_o + i_w * stride_pw + o_h[:, None] * stride_ph + o_dv[None, :]
+        tl.store(p_part, b_acc / b_l[:, None], mask=m_h[:, None] & m_dv[None, :])
+        tl.store(part_ml + i_w * stride_mw + o_h, b_m, mask=m_h)
+        tl.store(part_ml + i_w * stride_mw + stride_ml + o_h, b_l, mask=m_h)
+
+
+@triton.jit
+def _decode_merge_kernel(
+    # Inputs
+    qo_indptr, merge, sinks, part_o, part_ml,
+    # Outputs
+    o, lse,
+    # Strides
+    stride_pw, stride_ph, stride_mw, stride_ml, stride_ot, stride_oh, stride_lt,
+    # Meta-parameters
+    DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr,
+    PRECISE_EXP: tl.constexpr,
+):  # fmt: skip
+    i_r, i_h = tl.program_id(0), tl.program_id(1)
+    i_b = tl.load(merge + i_r * 3)
+    w_start = tl.load(merge + i_r * 3 + 1)
+    w_end = tl.load(merge + i_r * 3 + 2)
+    i_t = tl.load(qo_indptr + i_b)
+    o_dv = tl.arange(0, BLOCK_DV)
+    m_dv = o_dv < DV
+
+    b_m = tl.full([1], float("-inf"), tl.float32)
+    b_l = tl.zeros([1], tl.float32)
+    b_acc = tl.zeros([BLOCK_DV], tl.float32)
+    for s0 in tl.range(w_start, w_end, BLOCK_S):
+        o_s = s0 + tl.arange(0, BLOCK_S)
+        m_s = o_s < w_end
+        b_ms = tl.load(part_ml + o_s * stride_mw + i_h, mask=m_s, other=float("-inf"))
+        b_ls = tl.load(part_ml + o_s * stride_mw + stride_ml + i_h, mask=m_s, other=0.0)
+        b_part = tl.load(
+            part_o + o_s[:, None] * stride_pw + i_h * stride_ph + o_dv[None, :],
+            mask=m_s[:, None] & m_dv[None, :],
+            other=0.0,
+        )
+        b_mn = tl.maximum(b_m, tl.max(b_ms, 0))  # finite: every split holds keys
+        b_alpha = exp2_(b_m - b_mn, PRECISE_EXP)
+        b_w = b_ls * exp2_(b_ms - b_mn, PRECISE_EXP)
+        b_acc = b_acc * b_alpha + tl.sum(b_w[:, None] * b_part, 0)
+        b_l = b_l * b_alpha + tl.sum(b_w, 0)
+        b_m = b_mn
+    o_one = tl.zeros([1], tl.int32)
+    if HAS_SINKS:
+        b_sink = tl.load(sinks + i_h + o_one)
+    else:
+        b_sink = b_m  # unused
+    b_o = finish_o(b_acc[None, :], b_m, b_l, b_sink, HAS_SINKS, PRECISE_EXP)
+    p_o = o + i_t * stride_ot + i_h * stride_oh + o_dv[None, :]
+    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_dv[None, :])
+    tl.store(lse + i_t * stride_lt + i_h + o_one, finish_lse(b_m, b_l, b_sink, HAS_SINKS, PRECISE_EXP))
+
+
+# ---- launch configuration and schedule ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class DecodeConfig:
+    """Stage-1 tiling: `block_h` query heads of one kv head by `block_n` keys per step.
+
+    `ctas_per_sm` is how many such programs an SM is expected to run at once; the split planner aims
+    at `ctas_per_sm` programs per SM.
+    """
+
+    block_h: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+    ctas_per_sm: int
+
+
+def decode_config(group: int, dk: int, dv: int, sm: int) -> DecodeConfig:
+    """Tiling by head-group size and head dims (Hopper-first; the same on every batch, for determinism)."""
+    width = max(sum(_parts(dk)), block_dv(dv))
+    # 3 stages = 2 K/V buffers (the page-index load takes the first stage): copies overlap the math
+    stages = 3 if sm >= 80 else 1
+    if group == 1:  # MHA: a vector product per head, no tensor cores
+        return DecodeConfig(1, 64 if width <= 128 else 32, 4, stages, 4)
+    if group >= 64 and width >= 512:  # absorbed MLA: 64 heads x 512+64 latent, one heavy CTA per SM
+        return DecodeConfig(64, 32, 8, stages, 1)
+    block_h = max(16, min(64, triton.next_power_of_2(group)))
+    block_n = 64 if width <= 128 else 32
+    return DecodeConfig(block_h, block_n, 4, stages, 3 if block_h <= 16 else 2)
+
+
+def decode_candidates(group: int, dk: int, dv: int, sm: int) -> list[DecodeConfig]:
+    """Configs worth timing on the device (the heuristic's choice first)."""
+    first = decode_config(group, dk, dv, sm)
+    if first.block_h == 1:
+        more = [DecodeConfig(1, 32, 4, 4, 4), DecodeConfig(1, 128, 8, 3, 2)]
+    elif first.block_h >= 64:  # MLA
+        more = [DecodeConfig(64, 16, 8, 4, 1), DecodeConfig(32, 32, 4, 3, 1)]
+    else:
+        more = [
+            DecodeConfig(first.block_h, first.block_n // 2, 4, 4, 4),
+            DecodeConfig(first.block_h, first.block_n * 2, 8, 3, 1),
+        ]
+    return [first] + [c for c in more if c != first]
+
+
+def shrink_decode_config(c: DecodeConfig) -> DecodeConfig | None:
+    """A config needing less shared memory (fewer stages, then fewer keys per step), or None."""
+    if c.num_stages > 2:
+        return replace(c, num_stages=c.num_stages - 1)
+    if c.block_n > 16:
+        return replace(c, block_n=c.block_n // 2)
+    return None
+
+
+def _parts(dk: int) -> tuple[int, int]:
+    s = head_split(dk)
+    return s.da, s.db
+
+
+def default_decode_config(x) -> DecodeConfig:
+    """`decode_config` for the shapes of `x`."""
+    _, Hq, Dk = x.q.shape
+    Hkv, Dv = x.k_cache.shape[2], x.v_cache.shape[-1]
+    return decode_config(Hq // Hkv, Dk, Dv, arch(x.q.device))
+
+
+@dataclass
+class DecodePlan:
+    """Everything the timed call needs, built once: schedule, scratch, grid and constexprs."""
+
+    work: torch.Tensor  # [W, 4] int32: request, first key, end key, 1 = write the final output
+    merge: torch.Tensor | None  # [M, 3] int32: request, first work item, end work item
+    part_o: torch.Tensor  # [W, Hq, Dv] fp32 partial outputs (1 element when nothing is split)
+    part_ml: torch.Tensor  # [W, 2, Hq] fp32 per split: max of the scores (log2 units), sum of exp2
+    grid: tuple[int, int]
+    merge_grid: tuple[int, int]
+    meta: dict
+    merge_meta: dict
+    splits: list[int]  # per request
+    config: DecodeConfig
+
+
+def split_schedule(
+    lens: list[int], window: int, units: int, block_n: int, target_programs: int,
+    *, min_chunk: int, deterministic: bool, split_tile: int,
+) -> tuple[list[tuple[int, int, int]], int]:  # fmt: skip
+    """Cut each request's visible keys into splits: `([(request, start, end)], chunk)`.
+
+    Visible keys of a request of length L are [L - 1 - W, L) under a window W, else [0, L).
+    Deterministic: every split is `split_tile` keys (the last one shorter), whatever the batch.
+    Otherwise the chunk balances key tokens over `target_programs` programs (each of the `units`
+    (kv head, head block) pairs of a request runs its own program), is at least `min_chunk`, and is
+    evened out over the longest request, so uniform batches get equal splits and a skewed batch cuts
+    its long requests finely while the short ones stay whole.
+    """
+    ranges = [(max(0, L - 1 - window) if window >= 0 else 0, L) for L in lens]
+    if deterministic:
+        chunk = split_tile
+    else:
+        longest = max(e - s for s, e in ranges)
+        total = sum(e - s for s, e in ranges) * units
+        chunk = max(min_chunk, -(-total // max(1, target_programs)))
+        splits = max(1, round(longest / chunk))
+        chunk = -(-longest // splits)
+        chunk = -(-chunk // block_n) * block_n
+    items = []
+    for b, (s, e) in enumerate(ranges):
+        for a in range(s, e, chunk):
+            items.append((b, a, min(e, a + chunk)))
+    return items, chunk
+
+
+def plan_decode(
+    x, *, deterministic: bool = False, split_tile: int = 256, min_chunk: int | None = None,
+    num_sms: int | None = None, config: DecodeConfig | None = None,
+) -> DecodePlan:  # fmt: skip
+    """Schedule, scratch and launch parameters for `decode(x, plan)` (host work only, no device sync).
+
+    Args:
+        x: `AttentionInputs` of a decode case (one query per request).
+        deterministic: fixed splits of `split_tile` keys (batch-invariant results).
+        split_tile: keys per split in deterministic mode (a multiple of the config's block_n);
+            raised to a multiple of itself where a split's partials would be a quarter of its keys
+            or more (MLA: 2048), which depends on the head dims only, never on the batch.
+        min_chunk: smallest split in the default mode (default: 2 * block_n, or more where the
+            partial outputs of a split would outweigh its keys).
+        num_sms: SMs to plan for (default: the device's).
+        config: stage-1 tiling (default: `decode_config`).
+    """
+    device = x.q.device
+    T, Hq, Dk = x.q.shape
+    Hkv, Dv = x.k_cache.shape[2], x.v_cache.shape[-1]
+    if any(n != 1 for n in x.q_lens_host) or T != len(x.seq_lens_host):
+        raise ValueError("decode takes exactly one query per request")
+    G = Hq // Hkv
+    cfg = config or default_decode_config(x)
+    split = head_split(Dk)
+    num_hb = -(-G // cfg.block_h)
+    if deterministic and split_tile % cfg.block_n:
+        raise ValueError(f"split_tile ({split_tile}) must be a multiple of block_n ({cfg.block_n})")
+    sms = num_sms or sm_count(device)
+    v_from_k = v_is_k_prefix(x.k_cache, x.v_cache) and Dv == split.da
+    # a split costs Hq x Dv fp32 partials written and read again: keep that below the split's own
+    # K/V bytes (it matters for MLA: 128 heads x 512 of partials against 1152 bytes per key)
+    kv_bytes_per_key = Hkv * (Dk + (0 if v_from_k else Dv)) * x.k_cache.element_size()
+    partial_keys = -(-Hq * Dv * 8 // kv_bytes_per_key)
+    if min_chunk is None:
+        min_chunk = max(2 * cfg.block_n, partial_keys)
+    if deterministic and 4 * partial_keys > split_tile:
+        # still batch-independent (head dims only): MLA tiles grow to 2048 keys, GQA stays at 256
+        split_tile *= -(-4 * partial_keys // split_tile)
+    items, _ = split_schedule(
+        list(x.seq_lens_host), x.window, Hkv * num_hb, cfg.block_n, sms * cfg.ctas_per_sm,
+        min_chunk=min_chunk, deterministic=deterministic, split_tile=split_tile,
+    )  # fmt: skip
+    counts = [0] * len(x.seq_lens_host)
+    for b, _, _ in items:
+        counts[b] += 1
+    work = [(b, s, e, int(counts[b] == 1)) for b, s, e in items]  # items are grouped by request
+    merge, w = [], 0
+    for b, n in enumerate(counts):
+        if n > 1:
+            merge.append((b, w, w + n))
+        w += n
+    W = len(work)
+    work_t = torch.tensor(work, dtype=torch.int32).to(device)
+    merge_t = torch.tensor(merge, dtype=torch.int32).to(device) if merge else None
+    if merge:
+        part_o = torch.empty(W, Hq, Dv, dtype=torch.float32, device=device)
+        part_ml = torch.empty(W, 2, Hq, dtype=torch.float32, device=device)
+    else:
+        part_o = torch.empty(1, 1, 1, dtype=torch.float32, device=device)
+        part_ml = torch.empty(1, 2, 1, dtype=torch.float32, device=device)
+    bdv = block_dv(Dv)
+    meta = dict(
+        G=G, NUM_HB=num_hb, DK=Dk, DV=Dv, DA=split.da, DB=split.db, BLOCK_DV=bdv,
+        PAGE_SIZE=x.k_cache.shape[1], BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n,
+        USE_DOT=cfg.block_h >= 16, V_FROM_K=v_from_k, HAS_SOFTCAP=x.soft_cap > 0,
+        HAS_SINKS=x.sinks is not None, DOT_PRECISION=dot_precision(x.q.dtype),
+        PRECISE_EXP=x.q.dtype == torch.float32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    merge_meta = dict(  # BLOCK_S is fixed: the merge's summation order must not depend on the batch
+        DV=Dv, BLOCK_DV=bdv, BLOCK_S=16,
+        HAS_SINKS=x.sinks is not None, PRECISE_EXP=x.q.dtype == torch.float32,
+        num_warps=4 if bdv >= 256 else 2,
+    )  # fmt: skip
+    return DecodePlan(
+        work_t, merge_t, part_o, part_ml, (Hkv * num_hb, W), (len(merge), Hq), meta, merge_meta, counts, cfg
+    )
+
+
+def _launches(x, plan: DecodePlan) -> list[tuple]:
+    """(kernel, grid, args, kwargs) of the stage-1 launch and, when some request is split, stage 2."""
+    q, k, v, o, lse = x.q, x.k_cache, x.v_cache, x.o, x.lse
+    sinks = x.sinks if x.sinks is not None else lse  # never read without sinks
+    scale, cap = x.sm_scale, x.soft_cap
+    split_args = (
+        q, k, v, x.kv_page_indices, x.kv_indptr, x.qo_indptr, sinks, plan.work,
+        o, lse, plan.part_o, plan.part_ml,
+        scale * LOG2E, scale / cap if cap > 0 else 0.0, cap * LOG2E,
+        q.stride(0), q.stride(1),
+        k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2),
+        o.stride(0), o.stride(1), lse.stride(0),
+        plan.part_o.stride(0), plan.part_o.stride(1), plan.part_ml.stride(0), plan.part_ml.stride(1),
+    )  # fmt: skip
+    out = [(_decode_split_kernel, plan.grid, split_args, plan.meta)]
+    if plan.merge is not None:
+        merge_args = (
+            x.qo_indptr, plan.merge, sinks, plan.part_o, plan.part_ml, o, lse,
+            plan.part_o.stride(0), plan.part_o.stride(1), plan.part_ml.stride(0), plan.part_ml.stride(1),
+            o.stride(0), o.stride(1), lse.stride(0),
+        )  # fmt: skip
+        out.append((_decode_merge_kernel, plan.merge_grid, merge_args, plan.merge_meta))
+    return out
+
+
+def decode(x, plan: DecodePlan) -> dict[str, torch.Tensor]:
+    """Paged decode of `x.q [B, Hq, Dk]` over `x.k_cache/x.v_cache [P, page, Hkv, D*]` into `x.o`, `x.lse`.
+
+    Args:
+        x: `AttentionInputs` (one query per request; `x.o [B, Hq, Dv]`, `x.lse [B, Hq]` fp32 natural log).
+        plan: from `plan_decode(x)`, built once per batch layout.
+
+    Returns:
+        `{"o": x.o, "lse": x.lse}`.
+
+    Example::
+
+        plan = plan_decode(x)          # host work: schedule, scratch
+        out = decode(x, plan)          # launches; call again for new contents of the same tensors
+    """
+    for fn, grid, args, kwargs in _launches(x, plan):
+        fn[grid](*args, **kwargs)
+    return {"o": x.o, "lse": x.lse}
+
+
+def bind_decode(x, plan: DecodePlan) -> Callable[[], dict[str, torch.Tensor]]:
+    """`decode(x, plan)` as a zero-argument call with its kernels compiled and arguments bound now."""
+    calls = [bind_launch(*launch) for launch in _launches(x, plan)]
+    out = {"o": x.o, "lse": x.lse}
+
+    def run():
+        for call in calls:
+            call()
+        return out
+
+    return run
+
+
+def tuned_decode_config(x) -> tuple[DecodeConfig | None, dict]:
+    """On CUDA, for MLA and for large GQA/MHA batches: the fastest of `decode_candidates` on `x`
+    (timed now, cached per kernel variant). Otherwise (None, {}): the heuristic stands."""
+    device = x.q.device
+    if not tune.enabled(device):
+        return None, {}
+    _, Hq, Dk = x.q.shape
+    Hkv, Dv = x.k_cache.shape[2], x.v_cache.shape[-1]
+    G = Hq // Hkv
+    mla = G >= 64 and Dk >= 512
+    work = sum(x.seq_lens_host) * Hkv
+    if not mla and work < (1 << 20):
+        return None, {}
+    key = (
+        "decode", G, Dk, Dv, x.k_cache.shape[1], x.q.dtype, x.window >= 0, x.soft_cap > 0,
+        x.sinks is not None, len(x.seq_lens_host) >= 32, (work.bit_length() if not mla else 0),
+    )  # fmt: skip
+    cands = decode_candidates(G, Dk, Dv, arch(device))
+    return tune.pick(key, cands, lambda cfg: bind_decode(x, plan_decode(x, config=cfg)))

@@ -1,0 +1,480 @@
+"""Extend / prefill over a paged prefix (Triton): FlashAttention-2 style tiles, causal block skipping.
+
+One program per (query tile of `BLOCK_M` new tokens of one request, query head). Keys come from two
+sources: the request's cached prefix (paged, `kv_page_indices`) and its new tokens (`k_new`/`v_new`
+packed by `qo_indptr`; or the cache itself in `shared` mode, where k_new is None). Each source's key
+range is walked in three loops: masked blocks on the left (window edge), unmasked blocks that every
+row of the tile sees whole (no mask arithmetic at all), masked blocks on the right (causal diagonal,
+sequence end). Blocks no row can see are never visited: causal tiles stop at their last query, and a
+window starts at the first query's window. A custom mask (True = visible) replaces causality and
+masks every block; the window still applies.
+
+In `save` mode the programs of the first head of each kv group also write the tile's new K/V into
+their cache slots (`slot_mapping`); attention reads new keys from k_new/v_new, so the writes never
+race with reads. Rows that see no key (and have no sink) get o = 0 and lse = -inf.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+import torch
+import triton
+import triton.language as tl
+
+from attnbench.kernels.triton import tune
+from attnbench.kernels.triton.common import (
+    LOG2E,
+    arch,
+    bind_launch,
+    block_dv,
+    dot_precision,
+    exp2_,
+    finish_lse,
+    finish_o,
+    head_split,
+    load_tile,
+    mma,
+    soft_cap_scores,
+    v_is_k_prefix,
+)
+
+
+@triton.jit
+def _attend_range(
+    b_acc, b_m, b_l, b_q, b_qb,
+    k_src, v_src, p_pages, row0, new_start, n_lo, n_hi,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
+    o_pos, m_rows, o_mask_row, custom_mask, seq_len, window,
+    qk_scale, scale_over_cap, cap_log2e,
+    DK: tl.constexpr, DV: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    MASKED: tl.constexpr, FROM_NEW: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
+    HAS_MASK: tl.constexpr, HAS_SOFTCAP: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PRECISE_EXP: tl.constexpr,
+):  # fmt: skip
+    """Online-softmax update of (acc, m, l) over keys [n_lo, n_hi) of one source.
+
+    MASKED: apply bounds and visibility masks; else every key of every block is visible to every row
+    (the caller guarantees it), so no mask is computed at all.
+    """
+    o_da = tl.arange(0, DA)
+    o_dv = tl.arange(0, BLOCK_DV)
+    m_da = o_da < DK
+    m_dv = o_dv < DV
+    if DB > 0:
+        o_db = DA + tl.arange(0, DB)
+        m_db = o_db < DK
+    # paged keys: page indices are loaded one block ahead by hand, so the pipeliner overlaps the K/V
+    # copies with the math (with the index load in the same iteration it does not)
+    o_n = n_lo + tl.arange(0, BLOCK_N)
+    if FROM_NEW:
+        i_page_next = o_n  # unused
+    else:
+        i_page_next = tl.load(p_pages + o_n // PAGE_SIZE, mask=o_n < n_hi, other=0)
+    for n0 in tl.range(n_lo, n_hi, BLOCK_N):
+        o_n = n0 + tl.arange(0, BLOCK_N)
+        m_n = o_n < n_hi
+        if FROM_NEW:  # packed new tokens: row = first row of the request + (position - prefix)
+            i_row = (row0 + o_n - new_start).to(tl.int64)
+            p_k = k_src + i_row * stride_kp + i_hk * stride_kh
+            p_v = v_src + i_row * stride_vp + i_hk * stride_vh
+        else:  # paged cache
+            i_page = i_page_next.to(tl.int64)
+            o_next = o_n + BLOCK_N
+            i_page_next = tl.load(p_pages + o_next // PAGE_SIZE, mask=o_next < n_hi, other=0)
+            o_slot = o_n % PAGE_SIZE
+            p_k = k_src + i_page * stride_kp + o_slot * stride_ks + i_hk * stride_kh
+            p_v = v_src + i_page * stride_vp + o_slot * stride_vs + i_hk * stride_vh
+        b_k = load_tile(p_k[:, None] + o_da[None, :], m_n, m_da, MASKED, DA > DK)
+        b_s = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_PRECISION)
+        if DB > 0:
+            b_kb = load_tile(p_k[:, None] + o_db[None, :], m_n, m_db, MASKED, DA + DB > DK)
+            b_s = mma(b_qb, tl.trans(b_kb), b_s, DOT_PRECISION)
+        if HAS_SOFTCAP:
+            b_s = soft_cap_scores(b_s, scale_over_cap, cap_log2e, PRECISE_EXP)
+        else:
+            b_s = b_s * qk_scale
+        if V_FROM_K:
+            b_v = b_k
+        else:
+            b_v = load_tile(p_v[:, None] + o_dv[None, :], m_n, m_dv, MASKED, BLOCK_DV > DV)
+        if MASKED:
+            b_vis = m_n[None, :] & m_rows[:, None]
+            if IS_CAUSAL:
+                b_vis = b_vis & (o_n[None, :] <= o_pos[:, None])
+            if HAS_WINDOW:
+                b_vis = b_vis & (o_n[None, :] >= o_pos[:, None] - window)
+            if HAS_MASK:
+                p_cm = custom_mask + o_mask_row[:, None] + o_n[None, :]
+                b_cm = tl.load(p_cm, mask=b_vis, other=0)
+                b_vis = b_vis & (b_cm != 0)
+            b_s = tl.where(b_vis, b_s, float("-inf"))
+            b_mn = tl.maximum(b_m, tl.max(b_s, 1))
+            b_ms = tl.where(b_mn == float("-inf"), 0.0, b_mn)  # a row with nothing visible yet
+        else:
+            b_mn = tl.maximum(b_m, tl.max(b_s, 1))
+            b_ms = b_mn
+        b_alpha = exp2_(b_m - b_ms, PRECISE_EXP)
+        b_p = exp2_(b_s - b_ms[:, None], PRECISE_EXP)
+        b_l = b_l * b_alpha + tl.sum(b_p, 1)
+        b_acc = mma(b_p.to(b_v.dtype), b_v, b_acc * b_alpha[:, None], DOT_PRECISION)
+        b_m = b_mn
+    return b_acc, b_m, b_l
+
+
+@triton.jit
+def _attend_source(
+    b_acc, b_m, b_l, b_q, b_qb,
+    k_src, v_src, p_pages, row0, new_start, a, e, full_lo, full_hi,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
+    o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
+    DK: tl.constexpr, DV: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    FROM_NEW: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PRECISE_EXP: tl.constexpr,
+):  # fmt: skip
+    """Keys [a, e) of one source: masked blocks left of `full_lo`, whole unmasked blocks inside
+    [full_lo, full_hi), masked blocks for the rest."""
+    u0 = tl.minimum(tl.maximum(full_lo, a), tl.maximum(e, a))
+    u1 = u0 + tl.maximum(tl.minimum(full_hi, e) - u0, 0) // BLOCK_N * BLOCK_N
+    b_acc, b_m, b_l = _attend_range(
+        b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, p_pages, row0, new_start, a, u0,
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
+        o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
+        DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
+        True, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
+    )  # fmt: skip
+    b_acc, b_m, b_l = _attend_range(
+        b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, p_pages, row0, new_start, u0, u1,
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
+        o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
+        DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
+        False, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
+    )  # fmt: skip
+    b_acc, b_m, b_l = _attend_range(
+        b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, p_pages, row0, new_start, u1, e,
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
+        o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
+        DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
+        True, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
+    )  # fmt: skip
+    return b_acc, b_m, b_l
+
+
+@triton.jit
+def _extend_kernel(
+    # Inputs
+    q, k_cache, v_cache, k_new, v_new, kv_page_indices, kv_indptr, qo_indptr, seq_lens, tiles,
+    custom_mask, mask_indptr, sinks, slot_mapping,
+    # Outputs
+    o, lse,
+    # Scalars
+    qk_scale, scale_over_cap, cap_log2e, window,
+    # Strides (last dims are contiguous)
+    stride_qt, stride_qh,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    stride_knt, stride_knh, stride_vnt, stride_vnh,
+    stride_ot, stride_oh, stride_lt,
+    # Meta-parameters
+    HQ: tl.constexpr, G: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+    NEW_FROM_CACHE: tl.constexpr, SAVE_KV: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PRECISE_EXP: tl.constexpr,
+):  # fmt: skip
+    pid = tl.program_id(0)
+    i_h, i_tile = pid % HQ, pid // HQ
+    i_hk = i_h // G
+    i_b = tl.load(tiles + i_tile * 2)
+    m_start = tl.load(tiles + i_tile * 2 + 1)
+    row0 = tl.load(qo_indptr + i_b)
+    q_len = tl.load(qo_indptr + i_b + 1) - row0
+    seq_len = tl.load(seq_lens + i_b)
+    prefix = seq_len - q_len
+    p_pages = kv_page_indices + tl.load(kv_indptr + i_b)
+
+    o_m = m_start + tl.arange(0, BLOCK_M)
+    m_rows = o_m < q_len
+    o_pos = prefix + o_m  # absolute positions of the tile's queries
+    o_da = tl.arange(0, DA)
+    m_da = o_da < DK
+    o_dv = tl.arange(0, BLOCK_DV)
+    m_dv = o_dv < DV
+    p_q = q + (row0 + o_m)[:, None] * stride_qt + i_h * stride_qh
+    b_q = tl.load(p_q + o_da[None, :], mask=m_rows[:, None] & m_da[None, :], other=0.0)
+    if DB > 0:
+        o_db = DA + tl.arange(0, DB)
+        m_db = o_db < DK
+        b_qb = tl.load(p_q + o_db[None, :], mask=m_rows[:, None] & m_db[None, :], other=0.0)
+    else:
+        b_qb = b_q  # unused
+
+    if SAVE_KV:  # the first head of each kv group writes the tile's new K/V into the cache
+        if i_h % G == 0:
+            i_slot = tl.load(slot_mapping + row0 + o_m, mask=m_rows, other=0)
+            p_kc = k_cache + (i_slot // PAGE_SIZE) * stride_kp + (i_slot % PAGE_SIZE) * stride_ks
+            p_kc += i_hk * stride_kh
+            p_kn = k_new + (row0 + o_m)[:, None] * stride_knt + i_hk * stride_knh
+            m_a = m_rows[:, None] & m_da[None, :]
+            tl.store(p_kc[:, None] + o_da[None, :], tl.load(p_kn + o_da[None, :], mask=m_a), mask=m_a)
+            if DB > 0:
+                m_b = m_rows[:, None] & m_db[None, :]
+                tl.store(p_kc[:, None] + o_db[None, :], tl.load(p_kn + o_db[None, :], mask=m_b), mask=m_b)
+            if not V_FROM_K:
+                p_vc = v_cache + (i_slot // PAGE_SIZE) * stride_vp + (i_slot % PAGE_SIZE) * stride_vs
+                p_vc += i_hk * stride_vh
+                p_vn = v_new + (row0 + o_m)[:, None] * stride_vnt + i_hk * stride_vnh
+                m_v = m_rows[:, None] & m_dv[None, :]
+                tl.store(p_vc[:, None] + o_dv[None, :], tl.load(p_vn + o_dv[None, :], mask=m_v), mask=m_v)
+
+    # key ranges: [lo, hi) holds every key some row may see; [full_lo, full_hi) the keys all rows see
+    p_first = prefix + m_start
+    p_last = prefix + tl.minimum(m_start + BLOCK_M, q_len) - 1
+    if IS_CAUSAL:
+        hi = p_last + 1
+        full_hi = p_first + 1
+    else:
+        hi = seq_len
+        full_hi = seq_len
+    if HAS_WINDOW:
+        lo = tl.maximum(p_first - window, 0)
+        full_lo = tl.maximum(p_last - window, 0)
+    else:
+        lo = 0
+        full_lo = 0
+    if HAS_MASK:
+        full_lo = seq_len  # nothing is visible without looking at the mask
+        o_mask_row = tl.load(mask_indptr + i_b) + o_m.to(tl.int64) * seq_len
+    else:
+        o_mask_row = o_m.to(tl.int64)  # unused
+
+    b_acc = tl.zeros([BLOCK_M, BLOCK_DV], tl.float32)
+    b_m = tl.full([BLOCK_M], float("-inf"), tl.float32)
+    b_l = tl.zeros([BLOCK_M], tl.float32)
+    # the cached prefix [lo, min(hi, prefix)), then the new tokens [max(lo, prefix), hi)
+    b_acc, b_m, b_l = _attend_source(
+        b_acc, b_m, b_l, b_q, b_qb,
+        k_cache, v_cache, p_pages, row0, prefix, lo, tl.minimum(hi, prefix), full_lo, full_hi,
+        stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
+        o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
+        DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
+        False, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
+    )  # fmt: skip
+    if NEW_FROM_CACHE:  # shared (cross-layer) KV: the new tokens are in the cache too
+        b_acc, b_m, b_l = _attend_source(
+            b_acc, b_m, b_l, b_q, b_qb,
+            k_cache, v_cache, p_pages, row0, prefix, tl.maximum(lo, prefix), hi, full_lo, full_hi,
+            stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
+            o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
+            DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
+            False, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
+        )  # fmt: skip
+    else:
+        b_acc, b_m, b_l = _attend_source(
+            b_acc, b_m, b_l, b_q, b_qb,
+            k_new, v_new, p_pages, row0, prefix, tl.maximum(lo, prefix), hi, full_lo, full_hi,
+            stride_knt, 0, stride_knh, stride_vnt, 0, stride_vnh, i_hk,
+            o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
+            DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
+            True, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
+        )  # fmt: skip
+
+    if HAS_SINKS:
+        b_sink = tl.load(sinks + i_h + tl.zeros([BLOCK_M], tl.int32))
+    else:
+        b_sink = b_m  # unused
+    b_o = finish_o(b_acc, b_m, b_l, b_sink, HAS_SINKS, PRECISE_EXP)
+    p_o = o + (row0 + o_m)[:, None] * stride_ot + i_h * stride_oh + o_dv[None, :]
+    tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_rows[:, None] & m_dv[None, :])
+    b_lse = finish_lse(b_m, b_l, b_sink, HAS_SINKS, PRECISE_EXP)
+    tl.store(lse + (row0 + o_m) * stride_lt + i_h, b_lse, mask=m_rows)
+
+
+# ---- launch configuration and schedule ---------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ExtendConfig:
+    """`block_m` queries of one head by `block_n` keys per step."""
+
+    block_m: int
+    block_n: int
+    num_warps: int
+    num_stages: int
+
+
+def extend_config(dk: int, dv: int, max_q_len: int, sm: int) -> ExtendConfig:
+    """Tiling by head dims (Hopper-first: 128 x 64 tiles, 8 warps, 3 stages for head dim 128)."""
+    s = head_split(dk)
+    width = max(s.da + s.db, block_dv(dv))
+    stages = 3 if sm >= 80 else 1
+    if width <= 64:
+        cfg = ExtendConfig(128, 64, 4, stages)
+    elif width <= 128:
+        cfg = ExtendConfig(128, 64, 8, stages)
+    elif width <= 256:
+        cfg = ExtendConfig(64, 64, 8, 2 if sm >= 80 else 1)
+    else:  # MLA 576/512: a 64 x 512 fp32 accumulator
+        cfg = ExtendConfig(64, 32, 8, 2 if sm >= 80 else 1)
+    block_m = max(16, min(cfg.block_m, triton.next_power_of_2(max_q_len)))
+    return ExtendConfig(block_m, cfg.block_n, cfg.num_warps if block_m >= 64 else 4, cfg.num_stages)
+
+
+def extend_candidates(dk: int, dv: int, max_q_len: int, sm: int) -> list[ExtendConfig]:
+    """Configs worth timing on the device for a long prefill (the heuristic's choice first)."""
+    first = extend_config(dk, dv, max_q_len, sm)
+    s = head_split(dk)
+    width = max(s.da + s.db, block_dv(dv))
+    if width <= 128:
+        more = [ExtendConfig(128, 128, 8, 3), ExtendConfig(128, 128, 8, 2), ExtendConfig(64, 64, 4, 3)]
+    elif width <= 256:
+        more = [ExtendConfig(64, 32, 4, 3), ExtendConfig(128, 64, 8, 2)]
+    else:
+        more = [ExtendConfig(64, 16, 8, 3), ExtendConfig(32, 32, 4, 2)]
+    return [first] + [c for c in more if c != first and c.block_m <= first.block_m]
+
+
+def shrink_extend_config(c: ExtendConfig) -> ExtendConfig | None:
+    """A config needing less shared memory, or None: down to 2 stages, then narrower key blocks (to 32),
+    then 1 stage, then shorter query tiles, then the narrowest key blocks."""
+    if c.num_stages > 2:
+        return replace(c, num_stages=c.num_stages - 1)
+    if c.block_n > 32:
+        return replace(c, block_n=c.block_n // 2)
+    if c.num_stages > 1:
+        return replace(c, num_stages=1)
+    if c.block_m > 16:
+        return replace(c, block_m=c.block_m // 2)
+    if c.block_n > 16:
+        return replace(c, block_n=c.block_n // 2)
+    return None
+
+
+def default_extend_config(x) -> ExtendConfig:
+    """`extend_config` for the shapes of `x`."""
+    return extend_config(x.q.shape[2], x.v_cache.shape[-1], max(x.q_lens_host), arch(x.q.device))
+
+
+@dataclass
+class ExtendPlan:
+    tiles: torch.Tensor  # [N, 2] int32: request, first query of the tile; heaviest tiles first
+    grid: tuple[int]
+    meta: dict
+    config: ExtendConfig
+
+
+def query_tiles(
+    lens: list[int], q_lens: list[int], block_m: int, causal: bool, window: int
+) -> list[tuple[int, int]]:
+    """(request, first query) of every tile of `block_m` queries, ordered by keys visited, most first."""
+    tiles = []
+    for b, (L, n) in enumerate(zip(lens, q_lens, strict=True)):
+        for m0 in range(0, n, block_m):
+            last = L - n + min(m0 + block_m, n) - 1
+            hi = last + 1 if causal else L
+            lo = max(0, L - n + m0 - window) if window >= 0 else 0
+            tiles.append((hi - lo, b, m0))
+    tiles.sort(key=lambda t: -t[0])
+    return [(b, m0) for _, b, m0 in tiles]
+
+
+def plan_extend(x, *, config: ExtendConfig | None = None) -> ExtendPlan:
+    """Tile schedule and launch parameters for `extend(x, plan)` (host work only, no device sync)."""
+    device = x.q.device
+    T, Hq, Dk = x.q.shape
+    Hkv, Dv = x.k_cache.shape[2], x.v_cache.shape[-1]
+    G = Hq // Hkv
+    cfg = config or default_extend_config(x)
+    split = head_split(Dk)
+    has_mask = x.custom_mask is not None
+    causal = x.causal and not has_mask
+    tiles = query_tiles(list(x.seq_lens_host), list(x.q_lens_host), cfg.block_m, causal, x.window)
+    tiles_t = torch.tensor(tiles, dtype=torch.int32).reshape(-1, 2).to(device)
+    if x.k_new is None:
+        v_from_k = v_is_k_prefix(x.k_cache, x.v_cache)
+    else:
+        v_from_k = v_is_k_prefix(x.k_cache, x.v_cache) and v_is_k_prefix(x.k_new, x.v_new)
+    meta = dict(
+        HQ=Hq, G=G, DK=Dk, DV=Dv, DA=split.da, DB=split.db, BLOCK_DV=block_dv(Dv),
+        PAGE_SIZE=x.k_cache.shape[1], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
+        IS_CAUSAL=causal, HAS_WINDOW=x.window >= 0, HAS_MASK=has_mask,
+        HAS_SOFTCAP=x.soft_cap > 0, HAS_SINKS=x.sinks is not None,
+        NEW_FROM_CACHE=x.k_new is None, SAVE_KV=bool(x.save_kv), V_FROM_K=v_from_k and Dv == split.da,
+        DOT_PRECISION=dot_precision(x.q.dtype), PRECISE_EXP=x.q.dtype == torch.float32,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+    )  # fmt: skip
+    return ExtendPlan(tiles_t, (Hq * len(tiles),), meta, cfg)
+
+
+def _launch(x, plan: ExtendPlan) -> tuple:
+    """(kernel, grid, args, kwargs) of the extend launch."""
+    q, kc, vc, o, lse = x.q, x.k_cache, x.v_cache, x.o, x.lse
+    kn = x.k_new if x.k_new is not None else kc
+    vn = x.v_new if x.v_new is not None else vc
+    # tensors a case does not have are never read: any valid pointer stands in for them
+    mask = x.custom_mask if x.custom_mask is not None else x.kv_indptr
+    mask_indptr = x.mask_indptr if x.mask_indptr is not None else x.kv_indptr
+    sinks = x.sinks if x.sinks is not None else lse
+    slots = x.slot_mapping if x.slot_mapping is not None else x.kv_indptr
+    scale, cap = x.sm_scale, x.soft_cap
+    args = (
+        q, kc, vc, kn, vn, x.kv_page_indices, x.kv_indptr, x.qo_indptr, x.seq_lens, plan.tiles,
+        mask, mask_indptr, sinks, slots,
+        o, lse,
+        scale * LOG2E, scale / cap if cap > 0 else 0.0, cap * LOG2E, x.window,
+        q.stride(0), q.stride(1),
+        kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
+        kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
+        o.stride(0), o.stride(1), lse.stride(0),
+    )  # fmt: skip
+    return _extend_kernel, plan.grid, args, plan.meta
+
+
+def extend(x, plan: ExtendPlan) -> dict[str, torch.Tensor]:
+    """Attention of packed new tokens over their paged prefix plus themselves, into `x.o`, `x.lse`.
+
+    Args:
+        x: `AttentionInputs`: q `[T, Hq, Dk]` packed by qo_indptr; k_cache/v_cache `[P, page, Hkv, D*]`;
+            k_new/v_new `[T, Hkv, D*]` (None: shared KV, read everything from the cache); with
+            `save_kv` the new K/V are also written to `slot_mapping [T]`. o `[T, Hq, Dv]`, lse `[T, Hq]`.
+        plan: from `plan_extend(x)`.
+
+    Returns:
+        `{"o": x.o, "lse": x.lse}`.
+    """
+    fn, grid, args, kwargs = _launch(x, plan)
+    fn[grid](*args, **kwargs)
+    return {"o": x.o, "lse": x.lse}
+
+
+def bind_extend(x, plan: ExtendPlan) -> Callable[[], dict[str, torch.Tensor]]:
+    """`extend(x, plan)` as a zero-argument call with its kernel compiled and arguments bound now."""
+    call = bind_launch(*_launch(x, plan))
+    out = {"o": x.o, "lse": x.lse}
+
+    def run():
+        call()
+        return out
+
+    return run
+
+
+def tuned_extend_config(x) -> tuple[ExtendConfig | None, dict]:
+    """On CUDA, for prefills of at least 1024 queries: the fastest of `extend_candidates` on `x`
+    (timed now, cached per kernel variant). Otherwise (None, {}): the heuristic stands."""
+    device = x.q.device
+    if not tune.enabled(device) or max(x.q_lens_host) < 1024:
+        return None, {}
+    _, Hq, Dk = x.q.shape
+    Hkv, Dv = x.k_cache.shape[2], x.v_cache.shape[-1]
+    key = (
+        "extend", Hq // Hkv, Dk, Dv, x.k_cache.shape[1], x.q.dtype, x.causal, x.window >= 0,
+        x.custom_mask is not None, x.soft_cap > 0, x.sinks is not None, x.k_new is None, bool(x.save_kv),
+    )  # fmt: skip
+    cands = extend_candidates(Dk, Dv, max(x.q_lens_host), arch(device))
+    return tune.pick(key, cands, lambda cfg: bind_extend(x, plan_extend(x, config=cfg)))

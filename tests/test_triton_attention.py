@@ -1,0 +1,261 @@
+"""The Triton attention backend under TRITON_INTERPRET=1: the smoke suite plus focused cases.
+
+Every smoke case runs through the harness (`run_one`: float64 reference, tolerance rule, NaN-poisoned
+cache, canaries, stale-output check). The focused cases drive the kernels' public functions with
+schedules the smoke shapes never reach (several KV splits per request, fixed deterministic splits)
+and check them with the same harness verdict.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+import torch
+
+from attnbench.backend import get_backend, load_builtin
+from attnbench.buffers import alloc_output, bits, clone_tensors
+from attnbench.case import Case
+from attnbench.checks import check
+from attnbench.suite import load
+from attnbench.tolerance import rule_for
+from tests.helpers import run_one
+
+pytestmark = [
+    pytest.mark.interpreter,
+    # the interpreter indexes with 1-element arrays
+    pytest.mark.filterwarnings("ignore:Conversion of an array with ndim:DeprecationWarning"),
+]
+
+load_builtin()
+SMOKE = load("smoke", "cpu").cases
+
+
+def _triton(name: str = "triton"):
+    backend = get_backend(name)
+    why = backend.available()
+    if why:
+        pytest.skip(why)
+    return backend
+
+
+def _verdict(case: Case, pristine, work, outputs):
+    """The harness's verdict on `outputs` (and every side effect in `work`) for inputs `pristine`."""
+    op, p = case.op, case.params
+    expected = op.expected(p, pristine, torch.float64)
+    twin = op.expected(p, pristine, case.torch_dtype)
+    return check(op, p, pristine, work, outputs, expected, twin, rule_for(case))
+
+
+# ---- the smoke suite, through the harness ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("case", SMOKE, ids=[c.id for c in SMOKE])
+def test_smoke_case(case):
+    row = run_one(case, _triton())
+    assert row.status == "pass", row.reason
+
+
+# ---- decode with several splits per request ------------------------------------------------------
+
+
+SPLIT_CASES = [
+    "decode/b4-l300-mixed-h8x2-d64-p16-bf16",  # GQA, uneven lengths
+    "decode/b3-l200-skewed-h4x4-d80-p1-bf16",  # MHA (vector path), odd dim, token slots
+    "decode/b3-l260-mixed-h8x1-d96-p64-fp16",  # MQA, 64 + 32 head split, whole-page blocks
+    "decode/b3-l150-mixed-h8x2-d64-p16-swa100-cap5-sink-bf16",  # window + cap + sinks merged in stage 2
+    "decode/b2-l160-mixed-h16x1-d576x512-p16-mla-bf16",  # MLA: V read from K, 512-wide partials
+]
+
+
+@pytest.mark.parametrize("case_id", SPLIT_CASES)
+def test_decode_splits(case_id):
+    from attnbench.kernels.triton.decode import decode, plan_decode
+
+    _triton()
+    case = Case.from_id(case_id)
+    pristine = case.make_inputs()
+    work = clone_tensors(pristine)
+    plan = plan_decode(work, min_chunk=32, num_sms=16)  # small splits: several per request
+    assert max(plan.splits) >= 2 and plan.merge is not None, plan.splits
+    assert len(set(plan.splits)) > 1 or case.params.lens == "equal", "lengths should give uneven split counts"
+    verdict = _verdict(case, pristine, work, decode(work, plan))
+    assert verdict.ok, verdict.reason
+
+
+# ---- deterministic mode: a request alone equals the same request inside a batch, bit for bit -------
+
+
+def _request(x, b: int):
+    """The decode inputs of request `b` alone (same caches, fresh outputs)."""
+    pages = x.kv_page_indices[int(x.kv_indptr[b]) : int(x.kv_indptr[b + 1])]
+    one = torch.tensor([0, 1], dtype=torch.int32, device=x.q.device)
+    return dataclasses.replace(
+        x,
+        q=x.q[b : b + 1].clone(),
+        kv_indptr=torch.tensor([0, len(pages)], dtype=torch.int32, device=x.q.device),
+        kv_page_indices=pages.clone(),
+        seq_lens=x.seq_lens[b : b + 1].clone(),
+        qo_indptr=one,
+        o=alloc_output((1, *x.o.shape[1:]), x.o.dtype, x.o.device),
+        lse=alloc_output((1, x.lse.shape[1]), x.lse.dtype, x.lse.device),
+        seq_lens_host=x.seq_lens_host[b : b + 1],
+        q_lens_host=(1,),
+    )
+
+
+@pytest.mark.parametrize(
+    "case_id",
+    ["decode/b4-l300-mixed-h8x2-d64-p16-bf16", "decode/b3-l200-skewed-h4x4-d32-p1-swa150-sink-bf16"],
+)
+def test_deterministic_decode_is_batch_invariant(case_id):
+    from attnbench.kernels.triton.decode import decode, plan_decode
+
+    _triton()
+    x = Case.from_id(case_id).make_inputs()
+    batch = decode(x, plan_decode(x, deterministic=True, split_tile=64))
+    for b in range(len(x.seq_lens_host)):
+        alone = _request(x, b)
+        out = decode(alone, plan_decode(alone, deterministic=True, split_tile=64))
+        assert torch.equal(bits(out["o"]), bits(batch["o"][b : b + 1])), f"request {b}: o"
+        assert torch.equal(bits(out["lse"]), bits(batch["lse"][b : b + 1])), f"request {b}: lse"
+
+
+def test_default_decode_depends_on_batch_but_stays_correct():
+    """The default mode does re-split with the batch (that is what `triton-det` is for); both pass."""
+    from attnbench.kernels.triton.decode import decode, plan_decode
+
+    _triton()
+    case = Case.from_id("decode/b4-l300-mixed-h8x2-d64-p16-bf16")
+    x = case.make_inputs()
+    alone = _request(x, 0)
+    kw = dict(min_chunk=32, num_sms=4)
+    assert plan_decode(alone, **kw).splits != plan_decode(x, **kw).splits[:1]
+    work = clone_tensors(x)
+    verdict = _verdict(case, x, work, decode(work, plan_decode(work, **kw)))
+    assert verdict.ok, verdict.reason
+
+
+def test_triton_det_backend_on_long_requests():
+    """The registered deterministic variant (256-key splits) on requests longer than one tile."""
+    row = run_one("decode/b3-l600-mixed-h4x2-d32-p16-bf16", _triton("triton-det"))
+    assert row.status == "pass", row.reason
+
+
+# ---- extend: page sizes, windows over prefixes, empty custom-mask rows -----------------------------
+
+
+@pytest.mark.parametrize(
+    "case_id",
+    [
+        "extend/b2-q40-pre70-mixed-h4x2-d64-p1-bf16",
+        "extend/b2-q40-pre70-mixed-h4x2-d64-p64-bf16",
+        "extend/b2-q40-pre70-h4x2-d64-p16-swa20-bf16",  # window edge inside the prefix
+        "extend/b2-q40-pre70-h4x2-d64-p16-bidirectional-swa20-bf16",
+        "extend/b2-q40-pre30-h4x2-d64-p16-kvshared-swa25-cap5-bf16",
+        "extend/b2-q40-pre30-h4x2-d64-p16-custom-swa20-sink-bf16",  # the window still applies to the mask
+        "extend/b2-q40-pre30-h8x1-d576x512-p16-mla-kvattend-bf16",
+    ],
+)
+def test_extend_focused(case_id):
+    from attnbench.kernels.triton.extend import ExtendConfig, extend, plan_extend
+
+    _triton()
+    case = Case.from_id(case_id)
+    pristine = case.make_inputs()
+    work = clone_tensors(pristine)
+    # 16 x 16 tiles: many tiles per request, unmasked middle blocks and masked edges in one launch
+    out = extend(work, plan_extend(work, config=ExtendConfig(16, 16, 4, 1)))
+    verdict = _verdict(case, pristine, work, out)
+    assert verdict.ok, verdict.reason
+
+
+def test_extend_empty_custom_mask_rows():
+    from attnbench.kernels.triton.extend import ExtendConfig, extend, plan_extend
+
+    _triton()
+    case = Case.from_id("extend/b2-q9-pre21-h4x2-d64-p16-custom-sink-bf16")
+    case_nosink = Case.from_id("extend/b2-q9-pre21-h4x2-d64-p16-custom-bf16")
+    for c in (case_nosink, case):
+        pristine = c.make_inputs()
+        qo, lens = pristine.qo_indptr.tolist(), pristine.seq_lens_host
+        off = pristine.mask_indptr.tolist()
+        empty = []
+        for b in range(2):  # hide everything from two rows of each request
+            n, L = qo[b + 1] - qo[b], lens[b]
+            block = pristine.custom_mask[off[b] : off[b + 1]].view(n, L)
+            for i in (0, n - 2):
+                block[i] = False
+                empty.append(qo[b] + i)
+        work = clone_tensors(pristine)
+        out = extend(work, plan_extend(work, config=ExtendConfig(16, 16, 4, 1)))
+        verdict = _verdict(c, pristine, work, out)
+        assert verdict.ok, verdict.reason
+        rows = torch.tensor(empty)
+        assert torch.equal(out["o"][rows].float(), torch.zeros_like(out["o"][rows].float()))
+        if c is case_nosink:
+            assert torch.all(out["lse"][rows] == -math.inf)
+        else:  # only the sink: lse = sink, o = 0
+            assert torch.allclose(out["lse"][rows], pristine.sinks.expand(len(empty), -1))
+
+
+# ---- the split planner (pure Python) ------------------------------------------------------------
+
+
+def test_split_schedule():
+    from attnbench.kernels.triton.decode import split_schedule
+
+    kw = dict(min_chunk=128, deterministic=False, split_tile=256)
+    # uniform: equal splits, enough programs for the SMs
+    items, chunk = split_schedule([8192], -1, 8, 64, 528, **kw)
+    assert len(items) == 64 and {e - s for _, s, e in items} == {128}
+    # already enough programs: no split at all
+    items, _ = split_schedule([4096] * 64, -1, 8, 64, 396, **kw)
+    assert len(items) == 64
+    # skewed: the long request is cut finely, the short ones stay whole
+    items, _ = split_schedule([4096] + [256] * 63, -1, 8, 64, 396, **kw)
+    counts = [sum(1 for b, _, _ in items if b == r) for r in range(64)]
+    assert counts[0] > 8 and set(counts[1:]) == {1}
+    # window: only the last W + 1 keys are scheduled
+    items, _ = split_schedule([1000, 50], 99, 8, 64, 8, **kw)
+    assert [(b, s, e) for b, s, e in items] == [(0, 900, 1000), (1, 0, 50)]
+    # deterministic: fixed tiles whatever the batch
+    det = dict(min_chunk=128, deterministic=True, split_tile=256)
+    alone, _ = split_schedule([700], -1, 8, 64, 528, **det)
+    batch, _ = split_schedule([100, 700, 3000], -1, 8, 64, 528, **det)
+    tiles = [(0, 256), (256, 512), (512, 700)]
+    assert [(s, e) for _, s, e in alone] == [(s, e) for b, s, e in batch if b == 1] == tiles
+
+
+def test_configs_shrink_until_they_fit():
+    """A config the device has no shared memory for is shrunk (stages, then tile sizes) and retried."""
+    from triton.runtime.errors import OutOfResources
+
+    from attnbench.kernels.triton.common import first_that_fits
+    from attnbench.kernels.triton.decode import DecodeConfig, shrink_decode_config
+    from attnbench.kernels.triton.extend import ExtendConfig, shrink_extend_config
+
+    def build_needing(limit_kib, smem_of):
+        def build(cfg):
+            def run():
+                if smem_of(cfg) > limit_kib:
+                    raise OutOfResources(smem_of(cfg) * 1024, limit_kib * 1024, "shared memory")
+
+            return run
+
+        return build
+
+    ext_smem = lambda c: (c.block_m + 2 * c.num_stages * c.block_n) * 128 * 2 // 1024  # noqa: E731
+    _, cfg, shrunk = first_that_fits(
+        ExtendConfig(128, 128, 8, 3), shrink_extend_config, build_needing(99, ext_smem), torch.device("cuda")
+    )
+    assert cfg == ExtendConfig(128, 64, 8, 2) and len(shrunk) == 2, (cfg, shrunk)
+    dec_smem = lambda c: 2 * max(1, c.num_stages - 1) * c.block_n * 576 * 2 // 1024  # noqa: E731
+    _, cfg, _ = first_that_fits(
+        DecodeConfig(64, 32, 8, 3, 1), shrink_decode_config, build_needing(80, dec_smem), torch.device("cuda")
+    )
+    assert cfg == DecodeConfig(64, 32, 8, 2, 1)
+    with pytest.raises(OutOfResources):
+        first_that_fits(DecodeConfig(64, 32, 8, 3, 1), shrink_decode_config, build_needing(1, dec_smem),
+                        torch.device("cuda"))  # fmt: skip

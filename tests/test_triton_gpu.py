@@ -1,0 +1,86 @@
+"""The Triton attention backend compiled on a CUDA GPU (skipped without one).
+
+    python -m pytest -q tests/test_triton_gpu.py
+
+Runs every smoke case with both registered variants, the performance-target shapes once each for
+correctness (timing is the suites' job: `attnbench sweep decode extend mla swa --backend triton`),
+and checks what only a GPU can: the bound fast launch equals the ordinary launch bit for bit, and
+the deterministic decode is batch-invariant with real GPU reductions.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnbench.backend import get_backend, load_builtin
+from attnbench.buffers import bits, clone_tensors
+from attnbench.case import Case
+from attnbench.suite import load
+from tests.helpers import run_one
+
+pytestmark = pytest.mark.gpu
+
+load_builtin()
+SMOKE = load("smoke", "cuda").cases
+
+# the shapes of the performance targets (and their neighbours), checked once each at full size
+TARGETS = [
+    "decode/b64-l4096-h32x8-d128-p16-bf16",
+    "decode/b1-l8192-h32x8-d128-p16-bf16",  # many splits, two stages
+    "decode/b64-l4096-skewed-h32x8-d128-p16-bf16",
+    "decode/b64-l4096-h32x8-d128-p1-bf16",
+    "decode/b32-l4096-h32x32-d128-p16-bf16",  # MHA
+    "decode/b16-l4096-h128x1-d576x512-p64-mla-bf16",  # MLA, 4 splits per request
+    "decode/b64-l4096-h64x8-d64-p16-swa127-sink-bf16",
+    "extend/b1-q2048-pre0-h32x8-d128-p16-bf16",  # prefill: the autotuned path
+    "extend/b4-q512-pre1024-h32x8-d128-p16-bf16",
+    "extend/b2-q256-pre1024-h32x8-d128-p16-custom-bf16",
+    "extend/b1-q1024-pre0-h128x1-d576x512-p64-mla-bf16",
+    "extend/b1-q1024-pre2048-h16x8-d256-p16-swa1023-cap50-bf16",
+]
+
+
+@pytest.mark.parametrize("backend", ["triton", "triton-det"])
+@pytest.mark.parametrize("case", SMOKE, ids=[c.id for c in SMOKE])
+def test_smoke_on_gpu(case, backend):
+    row = run_one(case, get_backend(backend))
+    assert row.status == "pass", row.reason
+
+
+@pytest.mark.parametrize("case_id", TARGETS)
+def test_target_shapes(case_id):
+    row = run_one(case_id, get_backend("triton"), device="cuda")
+    assert row.status == "pass", row.reason
+
+
+@pytest.mark.parametrize(
+    "case_id", ["decode/b1-l8192-h32x8-d128-p16-bf16", "extend/b2-q300-pre200-h8x2-d128-p16-custom-bf16"]
+)
+def test_bound_launch_equals_plain_launch(case_id):
+    from attnbench.kernels.triton import decode, extend
+
+    x = Case.from_id(case_id, "cuda").make_inputs()
+    y = clone_tensors(x)
+    if case_id.startswith("decode"):
+        bound = decode.bind_decode(x, decode.plan_decode(x))()
+        plain = decode.decode(y, decode.plan_decode(y))
+    else:
+        bound = extend.bind_extend(x, extend.plan_extend(x))()
+        plain = extend.extend(y, extend.plan_extend(y))
+    torch.cuda.synchronize()
+    for name in ("o", "lse"):
+        assert torch.equal(bits(bound[name]), bits(plain[name])), name
+
+
+def test_deterministic_decode_is_batch_invariant_on_gpu():
+    from attnbench.kernels.triton.decode import decode, plan_decode
+    from tests.test_triton_attention import _request
+
+    x = Case.from_id("decode/b6-l3000-mixed-h32x8-d128-p16-swa2000-sink-bf16", "cuda").make_inputs()
+    batch = decode(x, plan_decode(x, deterministic=True))
+    for b in range(len(x.seq_lens_host)):
+        alone = _request(x, b)
+        out = decode(alone, plan_decode(alone, deterministic=True))
+        assert torch.equal(bits(out["o"]), bits(batch["o"][b : b + 1])), f"request {b}: o"
+        assert torch.equal(bits(out["lse"]), bits(batch["lse"][b : b + 1])), f"request {b}: lse"
