@@ -58,7 +58,7 @@ def compare_numeric(
     spec: OutputSpec,
     rule: Rule,
     v: Verdict,
-    units: float = 1.0,
+    units: float = 0.0,
 ) -> None:
     """Error metrics of `actual` against `ref` (float64) and the pass/fail bound from `twin`."""
     a, r, t = actual.double(), ref.double(), twin.double()
@@ -156,7 +156,7 @@ def _fill_unspecified(t: torch.Tensor, mask: torch.Tensor | None, value: torch.T
 
 
 def _units(spec: OutputSpec, params) -> float:
-    return math.sqrt(getattr(params, spec.floor_units)) if spec.floor_units else 1.0
+    return math.sqrt(getattr(params, spec.floor_units)) if spec.floor_units else 0.0
 
 
 def check(

@@ -2,18 +2,18 @@
 
 A numeric output passes when
 
-    max |out - ref|  <=  factor * max |twin - ref|  +  floor * u(dtype) * scale
+    max |out - ref|  <=  factor * max |twin - ref|  +  floor * (u(dtype) + sqrt(n) * u(fp32)) * scale
 
 - `ref` is the float64 reference, `twin` the native-precision twin (the same math in the case dtype
   with float32 accumulation, probabilities rounded like a flash kernel; references/),
 - `factor` (default 2; FlashAttention's own tests use 2) allows a different but faithful rounding
   order, `u(dtype)` is the unit roundoff of the output's dtype (fp32 2^-24, fp16 2^-11, bf16 2^-8),
-- `scale` is max |ref| over finite elements (1 when that is 0), and `floor` (default 1) unit of
-  roundoff at that scale catch the case where the twin happens to be exact. For a float32 output
-  computed through dot products of length n (an LSE over head_dim-long scores) the floor is
-  multiplied by sqrt(n), the typical growth of fp32 rounding in such a sum (OutputSpec.floor_units):
-  two faithful fp32 computations that sum in different orders differ by that much, and the twin's
-  own error is one random sample of it.
+- `scale` is max |ref| over finite elements (1 when that is 0), and `floor` (default 1) catches the
+  case where the twin happens to be exact: one unit of the output's roundoff, plus the float32
+  rounding of the dot products of length n the output is computed through (OutputSpec.floor_units:
+  head_dim for attention scores), which grows like sqrt(n). Two faithful float32 computations that
+  sum in different orders differ by that much, and the twin's own error is one random sample of it;
+  for bf16/fp16 outputs the first term dominates.
 
 Non-finite expectations (-inf LSE of an empty row) must be matched exactly. A suite may override
 `factor` and `floor` per sweep entry, only with a written `why` that the report shows.
@@ -37,12 +37,17 @@ class Rule:
     floor: float = DEFAULT_FLOOR
     why: str = ""
 
-    def bound(self, native_err: float, dtype: torch.dtype, scale: float, units: float = 1.0) -> float:
-        return self.factor * native_err + self.floor * units * unit_roundoff(dtype) * scale
+    def floor_abs(self, dtype: torch.dtype, scale: float, sqrt_n: float = 0.0) -> float:
+        return self.floor * (unit_roundoff(dtype) + sqrt_n * unit_roundoff(torch.float32)) * scale
 
-    def describe(self, native_err: float, dtype: torch.dtype, scale: float, units: float = 1.0) -> str:
-        floor = f"{self.floor * units:.3g}u*{scale:.3g}"
-        return f"{self.factor:g}x twin {native_err:.2e} + {floor} = {self.bound(native_err, dtype, scale, units):.2e}"
+    def bound(self, native_err: float, dtype: torch.dtype, scale: float, sqrt_n: float = 0.0) -> float:
+        return self.factor * native_err + self.floor_abs(dtype, scale, sqrt_n)
+
+    def describe(self, native_err: float, dtype: torch.dtype, scale: float, sqrt_n: float = 0.0) -> str:
+        return (
+            f"{self.factor:g}x twin {native_err:.2e} + floor {self.floor_abs(dtype, scale, sqrt_n):.2e} = "
+            f"{self.bound(native_err, dtype, scale, sqrt_n):.2e}"
+        )
 
 
 def rule_for(case) -> Rule:

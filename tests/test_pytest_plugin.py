@@ -66,9 +66,9 @@ def test_worker_device(requested, worker, n, expected):
 
 def test_suite_rows_become_tests(pytester):
     pytester.makeconftest(CONFTEST)
-    result = pytester.runpytest("--attnbench", "smoke", "-k", "merge_state", "-p", "no:cacheprovider", "-rfs")
-    # 4 merge_state cases x (torch pass, mergeonly pass, zeros fail); other backends of the registry skip or
-    # are filtered out by -k; decode/extend cases are deselected by -k
+    backends = [a for b in ("torch", "mergeonly", "zeros") for a in ("--attnbench-backend", b)]
+    result = pytester.runpytest("--attnbench", "smoke", *backends, "-k", "merge_state", "-p", "no:cacheprovider", "-rfs")
+    # n merge_state cases x (torch pass, mergeonly pass, zeros fail); the other ops are deselected by -k
     outcomes = result.parseoutcomes()
     n = _merge_cases()
     assert outcomes.get("failed") == n and outcomes.get("passed") == 2 * n, result.stdout.str()

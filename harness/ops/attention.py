@@ -194,7 +194,10 @@ _ATTN_ID = (
 
 class _PagedAttentionOp(Op):
     family = "attention"
-    outputs = {"o": OutputSpec(("token", "head", "dim")), "lse": OutputSpec(("token", "head"), floor_units="head_dim")}
+    outputs = {
+        "o": OutputSpec(("token", "head", "dim"), floor_units="head_dim"),
+        "lse": OutputSpec(("token", "head"), floor_units="head_dim"),
+    }
 
     def features(self, p: AttentionParams) -> tuple[str, ...]:
         f = ["mla"] if p.mla else ["mha" if p.heads_q == p.heads_kv else "mqa" if p.heads_kv == 1 else "gqa"]

@@ -41,9 +41,8 @@ class OutputSpec:
     """An output the check compares: its dim names (to locate the worst element) and how it compares.
 
     `exact`: compared bit for bit (integer outputs, cache writes); otherwise with the tolerance rule.
-    `floor_units`: name of the op parameter whose square root multiplies the rule's floor, for a
-    float32 output computed through dot products of that length (an LSE over head_dim-long scores:
-    fp32 rounding grows like the square root of the length); None = 1.
+    `floor_units`: name of the op parameter n (a dot-product length, e.g. head_dim) whose float32
+    rounding, sqrt(n) * u(fp32), joins the rule's floor (harness/tolerance.py); None: none.
     """
 
     dims: tuple[str, ...]
