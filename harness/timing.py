@@ -45,7 +45,7 @@ class TimingConfig:
     target_ci: float = 0.01  # half-width of the median's 95% CI, relative
     round_size: int = 10
     flush_l2: bool = True
-    graph_below_us: float = 25.0  # CUDA-graph mode when the fastest pilot median is below this; 0: never
+    graph_below_us: float = 300.0  # CUDA-graph mode when the fastest pilot median is below this; 0: never
     graph_calls: int = 10  # calls per graph replay, at least (rounded up to a multiple of the copies)
     rotate_l2_multiple: float = 5.0  # rotated working set >= this x L2 in graph mode
     max_copies: int = 512  # input copies per backend for rotation, at most

@@ -27,7 +27,7 @@ def main(argv: list[str]) -> None:
     registry.load_entry_points()
     for p in plugins:
         registry.load_plugin(p)
-    if device.startswith("cuda"):
+    if device.startswith("cuda:"):  # plain "cuda" is the current device already
         import torch
 
         torch.cuda.set_device(torch.device(device))

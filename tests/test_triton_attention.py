@@ -140,7 +140,7 @@ def test_default_decode_depends_on_batch_but_stays_correct():
     case = Case.from_id("decode/b4-l300-mixed-h8x2-d64-p16-bf16")
     x = case.make_inputs()
     alone = _request(x, 0)
-    kw = dict(min_chunk=32, num_sms=4)
+    kw = dict(min_chunk=32, num_sms=1)  # few SMs: the batch changes the split of request 0
     assert plan_decode(alone, **kw).splits != plan_decode(x, **kw).splits[:1]
     work = clone_tensors(x)
     verdict = _verdict(case, x, work, decode(work, plan_decode(work, **kw)))

@@ -380,7 +380,8 @@ def _id_fields(params: type[Params]) -> tuple[IdField, ...]:
 
 class _GDNOp(Op):
     family = "gdn"
-    outputs = {"o": OutputSpec(("token", "head", "dim"))}
+    # o and states go through head_dim_k-long dot products (S^T k, S^T q): fp32 rounding floor (tolerance.py)
+    outputs = {"o": OutputSpec(("token", "head", "dim"), floor_units="head_dim_k")}
 
     def _qkv(self, p: GDNParams, T: int, dtype, gen, device):
         H, HV, K, V = p.heads_qk, p.heads_v, p.head_dim_k, p.head_dim_v
@@ -427,7 +428,7 @@ class GDNDecodeOp(_GDNOp):
         return tuple(f)
 
     def writes_for(self, p):
-        return {"state_pool": OutputSpec(("slot", "head", "k", "v"))}
+        return {"state_pool": OutputSpec(("slot", "head", "k", "v"), floor_units="head_dim_k")}
 
     def unspecified(self, p, x: GDNInputs):
         return {"o": (x.state_indices < 0)[:, None, None]} if p.pad else {}
@@ -489,7 +490,7 @@ class GDNExtendOp(_GDNOp):
         return tuple(f)
 
     def writes_for(self, p):
-        return {"state_pool": OutputSpec(("slot", "head", "k", "v"))}
+        return {"state_pool": OutputSpec(("slot", "head", "k", "v"), floor_units="head_dim_k")}
 
     def make_inputs(self, p: GDNExtendParams, dtype, seed, device) -> GDNInputs:
         host, gen = _generators(seed, device)
@@ -542,8 +543,8 @@ class GDNVerifyOp(_GDNOp):
     Params = GDNVerifyParams
     id_fields = _id_fields(GDNVerifyParams)
     outputs = {
-        "o": OutputSpec(("token", "head", "dim")),
-        "inter_states": OutputSpec(("request", "step", "head", "k", "v")),
+        "o": OutputSpec(("token", "head", "dim"), floor_units="head_dim_k"),
+        "inter_states": OutputSpec(("request", "step", "head", "k", "v"), floor_units="head_dim_k"),
     }
 
     def features(self, p: GDNVerifyParams) -> tuple[str, ...]:

@@ -27,7 +27,7 @@ class _Chunk:
     """Query rows i0..i1 of every request of a group."""
 
     src: torch.Tensor  # [nb, nr] packed query row (clamped where not a query)
-    q_ok: torch.Tensor  # [nb, nr] bool
+    sel: torch.Tensor  # [n_valid] flat (request, row) positions that are real queries (no bool masks: capturable)
     dst: torch.Tensor  # [n_valid] packed rows to write
     vis: torch.Tensor | None  # [nb, nr, Lpad] bool visibility when it needs no data (no custom mask)
     mask_idx: torch.Tensor | None  # [nb, nr, Lpad] index into the flat custom mask
@@ -131,7 +131,8 @@ def _plan_group(x, b0: int, b1: int, qo: list[int], budget: int) -> _Group:
             win = j[None, None, :] >= pos[..., None] - x.window
             vis = vis & win if vis is not None else None
             inside = inside & win if inside is not None else None
-        chunks.append(_Chunk(src, q_ok, src[q_ok], vis, mask_idx, inside))
+        sel = q_ok.flatten().nonzero().flatten()
+        chunks.append(_Chunk(src, sel, src.flatten()[sel], vis, mask_idx, inside))
     return _Group(pages, key_ok, Lpad, chunks, new_at)
 
 
@@ -170,8 +171,8 @@ def _attend_group(x, g: _Group) -> None:
         lse = torch.where(l > 0, m + torch.log(l), torch.full_like(l, -math.inf))
         o = o.permute(0, 3, 1, 2, 4).reshape(nb, nr, Hq, -1)  # back to packed [T, Hq, ...] rows
         lse = lse.permute(0, 3, 1, 2).reshape(nb, nr, Hq)
-        x.o[c.dst] = o[c.q_ok].to(x.o.dtype)
-        x.lse[c.dst] = lse[c.q_ok]
+        x.o[c.dst] = o.flatten(0, 1)[c.sel].to(x.o.dtype)
+        x.lse[c.dst] = lse.flatten(0, 1)[c.sel]
 
 
 def paged_attention(x) -> dict[str, torch.Tensor]:
