@@ -34,9 +34,12 @@ REASONS = {  # nvml.h nvmlClocksEventReason* bits
     0x80: "hw power brake",
     0x100: "display clock setting",
 }
-IDLE, USER_CLOCKS = 0x1, 0x2
+IDLE, USER_CLOCKS, SW_POWER_CAP = 0x1, 0x2, 0x4
 NOT_THROTTLING = 0x1 | 0x2 | 0x100  # idle, the user's own clock setting, display
 MIN_CLOCK_FRACTION = 0.75
+# The software power cap is reported while the SM clock still sits at its maximum (seen on an H200:
+# "sw power cap" set at 1980 of 1980 MHz on every busy round); it throttles only below this fraction.
+POWER_CAP_CLOCK_FRACTION = 0.97
 
 
 class _CtypesNvml:
@@ -175,10 +178,12 @@ def throttle_reason(snap: dict | None) -> str | None:
     if not snap:
         return None
     mask = snap.get("reasons_mask") or 0
+    sm, top = snap.get("sm_mhz"), snap.get("sm_max_mhz")
     bad = mask & ~NOT_THROTTLING
+    if bad == SW_POWER_CAP and sm and top and sm >= POWER_CAP_CLOCK_FRACTION * top:
+        bad = 0  # a power cap that has not lowered the clock
     if bad:
         return ", ".join(reason_names(bad))
-    sm, top = snap.get("sm_mhz"), snap.get("sm_max_mhz")
     if not mask & (IDLE | USER_CLOCKS) and sm and top and sm < MIN_CLOCK_FRACTION * top:
         return f"SM clock {sm} MHz < {MIN_CLOCK_FRACTION:.0%} of max {top} MHz"
     return None

@@ -73,7 +73,8 @@ def test_unsupported_field_is_none_not_an_error():
         (1980, 0x1, None),  # idle
         (1410, 0x2, None),  # the user's own application clocks (nvidia-smi -lgc): not throttling
         (600, 0x1, None),  # low clock while idle
-        (1980, 0x4, "sw power cap"),
+        (1980, 0x4, None),  # power cap reported, clock still at max (seen on an H200): not throttled
+        (1700, 0x4, "sw power cap"),  # below 97% of max
         (1980, 0x20 | 0x40, "sw thermal slowdown, hw thermal slowdown"),
         (1400, 0x0, "SM clock 1400 MHz < 75% of max 1980 MHz"),
         (1500, 0x0, None),
