@@ -64,7 +64,8 @@ class FlashInferBase(Backend):
 
     def limits(self, case) -> str | None:
         """The case-level reason this backend cannot run `case` (no GPU needed to decide)."""
-        if getattr(case.params, "kv_dtype", "auto") != "auto" and (reason := limits.fp8_kv(case, self.fp8_kv)):
+        fp8 = getattr(case.params, "kv_dtype", "auto") != "auto"
+        if fp8 and (reason := limits.fp8_kv(case, self.fp8_kv, self.attention_backend)):
             return reason
         rule = getattr(self, f"limits_{case.op_name}", None)
         return rule(case) if rule else None

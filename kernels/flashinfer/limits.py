@@ -23,10 +23,15 @@ def dtype(name: str) -> str | None:
     return None
 
 
-def fp8_kv(case, wired: bool) -> str | None:
+def fp8_kv(case, wired: bool, backend: str = "fa2") -> str | None:
     """fp8 KV caches: FlashInfer's paged decode reads them with one k_scale / v_scale float each
     (run(k_scale=, v_scale=)); the adapter wires that for plain decode only."""
     p = case.params
+    if backend == "fa3":
+        return (
+            "FlashInfer fa3 has no bf16/fp16-Q x fp8-KV kernel: its batch-prefill module fails to compile "
+            "(cute mma_sm90: 'No eligible GMMA operator'; seen on an H200 with 0.7.2.post1)"
+        )
     if not wired or case.op_name != "decode":
         return f"the FlashInfer adapter reads fp8 KV caches in plain decode only, not {case.op_name} on this path"
     if p.mla or p.sinks:
