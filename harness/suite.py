@@ -151,7 +151,7 @@ def builtin_names() -> list[str]:
 
 def resolve(name_or_path: str) -> Path:
     p = Path(name_or_path)
-    if p.suffix in (".yaml", ".yml") or p.exists():
+    if p.suffix in (".yaml", ".yml") or p.is_file():
         if not p.is_file():
             raise SuiteError(p, None, "no such suite file")
         return p

@@ -98,3 +98,9 @@ def test_malformed_suite_names_file_line_and_problem(tmp_path, name):
 def test_missing_suite_lists_builtins():
     with pytest.raises(SuiteError, match="built-in suites: .*smoke"):
         load("no-such-suite")
+
+
+def test_a_directory_named_like_a_suite_does_not_shadow_it(tmp_path, monkeypatch):
+    (tmp_path / "smoke").mkdir()
+    monkeypatch.chdir(tmp_path)
+    assert load("smoke").cases
