@@ -143,10 +143,9 @@ def _print_summary(rows) -> None:
     table = Table(title="summary", show_edge=False)
     for col in ("backend", "pass", "fail", "error", "skip"):
         table.add_column(col, justify="right" if col != "backend" else "left")
-    by: dict[str, Counter] = {}
-    for r in rows:
-        by.setdefault(r.backend, Counter())[r.status] += 1
-    for name, c in sorted(by.items()):
+    from attnbench.results import status_counts
+
+    for name, c in sorted(status_counts(rows).items()):
         table.add_row(name, str(c["pass"]), str(c["fail"]), str(c["error"]), str(c["skip"]))
     console.print(table)
 

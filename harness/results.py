@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -76,6 +77,14 @@ class ResultWriter:
 
     def __exit__(self, *exc):
         self.close()
+
+
+def status_counts(rows: list[Result]) -> dict[str, Counter]:
+    """Per backend, how many rows have each status."""
+    by: dict[str, Counter] = {}
+    for r in rows:
+        by.setdefault(r.backend, Counter())[r.status] += 1
+    return by
 
 
 def read_results(path: Path) -> list[Result]:

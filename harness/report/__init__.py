@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from collections import Counter
 from pathlib import Path
 
 from attnbench.report.exports import write_csv, write_junit, write_summary_md
@@ -29,9 +28,3 @@ def render_all(run_dir: Path, baseline: str | None = None) -> None:
     write_summary_md(rows, run_dir / "summary.md", env, run, baseline)
     (run_dir / "report.html").write_text(render_html(rows, env, run, baseline), encoding="utf-8")
 
-
-def status_counts(rows) -> dict[str, Counter]:
-    by: dict[str, Counter] = {}
-    for r in rows:
-        by.setdefault(r.backend, Counter())[r.status] += 1
-    return by

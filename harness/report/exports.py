@@ -8,7 +8,7 @@ from collections import Counter
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
-from attnbench.results import Result
+from attnbench.results import Result, status_counts
 
 CSV_COLUMNS = (
     "case_id",
@@ -155,9 +155,7 @@ def write_summary_md(
     from attnbench.report.html import harness_cost, measurement, speedups
 
     run = run or {}
-    by: dict[str, Counter] = {}
-    for r in rows:
-        by.setdefault(r.backend, Counter())[r.status] += 1
+    by = status_counts(rows)
     where = env.get("gpu") or env.get("cpu") or env.get("device", "?")
     lines = [
         f"## attnbench: {len(rows)} rows on {where}",

@@ -18,6 +18,7 @@ import jinja2
 
 from attnbench.capability import matrix_from_rows
 from attnbench.report import plots
+from attnbench.results import status_counts
 from attnbench.tolerance import DEFAULT_FACTOR, DEFAULT_FLOOR
 
 _AXES = ("kv_len", "q_len", "prefix_len", "batch", "tokens")
@@ -310,9 +311,7 @@ def default_baseline(rows) -> str:
 
 def render_html(rows, env: dict, run: dict, baseline: str | None = None) -> str:
     baseline = baseline or default_baseline(rows)
-    by_backend: dict[str, Counter] = {}
-    for r in rows:
-        by_backend.setdefault(r.backend, Counter())[r.status] += 1
+    by_backend = status_counts(rows)
     names, cap = matrix_from_rows(rows)
     base_us = _baseline_medians(rows, baseline)
     sections = []
