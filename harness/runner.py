@@ -10,7 +10,6 @@ becomes an `error` row for that backend only.
 from __future__ import annotations
 
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -20,7 +19,7 @@ from attnbench.backend import Backend
 from attnbench.buffers import bitwise_equal, clone_tensors
 from attnbench.case import Case
 from attnbench.checks import Verdict, check, outputs_changed
-from attnbench.errors import Unsupported
+from attnbench.errors import Unsupported, describe
 from attnbench.peaks import roofline
 from attnbench.results import Result
 from attnbench.timing import Rotation, TimingConfig, time_closures
@@ -72,15 +71,6 @@ def _sync(case: Case) -> None:
         torch.cuda.synchronize(torch.device(case.device))
 
 
-def _describe(e: BaseException) -> str:
-    if isinstance(e, torch.OutOfMemoryError):
-        first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-        return f"out of memory: {first}"
-    tb = traceback.extract_tb(e.__traceback__)
-    where = f" ({tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
-    return f"{type(e).__name__}: {e}{where}".strip()
-
-
 def error_row(case: Case, backend: str, reason: str, env: dict | None = None) -> Result:
     """An `error` row for a backend that could not finish `case` (crash, timeout)."""
     return _row(case, backend, "error", reason, env=env or {})
@@ -107,7 +97,7 @@ def _supports(backend: Backend, case: Case) -> str | None:
     try:
         return backend.supports(case)
     except Exception as e:  # a plugin whose supports() raises is an error, not a crash
-        raise _SupportsFailed(f"supports() raised {_describe(e)}") from e
+        raise _SupportsFailed(f"supports() raised {describe(e)}") from e
 
 
 class _SupportsFailed(Exception):
@@ -158,7 +148,7 @@ def run_case(
     except Exception as e:
         size = f" (inputs {_nbytes(pristine) / 2**30:.2f} GiB)" if pristine is not None else ""
         for b in todo:
-            rows[b.name] = _row(case, b.name, "error", f"building inputs/reference failed: {_describe(e)}{size}", env=env)
+            rows[b.name] = _row(case, b.name, "error", f"building inputs/reference failed: {describe(e)}{size}", env=env)
         if context_lost(e):
             raise ContextLost([rows[b.name] for b in backends if b.name in rows], str(e)) from e
         return [rows[b.name] for b in backends]
@@ -189,7 +179,7 @@ def run_case(
         except Unsupported as e:
             rows[b.name] = _row(case, b.name, "skip", str(e), env=env)
         except Exception as e:
-            reason = _describe(e)
+            reason = describe(e)
             if isinstance(e, torch.OutOfMemoryError):
                 reason += f" (case inputs {_nbytes(pristine) / 2**30:.2f} GiB, cloned once per backend)"
             rows[b.name] = _row(case, b.name, "error", reason, reference_s=ref_s, env=env)
@@ -206,7 +196,7 @@ def run_case(
             stats = time_closures(closures, case.device, opts.timing_config, Rotation(factories, nbytes))
         except Exception as e:
             for name in closures:
-                rows[name].status, rows[name].reason = "error", f"timing failed: {_describe(e)}"
+                rows[name].status, rows[name].reason = "error", f"timing failed: {describe(e)}"
             if context_lost(e):
                 raise ContextLost([rows[n] for n in rows], f"timing: {e}") from e
             stats = {}

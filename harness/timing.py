@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 import statistics
 import time
-import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from typing import Protocol
@@ -33,6 +32,7 @@ from typing import Protocol
 import torch
 
 from attnbench import nvml
+from attnbench.errors import describe
 
 
 @dataclass(frozen=True)
@@ -303,13 +303,6 @@ def rotation_plan(bytes_per_call: float, l2_bytes: int, cfg: TimingConfig) -> tu
     return copies, calls
 
 
-def _describe(e: BaseException) -> str:
-    tb = traceback.extract_tb(e.__traceback__)
-    where = f" ({tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
-    first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-    return f"{type(e).__name__}: {first}{where}"
-
-
 @dataclass
 class _Graphs:
     replays: dict[str, Callable[[], None]]
@@ -350,7 +343,7 @@ def _capture_graphs(
                     fns[i % copies]()
         except Exception as e:  # not capturable, or no memory for the copies
             torch.cuda.synchronize(device)
-            return f"graph capture failed for {name}: {_describe(e)}"
+            return f"graph capture failed for {name}: {describe(e, first_line=True)}"
         keep += [fns, graph]
         replays[name] = graph.replay
     return _Graphs(replays, keep, copies, calls, copies * rotation.bytes_per_call)
