@@ -27,6 +27,11 @@ DETERMINISTIC_SPLIT_TILE = 256
 MAX_DK, MAX_DV = 576, 512  # the largest head dims the launch configs are sized for (absorbed MLA)
 
 
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
 def _triton_missing() -> str | None:
     if importlib.util.find_spec("triton") is None:
         return "triton is not installed (pip install triton)"
@@ -46,7 +51,7 @@ class _TritonAttention(Backend):
             return missing
         import torch
 
-        if not torch.cuda.is_available() and os.environ.get("TRITON_INTERPRET", "0") in ("", "0"):
+        if not torch.cuda.is_available() and not interpreting():
             return "no CUDA device (set TRITON_INTERPRET=1 to run the kernels in Triton's CPU interpreter)"
         return None
 
@@ -54,10 +59,7 @@ class _TritonAttention(Backend):
         reason = super().supports(case)
         if reason:
             return reason
-        import torch
-
-        interpreting = os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
-        if torch.device(case.device).type != "cuda" and not interpreting:
+        if not case.on_cuda and not interpreting():
             return f"case on {case.device}: Triton runs on CUDA (or set TRITON_INTERPRET=1 for the CPU)"
         p = case.params
         if case.op_name in ("decode", "extend", "tree_verify") and (p.head_dim > MAX_DK or p.dv > MAX_DV):

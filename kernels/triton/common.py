@@ -7,21 +7,17 @@ kernel they configure (decode.py, extend.py); this module only answers questions
 from __future__ import annotations
 
 import functools
-import os
 from dataclasses import dataclass
 
 import torch
 import triton
 import triton.language as tl
 
+from attnbench.kernels.triton import interpreting  # noqa: F401 (re-exported to the launchers)
+
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # ln(x) = log2(x) * LN2
 ASSUMED_SMS = 132  # H100/H200 SXM; used in the interpreter, where there is no device to ask
-
-
-def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 @functools.cache
