@@ -63,10 +63,13 @@ def sweep(
     gpus: Annotated[str | None, typer.Option(help="One worker per GPU: all, or a list like 0,1.")] = None,
     isolate: Annotated[bool, typer.Option("--isolate/--no-isolate", help="Run cases in worker processes (crash isolation).")] = True,
     timeout: Annotated[float, typer.Option(help="Seconds a case may take in a worker before it is killed.")] = 900.0,
+    sanitize: Annotated[str | None, typer.Option(help="Run the kernels under compute-sanitizer: memcheck, racecheck, initcheck or synccheck (no timing; one worker per case and backend).")] = None,
+    sanitize_max: Annotated[int, typer.Option(help="With --sanitize: at most this many cases per op, spread over the suite (0: all).")] = 4,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would run and exit.")] = False,
 ) -> None:
     """Run suites: check every backend against float64 references, time it, write results and a report."""
     from attnbench.report import render_all
+    from attnbench.results import read_results
     from attnbench.runner import RunOptions
     from attnbench.sweep import Execution, default_out, execute, exit_code, parse_gpus, parse_shard, plan
 
@@ -76,6 +79,7 @@ def sweep(
         devices = tuple(parse_gpus(gpus, p.device))
         if resume and out is None:
             raise AttnbenchError("--resume needs --out, the run directory to resume")
+        sanitizer_exe = _sanitize_setup(p, sanitize, sanitize_max, isolate) if sanitize else ""
     except AttnbenchError as e:
         _fail(e)
     if dry_run:
@@ -98,7 +102,10 @@ def sweep(
     rows = []
     interrupted = False
     with Progress(*columns, console=console, transient=False) as progress:
-        task = progress.add_task("cases", total=len(p.cases), passed=0, failed=0, errors=0, skipped=0)
+        # rows, not cases: after a crash, or in sanitize mode, a case's rows arrive in several parts
+        kept = len(read_results(run_dir / "results.jsonl")) if resume and (run_dir / "results.jsonl").exists() else 0
+        task = progress.add_task("rows", total=len(p.cases) * len(p.backends), completed=kept, passed=0, failed=0,
+                                 errors=0, skipped=0)  # fmt: skip
 
         def on_rows(c, case_rows):
             counts.update(r.status for r in case_rows)
@@ -107,7 +114,7 @@ def sweep(
                     progress.console.print(f"[red]{r.status}[/] {r.case_id} {esc(f'[{r.backend}]: {r.reason}')}", highlight=False, soft_wrap=True)
             progress.update(
                 task,
-                advance=1,
+                advance=len(case_rows),
                 description=c.id[:60],
                 passed=counts["pass"],
                 failed=counts["fail"],
@@ -115,7 +122,8 @@ def sweep(
                 skipped=counts["skip"],
             )
 
-        how = Execution(isolate=isolate, devices=devices, timeout_s=timeout, plugins=tuple(plugin or ()), resume=resume)
+        how = Execution(isolate=isolate, devices=devices, timeout_s=timeout, plugins=tuple(plugin or ()), resume=resume,
+                        sanitize=sanitize, sanitizer=sanitizer_exe)  # fmt: skip
 
         def problem(msg: str) -> None:
             progress.console.print(f"[yellow]warning:[/] {esc(msg)}", highlight=False, soft_wrap=True)
@@ -127,8 +135,6 @@ def sweep(
         except AttnbenchError as e:
             progress.stop()
             _fail(e)
-    from attnbench.results import read_results
-
     rows = read_results(run_dir / "results.jsonl") if (run_dir / "results.jsonl").exists() else rows
     render_all(run_dir)
     _print_summary(rows)
@@ -137,6 +143,25 @@ def sweep(
         console.print("[yellow]interrupted: the report covers the cases that finished[/]")
         raise typer.Exit(130)
     raise typer.Exit(exit_code(rows))
+
+
+def _sanitize_setup(p, tool: str, per_op: int, isolate: bool) -> str:
+    """Validate sanitize mode, sample the plan's cases (per op) and return the sanitizer's path."""
+    from attnbench import sanitizer
+    from attnbench.sweep import sample_per_op
+
+    sanitizer.command(tool, "compute-sanitizer")  # validates the tool name
+    if not p.device.startswith("cuda"):
+        raise AttnbenchError(f"--sanitize runs kernels under NVIDIA compute-sanitizer and needs a CUDA GPU (device: {p.device})")
+    if not isolate:
+        raise AttnbenchError("--sanitize runs kernels in worker processes; it cannot be combined with --no-isolate")
+    exe = sanitizer.locate()
+    total = len(p.cases)
+    p.cases = sample_per_op(p.cases, per_op)
+    p.filters["sanitize"] = {"per_op": per_op, "sampled_from": total}
+    console.print(f"[bold]sanitize:[/] {tool} ({exe}), {len(p.cases)} of {total} cases (at most {per_op} per op), "
+                  "no timing, one worker per case and backend", highlight=False)  # fmt: skip
+    return exe
 
 
 def _print_summary(rows) -> None:

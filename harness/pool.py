@@ -5,6 +5,9 @@ a broken CUDA context) or overruns the per-case timeout costs only the backend i
 backend gets an `error` row naming the crash, a fresh worker starts, and the case continues with the
 backends that have no row yet. Worker output (kernel prints, sanitizer reports) goes to one log per
 worker in `log_dir`.
+
+With `one_job_per_worker` (sanitize mode) each job gets a fresh worker, stopped once its rows are
+in, so the worker's whole log belongs to that job; `review(rows, log)` may then amend the rows.
 """
 
 from __future__ import annotations
@@ -74,12 +77,16 @@ class Pool:
         log_dir: Path | None = None,
         wrapper: list[str] | None = None,
         on_problem: Callable[[str], None] | None = None,
+        extra_env: dict[str, str] | None = None,
+        one_job_per_worker: bool = False,
+        review: Callable[[list[Result], Path], list[Result]] | None = None,
     ):
         self.devices, self.opts, self.on_rows = devices, opts, on_rows
         self.plugins, self.timeout_s = plugins or [], timeout_s
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="attnbench-logs-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.wrapper = wrapper or []
+        self.wrapper, self.extra_env = wrapper or [], extra_env or {}
+        self.one_job_per_worker, self.review = one_job_per_worker, review
         self.on_problem = on_problem or (lambda msg: None)
         self._count = 0
         self._problems_seen: set[str] = set()
@@ -94,28 +101,40 @@ class Pool:
         args = [*self.wrapper, sys.executable, "-m", "attnbench.worker", str(child.fileno()), device]
         for p in self.plugins:
             args += ["--plugin", p]
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        proc = subprocess.Popen(args, pass_fds=[child.fileno()], stdout=out, stderr=subprocess.STDOUT, env=env)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.extra_env)
+        proc = subprocess.Popen(args, pass_fds=[child.fileno()], stdout=out, stderr=subprocess.STDOUT, env=env,
+                                start_new_session=True)  # fmt: skip  (a kill takes the wrapper's children too)
         child.close()
         out.close()
         conn = Connection(os.dup(parent.fileno()))
         parent.close()
         return _Worker(device, proc, conn, log, started=time.monotonic())
 
+    def _kill(self, w: _Worker) -> None:
+        try:
+            os.killpg(w.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            w.proc.kill()
+        w.proc.wait()
+
     def _stop(self, w: _Worker, kill: bool = False) -> None:
         try:
             if kill:
-                w.proc.kill()
+                self._kill(w)
             else:
                 w.conn.send(None)
         except (OSError, BrokenPipeError):
             pass
         try:
-            w.proc.wait(timeout=10)
+            w.proc.wait(timeout=30 if self.wrapper else 10)  # a sanitizer writes its summary on the way out
         except subprocess.TimeoutExpired:
-            w.proc.kill()
-            w.proc.wait()
+            self._kill(w)
         w.conn.close()
+
+    def _emit(self, w: _Worker, case: Case, rows: list[Result]) -> None:
+        if self.review:
+            rows = self.review(rows, w.log)
+        self.on_rows(case, rows)
 
     # ---- the loop -------------------------------------------------------------------------------------
     def run(self, jobs: list[tuple[Case, list[str]]]) -> None:
@@ -125,6 +144,8 @@ class Pool:
         start_failures = 0
         try:
             while queue or any(w.job for w in workers):
+                if queue and not workers:  # every worker retired, then a crash put work back
+                    workers = [self._start(d) for d in self.devices]
                 for w in workers:
                     if w.ready and w.job is None and queue:
                         self._dispatch(w, queue.popleft())
@@ -143,7 +164,8 @@ class Pool:
                         start_failures = 0 if w.ready else start_failures + 1
                         if start_failures >= MAX_START_FAILURES:
                             raise AttnbenchError(f"workers on {w.device} keep failing to start; see {w.log}")
-                        workers[i] = self._start(w.device)
+                        workers[i] = self._start(w.device) if queue or not self.one_job_per_worker else None
+                workers = [w for w in workers if w is not None]
         finally:
             for w in workers:
                 self._stop(w, kill=bool(w.job))
@@ -169,9 +191,16 @@ class Pool:
             w.stage = msg[1]
         elif kind == "rows":
             rows: list[Result] = msg[1]
+            if self.one_job_per_worker:  # the log is complete once the worker is gone
+                case = w.job.case
+                w.done += [r.backend for r in rows]
+                self._stop(w)
+                self._requeue_rest(w, queue)
+                self._emit(w, case, rows)
+                return True
             if rows:
                 w.done += [r.backend for r in rows]
-                self.on_rows(w.job.case, rows)
+                self._emit(w, w.job.case, rows)
             if w.job and set(w.done) >= set(w.job.backends):
                 w.job = None
         elif kind == "lost":
@@ -193,7 +222,7 @@ class Pool:
         job = w.job
         rest = [b for b in job.backends if b not in w.done]
         culprits = [w.stage] if w.stage in rest else rest  # reference/timing: every backend left
-        self.on_rows(job.case, [error_row(job.case, b, why) for b in culprits])
+        self._emit(w, job.case, [error_row(job.case, b, why) for b in culprits])
         w.done += culprits
 
     def _crashed(self, w: _Worker, queue: deque[_Job]) -> bool:
@@ -208,8 +237,7 @@ class Pool:
         return True
 
     def _timeout(self, w: _Worker, queue: deque[_Job]) -> bool:
-        w.proc.kill()
-        w.proc.wait()
+        self._kill(w)
         stage = w.stage or "startup"
         self._fail_current(w, f"timed out after {self.timeout_s:g} s (in {stage})")
         self._requeue_rest(w, queue)

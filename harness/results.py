@@ -36,6 +36,7 @@ class Result:
     tolerance_why: str = ""
     deterministic: bool | None = None  # two calls on the same inputs gave bitwise identical outputs
     batch_invariant: bool | None = None  # a request's outputs were bitwise the same alone and in a reordered batch
+    sanitizer: dict[str, Any] | None = None  # --sanitize: tool, findings (count), log (path in the run directory)
     env: dict[str, Any] = field(default_factory=dict)
 
     def to_json(self) -> str:

@@ -104,6 +104,23 @@ class _SupportsFailed(Exception):
     pass
 
 
+def triage(case: Case, backends: list[Backend], env: dict | None = None) -> tuple[dict[str, Result], list[Backend]]:
+    """Rows for the backends that skip `case` (or whose `supports` raises), and the backends that run it."""
+    rows: dict[str, Result] = {}
+    todo: list[Backend] = []
+    for b in backends:
+        try:
+            reason = _supports(b, case)
+        except _SupportsFailed as e:
+            rows[b.name] = _row(case, b.name, "error", str(e), env=env or {})
+            continue
+        if reason:
+            rows[b.name] = _row(case, b.name, "skip", reason, env=env or {})
+        else:
+            todo.append(b)
+    return rows, todo
+
+
 def run_case(
     case: Case,
     backends: list[Backend],
@@ -119,18 +136,7 @@ def run_case(
     """
     env = env or {}
     stage = on_stage or (lambda name: None)
-    rows: dict[str, Result] = {}
-    todo: list[Backend] = []
-    for b in backends:
-        try:
-            reason = _supports(b, case)
-        except _SupportsFailed as e:
-            rows[b.name] = _row(case, b.name, "error", str(e), env=env)
-            continue
-        if reason:
-            rows[b.name] = _row(case, b.name, "skip", reason, env=env)
-        else:
-            todo.append(b)
+    rows, todo = triage(case, backends, env)
     if not todo:
         return [rows[b.name] for b in backends]
 

@@ -22,7 +22,7 @@ from attnbench.case import Case
 from attnbench.errors import AttnbenchError
 from attnbench.pool import Pool
 from attnbench.results import Result, ResultWriter, read_results
-from attnbench.runner import ContextLost, RunOptions, error_row, run_case
+from attnbench.runner import ContextLost, RunOptions, error_row, run_case, triage
 from attnbench.suite import Suite, load
 from attnbench.suites import CPU_DEFAULT, GPU_DEFAULT
 
@@ -149,6 +149,24 @@ class Execution:
     timeout_s: float = 900.0  # per case, in a worker
     plugins: tuple[str, ...] = ()
     resume: bool = False
+    sanitize: str | None = None  # a compute-sanitizer tool: one worker per (case, backend) under it, no timing
+    sanitizer: str = "compute-sanitizer"  # its executable (sanitizer.locate())
+
+
+def sample_per_op(cases: list[Case], n: int) -> list[Case]:
+    """At most `n` cases per op, spread evenly over each op's cases (first and last kept), in order."""
+    by_op: dict[str, list[int]] = {}
+    for i, c in enumerate(cases):
+        by_op.setdefault(c.op_name, []).append(i)
+    keep: set[int] = set()
+    for idx in by_op.values():
+        if n <= 0 or len(idx) <= n:
+            keep.update(idx)
+        elif n == 1:
+            keep.add(idx[0])
+        else:
+            keep.update(idx[round(j * (len(idx) - 1) / (n - 1))] for j in range(n))
+    return [c for i, c in enumerate(cases) if i in keep]
 
 
 def execute(
@@ -196,6 +214,13 @@ def execute(
         old = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
         run_info["resumed"] = old.get("resumed", []) + [{"started": old.get("started"), "rows_kept": len(earlier)}]
     (out / "run.json").write_text(json.dumps(run_info, indent=2))
+    if how.sanitize:
+        if not how.isolate:
+            raise AttnbenchError("--sanitize runs kernels in worker processes; it cannot be combined with --no-isolate")
+        opts = replace(opts, timing=False)
+        run_info["sanitize"] = {"tool": how.sanitize, "executable": how.sanitizer, "cases": len(p.cases),
+                                **p.filters.get("sanitize", {})}  # fmt: skip
+        (out / "run.json").write_text(json.dumps(run_info, indent=2))
     jobs = [(c, [b.name for b in p.backends if (c.id, b.name) not in done]) for c in p.cases]
     jobs = [(c, names) for c, names in jobs if names]
     rows: list[Result] = list(earlier)
@@ -210,7 +235,9 @@ def execute(
                 if on_rows:
                     on_rows(case, case_rows)
 
-            if how.isolate:
+            if how.sanitize:
+                _sanitized(jobs, p, opts, how, envmod.short(environment), record, out, on_problem)
+            elif how.isolate:
                 pool = Pool(list(how.devices or (p.device,)), opts, record, plugins=list(how.plugins),
                             timeout_s=how.timeout_s, log_dir=out / "logs", on_problem=on_problem)  # fmt: skip
                 pool.run(jobs)
@@ -222,6 +249,23 @@ def execute(
         run_info.setdefault("complete", False)
         (out / "run.json").write_text(json.dumps(run_info, indent=2))
     return rows
+
+
+def _sanitized(jobs, p: Plan, opts: RunOptions, how: Execution, env: dict, record, out: Path, on_problem) -> None:
+    """Skips decided here; every (case, backend) that runs gets its own worker under the sanitizer."""
+    from attnbench import sanitizer
+
+    by_name = {b.name: b for b in p.backends}
+    single = []
+    for case, names in jobs:
+        rows, todo = triage(case, [by_name[n] for n in names], env)
+        if rows:
+            record(case, list(rows.values()))
+        single += [(case, [b.name]) for b in todo]
+    pool = Pool(list(how.devices or (p.device,)), opts, record, plugins=list(how.plugins), timeout_s=how.timeout_s,
+                log_dir=out / "logs", on_problem=on_problem, wrapper=sanitizer.command(how.sanitize, how.sanitizer),
+                extra_env=sanitizer.WORKER_ENV, one_job_per_worker=True, review=sanitizer.review(how.sanitize))  # fmt: skip
+    pool.run(single)
 
 
 def _in_process(jobs, p: Plan, opts: RunOptions, env: dict, record) -> None:
