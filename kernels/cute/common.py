@@ -74,5 +74,3 @@ def stream_of(device: torch.device):
     import cuda.bindings.driver as cuda
 
     return cuda.CUstream(torch.cuda.current_stream(device=device).cuda_stream)
-
-
