@@ -41,7 +41,7 @@ _NEEDS = {
 def pytest_collection_modifyitems(config, items):
     for item in items:
         for name, (ok, why) in _NEEDS.items():
-            if name in item.keywords and not ok():
+            if item.get_closest_marker(name) is not None and not ok():
                 item.add_marker(pytest.mark.skip(reason=why))
 
 

@@ -1,0 +1,76 @@
+"""What attnbench's own CuTe DSL kernels share: the availability check, the compile cache, the stream.
+
+Nothing here imports cutlass at import time. `unavailable()` says why the kernels cannot run (the
+package is missing, no CUDA GPU, a GPU older than sm_90, cutlass does not import); the kernel modules
+import cutlass only inside `compile_*`/`prepare_*`.
+
+Compilation: `cute.compile(launch, *args, options="--enable-tvm-ffi")` on the real tensors wrapped by
+`from_dlpack(t).mark_layout_dynamic()` (shapes and strides dynamic, the contiguous dim static), so
+one compiled function serves every batch and layout of a static configuration; it is then called
+with torch tensors and a `cuda.CUstream`. Compiled functions are kept per static key in-process
+(cute.compile in 4.8.1 never uses its disk cache).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import time
+from collections.abc import Callable
+
+import torch
+
+MIN_ARCH = 9  # sm_90 (Hopper) and newer
+
+_IMPORT_PROBLEM: list[str | None] = []
+_COMPILED: dict[tuple, object] = {}
+
+
+def _find(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):
+        return False
+
+
+def unavailable() -> str | None:
+    """Why our CuTe DSL kernels cannot run here (None: they can)."""
+    if not _find("cutlass"):
+        return "CuTe DSL is not installed (nvidia-cutlass-dsl 4.8.1: pip install 'attnbench[gpu]')"
+    if not torch.cuda.is_available():
+        return "our CuTe DSL kernels need a CUDA GPU (sm_90+); none is visible"
+    major, minor = torch.cuda.get_device_capability()
+    if major < MIN_ARCH:
+        return f"our CuTe DSL kernels are built for sm_90+; this GPU is sm_{major}{minor}"
+    if not _IMPORT_PROBLEM:
+        try:
+            import cuda.bindings.driver  # noqa: F401
+            import cutlass.cute  # noqa: F401
+        except Exception as e:  # a broken install is a reason, not a crash
+            _IMPORT_PROBLEM.append(f"cutlass.cute does not import: {type(e).__name__}: {e}")
+        else:
+            _IMPORT_PROBLEM.append(None)
+    return _IMPORT_PROBLEM[0]
+
+
+def cached_compile(key: tuple, build: Callable[[], object]) -> tuple[object, float]:
+    """(compiled function, seconds spent compiling now: 0.0 on a cache hit)."""
+    if key in _COMPILED:
+        return _COMPILED[key], 0.0
+    t0 = time.perf_counter()
+    fn = build()
+    _COMPILED[key] = fn
+    return fn, time.perf_counter() - t0
+
+
+def dynamic(t: torch.Tensor):
+    """`t` as a CuTe tensor for compilation: dynamic shape and strides (the contiguous dim static)."""
+    from cutlass.cute.runtime import from_dlpack
+
+    return from_dlpack(t).mark_layout_dynamic()
+
+
+def stream_of(device: torch.device):
+    """The current torch stream of `device` as a `cuda.CUstream` (the capture stream under a graph)."""
+    import cuda.bindings.driver as cuda
+
+    return cuda.CUstream(torch.cuda.current_stream(device=device).cuda_stream)

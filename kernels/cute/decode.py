@@ -1,0 +1,390 @@
+"""Our paged decode kernel in CuTe DSL: split-KV flash decoding with an LSE merge (SIMT).
+
+Contract (attnbench.ops.attention, `decode`): q `[B, Hq, D]`, the canonical paged cache
+`k_cache/v_cache [P, page_size, Hkv, D]` with a CSR page table (`kv_indptr [B+1]`,
+`kv_page_indices`), `seq_lens`; outputs o `[B, Hq, D]` (case dtype) and lse `[B, Hq]` fp32 natural
+log. GQA/MQA/MHA (q head h reads kv head h // (Hq / Hkv)), head dims 64 and 128, bf16/fp16, any
+page size, sliding window (keys [L-1-W, L)), soft cap, sinks.
+
+Schedule (host, `plan_splits`, pure Python): each request's visible keys are cut into splits so that
+about `WAVES` waves of CTAs fill the GPU; a work item is (request, first key, end key, final flag).
+
+Stage 1 (`decode_split_kernel`): one CTA of 128 threads (4 warps) per (work item, kv head, block of
+HB query heads sharing that kv head). Each warp walks a contiguous quarter of the split's keys one
+key at a time; lanes split the head dim (lane l holds elements l, l+32, ...: every K/V load of a warp
+reads 64 or 128 contiguous bytes of one row). Scores are dot products reduced by butterfly shuffles,
+in log2 units (`q * sm_scale * log2(e)`, or `cap * log2(e) * tanh(q.k * sm_scale / cap)` with a soft
+cap) with an online softmax per warp in fp32. The 4 warps merge through shared memory; a request
+with one split writes o and lse (with the sink added), otherwise the split writes its normalised
+partial output and its LSE (log2 units) to scratch.
+
+Stage 2 (`decode_merge_kernel`): one CTA of D threads per (split request, q head) merges the
+partials by their LSEs, adds the sink, writes o and the natural-log lse.
+"""
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from attnbench.kernels.cute.common import cached_compile, dynamic, stream_of
+
+THREADS = 128
+WARPS = THREADS // 32
+MAX_HB = 8  # query heads per CTA (register budget: HB * D / 32 accumulators a thread)
+HEAD_DIMS = (64, 128)
+WAVES = 4
+CTAS_PER_SM = 8
+MIN_SPLIT = 256  # keys
+LOG2E = 1.0 / math.log(2.0)
+LN2 = math.log(2.0)
+NEG = -1.0e30  # a finite "minus infinity" for running maxima (no inf - inf anywhere)
+
+
+# ---- pure-PyTorch / Python helpers (CPU-testable) ---------------------------------------------------
+def heads_per_cta(group: int) -> int:
+    """The largest divisor of the GQA group size that is at most MAX_HB."""
+    return max(d for d in range(1, min(group, MAX_HB) + 1) if group % d == 0)
+
+
+def visible_range(seq_len: int, window: int) -> tuple[int, int]:
+    """Keys a decode query at position seq_len - 1 sees: [L - 1 - W, L) under window W, else [0, L)."""
+    return (max(0, seq_len - 1 - window) if window >= 0 else 0, seq_len)
+
+
+def plan_splits(
+    lens: list[int], window: int, units: int, num_sms: int, *, min_split: int = MIN_SPLIT
+) -> list[tuple[int, int, int, int]]:
+    """Work items `(request, start, end, final)`: each request's visible keys cut into equal splits.
+
+    `units` CTAs run per split (kv heads x head blocks). The split length balances the key tokens
+    over WAVES x num_sms x CTAS_PER_SM CTAs, is at least `min_split` keys and is evened out over the
+    longest request; `final` is 1 where a request has a single split (it writes o and lse itself).
+    """
+    ranges = [visible_range(L, window) for L in lens]
+    longest = max(e - s for s, e in ranges)
+    total = sum(e - s for s, e in ranges) * units
+    chunk = max(min_split, -(-total // max(1, WAVES * num_sms * CTAS_PER_SM)))
+    splits = max(1, round(longest / chunk))
+    chunk = -(-longest // splits)
+    items = []
+    for b, (s, e) in enumerate(ranges):
+        cuts = list(range(s, e, chunk))
+        for a in cuts:
+            items.append((b, a, min(e, a + chunk), int(len(cuts) == 1)))
+    return items
+
+
+def merge_list(items: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int]]:
+    """`(request, first item, end item)` for every request with more than one split (items grouped)."""
+    out, w = [], 0
+    while w < len(items):
+        b, e = items[w][0], w
+        while e < len(items) and items[e][0] == b:
+            e += 1
+        if e - w > 1:
+            out.append((b, w, e))
+        w = e
+    return out
+
+
+def score_multipliers(sm_scale: float, soft_cap: float) -> tuple[float, float]:
+    """(q multiplier, post multiplier): scores in log2 units are `post * tanh(q_mul q.k)` (soft cap)
+    or `q_mul q.k` (post unused)."""
+    if soft_cap > 0:
+        return sm_scale / soft_cap, soft_cap * LOG2E
+    return sm_scale * LOG2E, 1.0
+
+
+def case_reason(case) -> str | None:
+    """Why our CuTe decode cannot run `case` (None: it can)."""
+    p = case.params
+    if p.mla:
+        return "our CuTe decode has no absorbed-MLA path (head dims 576/512, one latent cache)"
+    if case.dtype not in ("bf16", "fp16"):
+        return f"our CuTe decode runs bf16/fp16 (fp32 accumulation); not {case.dtype}"
+    if getattr(p, "kv_dtype", "auto") != "auto":
+        return f"our CuTe decode reads the KV cache in the query dtype; fp8 KV ({p.kv_dtype}) is not implemented"
+    if p.dv != p.head_dim:
+        return f"our CuTe decode needs head_dim_v == head_dim, got {p.head_dim}/{p.dv}"
+    if p.head_dim not in HEAD_DIMS:
+        return f"our CuTe decode supports head dims {HEAD_DIMS} (lanes split D by 32), got {p.head_dim}"
+    return None
+
+
+@dataclass
+class DecodePlan:
+    work: torch.Tensor  # [W, 4] int32
+    merge: torch.Tensor | None  # [M, 3] int32
+    part_o: torch.Tensor  # [W, Hq, D] fp32
+    part_lse: torch.Tensor  # [W, Hq] fp32 (log2 units)
+    splits: int  # the most splits of a request
+
+
+def make_plan(x, num_sms: int) -> DecodePlan:
+    device = x.q.device
+    _, Hq, D = x.q.shape
+    Hkv = x.k_cache.shape[2]
+    hb = heads_per_cta(Hq // Hkv)
+    items = plan_splits(list(x.seq_lens_host), x.window, Hkv * (Hq // Hkv // hb), num_sms)
+    merges = merge_list(items)
+    W = len(items)
+    work = torch.tensor(items, dtype=torch.int32).to(device)
+    merge = torch.tensor(merges, dtype=torch.int32).to(device) if merges else None
+    n = W if merges else 1
+    part_o = torch.empty(n, Hq, D, dtype=torch.float32, device=device)
+    part_lse = torch.empty(n, Hq, dtype=torch.float32, device=device)
+    most = max(e - w for _, w, e in merges) if merges else 1
+    return DecodePlan(work, merge, part_o, part_lse, most)
+
+
+# ---- the kernels -----------------------------------------------------------------------------------
+def _build(HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul: float, cap: bool, sinks: bool):
+    """Defines both kernels and their launchers for one static configuration (cutlass imported here)."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+
+    F32 = cutlass.Float32
+    NI = D // 32
+    NUM_HB = G // HB
+    N_OUT = HB * D
+
+    @cute.kernel
+    def decode_split_kernel(
+        mQ: cute.Tensor,  # [B, Hq, D]
+        mKc: cute.Tensor,  # [P, PAGE, Hkv, D]
+        mVc: cute.Tensor,  # [P, PAGE, Hkv, D]
+        mPages: cute.Tensor,  # [nnz] int32
+        mIndptr: cute.Tensor,  # [B+1] int32
+        mWork: cute.Tensor,  # [W, 4] int32
+        mSinks: cute.Tensor,  # [Hq] fp32 (or a dummy)
+        mO: cute.Tensor,  # [B, Hq, D]
+        mLse: cute.Tensor,  # [B, Hq] fp32
+        mPartO: cute.Tensor,  # [W, Hq, D] fp32
+        mPartL: cute.Tensor,  # [W, Hq] fp32
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, bidy, _ = cute.arch.block_idx()
+        lane = tidx % 32
+        warp = tidx // 32
+        i_hk = bidy // NUM_HB
+        h0 = i_hk * G + (bidy % NUM_HB) * HB  # first q head of this CTA
+
+        b = mWork[bidx, 0]
+        start = mWork[bidx, 1]
+        end = mWork[bidx, 2]
+        final = mWork[bidx, 3]
+        page_base = mIndptr[b]
+
+        smem = cutlass.utils.SmemAllocator()
+        sM = smem.allocate_tensor(F32, cute.make_layout((WARPS * HB,)), 16)
+        sL = smem.allocate_tensor(F32, cute.make_layout((WARPS * HB,)), 16)
+        sAcc = smem.allocate_tensor(F32, cute.make_layout((WARPS * HB * D,)), 16)
+
+        r_q = cute.make_rmem_tensor(cute.make_layout((HB * NI,), stride=(1,)), F32)
+        r_acc = cute.make_rmem_tensor(cute.make_layout((HB * NI,), stride=(1,)), F32)
+        r_k = cute.make_rmem_tensor(cute.make_layout((NI,), stride=(1,)), F32)
+        r_m = cute.make_rmem_tensor(cute.make_layout((HB,), stride=(1,)), F32)
+        r_l = cute.make_rmem_tensor(cute.make_layout((HB,), stride=(1,)), F32)
+        r_p = cute.make_rmem_tensor(cute.make_layout((HB,), stride=(1,)), F32)
+        r_a = cute.make_rmem_tensor(cute.make_layout((HB,), stride=(1,)), F32)
+
+        for g in cutlass.range_constexpr(HB):
+            r_m[g] = F32(NEG)
+            r_l[g] = F32(0.0)
+            for i in cutlass.range_constexpr(NI):
+                r_q[g * NI + i] = F32(mQ[b, h0 + g, lane + 32 * i]) * q_mul
+                r_acc[g * NI + i] = F32(0.0)
+
+        per = (end - start + WARPS - 1) // WARPS
+        lo = start + warp * per
+        hi = cutlass.min(lo + per, end)
+        for j in cutlass.range(lo, hi, unroll=1):
+            page = mPages[page_base + j // PAGE]
+            slot = j % PAGE
+            for i in cutlass.range_constexpr(NI):
+                r_k[i] = F32(mKc[page, slot, i_hk, lane + 32 * i])
+            for g in cutlass.range_constexpr(HB):
+                s = F32(0.0)
+                for i in cutlass.range_constexpr(NI):
+                    s += r_q[g * NI + i] * r_k[i]
+                for off in [16, 8, 4, 2, 1]:
+                    s += cute.arch.shuffle_sync_bfly(s, offset=off, mask=-1, mask_and_clamp=31)
+                if cutlass.const_expr(cap):
+                    s = cute.math.tanh(s, fastmath=False) * post_mul
+                m_new = cute.arch.fmax(r_m[g], s)
+                r_a[g] = cute.math.exp2(r_m[g] - m_new, fastmath=True)
+                r_p[g] = cute.math.exp2(s - m_new, fastmath=True)
+                r_l[g] = r_l[g] * r_a[g] + r_p[g]
+                r_m[g] = m_new
+            for i in cutlass.range_constexpr(NI):
+                vv = F32(mVc[page, slot, i_hk, lane + 32 * i])
+                for g in cutlass.range_constexpr(HB):
+                    r_acc[g * NI + i] = r_acc[g * NI + i] * r_a[g] + r_p[g] * vv
+
+        # merge the 4 warps through shared memory
+        for g in cutlass.range_constexpr(HB):
+            if lane == 0:
+                sM[warp * HB + g] = r_m[g]
+                sL[warp * HB + g] = r_l[g]
+            for i in cutlass.range_constexpr(NI):
+                sAcc[(warp * HB + g) * D + lane + 32 * i] = r_acc[g * NI + i]
+        cute.arch.barrier()
+
+        for t in cutlass.range_constexpr((N_OUT + THREADS - 1) // THREADS):
+            e = tidx + THREADS * t
+            if e < N_OUT:
+                g = e // D
+                d = e % D
+                mx = F32(NEG)
+                for w in cutlass.range_constexpr(WARPS):
+                    mx = cute.arch.fmax(mx, sM[w * HB + g])
+                tot_l = F32(0.0)
+                tot_o = F32(0.0)
+                for w in cutlass.range_constexpr(WARPS):
+                    wgt = cute.math.exp2(sM[w * HB + g] - mx, fastmath=True)
+                    tot_l += sL[w * HB + g] * wgt
+                    tot_o += sAcc[(w * HB + g) * D + d] * wgt
+                h = h0 + g
+                if final != 0:
+                    if cutlass.const_expr(sinks):
+                        sk = mSinks[h] * LOG2E
+                        mx2 = cute.arch.fmax(mx, sk)
+                        c = cute.math.exp2(mx - mx2, fastmath=True)
+                        l2 = tot_l * c + cute.math.exp2(sk - mx2, fastmath=True)
+                        mO[b, h, d] = (tot_o * c / l2).to(mO.element_type)
+                        if d == 0:
+                            mLse[b, h] = (mx2 + cute.math.log2(l2, fastmath=False)) * LN2
+                    else:
+                        mO[b, h, d] = (tot_o / tot_l).to(mO.element_type)
+                        if d == 0:
+                            mLse[b, h] = (mx + cute.math.log2(tot_l, fastmath=False)) * LN2
+                else:
+                    mPartO[bidx, h, d] = tot_o / tot_l
+                    if d == 0:
+                        mPartL[bidx, h] = mx + cute.math.log2(tot_l, fastmath=False)
+
+    @cute.kernel
+    def decode_merge_kernel(
+        mMerge: cute.Tensor,  # [M, 3] int32
+        mSinks: cute.Tensor,
+        mPartO: cute.Tensor,
+        mPartL: cute.Tensor,
+        mO: cute.Tensor,
+        mLse: cute.Tensor,
+    ):
+        d, _, _ = cute.arch.thread_idx()
+        r, h, _ = cute.arch.block_idx()
+        b = mMerge[r, 0]
+        w_start = mMerge[r, 1]
+        w_end = mMerge[r, 2]
+        r_s = cute.make_rmem_tensor(cute.make_layout((3,), stride=(1,)), F32)
+        r_s[0] = F32(NEG)
+        r_s[1] = F32(0.0)
+        r_s[2] = F32(0.0)
+        for w in cutlass.range(w_start, w_end, unroll=1):
+            r_s[0] = cute.arch.fmax(r_s[0], mPartL[w, h])
+        if cutlass.const_expr(sinks):
+            r_s[0] = cute.arch.fmax(r_s[0], mSinks[h] * LOG2E)
+        for w in cutlass.range(w_start, w_end, unroll=1):
+            wgt = cute.math.exp2(mPartL[w, h] - r_s[0], fastmath=True)
+            r_s[1] = r_s[1] + wgt
+            r_s[2] = r_s[2] + wgt * mPartO[w, h, d]
+        if cutlass.const_expr(sinks):
+            r_s[1] = r_s[1] + cute.math.exp2(mSinks[h] * LOG2E - r_s[0], fastmath=True)
+        mO[b, h, d] = (r_s[2] / r_s[1]).to(mO.element_type)
+        if d == 0:
+            mLse[b, h] = (r_s[0] + cute.math.log2(r_s[1], fastmath=False)) * LN2
+
+    @cute.jit
+    def split_launch(
+        mQ: cute.Tensor,
+        mKc: cute.Tensor,
+        mVc: cute.Tensor,
+        mPages: cute.Tensor,
+        mIndptr: cute.Tensor,
+        mWork: cute.Tensor,
+        mSinks: cute.Tensor,
+        mO: cute.Tensor,
+        mLse: cute.Tensor,
+        mPartO: cute.Tensor,
+        mPartL: cute.Tensor,
+        stream: cuda.CUstream,
+    ):
+        W = cute.size(mWork, mode=[0])
+        decode_split_kernel(mQ, mKc, mVc, mPages, mIndptr, mWork, mSinks, mO, mLse, mPartO, mPartL).launch(
+            grid=[W, HKV * NUM_HB, 1], block=[THREADS, 1, 1], stream=stream
+        )
+
+    @cute.jit
+    def merge_launch(
+        mMerge: cute.Tensor,
+        mSinks: cute.Tensor,
+        mPartO: cute.Tensor,
+        mPartL: cute.Tensor,
+        mO: cute.Tensor,
+        mLse: cute.Tensor,
+        stream: cuda.CUstream,
+    ):
+        M = cute.size(mMerge, mode=[0])
+        Hq = cute.size(mO, mode=[1])
+        decode_merge_kernel(mMerge, mSinks, mPartO, mPartL, mO, mLse).launch(
+            grid=[M, Hq, 1], block=[D, 1, 1], stream=stream
+        )
+
+    return split_launch, merge_launch
+
+
+def prepare(case, x):
+    """The timed closure of our CuTe decode on `x`: plan, scratch and compilation happen here."""
+    import cutlass.cute as cute
+
+    device = x.q.device
+    B, Hq, D = x.q.shape
+    if any(n != 1 for n in x.q_lens_host) or B != len(x.seq_lens_host):
+        raise ValueError("decode takes exactly one query per request")
+    Hkv, PAGE = x.k_cache.shape[2], x.k_cache.shape[1]
+    G = Hq // Hkv
+    HB = heads_per_cta(G)
+    plan = make_plan(x, torch.cuda.get_device_properties(device).multi_processor_count)
+    q_mul, post_mul = score_multipliers(x.sm_scale, x.soft_cap)
+    has_sinks = x.sinks is not None
+    sinks = x.sinks if has_sinks else torch.zeros(1, dtype=torch.float32, device=device)
+    static = (HB, G, D, PAGE, Hkv, q_mul, post_mul, x.soft_cap > 0, has_sinks)
+    key = ("decode", x.q.dtype, *static)
+    stream = stream_of(device)
+    split_args = (
+        x.q, x.k_cache, x.v_cache, x.kv_page_indices, x.kv_indptr, plan.work, sinks, x.o, x.lse,
+        plan.part_o, plan.part_lse,
+    )  # fmt: skip
+
+    def build():
+        split_launch, merge_launch = _build(*static)
+        split = cute.compile(split_launch, *[dynamic(t) for t in split_args], stream, options="--enable-tvm-ffi")
+        merge_args = (plan.merge if plan.merge is not None else plan.work[:1, :3].contiguous(),
+                      sinks, plan.part_o, plan.part_lse, x.o, x.lse)  # fmt: skip
+        merge = cute.compile(merge_launch, *[dynamic(t) for t in merge_args], stream, options="--enable-tvm-ffi")
+        return split, merge
+
+    (split_fn, merge_fn), compile_s = cached_compile(key, build)
+    merge_args = (plan.merge, sinks, plan.part_o, plan.part_lse, x.o, x.lse) if plan.merge is not None else None
+    out = {"o": x.o, "lse": x.lse}
+
+    def run():
+        s = stream_of(device)
+        split_fn(*split_args, s)
+        if merge_args is not None:
+            merge_fn(*merge_args, s)
+        return out
+
+    run.info = {
+        "compile_s": compile_s,
+        "jit_s": compile_s,
+        "work_items": int(plan.work.shape[0]),
+        "max_splits": plan.splits,
+        "heads_per_cta": HB,
+        "variant": "SIMT split-KV: CTA per (split, kv head, head block), warps over keys"
+        + (" + LSE merge" if merge_args is not None else ""),
+    }
+    return run

@@ -1,0 +1,229 @@
+"""Our GDN decode kernel in CuTe DSL: one recurrent step per request over the fp32 state pool.
+
+Contract (attnbench.ops.gdn, `gdn_decode`): q, k `[B, H, K]`, v `[B, HV, V]` (case dtype, any row
+strides: packed decode passes views of mixed_qkv), raw gates a, b `[B, HV]`, A_log `[HV]` fp32,
+dt_bias `[HV]`, pool `[N, HV, K, V]` fp32 updated in place at `state_indices [B]` (negative =
+padding: the pool is neither read nor written and the output rows are zeros), o `[B, HV, V]`.
+
+Kernel (SIMT): one CTA of 128 threads (4 warps) per (request, v-head, block of 32 value columns).
+Lane l owns column `32 * blockIdx.y + l`; warp w owns state rows k = w, w + 4, ..., so each warp
+reads and writes 128 contiguous bytes of a state row per instruction and the 32 x 128 slice of the
+state lives in registers (32 values a thread). q and k go through shared memory; every warp reduces
+the L2 norms itself (butterfly shuffles) and every thread computes the gates itself:
+
+    g = -exp(A_log) * softplus(a + dt_bias)   softplus = log(1 + exp(x)), x itself above 20
+    beta = sigmoid(b)
+    S = exp(g) S;  u = beta (v - S^T k^);  S = S + k^ u^T;  o = S^T (q^ * scale)
+
+The two column sums (S^T k^ and S^T q^) are reduced over the 4 warps through shared memory.
+"""
+
+import torch
+
+from attnbench.kernels.cute.common import cached_compile, dynamic, stream_of
+
+THREADS = 128  # 4 warps
+WARPS = THREADS // 32
+BV = 32  # value columns per CTA (one per lane)
+L2_EPS = 1e-6
+SOFTPLUS_THRESHOLD = 20.0
+SUPPORTED_DIMS = (128, 128)  # (K, V)
+
+
+# ---- pure-PyTorch twin of the in-kernel math (CPU-testable) ----------------------------------------
+def gates_twin(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor, b: torch.Tensor):
+    """(decay exp(g), beta) in float32 exactly as the kernel forms them (log(1 + exp(x)), threshold 20)."""
+    x = a.float() + dt_bias.float()
+    sp = torch.where(x > SOFTPLUS_THRESHOLD, x, torch.log(1.0 + torch.exp(torch.clamp(x, max=SOFTPLUS_THRESHOLD))))
+    g = -torch.exp(A_log.float()) * sp
+    return torch.exp(g), 1.0 / (1.0 + torch.exp(-b.float()))
+
+
+def grid(batch: int, heads_v: int, head_dim_v: int) -> tuple[int, int, int]:
+    """CTAs: one per (request, v-head) along x, one per block of BV value columns along y."""
+    return (batch * heads_v, head_dim_v // BV, 1)
+
+
+def case_reason(case) -> str | None:
+    """Why our CuTe GDN decode cannot run `case` (None: it can)."""
+    p = case.params
+    if case.dtype not in ("bf16", "fp16"):
+        return f"our CuTe GDN decode takes bf16/fp16 q/k/v (fp32 state); not {case.dtype}"
+    if (p.head_dim_k, p.head_dim_v) != SUPPORTED_DIMS:
+        return (
+            f"our CuTe GDN decode is written for K = V = 128 (one thread per state row block of 128 threads); "
+            f"got K = {p.head_dim_k}, V = {p.head_dim_v}"
+        )
+    return None
+
+
+# ---- the kernel ----------------------------------------------------------------------------------
+def _build():
+    """Defines the kernel and its launcher (cutlass imported here, never at module import)."""
+    import cuda.bindings.driver as cuda
+    import cutlass
+    import cutlass.cute as cute
+
+    F32 = cutlass.Float32
+
+    @cute.kernel
+    def gdn_decode_kernel(
+        mQ: cute.Tensor,  # [B, H, K]
+        mK: cute.Tensor,  # [B, H, K]
+        mV: cute.Tensor,  # [B, HV, V]
+        mA: cute.Tensor,  # [B, HV] raw a
+        mB: cute.Tensor,  # [B, HV] raw b
+        mAlog: cute.Tensor,  # [HV] fp32
+        mDt: cute.Tensor,  # [HV]
+        mPool: cute.Tensor,  # [N, HV, K, V] fp32
+        mIdx: cute.Tensor,  # [B] int32
+        mO: cute.Tensor,  # [B, HV, V]
+        scale: cutlass.Constexpr[float],
+        H: cutlass.Constexpr[int],
+        HV: cutlass.Constexpr[int],
+        K: cutlass.Constexpr[int],
+    ):
+        tidx, _, _ = cute.arch.thread_idx()
+        bidx, bidy, _ = cute.arch.block_idx()
+        lane = tidx % 32
+        warp = tidx // 32
+        i_n = bidx // HV
+        i_hv = bidx % HV
+        i_h = i_hv // (HV // H)
+        col = bidy * BV + lane
+
+        smem = cutlass.utils.SmemAllocator()
+        sQ = smem.allocate_tensor(F32, cute.make_layout((K,)), 16)
+        sK = smem.allocate_tensor(F32, cute.make_layout((K,)), 16)
+        sRed = smem.allocate_tensor(F32, cute.make_layout((THREADS,)), 16)
+        sRed2 = smem.allocate_tensor(F32, cute.make_layout((THREADS,)), 16)
+        r_h = cute.make_rmem_tensor(cute.make_layout((K // WARPS,), stride=(1,)), F32)
+
+        slot = cutlass.Int64(mIdx[i_n])
+        if slot >= 0:
+            # q, k rows into shared memory (fp32), one element a thread (K == THREADS)
+            sQ[tidx] = F32(mQ[i_n, i_h, tidx])
+            sK[tidx] = F32(mK[i_n, i_h, tidx])
+
+            # gates, computed by every thread (scalars)
+            x = F32(mA[i_n, i_hv]) + F32(mDt[i_hv])
+            sp = x
+            if x <= SOFTPLUS_THRESHOLD:
+                sp = cute.math.log(1.0 + cute.math.exp(x, fastmath=True), fastmath=True)
+            g = -cute.math.exp(F32(mAlog[i_hv]), fastmath=True) * sp
+            decay = cute.math.exp(g, fastmath=True)
+            beta = 1.0 / (1.0 + cute.math.exp(-F32(mB[i_n, i_hv]), fastmath=True))
+            r_v = F32(mV[i_n, i_hv, col])
+            cute.arch.barrier()
+
+            # L2 norms: every warp reduces both vectors itself
+            ssq = F32(0.0)
+            ssk = F32(0.0)
+            for i in cutlass.range_constexpr(K // 32):
+                xq = sQ[lane + 32 * i]
+                xk = sK[lane + 32 * i]
+                ssq += xq * xq
+                ssk += xk * xk
+            for off in [16, 8, 4, 2, 1]:
+                ssq += cute.arch.shuffle_sync_bfly(ssq, offset=off, mask=-1, mask_and_clamp=31)
+                ssk += cute.arch.shuffle_sync_bfly(ssk, offset=off, mask=-1, mask_and_clamp=31)
+            inv_k = cute.math.rsqrt(ssk + L2_EPS, fastmath=True)
+            q_mul = cute.math.rsqrt(ssq + L2_EPS, fastmath=True) * scale
+
+            # decay, then S^T k^ for this column (partial over this warp's rows)
+            hk = F32(0.0)
+            for i in cutlass.range_constexpr(K // WARPS):
+                kk = warp + WARPS * i
+                hval = mPool[slot, i_hv, kk, col] * decay
+                r_h[i] = hval
+                hk += hval * sK[kk]
+            sRed[tidx] = hk * inv_k
+            cute.arch.barrier()
+            tot = F32(0.0)
+            for w in cutlass.range_constexpr(WARPS):
+                tot += sRed[w * 32 + lane]
+            u = beta * (r_v - tot)
+
+            # rank-1 update, write back, o = S^T q^
+            oq = F32(0.0)
+            for i in cutlass.range_constexpr(K // WARPS):
+                kk = warp + WARPS * i
+                hnew = r_h[i] + (sK[kk] * inv_k) * u
+                mPool[slot, i_hv, kk, col] = hnew
+                oq += hnew * sQ[kk]
+            sRed2[tidx] = oq * q_mul
+            cute.arch.barrier()
+            if warp == 0:
+                out = F32(0.0)
+                for w in cutlass.range_constexpr(WARPS):
+                    out += sRed2[w * 32 + lane]
+                mO[i_n, i_hv, col] = out.to(mO.element_type)
+        else:
+            if warp == 0:
+                mO[i_n, i_hv, col] = F32(0.0).to(mO.element_type)
+
+    @cute.jit
+    def gdn_decode_launch(
+        mQ: cute.Tensor,
+        mK: cute.Tensor,
+        mV: cute.Tensor,
+        mA: cute.Tensor,
+        mB: cute.Tensor,
+        mAlog: cute.Tensor,
+        mDt: cute.Tensor,
+        mPool: cute.Tensor,
+        mIdx: cute.Tensor,
+        mO: cute.Tensor,
+        scale: cutlass.Constexpr[float],
+        H: cutlass.Constexpr[int],
+        HV: cutlass.Constexpr[int],
+        K: cutlass.Constexpr[int],
+        V: cutlass.Constexpr[int],
+        stream: cuda.CUstream,
+    ):
+        B = cute.size(mIdx, mode=[0])
+        gdn_decode_kernel(mQ, mK, mV, mA, mB, mAlog, mDt, mPool, mIdx, mO, scale, H, HV, K).launch(
+            grid=[B * HV, V // BV, 1], block=[THREADS, 1, 1], stream=stream
+        )
+
+    return gdn_decode_launch
+
+
+def compile_gdn_decode(x):
+    """(compiled function, compile seconds) for the static configuration of `x` (cached in-process)."""
+    H, K = x.q.shape[1], x.q.shape[2]
+    HV, V = x.v.shape[1], x.v.shape[2]
+    key = ("gdn_decode", x.q.dtype, x.a.dtype, x.dt_bias.dtype, x.o.dtype, float(x.scale), H, HV, K, V)
+
+    def build():
+        import cutlass.cute as cute
+
+        launch = _build()
+        args = [x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, x.state_pool, x.state_indices, x.o]
+        return cute.compile(
+            launch, *[dynamic(t) for t in args],
+            scale=float(x.scale), H=H, HV=HV, K=K, V=V, stream=stream_of(x.q.device),
+            options="--enable-tvm-ffi",
+        )  # fmt: skip
+
+    return cached_compile(key, build)
+
+
+def prepare(case, x):
+    """The timed closure of our CuTe GDN decode on `x` (compiles in here, timed as compile_s)."""
+    fn, compile_s = compile_gdn_decode(x)
+    args = (x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, x.state_pool, x.state_indices, x.o)
+    device = x.q.device
+    out = {"o": x.o}
+
+    def run():
+        fn(*args, stream_of(device))
+        return out
+
+    run.info = {
+        "compile_s": compile_s,
+        "jit_s": compile_s,
+        "variant": "SIMT: CTA per (request, v-head, 32 columns), state slice in registers"
+        + (" (q/k/v read in place from mixed_qkv)" if x.mixed_qkv is not None else ""),
+    }
+    return run
