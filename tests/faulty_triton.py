@@ -3,9 +3,9 @@
 Both compute correct outputs, so the plain checks (NaN poison, canaries, the float64 reference) pass
 them; both read memory they must not, which is what `--sanitize memcheck` is for:
 
-- `faulty-seq`: loads one key past the end of each sequence (the page-table entry and the K/V row
-  at position seq_len) and then masks it out. For every request but the last this lands on finite
-  data (the next request's first page); for the last it reads past the page table.
+- `faulty-seq`: reads the page-table entry of position seq_len, one key past each sequence, and
+  never uses it (its K/V loads are masked right). For every request but the last this lands on
+  finite data (the next request's page id); for the last it reads past the page table.
 - `faulty-page`: prefetches the row one past the end of every page it reads and never uses it
   in a way that changes the result. On the pool's last page that row lies past the cache.
 
@@ -46,11 +46,11 @@ def _faulty_decode_kernel(
     for start in range(0, seq_len + 1, BLOCK_N):  # one block too many when seq_len % BLOCK_N == 0
         offs = start + tl.arange(0, BLOCK_N)
         valid = offs < seq_len
-        reach = (offs <= seq_len) if BUG == 1 else valid  # BUG 1: one key past the sequence
+        reach = (offs <= seq_len) if BUG == 1 else valid  # BUG 1: the page-table entry one key past the sequence
         page = tl.load(pages_ptr + first + offs // PAGE, mask=reach, other=0)
         row = page.to(tl.int64) * PAGE + offs % PAGE
-        k = tl.load(k_ptr + row[:, None] * stride_kp + kvh * stride_kh + d[None, :], mask=reach[:, None], other=0.0)
-        v = tl.load(v_ptr + row[:, None] * stride_vp + kvh * stride_vh + d[None, :], mask=reach[:, None], other=0.0)
+        k = tl.load(k_ptr + row[:, None] * stride_kp + kvh * stride_kh + d[None, :], mask=valid[:, None], other=0.0)
+        v = tl.load(v_ptr + row[:, None] * stride_vp + kvh * stride_vh + d[None, :], mask=valid[:, None], other=0.0)
         if BUG == 2:  # prefetch the row after the page's last one
             last = (offs % PAGE == PAGE - 1) & valid
             nxt = (page.to(tl.int64) + 1) * PAGE

@@ -288,11 +288,13 @@ def _chunk_state_kernel(
 
 
 # ---- the output ---------------------------------------------------------------------------------------
+# No BV = 32: with num_warps=4, num_stages=2 Triton 3.6 compiles this kernel into one that reads shared
+# memory out of range on an H200 (`attnbench sweep --sanitize memcheck`: "Invalid __shared__ read of
+# size 1024 bytes"; an illegal address at T = 32768). Reproduction: docs/findings.md.
 _OUT_CONFIGS = autotune_configs(
     [
         triton.Config({"BV": 64}, num_warps=4, num_stages=2),
         triton.Config({"BV": 128}, num_warps=8, num_stages=2),
-        triton.Config({"BV": 32}, num_warps=4, num_stages=2),
         triton.Config({"BV": 128}, num_warps=4, num_stages=2),
     ]
 )
