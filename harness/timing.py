@@ -47,6 +47,7 @@ class TimingConfig:
     flush_l2: bool = True
     graph_below_us: float = 300.0  # CUDA-graph mode when the fastest pilot median is below this; 0: never
     graph_calls: int = 10  # calls per graph replay, at least (rounded up to a multiple of the copies)
+    graph_warmup_s: float = 0.2  # graph replays before sampling, all backends in turn (clocks and power settle)
     rotate_l2_multiple: float = 5.0  # rotated working set >= this x L2 in graph mode
     max_copies: int = 512  # input copies per backend for rotation, at most
     max_memory_fraction: float = 0.5  # of the free device memory that the copies may take
@@ -361,6 +362,16 @@ def _warm_up(closures: dict[str, Callable], cfg: TimingConfig, sync: Callable[[]
             sync()
 
 
+def _settle(replays: dict[str, Callable], seconds: float, sync: Callable[[], None]) -> None:
+    """Replay every graph in turn for `seconds`: the kernels that were just captured, not the previous
+    case's, set the clocks and power draw the samples are taken at."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for replay in replays.values():
+            replay()
+        sync()
+
+
 def time_closures(
     closures: dict[str, Callable[[], object]],
     device: torch.device | str,
@@ -395,6 +406,7 @@ def time_closures(
             graphs = None
         else:
             calls = dict.fromkeys(names, graphs.calls)
+            _settle(graphs.replays, cfg.graph_warmup_s, lambda: torch.cuda.synchronize(device))
             sampler = EventSampler(graphs.replays, device, flush, calls)
             extra |= {
                 "mode": "cuda-graph",
