@@ -183,7 +183,7 @@ def test_runner_times_a_capturable_backend_in_graphs(registered):
 # ---- the gate end to end ---------------------------------------------------------------------------
 
 PACE = {"factor": 0.0}
-CASES = ["decode/b1-", "decode/b16-"]  # 6 cases of the decode suite
+CASES = [f"decode/b{b}-l{n}-h32x8-d128-p16-bf16" for b in (1, 16) for n in (1024, 4096, 8192)]  # of the decode suite
 
 
 def _cycles_per_us() -> float:
@@ -229,7 +229,7 @@ def test_gate_end_to_end_on_the_decode_suite(registered, tmp_path):
     runs = {}
     for name, factor in (("base", 0.0), ("again", 0.0), ("slower", 0.10)):
         PACE["factor"] = factor
-        p = plan(["decode"], DEVICE, ["paced"], keywords=CASES)
+        p = plan([], DEVICE, ["paced"], case_ids=CASES)
         assert len(p.cases) == 6
         execute(p, tmp_path / name, RunOptions(timing=True), how=Execution(isolate=False))  # registered in-process
         render_all(tmp_path / name)
