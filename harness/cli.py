@@ -6,6 +6,7 @@ Exit codes: 0 every row passed or skipped; 1 a row failed or errored; 2 bad usag
 
 from __future__ import annotations
 
+import faulthandler
 import sys
 from collections import Counter
 from pathlib import Path
@@ -36,6 +37,14 @@ out_console = Console()
 def _fail(e: Exception) -> None:
     console.print(f"[bold red]error:[/] {esc(str(e))}", highlight=False, soft_wrap=True)
     raise typer.Exit(2)
+
+
+def _enable_faulthandler() -> None:
+    """A fatal signal in the supervisor still leaves a Python traceback on stderr (when it is a file)."""
+    try:
+        faulthandler.enable()
+    except (AttributeError, ValueError, OSError):  # stderr without a file descriptor (captured)
+        pass
 
 
 def _load_backends(plugins: list[str] | None) -> None:
@@ -73,6 +82,7 @@ def sweep(
     from attnbench.runner import RunOptions
     from attnbench.sweep import Execution, default_out, execute, exit_code, parse_gpus, parse_shard, plan
 
+    _enable_faulthandler()
     _load_backends(plugin)
     try:
         p = plan(suites or [], device, backend, op, keyword, case, parse_shard(shard))

@@ -19,7 +19,7 @@ import torch
 from attnbench import env as envmod
 from attnbench.backend import Backend, all_backends, get_backend
 from attnbench.case import Case
-from attnbench.errors import AttnbenchError
+from attnbench.errors import AttnbenchError, describe
 from attnbench.pool import Pool
 from attnbench.results import Result, ResultWriter, read_results
 from attnbench.runner import ContextLost, RunOptions, error_row, run_case, triage
@@ -244,6 +244,9 @@ def execute(
             else:
                 _in_process(jobs, p, opts, envmod.short(environment), record)
         run_info["complete"] = True
+    except BaseException as e:  # say in run.json why the sweep stopped (Ctrl-C, a harness error)
+        run_info["stopped_by"] = describe(e, first_line=True) if isinstance(e, Exception) else type(e).__name__
+        raise
     finally:  # the report states the run's wall time (and whether it finished)
         run_info |= {"finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_s": round(time.perf_counter() - t0, 3)}
         run_info.setdefault("complete", False)
