@@ -255,22 +255,24 @@ def compare(
     out: Annotated[Path | None, typer.Option(help="Where compare.html/.md/.json go. Default: NEW/compare.")] = None,
     min_change: Annotated[float, typer.Option(help="Smallest relative speed change that counts.")] = 0.03,
     cv_multiple: Annotated[float, typer.Option(help="A change must also exceed this many CVs.")] = 3.0,
+    also: Annotated[list[Path] | None, typer.Option("--also", help="Another baseline run (repeatable): the runs are pooled, so noise between runs counts.")] = None,
 ) -> None:
     """The regression gate: exit 1 when a row broke (pass -> fail/error) or got slower beyond noise.
 
     Slower means: the 95% CIs of the two medians separate and the change exceeds max(min-change,
-    cv-multiple x CV). Writes compare.html, compare.md and compare.json.
+    cv-multiple x CV). With --also, the baseline pools several runs: median of medians, the hull of
+    their CIs, CV at least the spread between them. Writes compare.html, compare.md and compare.json.
     """
     from attnbench.compare import GateRule, compare_runs, write_comparison
 
     try:
-        cmp = compare_runs(base, new, GateRule(min_change, cv_multiple))
+        cmp = compare_runs([base, *(also or [])], new, GateRule(min_change, cv_multiple))
     except AttnbenchError as e:
         _fail(e)
     out = out or (new if new.is_dir() else new.parent) / "compare"
     write_comparison(cmp, out)
     counts = cmp.counts()
-    table = Table(title=f"{base} -> {new}", show_edge=False)
+    table = Table(title=f"{cmp.base} -> {new}", show_edge=False)
     for col in ("verdict", "rows"):
         table.add_column(col)
     for verdict, n in counts.most_common():

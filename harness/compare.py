@@ -10,13 +10,20 @@ samples: preempted or interrupted samples must not blind the gate). A change ove
 whose CIs overlap is "noisy"; timings taken in different modes (per-call events, CUDA graph, host
 clock) are "not comparable". Missing, new and newly skipped
 rows are listed as coverage changes, not regressions.
+
+Several baseline runs (`attnbench compare BASE NEW --also BASE2 ...`) carry what one run cannot: the
+noise between runs (clocks, power, the process). Their rows are pooled (`pool_runs`): the baseline
+median is the median of the runs' medians, its CI the hull of their CIs, and its CV at least the
+spread between the runs (their medians' standard deviation over mean), so a kernel whose speed moves
+between runs needs a larger change to count.
 """
 
 from __future__ import annotations
 
 import json
+import statistics
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 from attnbench.errors import AttnbenchError
@@ -212,12 +219,48 @@ def _env(results: Path) -> dict:
         return {}
 
 
-def compare_runs(base: Path, new: Path, rule: GateRule | None = None) -> Comparison:
-    """Compare two run directories (or results.jsonl files)."""
+def pool_runs(runs: list[list[Result]]) -> list[Result]:
+    """One baseline from several runs of the same rows: status from the first run; timing pooled.
+
+    Pooled timing (rows timed the same way in every run): median_us the median of the medians,
+    ci95_us the hull of the CIs, rcv the largest of the runs' robust CVs and of the between-run CV
+    (standard deviation of the medians over their mean), `runs` how many were pooled.
+    """
+    if len(runs) == 1:
+        return runs[0]
+    others = [{(r.case_id, r.backend): r for r in run} for run in runs[1:]]
+    pooled = []
+    for row in runs[0]:
+        key = (row.case_id, row.backend)
+        timings = [row.timing] + [o[key].timing for o in others if key in o and o[key].timing]
+        mode = (row.timing or {}).get("mode", "per-call"), (row.timing or {}).get("clock")
+        timings = [t for t in timings if t and (t.get("mode", "per-call"), t.get("clock")) == mode]
+        if len(timings) > 1:
+            medians = [t["median_us"] for t in timings]
+            between = statistics.stdev(medians) / statistics.fmean(medians) if statistics.fmean(medians) > 0 else 0.0
+            timing = dict(row.timing)
+            timing |= {
+                "median_us": statistics.median(medians),
+                "ci95_us": [min(t["ci95_us"][0] for t in timings), max(t["ci95_us"][1] for t in timings)],
+                "rcv": max([between] + [_cv(t) for t in timings]),
+                "runs": len(timings),
+                "n_throttled": sum(t.get("n_throttled", 0) for t in timings),
+                "converged": all(t.get("converged", True) for t in timings),
+            }
+            row = replace(row, timing=timing)
+        pooled.append(row)
+    return pooled
+
+
+def compare_runs(base: Path | list[Path], new: Path, rule: GateRule | None = None) -> Comparison:
+    """Compare run directories (or results.jsonl files): one baseline run or several, pooled."""
     rule = rule or GateRule()
-    pb, pn = _results_path(base), _results_path(new)
-    changes = compare_rows(read_results(pb), read_results(pn), rule)
-    return Comparison(str(base), str(new), rule, changes, _env(pb), _env(pn))
+    bases = list(base) if isinstance(base, list | tuple) else [base]
+    paths = [_results_path(b) for b in bases]
+    pn = _results_path(new)
+    changes = compare_rows(pool_runs([read_results(p) for p in paths]), read_results(pn), rule)
+    label = " + ".join(str(b) for b in bases)
+    return Comparison(label, str(new), rule, changes, _env(paths[0]), _env(pn))
 
 
 def write_comparison(cmp: Comparison, out: Path) -> list[Path]:

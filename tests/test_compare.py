@@ -217,3 +217,36 @@ def test_end_to_end_gate_on_cpu(sleepy, tmp_path):
     assert gate == 1, (slower / "compare" / "compare.md").read_text()
     assert len(slow) >= 3 and all(0.05 < c.change < 0.15 for c in slow), cmp.to_dict()
     assert {c.verdict for c in compare_runs(base, again).changes} == {"same"}
+
+
+def test_pooled_baselines_carry_the_noise_between_runs():
+    """Two baseline runs 5% apart on one row: a third run at the slower one's speed is not a
+    regression against both (it is against the faster one alone); a real 10% slowdown still is."""
+    from attnbench.compare import pool_runs
+
+    fast, slow = _rows(seed=1), _rows({CASES[0]: 1.05}, seed=2)
+    again = _rows({CASES[0]: 1.05}, seed=3)
+    alone = {c.case_id: c.verdict for c in compare_rows(fast, again)}
+    assert alone[CASES[0]] == "slower"
+    pooled = pool_runs([fast, slow])
+    t = pooled[0].timing
+    assert t["runs"] == 2 and t["ci95_us"][0] <= fast[0].timing["ci95_us"][0] and t["ci95_us"][1] >= slow[0].timing["ci95_us"][1]
+    assert t["rcv"] == pytest.approx(0.05 / 2**0.5, rel=0.2)  # stdev/mean of the two medians
+    verdicts = {c.case_id: c.verdict for c in compare_rows(pooled, again)}
+    assert verdicts[CASES[0]] != "slower" and set(verdicts.values()) <= {"same", "noisy"}
+    planted = {c.case_id: c.verdict for c in compare_rows(pooled, _rows({CASES[3]: 1.10}, seed=4))}
+    assert planted[CASES[3]] == "slower"
+
+
+def test_cli_compare_pools_baselines_with_also(tmp_path):
+    from attnbench.results import ResultWriter
+
+    for name, rows in (("b1", _rows(seed=1)), ("b2", _rows({CASES[0]: 1.05}, seed=2)), ("new", _rows({CASES[0]: 1.05}, seed=3))):
+        (tmp_path / name).mkdir()
+        with ResultWriter(tmp_path / name / "results.jsonl") as w:
+            for r in rows:
+                w.append(r)
+    one = CliRunner().invoke(app, ["compare", str(tmp_path / "b1"), str(tmp_path / "new")])
+    both = CliRunner().invoke(app, ["compare", str(tmp_path / "b1"), str(tmp_path / "new"), "--also", str(tmp_path / "b2")])
+    assert one.exit_code == 1 and both.exit_code == 0, both.output
+    assert json.loads((tmp_path / "new" / "compare" / "compare.json").read_text())["base"].count(" + ") == 1
