@@ -89,7 +89,7 @@ def sweep(
         devices = tuple(parse_gpus(gpus, p.device))
         if resume and out is None:
             raise AttnbenchError("--resume needs --out, the run directory to resume")
-        sanitizer_exe = _sanitize_setup(p, sanitize, sanitize_max, isolate) if sanitize else ""
+        sanitizer_exe = _sanitize_setup(p, sanitize, sanitize_max) if sanitize else ""
     except AttnbenchError as e:
         _fail(e)
     if dry_run:
@@ -155,16 +155,14 @@ def sweep(
     raise typer.Exit(exit_code(rows))
 
 
-def _sanitize_setup(p, tool: str, per_op: int, isolate: bool) -> str:
+def _sanitize_setup(p, tool: str, per_op: int) -> str:
     """Validate sanitize mode, sample the plan's cases (per op) and return the sanitizer's path."""
     from attnbench import sanitizer
     from attnbench.sweep import sample_per_op
 
-    sanitizer.command(tool, "compute-sanitizer")  # validates the tool name
+    sanitizer.check_tool(tool)
     if not p.device.startswith("cuda"):
         raise AttnbenchError(f"--sanitize runs kernels under NVIDIA compute-sanitizer and needs a CUDA GPU (device: {p.device})")
-    if not isolate:
-        raise AttnbenchError("--sanitize runs kernels in worker processes; it cannot be combined with --no-isolate")
     exe = sanitizer.locate()
     total = len(p.cases)
     p.cases = sample_per_op(p.cases, per_op)

@@ -133,9 +133,14 @@ def _cv(t: dict) -> float:
     return t["rcv"] if t.get("rcv") is not None else t.get("cv", 0.0)
 
 
+def _mode(t: dict) -> tuple[str, str]:
+    """How a timing was taken: (clock, mode); timings are comparable only within one."""
+    return t.get("clock"), t.get("mode", "per-call")
+
+
 def _speed(b: dict, n: dict, rule: GateRule) -> tuple[str, dict]:
     """Speed verdict of two timing dicts: slower | faster | noisy | same | not comparable."""
-    mode_b, mode_n = (b.get("clock"), b.get("mode", "per-call")), (n.get("clock"), n.get("mode", "per-call"))
+    mode_b, mode_n = _mode(b), _mode(n)
     info = {"base_us": b["median_us"], "new_us": n["median_us"]}
     if mode_b != mode_n:
         return "not comparable", info | {"note": f"timed as {'/'.join(mode_b)} then {'/'.join(mode_n)}"}
@@ -232,12 +237,15 @@ def pool_runs(runs: list[list[Result]]) -> list[Result]:
     pooled = []
     for row in runs[0]:
         key = (row.case_id, row.backend)
+        if not row.timing:
+            pooled.append(row)
+            continue
         timings = [row.timing] + [o[key].timing for o in others if key in o and o[key].timing]
-        mode = (row.timing or {}).get("mode", "per-call"), (row.timing or {}).get("clock")
-        timings = [t for t in timings if t and (t.get("mode", "per-call"), t.get("clock")) == mode]
+        timings = [t for t in timings if _mode(t) == _mode(row.timing)]
         if len(timings) > 1:
             medians = [t["median_us"] for t in timings]
-            between = statistics.stdev(medians) / statistics.fmean(medians) if statistics.fmean(medians) > 0 else 0.0
+            mean = statistics.fmean(medians)
+            between = statistics.stdev(medians) / mean if mean > 0 else 0.0
             timing = dict(row.timing)
             timing |= {
                 "median_us": statistics.median(medians),

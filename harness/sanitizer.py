@@ -49,10 +49,14 @@ def locate() -> str:
     )
 
 
-def command(tool: str, executable: str) -> list[str]:
-    """The wrapper put in front of each worker's command line."""
+def check_tool(tool: str) -> None:
     if tool not in TOOLS:
         raise AttnbenchError(f"--sanitize takes one of {', '.join(TOOLS)}, got {tool!r}")
+
+
+def command(tool: str, executable: str) -> list[str]:
+    """The wrapper put in front of each worker's command line."""
+    check_tool(tool)
     cmd = [executable, "--tool", tool, "--print-limit", str(PRINT_LIMIT), "--report-api-errors", "no"]
     if tool == "memcheck":
         cmd += ["--padding", str(PADDING_BYTES)]

@@ -181,8 +181,12 @@ def execute(
     """Run the plan into `out`; rows reach `on_rows` and results.jsonl as they are produced.
 
     With `resume`, rows already in `out/results.jsonl` are kept and their (case, backend) pairs are
-    not run again; everything without a row is.
+    not run again; everything without a row is. With `sanitize`, nothing is timed (and no peaks measured).
     """
+    if how.sanitize:
+        if not how.isolate:
+            raise AttnbenchError("--sanitize runs kernels in worker processes; it cannot be combined with --no-isolate")
+        opts = replace(opts, timing=False)
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
     earlier = read_results(results) if how.resume and results.exists() else []
@@ -213,14 +217,10 @@ def execute(
     if earlier:
         old = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
         run_info["resumed"] = old.get("resumed", []) + [{"started": old.get("started"), "rows_kept": len(earlier)}]
-    (out / "run.json").write_text(json.dumps(run_info, indent=2))
     if how.sanitize:
-        if not how.isolate:
-            raise AttnbenchError("--sanitize runs kernels in worker processes; it cannot be combined with --no-isolate")
-        opts = replace(opts, timing=False)
         run_info["sanitize"] = {"tool": how.sanitize, "executable": how.sanitizer, "cases": len(p.cases),
                                 **p.filters.get("sanitize", {})}  # fmt: skip
-        (out / "run.json").write_text(json.dumps(run_info, indent=2))
+    (out / "run.json").write_text(json.dumps(run_info, indent=2))
     jobs = [(c, [b.name for b in p.backends if (c.id, b.name) not in done]) for c in p.cases]
     jobs = [(c, names) for c, names in jobs if names]
     rows: list[Result] = list(earlier)

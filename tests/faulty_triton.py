@@ -18,12 +18,11 @@ or fp8: the cases that need them are skips.
 
 from __future__ import annotations
 
-import os
-
 import triton
 import triton.language as tl
 
 import attnbench
+from attnbench.kernels.triton import interpreting
 
 
 @triton.jit
@@ -82,7 +81,7 @@ class _Faulty(attnbench.Backend):
         p = case.params
         if case.op_name != "decode":
             return "only decode"
-        if not case.device.startswith("cuda") and not _interpreting():
+        if not case.device.startswith("cuda") and not interpreting():
             return "Triton needs a CUDA GPU (or TRITON_INTERPRET=1)"
         if getattr(p, "head_dim_v", None) not in (None, p.head_dim) or p.head_dim & (p.head_dim - 1):
             return "power-of-two head dim, Dk = Dv only"
@@ -106,10 +105,6 @@ class _Faulty(attnbench.Backend):
             return {"o": x.o, "lse": x.lse}
 
         return run
-
-
-def _interpreting() -> bool:
-    return os.environ.get("TRITON_INTERPRET") == "1"
 
 
 @attnbench.register_backend("faulty-seq")
