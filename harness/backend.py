@@ -29,7 +29,7 @@ import importlib
 import importlib.metadata
 import importlib.util
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Hashable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -69,6 +69,18 @@ class Backend:
         if case.op_name not in self.ops:
             return f"{self.name} has no {case.op_name} kernel"
         return self.available()
+
+    def precompile_keys(self, cases: list[Case]) -> list[Hashable]:
+        """What `prepare` would compile for these (supported) cases, named, for `precompile`. Default: nothing."""
+        return []
+
+    @classmethod
+    def precompile(cls, keys: list[Hashable]) -> str:
+        """Compile `keys` in one batch before a sweep's cases run (they come from every backend of the
+        sweep that shares this method, without duplicates); returns a one-line summary. Called once in
+        the supervisor, never timed. It may raise: the sweep then reports it and goes on, and each
+        `prepare` compiles what it needs on its own."""
+        return ""
 
     def prepare(self, case: Case, inputs: Any) -> Closure:
         """Everything but the kernel; returns the closure that is timed."""

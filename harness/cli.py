@@ -138,8 +138,12 @@ def sweep(
         def problem(msg: str) -> None:
             progress.console.print(f"[yellow]warning:[/] {esc(msg)}", highlight=False, soft_wrap=True)
 
+        def status(msg: str) -> None:
+            progress.update(task, description=msg)
+
         try:
-            rows = execute(p, run_dir, RunOptions(timing=timing), on_rows, argv=sys.argv, how=how, on_problem=problem)
+            rows = execute(p, run_dir, RunOptions(timing=timing), on_rows, argv=sys.argv, how=how, on_problem=problem,
+                           on_status=status)  # fmt: skip
         except KeyboardInterrupt:
             interrupted = True
         except AttnbenchError as e:

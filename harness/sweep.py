@@ -177,8 +177,11 @@ def execute(
     argv: list[str] | None = None,
     how: Execution = Execution(),
     on_problem: Callable[[str], None] | None = None,
+    on_status: Callable[[str], None] | None = None,
 ) -> list[Result]:
     """Run the plan into `out`; rows reach `on_rows` and results.jsonl as they are produced.
+
+    Backends' batched compilation (`Backend.precompile`) runs first, inside the run's wall time.
 
     With `resume`, rows already in `out/results.jsonl` are kept and their (case, backend) pairs are
     not run again; everything without a row is. With `sanitize`, nothing is timed (and no peaks measured).
@@ -226,6 +229,12 @@ def execute(
     rows: list[Result] = list(earlier)
     t0 = time.perf_counter()
     try:
+        if records := precompile(p.backends, jobs, on_status):
+            run_info["precompile"] = records
+            for r in records:
+                if "error" in r and on_problem:
+                    on_problem(f"precompile for {', '.join(r['backends'])} failed ({r['error']}); each case compiles its own")
+            (out / "run.json").write_text(json.dumps(run_info, indent=2))
         with ResultWriter(results) as writer:
 
             def record(case: Case, case_rows: list[Result]) -> None:
@@ -252,6 +261,40 @@ def execute(
         run_info.setdefault("complete", False)
         (out / "run.json").write_text(json.dumps(run_info, indent=2))
     return rows
+
+
+def precompile(backends: list[Backend], jobs: list[tuple[Case, list[str]]], on_status=None) -> list[dict]:
+    """Run each backend family's batched `precompile` once over the keys its members need for `jobs`.
+
+    Backends sharing one `precompile` method (e.g. the variants of a library) are built together.
+    Returns one record per family: backends, number of keys, seconds, and its summary or error.
+    """
+    families: dict[object, tuple[type, list[str], dict]] = {}
+    for b in backends:
+        if b.available() is not None:
+            continue
+        try:  # a plugin that raises here is reported by the cases themselves
+            cases = [c for c, names in jobs if b.name in names and b.supports(c) is None]
+            keys = b.precompile_keys(cases) if cases else []
+        except Exception:
+            continue
+        if keys:
+            cls, names, found = families.setdefault(type(b).precompile.__func__, (type(b), [], {}))
+            names.append(b.name)
+            found.update(dict.fromkeys(keys))
+    records = []
+    for cls, names, found in families.values():
+        if on_status:
+            on_status(f"precompiling {len(found)} items for {', '.join(names)}")
+        t0 = time.perf_counter()
+        rec: dict = {"backends": names, "keys": len(found)}
+        try:
+            rec["summary"] = cls.precompile(list(found))
+        except Exception as e:  # prepare compiles what it needs on its own
+            rec["error"] = describe(e, first_line=True)
+        rec["s"] = round(time.perf_counter() - t0, 3)
+        records.append(rec)
+    return records
 
 
 def _sanitized(jobs, p: Plan, opts: RunOptions, how: Execution, env: dict, record, out: Path, on_problem) -> None:

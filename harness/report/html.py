@@ -247,6 +247,7 @@ def harness_cost(rows, run: dict) -> dict:
     per_case_ref = {r.case_id: r.reference_s for r in rows if r.reference_s}
     per_case_timing = {r.case_id: r.timing.get("wall_s", 0.0) for r in rows if r.timing}
     parts = {
+        "precompile (batched JIT before the cases)": sum(r.get("s", 0.0) for r in run.get("precompile", [])),
         "float64 references (+ native twins, inputs)": sum(per_case_ref.values()),
         "prepare (layout, plan, JIT, compile)": sum(r.prepare_s or 0.0 for r in rows),
         "correctness checks": sum(r.check_s or 0.0 for r in rows),

@@ -75,6 +75,20 @@ class FlashInferBase(Backend):
         keys = getattr(self, f"jit_{case.op_name}", None)
         return keys(case) if keys else []
 
+    def precompile_keys(self, cases) -> list[JitKey]:
+        return [k for case in cases for k in self.jit_modules(case)]
+
+    @classmethod
+    def precompile(cls, keys: list[JitKey]) -> str:
+        """Every FlashInfer variant's modules in one parallel ninja run (`prebuild`)."""
+        from attnbench.kernels.flashinfer.prebuild import prebuild
+
+        lines: list[str] = []
+        prebuild(keys, log=lines.append)
+        if any("prebuild failed" in line for line in lines):
+            raise RuntimeError(lines[0])
+        return "; ".join(lines)
+
 
 class PagedDecode:
     """Decode: tensor-core kernel, AttentionSink wrapper for sinks, MLA wrapper for MLA."""
