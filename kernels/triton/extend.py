@@ -52,13 +52,12 @@ def _attend_range(
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, FROM_NEW: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_SOFTCAP: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PRECISE_EXP: tl.constexpr, WARP_SPEC: tl.constexpr,
+    PRECISE_EXP: tl.constexpr,
 ):  # fmt: skip
     """Online-softmax update of (acc, m, l) over keys [n_lo, n_hi) of one source.
 
     MASKED: apply bounds and visibility masks; else every key of every block is visible to every row
-    (the caller guarantees it), so no mask is computed at all. WARP_SPEC: ask Triton to warp-specialise
-    the loop (loads, MMAs and softmax in separate warp groups).
+    (the caller guarantees it), so no mask is computed at all.
     """
     o_da = tl.arange(0, DA)
     o_dv = tl.arange(0, BLOCK_DV)
@@ -74,7 +73,7 @@ def _attend_range(
         i_page_next = o_n  # unused
     else:
         i_page_next = tl.load(p_pages + o_n // PAGE_SIZE, mask=o_n < n_hi, other=0)
-    for n0 in tl.range(n_lo, n_hi, BLOCK_N, warp_specialize=WARP_SPEC):
+    for n0 in tl.range(n_lo, n_hi, BLOCK_N):
         o_n = n0 + tl.arange(0, BLOCK_N)
         m_n = o_n < n_hi
         if FROM_NEW:  # packed new tokens: row = first row of the request + (position - prefix)
@@ -135,7 +134,7 @@ def _attend_source(
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     FROM_NEW: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PRECISE_EXP: tl.constexpr, WARP_SPEC: tl.constexpr,
+    PRECISE_EXP: tl.constexpr,
 ):  # fmt: skip
     """Keys [a, e) of one source: masked blocks left of `full_lo`, whole unmasked blocks inside
     [full_lo, full_hi), masked blocks for the rest."""
@@ -146,7 +145,7 @@ def _attend_source(
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
         DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
-        True, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP, False,
+        True, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
     )  # fmt: skip
     b_acc, b_m, b_l = _attend_range(
         b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, p_pages, row0, new_start, u0, u1,
@@ -154,14 +153,13 @@ def _attend_source(
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
         DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
         False, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
-        WARP_SPEC,
     )  # fmt: skip
     b_acc, b_m, b_l = _attend_range(
         b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, p_pages, row0, new_start, u1, e,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
         DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
-        True, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP, False,
+        True, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
     )  # fmt: skip
     return b_acc, b_m, b_l
 
@@ -187,7 +185,7 @@ def _extend_kernel(
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
     NEW_FROM_CACHE: tl.constexpr, SAVE_KV: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PRECISE_EXP: tl.constexpr, WARP_SPEC: tl.constexpr,
+    PRECISE_EXP: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     i_h, i_tile = pid % HQ, pid // HQ
@@ -265,7 +263,7 @@ def _extend_kernel(
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
         DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
-        False, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP, WARP_SPEC,
+        False, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
     )  # fmt: skip
     if NEW_FROM_CACHE:  # shared (cross-layer) KV: the new tokens are in the cache too
         b_acc, b_m, b_l = _attend_source(
@@ -274,7 +272,7 @@ def _extend_kernel(
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
             o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
             DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
-            False, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP, WARP_SPEC,
+            False, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
         )  # fmt: skip
     else:
         b_acc, b_m, b_l = _attend_source(
@@ -283,7 +281,7 @@ def _extend_kernel(
             stride_knt, 0, stride_knh, stride_vnt, 0, stride_vnh, i_hk,
             o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
             DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
-            True, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP, WARP_SPEC,
+            True, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
         )  # fmt: skip
 
     if HAS_SINKS:
@@ -302,14 +300,12 @@ def _extend_kernel(
 
 @dataclass(frozen=True)
 class ExtendConfig:
-    """`block_m` queries of one head by `block_n` keys per step; `warp_specialize`: Triton's automatic
-    warp specialisation of the unmasked key loop."""
+    """`block_m` queries of one head by `block_n` keys per step."""
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
-    warp_specialize: bool = False
 
 
 def extend_config(dk: int, dv: int, max_q_len: int, sm: int) -> ExtendConfig:
@@ -410,7 +406,7 @@ def plan_extend(x, *, config: ExtendConfig | None = None) -> ExtendPlan:
         HAS_SOFTCAP=x.soft_cap > 0, HAS_SINKS=x.sinks is not None,
         NEW_FROM_CACHE=x.k_new is None, SAVE_KV=bool(x.save_kv), V_FROM_K=v_from_k and Dv == split.da,
         DOT_PRECISION=dot_precision(x.q.dtype), PRECISE_EXP=x.q.dtype == torch.float32,
-        WARP_SPEC=cfg.warp_specialize, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
     return ExtendPlan(tiles_t, (Hq * len(tiles),), meta, cfg)
 
