@@ -103,7 +103,7 @@ class _TritonAttention(Backend):
         plans = {}
 
         def build(cfg):
-            plans[cfg] = e.plan_extend(x, config=cfg)
+            plans[cfg] = e.plan_extend(x, config=cfg, deterministic=self.deterministic)
             return e.bind_extend(x, plans[cfg])
 
         run, config, shrunk = first_that_fits(
