@@ -12,6 +12,13 @@ masks every block; the window still applies.
 In `save` mode the programs of the first head of each kv group also write the tile's new K/V into
 their cache slots (`slot_mapping`); attention reads new keys from k_new/v_new, so the writes never
 race with reads. Rows that see no key (and have no sink) get o = 0 and lse = -inf.
+
+Split-KV path (`SPLIT`, planned only when the grid above would leave SMs idle over a long prefix:
+speculative tree verify, small chunked-prefill chunks): one program per (query tile, query head, key
+split). A tile's key range is cut into splits; each program attends its split with every mask as
+above and writes a normalised fp32 partial output and its (max, sum) apart (a row that sees no key of
+the split: max -inf, sum 0, output 0), and decode's merge kernel combines them and adds the sink
+once. A tile with a single split writes its output directly; only the first split's programs save.
 """
 
 from __future__ import annotations
@@ -310,7 +317,7 @@ def _extend_kernel(
                          DV, BLOCK_M, BLOCK_DV, HAS_SINKS, PRECISE_EXP)  # fmt: skip
         else:  # normalised partial output (0 where a row saw no key), max (log2 units) and sum apart;
             # row m of the tile, split s: partial i_part + m * n_split (i_part holds + s); no sink here
-            o_w = i_part + tl.arange(0, BLOCK_M) * n_split
+            o_w = (i_part + tl.arange(0, BLOCK_M) * n_split).to(tl.int64)
             b_part = finish_o(b_acc, b_m, b_l, b_m, False, PRECISE_EXP)
             p_part = part_o + o_w[:, None] * stride_pw + i_h * stride_ph + o_dv[None, :]
             tl.store(p_part, b_part, mask=m_rows[:, None] & m_dv[None, :])
@@ -478,7 +485,8 @@ def split_chunk(x, cfg: ExtendConfig, ranges: list[tuple[int, int, int, int]], s
     if Hq * len(ranges) >= num_sms or max(x.seq_lens_host) < SPLIT_MIN_KEYS:
         return None
     rows = min(cfg.block_m, max(x.q_lens_host))
-    kv_bytes_per_key = Hkv * (Dk + Dv) * x.k_cache.element_size()
+    v_bytes = 0 if v_is_k_prefix(x.k_cache, x.v_cache) else Dv  # absorbed MLA reads V from K
+    kv_bytes_per_key = Hkv * (Dk + v_bytes) * x.k_cache.element_size()
     partial_keys = -(-rows * Hq * Dv * 8 // kv_bytes_per_key)
     min_chunk = max(MIN_SPLIT, 2 * cfg.block_n, partial_keys)
     return balanced_chunk(sizes, Hq, cfg.block_n, WAVES * num_sms, min_chunk)
