@@ -269,3 +269,134 @@ def test_configs_shrink_until_they_fit():
     with pytest.raises(OutOfResources):
         first_that_fits(DecodeConfig(64, 32, 8, 3, 1), shrink_decode_config, build_needing(1, dec_smem),
                         torch.device("cuda"))  # fmt: skip
+
+
+# ---- extend's split-KV path (forced: on the CPU the regime rule would never pick it) ----------------
+
+
+SPLIT_EXTEND_CASES = [
+    "extend/b2-q40-pre70-mixed-h4x2-d64-p16-bf16",  # causal over a prefix, new K/V saved
+    "extend/b2-q40-pre70-h4x2-d64-p16-swa20-bf16",  # window edge inside the prefix
+    "extend/b2-q40-pre70-h4x2-d64-p16-bidirectional-swa20-bf16",
+    "extend/b2-q40-pre30-h4x2-d64-p16-kvshared-swa25-cap5-bf16",  # soft cap, new tokens from the cache
+    "extend/b2-q40-pre30-h4x2-d64-p16-custom-swa20-sink-bf16",  # custom mask, sinks added in the merge
+    "extend/b2-q8-pre30-h8x2-d64-p1-swa5-cap5-sink-bf16",
+    "extend/b2-q5-pre20-h16x1-d576x512-p16-mla-bf16",  # MLA: V read from K, 512-wide partials
+    "extend/b2-q6-pre12-h4x4-d32-p16-fp32",  # fp32 tolerance through the merge
+]
+
+
+def _split_extend(case_id: str, splits: int):
+    """(case, pristine inputs, forced-split outputs + inputs, unsplit outputs + inputs)."""
+    from attnbench.kernels.triton.extend import ExtendConfig, extend, plan_extend
+
+    case = Case.from_id(case_id)
+    pristine = case.make_inputs()
+    cfg = ExtendConfig(16, 16, 4, 1)
+    work, ref = clone_tensors(pristine), clone_tensors(pristine)
+    plan = plan_extend(work, config=cfg, splits=splits)
+    assert plan.meta["SPLIT"] and plan.splits >= 2 and plan.merge is not None, plan.splits
+    assert not plan_extend(ref, config=cfg, splits=1).meta["SPLIT"]
+    return case, pristine, (extend(work, plan), work), (extend(ref, plan_extend(ref, config=cfg, splits=1)), ref)
+
+
+@pytest.mark.parametrize("case_id", SPLIT_EXTEND_CASES)
+def test_extend_split_kv(case_id):
+    _triton()
+    case, pristine, (out, work), (unsplit, _) = _split_extend(case_id, 3)
+    verdict = _verdict(case, pristine, work, out)
+    assert verdict.ok, verdict.reason
+    # the same attention as the unsplit kernel, to rounding (partials are fp32; o is rounded once)
+    tol = 1e-5 if case.torch_dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out["o"].float(), unsplit["o"].float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(out["lse"], unsplit["lse"], atol=1e-5, rtol=1e-5)
+
+
+TREE_SPLIT_CASES = [  # small smoke tree_verify cases: custom masks of token trees over a prefix
+    "tree_verify/b3-pre21-mixed-h8x2-d64-p16-treechain-depth4-bf16",
+    "tree_verify/b3-pre21-mixed-h8x2-d64-p16-treeeagle-depth3-k2-n6-bf16",
+    "tree_verify/b2-pre17-h4x1-d64-p1-treechain-depth0-bf16",
+    "tree_verify/b2-pre20-h16x1-d576x512-p16-mla-scale0.1352337788608801-treeeagle-depth3-k2-n6-bf16",
+]
+
+
+@pytest.mark.parametrize("case_id", TREE_SPLIT_CASES + ["extend/b2-q6-pre10-h4x2-d32-p16-custom-emptyrows-bf16"])
+def test_split_kv_through_the_harness(case_id, monkeypatch):
+    """The backend's own prepare (bound launches, NaN-poisoned buffers, canaries, stale-output check)
+    with the split path forced into its plan."""
+    import functools
+
+    from attnbench.kernels.triton import extend as e
+
+    plans = []
+
+    def forced(x, **kw):
+        plans.append(plan_extend(x, **kw, splits=2))
+        return plans[-1]
+
+    plan_extend = e.plan_extend
+    monkeypatch.setattr(e, "plan_extend", functools.wraps(plan_extend)(forced))
+    row = run_one(case_id, _triton())
+    assert row.status == "pass", row.reason
+    assert plans and all(p.meta["SPLIT"] for p in plans)
+
+
+@pytest.mark.parametrize("sink", [False, True])
+def test_extend_split_fully_masked_ranges(sink):
+    """A custom mask hides a whole split's keys from every row of request 0 (that split contributes
+    lse -inf everywhere) and every key from two rows (o = 0; lse -inf, or the sink alone)."""
+    from attnbench.kernels.triton.extend import ExtendConfig, extend, plan_extend
+
+    _triton()
+    case = Case.from_id("extend/b2-q9-pre40-h4x2-d64-p16-custom" + ("-sink" if sink else "") + "-bf16")
+    pristine = case.make_inputs()
+    qo, lens, off = pristine.qo_indptr.tolist(), pristine.seq_lens_host, pristine.mask_indptr.tolist()
+    empty = []
+    for b in range(2):
+        n, L = qo[b + 1] - qo[b], lens[b]
+        block = pristine.custom_mask[off[b] : off[b + 1]].view(n, L)
+        if b == 0:
+            block[:, :13] = False  # the first split ([0, 13) of 49 keys) sees nothing
+        for i in (0, n - 2):
+            block[i] = False
+            empty.append(qo[b] + i)
+    work = clone_tensors(pristine)
+    plan = plan_extend(work, config=ExtendConfig(16, 16, 4, 1), splits=4)
+    first = [(a, e) for b, _, a, e, *_ in plan.tiles.tolist() if b == 0][0]
+    assert plan.meta["SPLIT"] and plan.splits == 4 and first == (0, 13), (plan.splits, first)
+    out = extend(work, plan)
+    verdict = _verdict(case, pristine, work, out)
+    assert verdict.ok, verdict.reason
+    rows = torch.tensor(empty)
+    assert torch.equal(out["o"][rows].float(), torch.zeros_like(out["o"][rows].float()))
+    if sink:
+        assert torch.allclose(out["lse"][rows], pristine.sinks.expand(len(empty), -1))
+    else:
+        assert torch.all(out["lse"][rows] == -math.inf)
+
+
+def test_extend_split_regime():
+    """Automatic plans (host only, nothing launched): split only for a starved grid over a long prefix;
+    everything else is the unsplit plan exactly, and triton-det never splits."""
+    from attnbench.kernels.triton.extend import MIN_SPLIT, plan_extend
+
+    def plans(case_id, **kw):
+        x = Case.from_id(case_id).make_inputs()
+        return plan_extend(x, num_sms=132, **kw), plan_extend(x, num_sms=132, splits=1)
+
+    # spec verify: 5 tree tokens over 8187 cached keys, 32 query heads: 32 programs unsplit
+    auto, unsplit = plans("extend/b1-q5-pre8187-h32x8-d128-p16-bf16")
+    assert auto.meta["SPLIT"] and auto.splits >= 8, auto.splits
+    assert max(int(e) - int(s) for s, e in auto.tiles[:, 2:4].tolist()) >= MIN_SPLIT
+    assert auto.grid[0] >= 132 > unsplit.grid[0]
+    det, _ = plans("extend/b1-q5-pre8187-h32x8-d128-p16-bf16", deterministic=True)
+    assert not det.meta["SPLIT"] and torch.equal(det.tiles, unsplit.tiles)
+    for case_id in (
+        "extend/b1-q5-pre1000-h32x8-d128-p16-bf16",  # short prefix
+        "extend/b1-q1024-pre4096-h32x8-d128-p16-bf16",  # 8 tiles x 32 heads: a wave already
+        "extend/b8-q5-pre4096-h32x8-d128-p16-bf16",  # 8 requests x 32 heads: 256 programs
+    ):
+        auto, unsplit = plans(case_id)
+        assert not auto.meta["SPLIT"], case_id
+        assert auto.meta == unsplit.meta and auto.grid == unsplit.grid and torch.equal(auto.tiles, unsplit.tiles)
+        assert auto.merge is None and auto.part_o is None

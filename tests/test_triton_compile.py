@@ -25,6 +25,7 @@ FAST = [
     "decode/b2-l300-h32x8-d128-p16-bf16",  # GQA decode (both stages)
     "decode/b2-l300-h128x1-d576x512-p64-mla-bf16",  # MLA decode
     "extend/b1-q256-pre0-h32x8-d128-p16-bf16",  # causal prefill, head dim 128
+    "extend/b1-q5-pre8187-h32x8-d128-p16-bf16",  # spec verify: the split path (planned for 132 SMs) + merge
 ]
 # one case per constexpr branch: must compile and fit in shared memory
 BRANCHES = [
@@ -41,6 +42,10 @@ BRANCHES = [
     "extend/b2-q5-pre20-h16x1-d576x512-p16-mla-bf16",
     "extend/b2-q6-pre12-h4x4-d32-p16-fp32",
     "merge_state/t33-h4-d64-empty-bf16",
+    # extend's split path, forced (ID@splits=N): partials + the merge with empty splits
+    "extend/b2-q6-pre17-h4x2-d64-p16-custom-bf16@splits=3",
+    "extend/b2-q6-pre17-h4x2-d64-p1-kvshared-swa5-cap5-sink-bf16@splits=3",
+    "extend/b2-q5-pre20-h16x1-d576x512-p16-mla-bf16@splits=3",
 ]
 
 

@@ -5,9 +5,10 @@ Two registered names:
 
 - `triton`: decode splits planned from the SM count, the batch, the heads and the lengths; every op.
 - `triton-det`: the deterministic (batch-invariant) decode: fixed splits of 256 keys, so a request's
-  output and LSE do not depend on which other requests share its batch. Extend and merge_state are
-  batch-invariant already (one program per query tile and head) and are the same kernels. It runs
-  the attention ops only (the spec and GDN kernels have no split to fix).
+  output and LSE do not depend on which other requests share its batch. Extend always takes the
+  unsplit path there (one program per query tile and head: batch-invariant; whether `triton` splits
+  extend's keys depends on the whole batch), and merge_state is the same kernel. It runs the
+  attention ops only (the spec and GDN kernels have no split to fix).
 
 Kernels live in decode.py, extend.py, merge.py, spec.py and gdn*.py (kernel -> launcher -> public function); the
 schedule (splits, query tiles) and scratch buffers are built in `prepare`, never in the timed call.
@@ -103,14 +104,16 @@ class _TritonAttention(Backend):
         plans = {}
 
         def build(cfg):
-            plans[cfg] = e.plan_extend(x, config=cfg)
+            plans[cfg] = e.plan_extend(x, config=cfg, deterministic=self.deterministic)
             return e.bind_extend(x, plans[cfg])
 
         run, config, shrunk = first_that_fits(
             config or e.default_extend_config(x), e.shrink_extend_config, build, x.q.device
         )
+        plan = plans[config]
         run.info = {
-            "tiles": int(plans[config].tiles.shape[0]),
+            "tiles": int(plan.tiles.shape[0]),  # split path: work items (tile x key split)
+            **({"kv_splits": plan.splits, "two_stage": plan.merge is not None} if plan.meta["SPLIT"] else {}),
             "config": vars(config),
             **tuned,
             **({"did_not_fit": shrunk} if shrunk else {}),

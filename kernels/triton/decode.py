@@ -165,8 +165,11 @@ def _decode_merge_kernel(
     stride_pw, stride_ph, stride_mw, stride_ml, stride_ot, stride_oh, stride_lt,
     # Meta-parameters
     DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr,
-    PRECISE_EXP: tl.constexpr,
+    PRECISE_EXP: tl.constexpr, HAS_EMPTY: tl.constexpr = False,
 ):  # fmt: skip
+    """Merge the partials `[w_start, w_end)` of each `merge` row (request, w_start, w_end) into the
+    output row `qo_indptr[request]`. HAS_EMPTY: a partial may have seen no key (max -inf, sum 0,
+    output 0; extend's split path), so the running max may still be -inf after a block."""
     i_r, i_h = tl.program_id(0), tl.program_id(1)
     i_b = tl.load(merge + i_r * 3)
     w_start = tl.load(merge + i_r * 3 + 1)
@@ -188,9 +191,13 @@ def _decode_merge_kernel(
             mask=m_s[:, None] & m_dv[None, :],
             other=0.0,
         )
-        b_mn = tl.maximum(b_m, tl.max(b_ms, 0))  # finite: every split holds keys
-        b_alpha = exp2_(b_m - b_mn, PRECISE_EXP)
-        b_w = b_ls * exp2_(b_ms - b_mn, PRECISE_EXP)
+        b_mn = tl.maximum(b_m, tl.max(b_ms, 0))  # decode: finite, every split holds keys
+        if HAS_EMPTY:  # nothing seen yet: any finite reference keeps exp2 away from -inf - -inf
+            b_mr = tl.where(b_mn == float("-inf"), 0.0, b_mn)
+        else:
+            b_mr = b_mn
+        b_alpha = exp2_(b_m - b_mr, PRECISE_EXP)
+        b_w = b_ls * exp2_(b_ms - b_mr, PRECISE_EXP)
         b_acc = b_acc * b_alpha + tl.sum(b_w[:, None] * b_part, 0)
         b_l = b_l * b_alpha + tl.sum(b_w, 0)
         b_m = b_mn
@@ -293,6 +300,18 @@ WAVES = 4  # programs planned per (SM x resident CTA) slot
 MIN_SPLIT = 256  # keys: the smallest split the default plan makes
 
 
+def balanced_chunk(sizes: list[int], units: int, block_n: int, target_programs: int, min_chunk: int) -> int:
+    """Keys per split: the `sizes` (keys of each range, each run by `units` programs) balanced over
+    `target_programs` programs, at least `min_chunk`, evened out over the longest range (it gets
+    `round(longest / chunk)` equal splits) and rounded up to a multiple of `block_n`."""
+    longest = max(sizes)
+    total = sum(sizes) * units
+    chunk = max(min_chunk, -(-total // max(1, target_programs)))
+    splits = max(1, round(longest / chunk))
+    chunk = -(-longest // splits)
+    return -(-chunk // block_n) * block_n
+
+
 def split_schedule(
     lens: list[int], window: int, units: int, block_n: int, target_programs: int,
     *, min_chunk: int, deterministic: bool, split_tile: int,
@@ -310,12 +329,7 @@ def split_schedule(
     if deterministic:
         chunk = split_tile
     else:
-        longest = max(e - s for s, e in ranges)
-        total = sum(e - s for s, e in ranges) * units
-        chunk = max(min_chunk, -(-total // max(1, target_programs)))
-        splits = max(1, round(longest / chunk))
-        chunk = -(-longest // splits)
-        chunk = -(-chunk // block_n) * block_n
+        chunk = balanced_chunk([e - s for s, e in ranges], units, block_n, target_programs, min_chunk)
     items = []
     for b, (s, e) in enumerate(ranges):
         for a in range(s, e, chunk):

@@ -12,6 +12,13 @@ masks every block; the window still applies.
 In `save` mode the programs of the first head of each kv group also write the tile's new K/V into
 their cache slots (`slot_mapping`); attention reads new keys from k_new/v_new, so the writes never
 race with reads. Rows that see no key (and have no sink) get o = 0 and lse = -inf.
+
+Split-KV path (`SPLIT`, planned only when the grid above would leave SMs idle over a long prefix:
+speculative tree verify, small chunked-prefill chunks): one program per (query tile, query head, key
+split). A tile's key range is cut into splits; each program attends its split with every mask as
+above and writes a normalised fp32 partial output and its (max, sum) apart (a row that sees no key of
+the split: max -inf, sum 0, output 0), and decode's merge kernel combines them and adds the sink
+once. A tile with a single split writes its output directly; only the first split's programs save.
 """
 
 from __future__ import annotations
@@ -36,9 +43,11 @@ from attnbench.kernels.triton.common import (
     head_split,
     load_tile,
     mma,
+    sm_count,
     soft_cap_scores,
     v_is_k_prefix,
 )
+from attnbench.kernels.triton.decode import MIN_SPLIT, WAVES, _decode_merge_kernel, balanced_chunk
 
 
 @triton.jit
@@ -169,8 +178,8 @@ def _extend_kernel(
     # Inputs
     q, k_cache, v_cache, k_new, v_new, kv_page_indices, kv_indptr, qo_indptr, seq_lens, tiles,
     custom_mask, mask_indptr, sinks, slot_mapping,
-    # Outputs
-    o, lse,
+    # Outputs: final, and partial (split path: tiles with several key splits)
+    o, lse, part_o, part_ml,
     # Scalars
     qk_scale, scale_over_cap, cap_log2e, window,
     # Strides (last dims are contiguous)
@@ -178,6 +187,7 @@ def _extend_kernel(
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     stride_knt, stride_knh, stride_vnt, stride_vnh,
     stride_ot, stride_oh, stride_lt,
+    stride_pw, stride_ph, stride_mw, stride_ml,
     # Meta-parameters
     HQ: tl.constexpr, G: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -185,13 +195,23 @@ def _extend_kernel(
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
     NEW_FROM_CACHE: tl.constexpr, SAVE_KV: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PRECISE_EXP: tl.constexpr,
+    PRECISE_EXP: tl.constexpr, SPLIT: tl.constexpr,
 ):  # fmt: skip
     pid = tl.program_id(0)
     i_h, i_tile = pid % HQ, pid // HQ
     i_hk = i_h // G
-    i_b = tl.load(tiles + i_tile * 2)
-    m_start = tl.load(tiles + i_tile * 2 + 1)
+    if SPLIT:  # work item: request, first query, key range, first partial, splits of the tile, final?, split
+        i_b = tl.load(tiles + i_tile * 8)
+        m_start = tl.load(tiles + i_tile * 8 + 1)
+        n_lo = tl.load(tiles + i_tile * 8 + 2)
+        n_hi = tl.load(tiles + i_tile * 8 + 3)
+        i_part = tl.load(tiles + i_tile * 8 + 4)
+        n_split = tl.load(tiles + i_tile * 8 + 5)
+        is_final = tl.load(tiles + i_tile * 8 + 6)
+        is_first = tl.load(tiles + i_tile * 8 + 7) == 0
+    else:
+        i_b = tl.load(tiles + i_tile * 2)
+        m_start = tl.load(tiles + i_tile * 2 + 1)
     row0 = tl.load(qo_indptr + i_b)
     q_len = tl.load(qo_indptr + i_b + 1) - row0
     seq_len = tl.load(seq_lens + i_b)
@@ -214,8 +234,12 @@ def _extend_kernel(
     else:
         b_qb = b_q  # unused
 
+    if SPLIT:
+        do_save = (i_h % G == 0) & is_first  # once per tile: the first split's programs
+    else:
+        do_save = i_h % G == 0
     if SAVE_KV:  # the first head of each kv group writes the tile's new K/V into the cache
-        if i_h % G == 0:
+        if do_save:
             i_slot = tl.load(slot_mapping + row0 + o_m, mask=m_rows, other=0)
             p_kc = k_cache + (i_slot // PAGE_SIZE) * stride_kp + (i_slot % PAGE_SIZE) * stride_ks
             p_kc += i_hk * stride_kh
@@ -247,6 +271,9 @@ def _extend_kernel(
     else:
         lo = 0
         full_lo = 0
+    if SPLIT:  # this program's share of the keys (the masks above still decide what a row sees)
+        lo = tl.maximum(lo, n_lo)
+        hi = tl.minimum(hi, n_hi)
     if HAS_MASK:
         full_lo = seq_len  # nothing is visible without looking at the mask
         o_mask_row = tl.load(mask_indptr + i_b) + o_m.to(tl.int64) * seq_len
@@ -284,6 +311,32 @@ def _extend_kernel(
             True, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
         )  # fmt: skip
 
+    if SPLIT:
+        if is_final != 0:  # a tile with one split: written like the unsplit path
+            _store_final(b_acc, b_m, b_l, sinks, o, lse, row0, o_m, m_rows, i_h, stride_ot, stride_oh, stride_lt,
+                         DV, BLOCK_M, BLOCK_DV, HAS_SINKS, PRECISE_EXP)  # fmt: skip
+        else:  # normalised partial output (0 where a row saw no key), max (log2 units) and sum apart;
+            # row m of the tile, split s: partial i_part + m * n_split (i_part holds + s); no sink here
+            o_w = (i_part + tl.arange(0, BLOCK_M) * n_split).to(tl.int64)
+            b_part = finish_o(b_acc, b_m, b_l, b_m, False, PRECISE_EXP)
+            p_part = part_o + o_w[:, None] * stride_pw + i_h * stride_ph + o_dv[None, :]
+            tl.store(p_part, b_part, mask=m_rows[:, None] & m_dv[None, :])
+            tl.store(part_ml + o_w * stride_mw + i_h, b_m, mask=m_rows)
+            tl.store(part_ml + o_w * stride_mw + stride_ml + i_h, b_l, mask=m_rows)
+    else:
+        _store_final(b_acc, b_m, b_l, sinks, o, lse, row0, o_m, m_rows, i_h, stride_ot, stride_oh, stride_lt,
+                     DV, BLOCK_M, BLOCK_DV, HAS_SINKS, PRECISE_EXP)  # fmt: skip
+
+
+@triton.jit
+def _store_final(
+    b_acc, b_m, b_l, sinks, o, lse, row0, o_m, m_rows, i_h, stride_ot, stride_oh, stride_lt,
+    DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINKS: tl.constexpr,
+    PRECISE_EXP: tl.constexpr,
+):  # fmt: skip
+    """Normalise a tile's softmax state (adding the sink) and store its output rows and LSEs."""
+    o_dv = tl.arange(0, BLOCK_DV)
+    m_dv = o_dv < DV
     if HAS_SINKS:
         b_sink = tl.load(sinks + i_h + tl.zeros([BLOCK_M], tl.int32))
     else:
@@ -362,29 +415,98 @@ def default_extend_config(x) -> ExtendConfig:
 
 @dataclass
 class ExtendPlan:
-    tiles: torch.Tensor  # [N, 2] int32: request, first query of the tile; heaviest tiles first
+    """Everything the timed call needs, built once.
+
+    Unsplit: `tiles` [N, 2] int32 (request, first query; heaviest tiles first), one launch.
+    Split: `tiles` [W, 8] int32 work items (request, first query, first key, end key, first partial,
+    splits of the tile, 1 = final, split index), then a merge launch over `merge` [M, 3] int32
+    (token row, first partial, end partial) when some tile has several splits.
+    """
+
+    tiles: torch.Tensor
     grid: tuple[int]
     meta: dict
     config: ExtendConfig
+    splits: int = 1  # the most key splits of any tile (1: the unsplit kernel)
+    merge: torch.Tensor | None = None
+    rows: torch.Tensor | None = None  # [T] int32 identity: the merge's "qo_indptr" (a merge row is a token)
+    part_o: torch.Tensor | None = None  # [P, Hq, Dv] fp32 partial outputs (normalised)
+    part_ml: torch.Tensor | None = None  # [P, 2, Hq] fp32 per partial: max (log2 units), sum of exp2
+    merge_grid: tuple[int, int] = (0, 0)
+    merge_meta: dict | None = None
 
 
-def query_tiles(
+SPLIT_MIN_KEYS = 2048  # the split path needs a request at least this long (and a grid under one wave)
+
+
+def _tile_ranges(
     lens: list[int], q_lens: list[int], block_m: int, causal: bool, window: int
-) -> list[tuple[int, int]]:
-    """(request, first query) of every tile of `block_m` queries, ordered by keys visited, most first."""
+) -> list[tuple[int, int, int, int]]:
+    """(request, first query, first key, end key) of every tile of `block_m` queries: the keys some
+    row of the tile may see; ordered by keys visited, most first (the kernel computes the same range)."""
     tiles = []
     for b, (L, n) in enumerate(zip(lens, q_lens, strict=True)):
         for m0 in range(0, n, block_m):
             last = L - n + min(m0 + block_m, n) - 1
             hi = last + 1 if causal else L
             lo = max(0, L - n + m0 - window) if window >= 0 else 0
-            tiles.append((hi - lo, b, m0))
+            tiles.append((hi - lo, b, m0, lo, hi))
     tiles.sort(key=lambda t: -t[0])
-    return [(b, m0) for _, b, m0 in tiles]
+    return [(b, m0, lo, hi) for _, b, m0, lo, hi in tiles]
 
 
-def plan_extend(x, *, config: ExtendConfig | None = None) -> ExtendPlan:
-    """Tile schedule and launch parameters for `extend(x, plan)` (host work only, no device sync)."""
+def query_tiles(
+    lens: list[int], q_lens: list[int], block_m: int, causal: bool, window: int
+) -> list[tuple[int, int]]:
+    """(request, first query) of every tile of `block_m` queries, ordered by keys visited, most first."""
+    return [(b, m0) for b, m0, _, _ in _tile_ranges(lens, q_lens, block_m, causal, window)]
+
+
+def split_chunk(x, cfg: ExtendConfig, ranges: list[tuple[int, int, int, int]], splits: int | None,
+                num_sms: int) -> int | None:  # fmt: skip
+    """Keys per split for the split path, or None for the unsplit kernel.
+
+    `splits=None` (automatic): split only when the unsplit grid (query heads x tiles) would fill less
+    than one wave of `num_sms` programs and the longest request has at least SPLIT_MIN_KEYS keys; the
+    chunk then balances the tiles' keys over WAVES x num_sms programs like decode's planner, with at
+    least MIN_SPLIT keys and at least as many keys as the partials a split writes weigh (fp32 rows of
+    Hq x Dv per query row, against the split's K/V bytes). `splits=1`: never; `splits=n >= 2`: always
+    (tests), the longest tile cut into n equal chunks (not aligned to blocks: edges anywhere work).
+    """
+    _, Hq, Dk = x.q.shape
+    Hkv, Dv = x.k_cache.shape[2], x.v_cache.shape[-1]
+    sizes = [hi - lo for _, _, lo, hi in ranges]
+    if not sizes:
+        return None
+    if splits is not None:
+        if splits <= 1:
+            return None
+        return max(1, -(-max(sizes) // splits))
+    if Hq * len(ranges) >= num_sms or max(x.seq_lens_host) < SPLIT_MIN_KEYS:
+        return None
+    rows = min(cfg.block_m, max(x.q_lens_host))
+    v_bytes = 0 if v_is_k_prefix(x.k_cache, x.v_cache) else Dv  # absorbed MLA reads V from K
+    kv_bytes_per_key = Hkv * (Dk + v_bytes) * x.k_cache.element_size()
+    partial_keys = -(-rows * Hq * Dv * 8 // kv_bytes_per_key)
+    min_chunk = max(MIN_SPLIT, 2 * cfg.block_n, partial_keys)
+    return balanced_chunk(sizes, Hq, cfg.block_n, WAVES * num_sms, min_chunk)
+
+
+def plan_extend(
+    x, *, config: ExtendConfig | None = None, splits: int | None = None, deterministic: bool = False,
+    num_sms: int | None = None,
+) -> ExtendPlan:  # fmt: skip
+    """Tile schedule and launch parameters for `extend(x, plan)` (host work only, no device sync).
+
+    Args:
+        x: `AttentionInputs` of an extend (or tree_verify) case.
+        config: tiling (default: `extend_config`).
+        splits: None: split the key range only in the starved regime (see `split_chunk`); 1: never;
+            n >= 2: always, about n splits for the longest tile (forces the split path, for tests).
+        deterministic: `triton-det` stays on the unsplit path (whether a batch is split depends on
+            the whole batch, so a split path would make a request's bits depend on its batch).
+        num_sms: SMs to plan for (default: the device's).
+    """
     device = x.q.device
     T, Hq, Dk = x.q.shape
     Hkv, Dv = x.k_cache.shape[2], x.v_cache.shape[-1]
@@ -393,8 +515,8 @@ def plan_extend(x, *, config: ExtendConfig | None = None) -> ExtendPlan:
     split = head_split(Dk)
     has_mask = x.custom_mask is not None
     causal = x.causal and not has_mask
-    tiles = query_tiles(list(x.seq_lens_host), list(x.q_lens_host), cfg.block_m, causal, x.window)
-    tiles_t = torch.tensor(tiles, dtype=torch.int32).reshape(-1, 2).to(device)
+    ranges = _tile_ranges(list(x.seq_lens_host), list(x.q_lens_host), cfg.block_m, causal, x.window)
+    chunk = None if deterministic else split_chunk(x, cfg, ranges, splits, num_sms or sm_count(device))
     if x.k_new is None:
         v_from_k = v_is_k_prefix(x.k_cache, x.v_cache)
     else:
@@ -406,13 +528,55 @@ def plan_extend(x, *, config: ExtendConfig | None = None) -> ExtendPlan:
         HAS_SOFTCAP=x.soft_cap > 0, HAS_SINKS=x.sinks is not None,
         NEW_FROM_CACHE=x.k_new is None, SAVE_KV=bool(x.save_kv), V_FROM_K=v_from_k and Dv == split.da,
         DOT_PRECISION=dot_precision(x.q.dtype), PRECISE_EXP=x.q.dtype == torch.float32,
-        num_warps=cfg.num_warps, num_stages=cfg.num_stages,
+        SPLIT=chunk is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
-    return ExtendPlan(tiles_t, (Hq * len(tiles),), meta, cfg)
+    if chunk is None:
+        tiles_t = torch.tensor([(b, m0) for b, m0, _, _ in ranges], dtype=torch.int32).reshape(-1, 2).to(device)
+        return ExtendPlan(tiles_t, (Hq * len(ranges),), meta, cfg)
+    return _split_plan(x, cfg, meta, ranges, chunk)
 
 
-def _launch(x, plan: ExtendPlan) -> tuple:
-    """(kernel, grid, args, kwargs) of the extend launch."""
+def _split_plan(x, cfg: ExtendConfig, meta: dict, ranges: list, chunk: int) -> ExtendPlan:
+    """The split path: every tile's key range cut into `chunk`-key splits (starts at multiples of
+    `chunk` past the range's start); a tile with one split writes its output itself, the others
+    write partials that one merge launch combines (and adds the sink to)."""
+    device = x.q.device
+    T, Hq, _ = x.q.shape
+    Dv = x.v_cache.shape[-1]
+    starts = [0]
+    for n in x.q_lens_host:
+        starts.append(starts[-1] + n)
+    items, merge, n_part, most = [], [], 0, 1
+    for b, m0, lo, hi in ranges:
+        k = max(1, -(-(hi - lo) // chunk))
+        most = max(most, k)
+        rows = min(cfg.block_m, x.q_lens_host[b] - m0)
+        for s in range(k):
+            a, e = lo + s * chunk, min(hi, lo + (s + 1) * chunk)
+            items.append((b, m0, a, e, n_part + s, k, int(k == 1), s))
+        if k > 1:
+            merge += [(starts[b] + m0 + m, n_part + m * k, n_part + (m + 1) * k) for m in range(rows)]
+            n_part += rows * k
+    tiles_t = torch.tensor(items, dtype=torch.int32).to(device)
+    n_alloc = max(1, n_part)
+    part_o = torch.empty(n_alloc, Hq, Dv, dtype=torch.float32, device=device)
+    part_ml = torch.empty(n_alloc, 2, Hq, dtype=torch.float32, device=device)
+    bdv = block_dv(Dv)
+    merge_meta = dict(  # decode's merge, told that a split may have seen no key
+        DV=Dv, BLOCK_DV=bdv, BLOCK_S=16, HAS_SINKS=x.sinks is not None, PRECISE_EXP=x.q.dtype == torch.float32,
+        HAS_EMPTY=True, num_warps=4 if bdv >= 256 else 2,
+    )  # fmt: skip
+    return ExtendPlan(
+        tiles_t, (Hq * len(items),), meta, cfg, splits=most,
+        merge=torch.tensor(merge, dtype=torch.int32).to(device) if merge else None,
+        rows=torch.arange(T, dtype=torch.int32, device=device),
+        part_o=part_o, part_ml=part_ml, merge_grid=(len(merge), Hq), merge_meta=merge_meta,
+    )  # fmt: skip
+
+
+def _launches(x, plan: ExtendPlan) -> list[tuple]:
+    """(kernel, grid, args, kwargs) of the extend launch and, on the split path with a tile of
+    several splits, of the merge."""
     q, kc, vc, o, lse = x.q, x.k_cache, x.v_cache, x.o, x.lse
     kn = x.k_new if x.k_new is not None else kc
     vn = x.v_new if x.v_new is not None else vc
@@ -422,17 +586,28 @@ def _launch(x, plan: ExtendPlan) -> tuple:
     sinks = x.sinks if x.sinks is not None else lse
     slots = x.slot_mapping if x.slot_mapping is not None else x.kv_indptr
     scale, cap = x.sm_scale, x.soft_cap
+    part_o = plan.part_o if plan.part_o is not None else o  # unsplit: never written
+    part_ml = plan.part_ml if plan.part_ml is not None else lse
     args = (
         q, kc, vc, kn, vn, x.kv_page_indices, x.kv_indptr, x.qo_indptr, x.seq_lens, plan.tiles,
         mask, mask_indptr, sinks, slots,
-        o, lse,
+        o, lse, part_o, part_ml,
         scale * LOG2E, scale / cap if cap > 0 else 0.0, cap * LOG2E, x.window,
         q.stride(0), q.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
         o.stride(0), o.stride(1), lse.stride(0),
+        part_o.stride(0), part_o.stride(1), part_ml.stride(0), part_ml.stride(1),
     )  # fmt: skip
-    return _extend_kernel, plan.grid, args, plan.meta
+    out = [(_extend_kernel, plan.grid, args, plan.meta)]
+    if plan.merge is not None:
+        merge_args = (
+            plan.rows, plan.merge, sinks, plan.part_o, plan.part_ml, o, lse,
+            plan.part_o.stride(0), plan.part_o.stride(1), plan.part_ml.stride(0), plan.part_ml.stride(1),
+            o.stride(0), o.stride(1), lse.stride(0),
+        )  # fmt: skip
+        out.append((_decode_merge_kernel, plan.merge_grid, merge_args, plan.merge_meta))
+    return out
 
 
 def extend(x, plan: ExtendPlan) -> dict[str, torch.Tensor]:
@@ -447,18 +622,19 @@ def extend(x, plan: ExtendPlan) -> dict[str, torch.Tensor]:
     Returns:
         `{"o": x.o, "lse": x.lse}`.
     """
-    fn, grid, args, kwargs = _launch(x, plan)
-    fn[grid](*args, **kwargs)
+    for fn, grid, args, kwargs in _launches(x, plan):
+        fn[grid](*args, **kwargs)
     return {"o": x.o, "lse": x.lse}
 
 
 def bind_extend(x, plan: ExtendPlan) -> Callable[[], dict[str, torch.Tensor]]:
     """`extend(x, plan)` as a zero-argument call with its kernel compiled and arguments bound now."""
-    call = bind_launch(*_launch(x, plan))
+    calls = [bind_launch(*launch) for launch in _launches(x, plan)]  # no host sync in the call
     out = {"o": x.o, "lse": x.lse}
 
     def run():
-        call()
+        for call in calls:
+            call()
         return out
 
     return run
