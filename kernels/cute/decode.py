@@ -27,11 +27,12 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench.kernels.cute.common import cached_compile, dynamic, stream_of
+from attnbench.kernels.cute.common import cached_compile, check_rows_aligned, dynamic, stream_of
 
 THREADS = 128
 WARPS = THREADS // 32
-MAX_HB = 8  # query heads per CTA (register budget: HB * D / 32 accumulators a thread)
+MAX_HB = 8  # query heads per CTA (register budget: HB * VEC accumulators and HB * VEC q values a thread)
+VEC = 8  # elements of a 128-bit load of bf16/fp16
 HEAD_DIMS = (64, 128)
 WAVES = 4
 CTAS_PER_SM = 8
@@ -139,6 +140,11 @@ def make_plan(x, num_sms: int) -> DecodePlan:
 
 
 # ---- the kernels -----------------------------------------------------------------------------------
+def keys_per_lane_group(HB: int) -> int:
+    """Keys a lane group loads per loop iteration (more bytes in flight; fewer registers with 8 heads)."""
+    return 4 if HB <= 4 else 2
+
+
 def _build(HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul: float, cap: bool, sinks: bool):
     """Defines both kernels and their launchers for one static configuration (cutlass imported here)."""
     import cuda.bindings.driver as cuda
@@ -146,9 +152,14 @@ def _build(HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul:
     import cutlass.cute as cute
 
     F32 = cutlass.Float32
-    NI = D // 32
     NUM_HB = G // HB
     N_OUT = HB * D
+    LPK = D // VEC  # lanes per key row (each lane holds VEC contiguous elements: one 128-bit load)
+    KPW = 32 // LPK  # keys a warp reads per instruction
+    U = keys_per_lane_group(HB)
+    STEP = KPW * U  # keys a warp covers per loop iteration
+    RED = [LPK >> (k + 1) for k in range(LPK.bit_length() - 1)]  # butterfly offsets inside a group
+    GROUPS = [16 >> k for k in range(KPW.bit_length() - 1)]  # offsets across the groups of a warp
 
     @cute.kernel
     def decode_split_kernel(
@@ -168,6 +179,8 @@ def _build(HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul:
         bidx, bidy, _ = cute.arch.block_idx()
         lane = tidx % 32
         warp = tidx // 32
+        i_kg = lane // LPK  # which key of the warp's instruction this lane's group reads
+        i_li = lane % LPK  # which VEC-slice of the row this lane holds
         i_hk = bidy // NUM_HB
         h0 = i_hk * G + (bidy % NUM_HB) * HB  # first q head of this CTA
 
@@ -182,54 +195,99 @@ def _build(HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul:
         sL = smem.allocate_tensor(F32, cute.make_layout((WARPS * HB,)), 16)
         sAcc = smem.allocate_tensor(F32, cute.make_layout((WARPS * HB * D,)), 16)
 
-        r_q = cute.make_rmem_tensor(cute.make_layout((HB * NI,), stride=(1,)), F32)
-        r_acc = cute.make_rmem_tensor(cute.make_layout((HB * NI,), stride=(1,)), F32)
-        r_k = cute.make_rmem_tensor(cute.make_layout((NI,), stride=(1,)), F32)
+        dt = mKc.element_type
+        r_qb = cute.make_rmem_tensor(cute.make_layout((VEC,), stride=(1,)), mQ.element_type)
+        r_kb = [cute.make_rmem_tensor(cute.make_layout((VEC,), stride=(1,)), dt) for _ in range(U)]
+        r_vb = [cute.make_rmem_tensor(cute.make_layout((VEC,), stride=(1,)), dt) for _ in range(U)]
+        r_q = cute.make_rmem_tensor(cute.make_layout((HB * VEC,), stride=(1,)), F32)
+        r_acc = cute.make_rmem_tensor(cute.make_layout((HB * VEC,), stride=(1,)), F32)
+        r_kf = cute.make_rmem_tensor(cute.make_layout((VEC,), stride=(1,)), F32)
+        r_s = cute.make_rmem_tensor(cute.make_layout((U * HB,), stride=(1,)), F32)
         r_m = cute.make_rmem_tensor(cute.make_layout((HB,), stride=(1,)), F32)
         r_l = cute.make_rmem_tensor(cute.make_layout((HB,), stride=(1,)), F32)
-        r_p = cute.make_rmem_tensor(cute.make_layout((HB,), stride=(1,)), F32)
         r_a = cute.make_rmem_tensor(cute.make_layout((HB,), stride=(1,)), F32)
 
         for g in cutlass.range_constexpr(HB):
+            cute.autovec_copy(cute.local_tile(mQ[b, h0 + g, None], (VEC,), (i_li,)), r_qb)
             r_m[g] = F32(NEG)
             r_l[g] = F32(0.0)
-            for i in cutlass.range_constexpr(NI):
-                r_q[g * NI + i] = F32(mQ[b, h0 + g, lane + 32 * i]) * q_mul
-                r_acc[g * NI + i] = F32(0.0)
+            for i in cutlass.range_constexpr(VEC):
+                r_q[g * VEC + i] = F32(r_qb[i]) * q_mul
+                r_acc[g * VEC + i] = F32(0.0)
 
+        # each warp walks a contiguous quarter of the split, STEP keys an iteration: key
+        # lo + it * STEP + u * KPW + i_kg goes to lane group i_kg (keys past hi are clamped and masked)
         per = (end - start + WARPS - 1) // WARPS
         lo = start + warp * per
         hi = cutlass.min(lo + per, end)
-        for j in cutlass.range(lo, hi, unroll=1):
-            page = mPages[page_base + j // PAGE]
-            slot = j % PAGE
-            for i in cutlass.range_constexpr(NI):
-                r_k[i] = F32(mKc[page, slot, i_hk, lane + 32 * i])
-            for g in cutlass.range_constexpr(HB):
-                s = F32(0.0)
-                for i in cutlass.range_constexpr(NI):
-                    s += r_q[g * NI + i] * r_k[i]
-                for off in [16, 8, 4, 2, 1]:
-                    s += cute.arch.shuffle_sync_bfly(s, offset=off, mask=-1, mask_and_clamp=31)
-                if cutlass.const_expr(cap):
-                    s = cute.math.tanh(s, fastmath=False) * post_mul
-                m_new = cute.arch.fmax(r_m[g], s)
-                r_a[g] = cute.math.exp2(r_m[g] - m_new, fastmath=True)
-                r_p[g] = cute.math.exp2(s - m_new, fastmath=True)
-                r_l[g] = r_l[g] * r_a[g] + r_p[g]
-                r_m[g] = m_new
-            for i in cutlass.range_constexpr(NI):
-                vv = F32(mVc[page, slot, i_hk, lane + 32 * i])
+        n_it = (hi - lo + STEP - 1) // STEP
+        for it in cutlass.range(0, n_it, unroll=1):
+            j0 = lo + it * STEP + i_kg
+            for u in cutlass.range_constexpr(U):
+                j = cutlass.min(j0 + u * KPW, hi - 1)
+                page = mPages[page_base + j // PAGE]
+                slot = j % PAGE
+                cute.autovec_copy(cute.local_tile(mKc[page, slot, i_hk, None], (VEC,), (i_li,)), r_kb[u])
+                cute.autovec_copy(cute.local_tile(mVc[page, slot, i_hk, None], (VEC,), (i_li,)), r_vb[u])
+            for u in cutlass.range_constexpr(U):
+                for i in cutlass.range_constexpr(VEC):
+                    r_kf[i] = F32(r_kb[u][i])
                 for g in cutlass.range_constexpr(HB):
-                    r_acc[g * NI + i] = r_acc[g * NI + i] * r_a[g] + r_p[g] * vv
+                    s = F32(0.0)
+                    for i in cutlass.range_constexpr(VEC):
+                        s += r_q[g * VEC + i] * r_kf[i]
+                    for off in RED:
+                        s += cute.arch.shuffle_sync_bfly(s, offset=off, mask=-1, mask_and_clamp=31)
+                    if cutlass.const_expr(cap):
+                        s = cute.math.tanh(s, fastmath=False) * post_mul
+                    r_s[u * HB + g] = s
+                if j0 + u * KPW >= hi:
+                    for g in cutlass.range_constexpr(HB):
+                        r_s[u * HB + g] = F32(NEG)
+            # online softmax over the U keys at once: one rescale per head and iteration
+            for g in cutlass.range_constexpr(HB):
+                m_new = r_m[g]
+                for u in cutlass.range_constexpr(U):
+                    m_new = cute.arch.fmax(m_new, r_s[u * HB + g])
+                alpha = cute.math.exp2(r_m[g] - m_new, fastmath=True)
+                r_a[g] = alpha
+                r_m[g] = m_new
+                l_new = r_l[g] * alpha
+                for u in cutlass.range_constexpr(U):
+                    p = cute.math.exp2(r_s[u * HB + g] - m_new, fastmath=True)
+                    if j0 + u * KPW >= hi:  # masked keys weigh nothing (also while no key was seen)
+                        p = F32(0.0)
+                    r_s[u * HB + g] = p
+                    l_new += p
+                r_l[g] = l_new
+            for i in cutlass.range_constexpr(VEC):
+                for g in cutlass.range_constexpr(HB):
+                    r_acc[g * VEC + i] = r_acc[g * VEC + i] * r_a[g]
+                for u in cutlass.range_constexpr(U):
+                    vv = F32(r_vb[u][i])
+                    for g in cutlass.range_constexpr(HB):
+                        r_acc[g * VEC + i] = r_acc[g * VEC + i] + r_s[u * HB + g] * vv
 
-        # merge the 4 warps through shared memory
-        for g in cutlass.range_constexpr(HB):
-            if lane == 0:
-                sM[warp * HB + g] = r_m[g]
-                sL[warp * HB + g] = r_l[g]
-            for i in cutlass.range_constexpr(NI):
-                sAcc[(warp * HB + g) * D + lane + 32 * i] = r_acc[g * NI + i]
+        # merge the lane groups of each warp (butterflies across groups), then the 4 warps in smem
+        for off in GROUPS:
+            for g in cutlass.range_constexpr(HB):
+                m_o = cute.arch.shuffle_sync_bfly(r_m[g], offset=off, mask=-1, mask_and_clamp=31)
+                l_o = cute.arch.shuffle_sync_bfly(r_l[g], offset=off, mask=-1, mask_and_clamp=31)
+                m_n = cute.arch.fmax(r_m[g], m_o)
+                c_me = cute.math.exp2(r_m[g] - m_n, fastmath=True)
+                c_o = cute.math.exp2(m_o - m_n, fastmath=True)
+                r_l[g] = r_l[g] * c_me + l_o * c_o
+                r_m[g] = m_n
+                for i in cutlass.range_constexpr(VEC):
+                    a_o = cute.arch.shuffle_sync_bfly(r_acc[g * VEC + i], offset=off, mask=-1, mask_and_clamp=31)
+                    r_acc[g * VEC + i] = r_acc[g * VEC + i] * c_me + a_o * c_o
+        if i_kg == 0:
+            for g in cutlass.range_constexpr(HB):
+                if i_li == 0:
+                    sM[warp * HB + g] = r_m[g]
+                    sL[warp * HB + g] = r_l[g]
+                for i in cutlass.range_constexpr(VEC):
+                    sAcc[(warp * HB + g) * D + i_li * VEC + i] = r_acc[g * VEC + i]
         cute.arch.barrier()
 
         for t in cutlass.range_constexpr((N_OUT + THREADS - 1) // THREADS):
@@ -297,6 +355,12 @@ def _build(HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul:
         if d == 0:
             mLse[b, h] = (r_s[0] + cute.math.log2(r_s[1], fastmath=False)) * LN2
 
+    def aligned_rows(t):
+        """`t` with every stride but the last declared a multiple of 16 bytes (128-bit row slices)."""
+        per16 = 128 // t.element_type.width
+        stride = tuple(cute.assume(st, divby=per16) for st in t.stride[:-1]) + (t.stride[-1],)
+        return cute.make_tensor(t.iterator, cute.make_layout(t.shape, stride=stride))
+
     @cute.jit
     def split_launch(
         mQ: cute.Tensor,
@@ -313,6 +377,7 @@ def _build(HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul:
         stream: cuda.CUstream,
     ):
         W = cute.size(mWork, mode=[0])
+        mQ, mKc, mVc = [aligned_rows(t) for t in (mQ, mKc, mVc)]
         decode_split_kernel(mQ, mKc, mVc, mPages, mIndptr, mWork, mSinks, mO, mLse, mPartO, mPartL).launch(
             grid=[W, HKV * NUM_HB, 1], block=[THREADS, 1, 1], stream=stream
         )
@@ -361,12 +426,17 @@ def prepare(case, x):
 
     def build():
         split_launch, merge_launch = _build(*static)
-        split = cute.compile(split_launch, *[dynamic(t) for t in split_args], stream, options="--enable-tvm-ffi")
+        split = cute.compile(
+            split_launch, *[dynamic(t, 16) if i < 3 else dynamic(t) for i, t in enumerate(split_args)], stream,
+            options="--enable-tvm-ffi",
+        )  # fmt: skip
         merge_args = (plan.merge if plan.merge is not None else plan.work[:1, :3].contiguous(),
                       sinks, plan.part_o, plan.part_lse, x.o, x.lse)  # fmt: skip
         merge = cute.compile(merge_launch, *[dynamic(t) for t in merge_args], stream, options="--enable-tvm-ffi")
         return split, merge
 
+    for t in split_args[:3]:  # every call, not only the compiling one: the kernel loads 128-bit rows
+        check_rows_aligned(t, 16)
     (split_fn, merge_fn), compile_s = cached_compile(key, build)
     merge_args = (plan.merge, sinks, plan.part_o, plan.part_lse, x.o, x.lse) if plan.merge is not None else None
     out = {"o": x.o, "lse": x.lse}
