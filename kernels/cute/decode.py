@@ -33,6 +33,9 @@ THREADS = 128
 WARPS = THREADS // 32
 MAX_HB = 8  # query heads per CTA (register budget: HB * VEC accumulators and HB * VEC q values a thread)
 VEC = 8  # elements of a 128-bit load of bf16/fp16
+UNROLL = None  # keys a lane group loads per iteration (None: keys_per_lane_group decides)
+MIN_CTAS = 0  # > 0: ask ptxas to fit that many CTAs an SM (caps registers)
+PIPELINE = True  # load the next iteration's K/V rows into a second register buffer before computing
 HEAD_DIMS = (64, 128)
 WAVES = 4
 CTAS_PER_SM = 8
@@ -141,11 +144,15 @@ def make_plan(x, num_sms: int) -> DecodePlan:
 
 # ---- the kernels -----------------------------------------------------------------------------------
 def keys_per_lane_group(HB: int) -> int:
-    """Keys a lane group loads per loop iteration (more bytes in flight; fewer registers with 8 heads)."""
-    return 4 if HB <= 4 else 2
+    """Keys a lane group loads per loop iteration (UNROLL, else 4, or 2 with more than 4 heads a CTA:
+    registers)."""
+    return UNROLL or (4 if HB <= 4 else 2)
 
 
-def _build(HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul: float, cap: bool, sinks: bool):
+def _build(
+    HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul: float, cap: bool, sinks: bool,
+    U: int, PIPE: bool, MIN_CTAS: int,
+):  # fmt: skip
     """Defines both kernels and their launchers for one static configuration (cutlass imported here)."""
     import cuda.bindings.driver as cuda
     import cutlass
@@ -156,7 +163,6 @@ def _build(HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul:
     N_OUT = HB * D
     LPK = D // VEC  # lanes per key row (each lane holds VEC contiguous elements: one 128-bit load)
     KPW = 32 // LPK  # keys a warp reads per instruction
-    U = keys_per_lane_group(HB)
     STEP = KPW * U  # keys a warp covers per loop iteration
     RED = [LPK >> (k + 1) for k in range(LPK.bit_length() - 1)]  # butterfly offsets inside a group
     GROUPS = [16 >> k for k in range(KPW.bit_length() - 1)]  # offsets across the groups of a warp
@@ -197,8 +203,9 @@ def _build(HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul:
 
         dt = mKc.element_type
         r_qb = cute.make_rmem_tensor(cute.make_layout((VEC,), stride=(1,)), mQ.element_type)
-        r_kb = [cute.make_rmem_tensor(cute.make_layout((VEC,), stride=(1,)), dt) for _ in range(U)]
-        r_vb = [cute.make_rmem_tensor(cute.make_layout((VEC,), stride=(1,)), dt) for _ in range(U)]
+        vec_buf = lambda: [cute.make_rmem_tensor(cute.make_layout((VEC,), stride=(1,)), dt) for _ in range(U)]
+        r_kb = [vec_buf() for _ in range(2 if PIPE else 1)]  # [buffer][key]
+        r_vb = [vec_buf() for _ in range(2 if PIPE else 1)]
         r_q = cute.make_rmem_tensor(cute.make_layout((HB * VEC,), stride=(1,)), F32)
         r_acc = cute.make_rmem_tensor(cute.make_layout((HB * VEC,), stride=(1,)), F32)
         r_kf = cute.make_rmem_tensor(cute.make_layout((VEC,), stride=(1,)), F32)
@@ -216,57 +223,82 @@ def _build(HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul:
                 r_acc[g * VEC + i] = F32(0.0)
 
         # each warp walks a contiguous quarter of the split, STEP keys an iteration: key
-        # lo + it * STEP + u * KPW + i_kg goes to lane group i_kg (keys past hi are clamped and masked)
+        # lo + it * STEP + u * KPW + i_kg goes to lane group i_kg (keys past hi are clamped to hi - 1, a
+        # valid key, and masked). With PIPE, the K/V rows of iteration it + 1 are loaded into the other
+        # register buffer before iteration it is computed (two iterations per trip of the loop).
         per = (end - start + WARPS - 1) // WARPS
         lo = start + warp * per
         hi = cutlass.min(lo + per, end)
         n_it = (hi - lo + STEP - 1) // STEP
-        for it in cutlass.range(0, n_it, unroll=1):
-            j0 = lo + it * STEP + i_kg
+        NBUF = 2 if PIPE else 1
+        if cutlass.const_expr(PIPE):
             for u in cutlass.range_constexpr(U):
-                j = cutlass.min(j0 + u * KPW, hi - 1)
-                page = mPages[page_base + j // PAGE]
-                slot = j % PAGE
-                cute.autovec_copy(cute.local_tile(mKc[page, slot, i_hk, None], (VEC,), (i_li,)), r_kb[u])
-                cute.autovec_copy(cute.local_tile(mVc[page, slot, i_hk, None], (VEC,), (i_li,)), r_vb[u])
-            for u in cutlass.range_constexpr(U):
-                for i in cutlass.range_constexpr(VEC):
-                    r_kf[i] = F32(r_kb[u][i])
-                for g in cutlass.range_constexpr(HB):
-                    s = F32(0.0)
+                j_pf = cutlass.min(lo + i_kg + u * KPW, hi - 1)
+                pg_pf = mPages[page_base + j_pf // PAGE]
+                gk_pf = cute.local_tile(mKc[pg_pf, j_pf % PAGE, i_hk, None], (VEC,), (i_li,))
+                gv_pf = cute.local_tile(mVc[pg_pf, j_pf % PAGE, i_hk, None], (VEC,), (i_li,))
+                cute.autovec_copy(gk_pf, r_kb[0][u])
+                cute.autovec_copy(gv_pf, r_vb[0][u])
+        for trip in cutlass.range(0, (n_it + NBUF - 1) // NBUF, unroll=1):
+            for ph in cutlass.range_constexpr(NBUF):
+                it = trip * NBUF + ph
+                j0 = lo + it * STEP + i_kg
+                cur = ph
+                if cutlass.const_expr(PIPE):
+                    if it + 1 < n_it:
+                        for u in cutlass.range_constexpr(U):
+                            j_nx = cutlass.min(j0 + STEP + u * KPW, hi - 1)
+                            pg_nx = mPages[page_base + j_nx // PAGE]
+                            gk_nx = cute.local_tile(mKc[pg_nx, j_nx % PAGE, i_hk, None], (VEC,), (i_li,))
+                            gv_nx = cute.local_tile(mVc[pg_nx, j_nx % PAGE, i_hk, None], (VEC,), (i_li,))
+                            cute.autovec_copy(gk_nx, r_kb[1 - ph][u])
+                            cute.autovec_copy(gv_nx, r_vb[1 - ph][u])
+                else:
+                    for u in cutlass.range_constexpr(U):
+                        j_now = cutlass.min(j0 + u * KPW, hi - 1)
+                        pg_now = mPages[page_base + j_now // PAGE]
+                        gk_now = cute.local_tile(mKc[pg_now, j_now % PAGE, i_hk, None], (VEC,), (i_li,))
+                        gv_now = cute.local_tile(mVc[pg_now, j_now % PAGE, i_hk, None], (VEC,), (i_li,))
+                        cute.autovec_copy(gk_now, r_kb[0][u])
+                        cute.autovec_copy(gv_now, r_vb[0][u])
+                for u in cutlass.range_constexpr(U):
                     for i in cutlass.range_constexpr(VEC):
-                        s += r_q[g * VEC + i] * r_kf[i]
-                    for off in RED:
-                        s += cute.arch.shuffle_sync_bfly(s, offset=off, mask=-1, mask_and_clamp=31)
-                    if cutlass.const_expr(cap):
-                        s = cute.math.tanh(s, fastmath=False) * post_mul
-                    r_s[u * HB + g] = s
-                if j0 + u * KPW >= hi:
+                        r_kf[i] = F32(r_kb[cur][u][i])
                     for g in cutlass.range_constexpr(HB):
-                        r_s[u * HB + g] = F32(NEG)
-            # online softmax over the U keys at once: one rescale per head and iteration
-            for g in cutlass.range_constexpr(HB):
-                m_new = r_m[g]
-                for u in cutlass.range_constexpr(U):
-                    m_new = cute.arch.fmax(m_new, r_s[u * HB + g])
-                alpha = cute.math.exp2(r_m[g] - m_new, fastmath=True)
-                r_a[g] = alpha
-                r_m[g] = m_new
-                l_new = r_l[g] * alpha
-                for u in cutlass.range_constexpr(U):
-                    p = cute.math.exp2(r_s[u * HB + g] - m_new, fastmath=True)
-                    if j0 + u * KPW >= hi:  # masked keys weigh nothing (also while no key was seen)
-                        p = F32(0.0)
-                    r_s[u * HB + g] = p
-                    l_new += p
-                r_l[g] = l_new
-            for i in cutlass.range_constexpr(VEC):
+                        s = F32(0.0)
+                        for i in cutlass.range_constexpr(VEC):
+                            s += r_q[g * VEC + i] * r_kf[i]
+                        for off in RED:
+                            s += cute.arch.shuffle_sync_bfly(s, offset=off, mask=-1, mask_and_clamp=31)
+                        if cutlass.const_expr(cap):
+                            s = cute.math.tanh(s, fastmath=False) * post_mul
+                        r_s[u * HB + g] = s
+                    if j0 + u * KPW >= hi:
+                        for g in cutlass.range_constexpr(HB):
+                            r_s[u * HB + g] = F32(NEG)
+                # online softmax over the U keys at once: one rescale per head and iteration
                 for g in cutlass.range_constexpr(HB):
-                    r_acc[g * VEC + i] = r_acc[g * VEC + i] * r_a[g]
-                for u in cutlass.range_constexpr(U):
-                    vv = F32(r_vb[u][i])
+                    m_new = r_m[g]
+                    for u in cutlass.range_constexpr(U):
+                        m_new = cute.arch.fmax(m_new, r_s[u * HB + g])
+                    alpha = cute.math.exp2(r_m[g] - m_new, fastmath=True)
+                    r_a[g] = alpha
+                    r_m[g] = m_new
+                    l_new = r_l[g] * alpha
+                    for u in cutlass.range_constexpr(U):
+                        p = cute.math.exp2(r_s[u * HB + g] - m_new, fastmath=True)
+                        if j0 + u * KPW >= hi:  # masked keys weigh nothing (also while no key was seen)
+                            p = F32(0.0)
+                        r_s[u * HB + g] = p
+                        l_new += p
+                    r_l[g] = l_new
+                for i in cutlass.range_constexpr(VEC):
                     for g in cutlass.range_constexpr(HB):
-                        r_acc[g * VEC + i] = r_acc[g * VEC + i] + r_s[u * HB + g] * vv
+                        r_acc[g * VEC + i] = r_acc[g * VEC + i] * r_a[g]
+                    for u in cutlass.range_constexpr(U):
+                        vv = F32(r_vb[cur][u][i])
+                        for g in cutlass.range_constexpr(HB):
+                            r_acc[g * VEC + i] = r_acc[g * VEC + i] + r_s[u * HB + g] * vv
 
         # merge the lane groups of each warp (butterflies across groups), then the 4 warps in smem
         for off in GROUPS:
@@ -378,8 +410,9 @@ def _build(HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul:
     ):
         W = cute.size(mWork, mode=[0])
         mQ, mKc, mVc = [aligned_rows(t) for t in (mQ, mKc, mVc)]
+        bounds = dict(min_blocks_per_mp=MIN_CTAS, max_number_threads=[THREADS, 1, 1]) if MIN_CTAS else {}
         decode_split_kernel(mQ, mKc, mVc, mPages, mIndptr, mWork, mSinks, mO, mLse, mPartO, mPartL).launch(
-            grid=[W, HKV * NUM_HB, 1], block=[THREADS, 1, 1], stream=stream
+            grid=[W, HKV * NUM_HB, 1], block=[THREADS, 1, 1], stream=stream, **bounds
         )
 
     @cute.jit
@@ -416,7 +449,7 @@ def prepare(case, x):
     q_mul, post_mul = score_multipliers(x.sm_scale, x.soft_cap)
     has_sinks = x.sinks is not None
     sinks = x.sinks if has_sinks else torch.zeros(1, dtype=torch.float32, device=device)
-    static = (HB, G, D, PAGE, Hkv, q_mul, post_mul, x.soft_cap > 0, has_sinks)
+    static = (HB, G, D, PAGE, Hkv, q_mul, post_mul, x.soft_cap > 0, has_sinks, keys_per_lane_group(HB), PIPELINE, MIN_CTAS)
     key = ("decode", x.q.dtype, *static)
     stream = stream_of(device)
     split_args = (
