@@ -10,13 +10,19 @@ Schedule (host, `plan_splits`, pure Python): each request's visible keys are cut
 about `WAVES` waves of CTAs fill the GPU; a work item is (request, first key, end key, final flag).
 
 Stage 1 (`decode_split_kernel`): one CTA of 128 threads (4 warps) per (work item, kv head, block of
-HB query heads sharing that kv head). Each warp walks a contiguous quarter of the split's keys one
-key at a time; lanes split the head dim (lane l holds elements l, l+32, ...: every K/V load of a warp
-reads 64 or 128 contiguous bytes of one row). Scores are dot products reduced by butterfly shuffles,
+HB query heads sharing that kv head). Each warp walks a contiguous quarter of the split's keys. A key
+row of D elements is read by a lane group of D/8 lanes, one 128-bit load a lane (8 bf16/fp16), so a
+warp reads 32/(D/8) keys per instruction (2 at D = 128, 4 at D = 64); every lane group takes U keys
+an iteration (4, or 2 with 8 heads a CTA), and with PIPELINE the K/V rows of the next iteration are
+loaded into a second register buffer before the current one is computed. Scores are 8-element
+partial dot products reduced over the lane group by butterfly shuffles (log2(D/8) per key and head),
 in log2 units (`q * sm_scale * log2(e)`, or `cap * log2(e) * tanh(q.k * sm_scale / cap)` with a soft
-cap) with an online softmax per warp in fp32. The 4 warps merge through shared memory; a request
-with one split writes o and lse (with the sink added), otherwise the split writes its normalised
-partial output and its LSE (log2 units) to scratch.
+cap), with an online softmax in fp32 that rescales once per iteration for the U keys. Keys past the
+warp's range are clamped to its last key (a valid row: the cache outside it may hold NaN) and
+weigh 0. The lane groups of a warp merge by butterflies, the 4 warps through shared memory; a
+request with one split writes o and lse (with the sink added), otherwise the split writes its
+normalised partial output and its LSE (log2 units) to scratch. q, k_cache and v_cache must be
+16-byte aligned with strides in multiples of 8 elements (checked on the host).
 
 Stage 2 (`decode_merge_kernel`): one CTA of D threads per (split request, q head) merges the
 partials by their LSEs, adds the sink, writes o and the natural-log lse.
@@ -149,6 +155,12 @@ def keys_per_lane_group(HB: int) -> int:
     return UNROLL or (4 if HB <= 4 else 2)
 
 
+def pipelined(HB: int) -> bool:
+    """Whether the K/V rows of the next iteration go to a second register buffer (PIPELINE, and at
+    most 4 heads a CTA: with 8, q and the accumulators alone take 128 registers a thread)."""
+    return PIPELINE and HB <= 4
+
+
 def _build(
     HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul: float, cap: bool, sinks: bool,
     U: int, PIPE: bool, MIN_CTAS: int,
@@ -233,6 +245,10 @@ def _build(
         NBUF = 2 if PIPE else 1
         if cutlass.const_expr(PIPE):
             for u in cutlass.range_constexpr(U):
+                # the second buffer feeds the masked, all-padding half trip of an odd n_it before it was
+                # ever loaded: zeros, not stale registers (0 * NaN would poison the accumulators)
+                r_kb[1][u].fill(0.0)
+                r_vb[1][u].fill(0.0)
                 j_pf = cutlass.min(lo + i_kg + u * KPW, hi - 1)
                 pg_pf = mPages[page_base + j_pf // PAGE]
                 gk_pf = cute.local_tile(mKc[pg_pf, j_pf % PAGE, i_hk, None], (VEC,), (i_li,))
@@ -449,7 +465,8 @@ def prepare(case, x):
     q_mul, post_mul = score_multipliers(x.sm_scale, x.soft_cap)
     has_sinks = x.sinks is not None
     sinks = x.sinks if has_sinks else torch.zeros(1, dtype=torch.float32, device=device)
-    static = (HB, G, D, PAGE, Hkv, q_mul, post_mul, x.soft_cap > 0, has_sinks, keys_per_lane_group(HB), PIPELINE, MIN_CTAS)
+    U, pipe = keys_per_lane_group(HB), pipelined(HB)
+    static = (HB, G, D, PAGE, Hkv, q_mul, post_mul, x.soft_cap > 0, has_sinks, U, pipe, MIN_CTAS)
     key = ("decode", x.q.dtype, *static)
     stream = stream_of(device)
     split_args = (
@@ -487,7 +504,8 @@ def prepare(case, x):
         "work_items": int(plan.work.shape[0]),
         "max_splits": plan.splits,
         "heads_per_cta": HB,
-        "variant": "SIMT split-KV: CTA per (split, kv head, head block), warps over keys"
+        "variant": f"SIMT split-KV, 128-bit rows: CTA per (split, kv head, {HB} q heads), "
+        f"{U} keys a lane group an iteration{', double-buffered' if pipe else ''}"
         + (" + LSE merge" if merge_args is not None else ""),
     }
     return run

@@ -5,17 +5,20 @@ strides: packed decode passes views of mixed_qkv), raw gates a, b `[B, HV]`, A_l
 dt_bias `[HV]`, pool `[N, HV, K, V]` fp32 updated in place at `state_indices [B]` (negative =
 padding: the pool is neither read nor written and the output rows are zeros), o `[B, HV, V]`.
 
-Kernel (SIMT): one CTA of 128 threads (4 warps) per (request, v-head, block of 32 value columns).
-Lane l owns column `32 * blockIdx.y + l`; warp w owns state rows k = w, w + 4, ..., so each warp
-reads and writes 128 contiguous bytes of a state row per instruction and the 32 x 128 slice of the
-state lives in registers (32 values a thread). q and k go through shared memory; every warp reduces
-the L2 norms itself (butterfly shuffles) and every thread computes the gates itself:
+Kernel (SIMT): one CTA per (block of BV value columns, request, v-head), the column blocks of one
+head launched side by side. A thread holds RPT = 8 contiguous state rows x VEC = 4 columns (one
+128-bit load and store a row), BV / 4 lanes cover a row segment, so a CTA of K * BV / 32 threads
+(128 at BV = 32) holds its K x BV slice of the state in registers (32 values a thread). The state
+loads are issued first, before q/k/v and the gates are read. q and k go through shared memory; every
+warp reduces the L2 norms itself (butterfly shuffles) and every thread computes the gates itself:
 
     g = -exp(A_log) * softplus(a + dt_bias)   softplus = log(1 + exp(x)), x itself above 20
     beta = sigmoid(b)
     S = exp(g) S;  u = beta (v - S^T k^);  S = S + k^ u^T;  o = S^T (q^ * scale)
 
-The two column sums (S^T k^ and S^T q^) are reduced over the 4 warps through shared memory.
+The two column sums (S^T k^ and S^T q^) are reduced over the rows of a warp by butterflies, then over
+the warps through shared memory. The pool must be 16-byte aligned with strides in multiples of 4
+(checked on the host); q/k/v are read with scalar loads (any strides).
 """
 
 import torch
@@ -271,7 +274,7 @@ def prepare(case, x):
     run.info = {
         "compile_s": compile_s,
         "jit_s": compile_s,
-        "variant": "SIMT: CTA per (request, v-head, 32 columns), state slice in registers"
+        "variant": f"SIMT, 128-bit state rows: CTA per ({BV} columns, request, v-head), state slice in registers"
         + (" (q/k/v read in place from mixed_qkv)" if x.mixed_qkv is not None else ""),
     }
     return run
