@@ -137,7 +137,7 @@ def test_rows_aligned_check_names_the_problem():
 
 
 def test_decode_lane_layout():
-    # one 128-bit load a lane: D / 8 lanes per key row, the rest of the warp reads other keys
-    assert decode.VEC == 8 and 128 // decode.VEC == 16 and 64 // decode.VEC == 8
-    assert decode.keys_per_lane_group(4) == 4 and decode.keys_per_lane_group(8) == 2
-    assert decode.pipelined(4) and not decode.pipelined(8)
+    # 128-bit loads (8 elements): D / (8 VPL) lanes per key row, the rest of the warp reads other keys
+    assert decode.VEC == 8
+    assert decode.schedule(4) == (2, 2, False, decode.ASYNC_STAGES)
+    assert decode.schedule(8)[:2] == (1, 2)  # registers: q and accumulators of 8 heads

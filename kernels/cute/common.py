@@ -75,6 +75,18 @@ def dynamic(t: torch.Tensor, align: int | None = None):
     return from_dlpack(t, assumed_align=align).mark_layout_dynamic()
 
 
+def compact(t: torch.Tensor, align: int = 16):
+    """`t` (contiguous) as a CuTe tensor whose leading dim alone is dynamic: the other dims and every
+    stride are compile-time constants (cheaper address arithmetic than `dynamic`)."""
+    from cutlass.cute.runtime import from_dlpack
+
+    if not t.is_contiguous():
+        raise ValueError(f"expected a contiguous tensor, got strides {tuple(t.stride())}")
+    check_rows_aligned(t, align)
+    order = tuple(range(t.dim()))
+    return from_dlpack(t, assumed_align=align).mark_compact_shape_dynamic(mode=0, stride_order=order)
+
+
 def check_rows_aligned(t: torch.Tensor, align: int = 16) -> None:
     """Raise ValueError unless `t` starts on an `align`-byte boundary, its last dim is contiguous and
     every other stride is a multiple of `align` bytes (what vectorised row loads assume)."""
