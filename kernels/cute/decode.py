@@ -11,18 +11,20 @@ about `WAVES` waves of CTAs fill the GPU; a work item is (request, first key, en
 
 Stage 1 (`decode_split_kernel`): one CTA of 128 threads (4 warps) per (work item, kv head, block of
 HB query heads sharing that kv head). Each warp walks a contiguous quarter of the split's keys. A key
-row of D elements is read by a lane group of D/8 lanes, one 128-bit load a lane (8 bf16/fp16), so a
-warp reads 32/(D/8) keys per instruction (2 at D = 128, 4 at D = 64); every lane group takes U keys
-an iteration (4, or 2 with 8 heads a CTA), and with PIPELINE the K/V rows of the next iteration are
-loaded into a second register buffer before the current one is computed. Scores are 8-element
-partial dot products reduced over the lane group by butterfly shuffles (log2(D/8) per key and head),
-in log2 units (`q * sm_scale * log2(e)`, or `cap * log2(e) * tanh(q.k * sm_scale / cap)` with a soft
-cap), with an online softmax in fp32 that rescales once per iteration for the U keys. Keys past the
-warp's range are clamped to its last key (a valid row: the cache outside it may hold NaN) and
-weigh 0. The lane groups of a warp merge by butterflies, the 4 warps through shared memory; a
-request with one split writes o and lse (with the sink added), otherwise the split writes its
-normalised partial output and its LSE (log2 units) to scratch. q, k_cache and v_cache must be
-16-byte aligned with strides in multiples of 8 elements (checked on the host).
+row of D elements is read by a lane group of D / (8 VPL) lanes, VPL 128-bit loads a lane (8 bf16/fp16
+each), so a warp reads several keys per instruction (4 at D = 128 with VPL = 2); every lane group
+takes U keys an iteration (`schedule`). The K/V rows stream through a cp.async ring of S stages a
+warp in shared memory (S - 1 iterations in flight without holding registers; with S = 0 they are
+loaded straight into registers, optionally double-buffered). Scores are partial dot products reduced
+over the lane group by butterfly shuffles, in log2 units (`q * sm_scale * log2(e)`, or
+`cap * log2(e) * tanh(q.k * sm_scale / cap)` with a soft cap), with an online softmax in fp32 that
+rescales once per iteration for the U keys. Keys past the warp's range are clamped to its last key
+(a valid row: the cache outside it may hold NaN) and masked by starting their dot products at NEG.
+The lane groups of a warp merge by butterflies, the 4 warps through shared memory; a request with
+one split writes o and lse (with the sink added), otherwise the split writes its normalised partial
+output and its LSE (log2 units) to scratch. q, k_cache and v_cache must be 16-byte aligned with
+strides in multiples of 8 elements (checked on the host); a contiguous cache is compiled with static
+strides.
 
 Stage 2 (`decode_merge_kernel`): one CTA of D threads per (split request, q head) merges the
 partials by their LSEs, adds the sink, writes o and the natural-log lse.
@@ -185,7 +187,6 @@ def _build(
     NBUF = 2 if PIPE and S == 0 else 1  # K/V register buffers
     NPH = NBUF  # iterations a trip of the main loop
     CH = U * 2 * VPL  # 16-byte chunks a lane copies an iteration (cp.async path)
-    SMEM = 4 * (2 * WARPS * HB + WARPS * HB * D) + 2 * S * WARPS * CH * 32 * VEC + 256  # bytes
     STEP = KPW * U  # keys a warp covers per loop iteration
     RED = [LPK >> (k + 1) for k in range(LPK.bit_length() - 1)]  # butterfly offsets inside a group
     GROUPS = [16 >> k for k in range(KPW.bit_length() - 1)]  # offsets across the groups of a warp
@@ -490,8 +491,6 @@ def _build(
         W = cute.size(mWork, mode=[0])
         mQ, mKc, mVc = [aligned_rows(t) for t in (mQ, mKc, mVc)]
         bounds = dict(min_blocks_per_mp=MIN_CTAS, max_number_threads=[THREADS, 1, 1]) if MIN_CTAS else {}
-        if cutlass.const_expr(S > 0):
-            bounds["smem"] = SMEM
         decode_split_kernel(mQ, mKc, mVc, mPages, mIndptr, mWork, mSinks, mO, mLse, mPartO, mPartL).launch(
             grid=[W, HKV * NUM_HB, 1], block=[THREADS, 1, 1], stream=stream, **bounds
         )
