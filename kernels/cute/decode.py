@@ -55,6 +55,7 @@ MIN_SPLIT = 256  # keys
 LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
 NEG = -1.0e30  # a finite "minus infinity" for running maxima (no inf - inf anywhere)
+LAZY = 8.0  # log2 units a score may exceed the running max before the accumulators are rescaled
 
 
 # ---- pure-PyTorch / Python helpers (CPU-testable) ---------------------------------------------------
@@ -245,6 +246,7 @@ def _build(
         r_m = cute.make_rmem_tensor(cute.make_layout((HB,), stride=(1,)), F32)
         r_l = cute.make_rmem_tensor(cute.make_layout((HB,), stride=(1,)), F32)
         r_a = cute.make_rmem_tensor(cute.make_layout((HB,), stride=(1,)), F32)
+        r_f = cute.make_rmem_tensor(cute.make_layout((1,), stride=(1,)), F32)
 
         # lane element e = v * VEC + i of a row is dim (v * LPK + i_li) * VEC + i: chunk v of the
         # lane group's VPL 128-bit loads, each instruction reading LPK * 16 contiguous bytes
@@ -356,23 +358,33 @@ def _build(
                         if cutlass.const_expr(cap):
                             s = cute.math.tanh(s, fastmath=False) * post_mul + r_b[u] * 2.0
                         r_s[u * HB + g] = s
-                # online softmax over the U keys at once: one rescale per head and iteration
+                # online softmax over the U keys at once. Lazy rescaling: the running max a head's
+                # weights are taken against (r_m) moves only when a score exceeds it by more than
+                # LAZY (log2 units; weights stay below 2^LAZY), so the accumulators are rescaled in
+                # the rare iterations where some head's max moved (a branch, not 64 multiplies)
+                r_f[0] = F32(0.0)
                 for g in cutlass.range_constexpr(HB):
-                    m_new = r_m[g]
+                    m_c = r_m[g]
                     for u in cutlass.range_constexpr(U):
-                        m_new = cute.arch.fmax(m_new, r_s[u * HB + g])
-                    alpha = cute.math.exp2(r_m[g] - m_new, fastmath=True)
-                    r_a[g] = alpha
-                    r_m[g] = m_new
-                    l_new = r_l[g] * alpha
+                        m_c = cute.arch.fmax(m_c, r_s[u * HB + g])
+                    r_a[g] = F32(1.0)
+                    if m_c > r_m[g] + LAZY:
+                        r_a[g] = cute.math.exp2(r_m[g] - m_c, fastmath=True)
+                        r_m[g] = m_c
+                        r_f[0] = F32(1.0)
+                if r_f[0] > 0.0:
+                    for g in cutlass.range_constexpr(HB):
+                        r_l[g] = r_l[g] * r_a[g]
+                        for e in cutlass.range_constexpr(NE):
+                            r_acc[g * NE + e] = r_acc[g * NE + e] * r_a[g]
+                for g in cutlass.range_constexpr(HB):
+                    l_new = r_l[g]
                     for u in cutlass.range_constexpr(U):
-                        p = cute.math.exp2(r_s[u * HB + g] - m_new, fastmath=True)
+                        p = cute.math.exp2(r_s[u * HB + g] - r_m[g], fastmath=True)
                         r_s[u * HB + g] = p
                         l_new += p
                     r_l[g] = l_new
                 for e in cutlass.range_constexpr(NE):
-                    for g in cutlass.range_constexpr(HB):
-                        r_acc[g * NE + e] = r_acc[g * NE + e] * r_a[g]
                     for u in cutlass.range_constexpr(U):
                         vv = F32(r_vb[cur][u][e // VEC][e % VEC])
                         for g in cutlass.range_constexpr(HB):
