@@ -31,6 +31,8 @@ DECODE = [
     "decode/b3-l500-h8x2-d64-p16-cap30-bf16",  # soft cap
     "decode/b3-l3000-h8x2-d128-p16-sink-bf16",  # sinks (split + merge)
     "decode/b16-l4096-mixed-h64x8-d64-p16-swa127-sink-bf16",  # gpt-oss-like
+    "decode/b3-l5-h32x8-d128-p16-bf16",  # fewer keys than warps x lane groups: empty warps, masked keys
+    "decode/b5-l37-mixed-h16x4-d64-p1-fp16",  # short mixed lengths, D = 64 with 4 heads a CTA
     "decode/b64-l4096-h32x8-d128-p16-bf16",  # the speed-target shape
 ]
 GDN = [

@@ -122,4 +122,22 @@ def test_gdn_gate_twin_matches_reference():
 
 
 def test_gdn_grid():
-    assert gdn_decode.grid(256, 32, 128) == (256 * 32, 4, 1)
+    assert gdn_decode.grid(256, 32, 128) == (4, 256 * 32, 1)
+    assert gdn_decode.grid(256, 32, 128, bv=128) == (1, 256 * 32, 1)
+    assert [gdn_decode.threads(bv) for bv in (32, 64, 128)] == [128, 256, 512]
+
+
+def test_rows_aligned_check_names_the_problem():
+    t = torch.zeros(4, 3, 128, dtype=torch.bfloat16)
+    common.check_rows_aligned(t, 16)
+    with pytest.raises(ValueError, match="strides"):
+        common.check_rows_aligned(torch.zeros(4, 3, 132, dtype=torch.bfloat16)[..., :128], 16)
+    with pytest.raises(ValueError, match="data_ptr"):
+        common.check_rows_aligned(torch.zeros(4 * 3 * 128 + 1, dtype=torch.bfloat16)[1:].view(4, 3, 128), 16)
+
+
+def test_decode_lane_layout():
+    # 128-bit loads (8 elements): D / (8 VPL) lanes per key row, the rest of the warp reads other keys
+    assert decode.VEC == 8
+    assert decode.schedule(4) == (2, 2, False, decode.ASYNC_STAGES)
+    assert decode.schedule(8)[:2] == (1, 2)  # registers: q and accumulators of 8 heads

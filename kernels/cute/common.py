@@ -62,11 +62,40 @@ def cached_compile(key: tuple, build: Callable[[], object]) -> tuple[object, flo
     return fn, time.perf_counter() - t0
 
 
-def dynamic(t: torch.Tensor):
-    """`t` as a CuTe tensor for compilation: dynamic shape and strides (the contiguous dim static)."""
+def dynamic(t: torch.Tensor, align: int | None = None):
+    """`t` as a CuTe tensor for compilation: dynamic shape and strides (the contiguous dim static).
+
+    `align` (bytes) declares the data pointer's alignment (checked here); kernels that load 128-bit
+    vectors need 16.
+    """
     from cutlass.cute.runtime import from_dlpack
 
-    return from_dlpack(t).mark_layout_dynamic()
+    if align is not None:
+        check_rows_aligned(t, align)
+    return from_dlpack(t, assumed_align=align).mark_layout_dynamic()
+
+
+def compact(t: torch.Tensor, align: int = 16):
+    """`t` (contiguous) as a CuTe tensor whose leading dim alone is dynamic: the other dims and every
+    stride are compile-time constants (cheaper address arithmetic than `dynamic`)."""
+    from cutlass.cute.runtime import from_dlpack
+
+    if not t.is_contiguous():
+        raise ValueError(f"expected a contiguous tensor, got strides {tuple(t.stride())}")
+    check_rows_aligned(t, align)
+    order = tuple(range(t.dim()))
+    return from_dlpack(t, assumed_align=align).mark_compact_shape_dynamic(mode=0, stride_order=order)
+
+
+def check_rows_aligned(t: torch.Tensor, align: int = 16) -> None:
+    """Raise ValueError unless `t` starts on an `align`-byte boundary, its last dim is contiguous and
+    every other stride is a multiple of `align` bytes (what vectorised row loads assume)."""
+    per = align // t.element_size()
+    if t.data_ptr() % align or t.stride(-1) != 1 or any(s % per for s in t.stride()[:-1]):
+        raise ValueError(
+            f"expected a {align}-byte aligned tensor with a contiguous last dim and strides in multiples of "
+            f"{per} elements, got data_ptr % {align} = {t.data_ptr() % align}, strides {tuple(t.stride())}"
+        )
 
 
 def stream_of(device: torch.device):

@@ -10,13 +10,21 @@ Schedule (host, `plan_splits`, pure Python): each request's visible keys are cut
 about `WAVES` waves of CTAs fill the GPU; a work item is (request, first key, end key, final flag).
 
 Stage 1 (`decode_split_kernel`): one CTA of 128 threads (4 warps) per (work item, kv head, block of
-HB query heads sharing that kv head). Each warp walks a contiguous quarter of the split's keys one
-key at a time; lanes split the head dim (lane l holds elements l, l+32, ...: every K/V load of a warp
-reads 64 or 128 contiguous bytes of one row). Scores are dot products reduced by butterfly shuffles,
-in log2 units (`q * sm_scale * log2(e)`, or `cap * log2(e) * tanh(q.k * sm_scale / cap)` with a soft
-cap) with an online softmax per warp in fp32. The 4 warps merge through shared memory; a request
-with one split writes o and lse (with the sink added), otherwise the split writes its normalised
-partial output and its LSE (log2 units) to scratch.
+HB query heads sharing that kv head). Each warp walks a contiguous quarter of the split's keys. A key
+row of D elements is read by a lane group of D / (8 VPL) lanes, VPL 128-bit loads a lane (8 bf16/fp16
+each), so a warp reads several keys per instruction (4 at D = 128 with VPL = 2); every lane group
+takes U keys an iteration (`schedule`). The K/V rows stream through a cp.async ring of S stages a
+warp in shared memory (S - 1 iterations in flight without holding registers; with S = 0 they are
+loaded straight into registers, optionally double-buffered). Scores are partial dot products reduced
+over the lane group by butterfly shuffles, in log2 units (`q * sm_scale * log2(e)`, or
+`cap * log2(e) * tanh(q.k * sm_scale / cap)` with a soft cap), with an online softmax in fp32 that
+rescales once per iteration for the U keys. Keys past the warp's range are clamped to its last key
+(a valid row: the cache outside it may hold NaN) and masked by starting their dot products at NEG.
+The lane groups of a warp merge by butterflies, the 4 warps through shared memory; a request with
+one split writes o and lse (with the sink added), otherwise the split writes its normalised partial
+output and its LSE (log2 units) to scratch. q, k_cache and v_cache must be 16-byte aligned with
+strides in multiples of 8 elements (checked on the host); a contiguous cache is compiled with static
+strides.
 
 Stage 2 (`decode_merge_kernel`): one CTA of D threads per (split request, q head) merges the
 partials by their LSEs, adds the sink, writes o and the natural-log lse.
@@ -27,11 +35,19 @@ from dataclasses import dataclass
 
 import torch
 
-from attnbench.kernels.cute.common import cached_compile, dynamic, stream_of
+from attnbench.kernels.cute.common import cached_compile, check_rows_aligned, compact, dynamic, stream_of
 
 THREADS = 128
 WARPS = THREADS // 32
-MAX_HB = 8  # query heads per CTA (register budget: HB * D / 32 accumulators a thread)
+MAX_HB = 8  # query heads per CTA (register budget: HB * VEC accumulators and HB * VEC q values a thread)
+VEC = 8  # elements of a 128-bit load of bf16/fp16
+VECS_PER_LANE = 2  # 128-bit loads a lane per K/V row (1 or 2; 8 heads a CTA always take 1)
+UNROLL = None  # keys a lane group loads per iteration (None: schedule decides)
+MIN_CTAS = 0  # > 0: ask ptxas to fit that many CTAs an SM (caps registers)
+ASYNC_STAGES = 4  # cp.async stages a warp in shared memory (0: K/V loads straight into registers)
+PIPELINE = (
+    True  # (without ASYNC_STAGES) load the next iteration's K/V rows into a second register buffer before computing
+)
 HEAD_DIMS = (64, 128)
 WAVES = 4
 CTAS_PER_SM = 8
@@ -39,6 +55,7 @@ MIN_SPLIT = 256  # keys
 LOG2E = 1.0 / math.log(2.0)
 LN2 = math.log(2.0)
 NEG = -1.0e30  # a finite "minus infinity" for running maxima (no inf - inf anywhere)
+LAZY = 8.0  # log2 units a score may exceed the running max before the accumulators are rescaled
 
 
 # ---- pure-PyTorch / Python helpers (CPU-testable) ---------------------------------------------------
@@ -139,16 +156,41 @@ def make_plan(x, num_sms: int) -> DecodePlan:
 
 
 # ---- the kernels -----------------------------------------------------------------------------------
-def _build(HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul: float, cap: bool, sinks: bool):
+def schedule(HB: int) -> tuple[int, int, bool, int]:
+    """(VPL, U, PIPE, S) for HB q heads a CTA: 128-bit loads a lane per key row (VPL), keys a lane
+    group takes an iteration (U), whether the next iteration's K/V rows go to a second register
+    buffer (PIPE), cp.async stages in shared memory (S; 0: loads straight into registers).
+
+    q and the accumulators take 2 * HB * 8 * VPL registers a thread, so 8 heads get VPL = 1.
+    VECS_PER_LANE, UNROLL, PIPELINE and ASYNC_STAGES override the defaults.
+    """
+    vpl = VECS_PER_LANE if HB <= 4 else 1
+    u = UNROLL or (2 if vpl == 2 or HB > 4 else 4)
+    return vpl, u, PIPELINE and HB <= 4 and not ASYNC_STAGES, ASYNC_STAGES
+
+
+def _build(
+    HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul: float, cap: bool, sinks: bool,
+    U: int, PIPE: bool, MIN_CTAS: int, VPL: int, S: int,
+):  # fmt: skip
     """Defines both kernels and their launchers for one static configuration (cutlass imported here)."""
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
+    from cutlass.cute.nvgpu import cpasync
 
     F32 = cutlass.Float32
-    NI = D // 32
     NUM_HB = G // HB
     N_OUT = HB * D
+    NE = VPL * VEC  # row elements a lane holds (VPL 128-bit loads of VEC elements)
+    LPK = D // NE  # lanes per key row
+    KPW = 32 // LPK  # keys a warp reads per instruction
+    NBUF = 2 if PIPE and S == 0 else 1  # K/V register buffers
+    NPH = NBUF  # iterations a trip of the main loop
+    CH = U * 2 * VPL  # 16-byte chunks a lane copies an iteration (cp.async path)
+    STEP = KPW * U  # keys a warp covers per loop iteration
+    RED = [LPK >> (k + 1) for k in range(LPK.bit_length() - 1)]  # butterfly offsets inside a group
+    GROUPS = [16 >> k for k in range(KPW.bit_length() - 1)]  # offsets across the groups of a warp
 
     @cute.kernel
     def decode_split_kernel(
@@ -168,6 +210,8 @@ def _build(HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul:
         bidx, bidy, _ = cute.arch.block_idx()
         lane = tidx % 32
         warp = tidx // 32
+        i_kg = lane // LPK  # which key of the warp's instruction this lane's group reads
+        i_li = lane % LPK  # which VEC-slice of the row this lane holds
         i_hk = bidy // NUM_HB
         h0 = i_hk * G + (bidy % NUM_HB) * HB  # first q head of this CTA
 
@@ -182,54 +226,191 @@ def _build(HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul:
         sL = smem.allocate_tensor(F32, cute.make_layout((WARPS * HB,)), 16)
         sAcc = smem.allocate_tensor(F32, cute.make_layout((WARPS * HB * D,)), 16)
 
-        r_q = cute.make_rmem_tensor(cute.make_layout((HB * NI,), stride=(1,)), F32)
-        r_acc = cute.make_rmem_tensor(cute.make_layout((HB * NI,), stride=(1,)), F32)
-        r_k = cute.make_rmem_tensor(cute.make_layout((NI,), stride=(1,)), F32)
+        dt = mKc.element_type
+        if cutlass.const_expr(S > 0):
+            atom = cute.make_copy_atom(
+                cpasync.CopyG2SOp(cache_mode=cpasync.LoadCacheMode.GLOBAL), dt, num_bits_per_copy=128
+            )
+            sKV = smem.allocate_tensor(dt, cute.make_layout((S * WARPS * CH * 32 * VEC,)), 16)
+        # index of a lane's 16-byte chunk in the ring: (stage, warp, key u, K or V, chunk v, lane)
+        chunk = lambda st, u, kv, v: ((st * WARPS + warp) * CH + (u * 2 + kv) * VPL + v) * 32 + lane
+        r_qb = cute.make_rmem_tensor(cute.make_layout((VEC,), stride=(1,)), mQ.element_type)
+        vec = lambda: cute.make_rmem_tensor(cute.make_layout((VEC,), stride=(1,)), dt)
+        r_kb = [[[vec() for _ in range(VPL)] for _ in range(U)] for _ in range(NBUF)]  # [buffer][key][chunk]
+        r_vb = [[[vec() for _ in range(VPL)] for _ in range(U)] for _ in range(NBUF)]
+        r_q = cute.make_rmem_tensor(cute.make_layout((HB * NE,), stride=(1,)), F32)
+        r_acc = cute.make_rmem_tensor(cute.make_layout((HB * NE,), stride=(1,)), F32)
+        r_kf = cute.make_rmem_tensor(cute.make_layout((NE,), stride=(1,)), F32)
+        r_s = cute.make_rmem_tensor(cute.make_layout((U * HB,), stride=(1,)), F32)
+        r_b = cute.make_rmem_tensor(cute.make_layout((U,), stride=(1,)), F32)
         r_m = cute.make_rmem_tensor(cute.make_layout((HB,), stride=(1,)), F32)
         r_l = cute.make_rmem_tensor(cute.make_layout((HB,), stride=(1,)), F32)
-        r_p = cute.make_rmem_tensor(cute.make_layout((HB,), stride=(1,)), F32)
         r_a = cute.make_rmem_tensor(cute.make_layout((HB,), stride=(1,)), F32)
+        r_f = cute.make_rmem_tensor(cute.make_layout((1,), stride=(1,)), F32)
 
+        # lane element e = v * VEC + i of a row is dim (v * LPK + i_li) * VEC + i: chunk v of the
+        # lane group's VPL 128-bit loads, each instruction reading LPK * 16 contiguous bytes
         for g in cutlass.range_constexpr(HB):
             r_m[g] = F32(NEG)
             r_l[g] = F32(0.0)
-            for i in cutlass.range_constexpr(NI):
-                r_q[g * NI + i] = F32(mQ[b, h0 + g, lane + 32 * i]) * q_mul
-                r_acc[g * NI + i] = F32(0.0)
+            for v in cutlass.range_constexpr(VPL):
+                cute.autovec_copy(cute.local_tile(mQ[b, h0 + g, None], (VEC,), (v * LPK + i_li,)), r_qb)
+                for i in cutlass.range_constexpr(VEC):
+                    r_q[g * NE + v * VEC + i] = F32(r_qb[i]) * q_mul
+                    r_acc[g * NE + v * VEC + i] = F32(0.0)
 
+        # each warp walks a contiguous quarter of the split, STEP keys an iteration: key
+        # lo + it * STEP + u * KPW + i_kg goes to lane group i_kg. Keys past hi are clamped to hi - 1 (a
+        # valid row: the cache outside the sequence may hold NaN) and masked: their partial dot
+        # products start at NEG, so their scores are below LPK * NEG and weigh exp2(< NEG - m) = 0.
+        # With PIPE, the K/V rows of iteration it + 1 are loaded into the other register buffer
+        # before iteration it is computed (two iterations per trip of the loop).
         per = (end - start + WARPS - 1) // WARPS
         lo = start + warp * per
         hi = cutlass.min(lo + per, end)
-        for j in cutlass.range(lo, hi, unroll=1):
-            page = mPages[page_base + j // PAGE]
-            slot = j % PAGE
-            for i in cutlass.range_constexpr(NI):
-                r_k[i] = F32(mKc[page, slot, i_hk, lane + 32 * i])
-            for g in cutlass.range_constexpr(HB):
-                s = F32(0.0)
-                for i in cutlass.range_constexpr(NI):
-                    s += r_q[g * NI + i] * r_k[i]
-                for off in [16, 8, 4, 2, 1]:
-                    s += cute.arch.shuffle_sync_bfly(s, offset=off, mask=-1, mask_and_clamp=31)
-                if cutlass.const_expr(cap):
-                    s = cute.math.tanh(s, fastmath=False) * post_mul
-                m_new = cute.arch.fmax(r_m[g], s)
-                r_a[g] = cute.math.exp2(r_m[g] - m_new, fastmath=True)
-                r_p[g] = cute.math.exp2(s - m_new, fastmath=True)
-                r_l[g] = r_l[g] * r_a[g] + r_p[g]
-                r_m[g] = m_new
-            for i in cutlass.range_constexpr(NI):
-                vv = F32(mVc[page, slot, i_hk, lane + 32 * i])
+        n_it = (hi - lo + STEP - 1) // STEP
+        if cutlass.const_expr(S > 0):
+            # cp.async ring of S stages a warp in shared memory: iteration it lands in stage it % S;
+            # each lane copies (and later reads back) its own 16-byte chunks, so no barrier is needed
+            for st in cutlass.range_constexpr(S - 1):
+                if st < n_it:
+                    for u in cutlass.range_constexpr(U):
+                        j_as = cutlass.min(lo + st * STEP + i_kg + u * KPW, hi - 1)
+                        pg_as = mPages[page_base + j_as // PAGE]
+                        for v in cutlass.range_constexpr(VPL):
+                            gk_as = cute.local_tile(mKc[pg_as, j_as % PAGE, i_hk, None], (VEC,), (v * LPK + i_li,))
+                            gv_as = cute.local_tile(mVc[pg_as, j_as % PAGE, i_hk, None], (VEC,), (v * LPK + i_li,))
+                            cute.copy(atom, gk_as, cute.local_tile(sKV, (VEC,), (chunk(st, u, 0, v),)))
+                            cute.copy(atom, gv_as, cute.local_tile(sKV, (VEC,), (chunk(st, u, 1, v),)))
+                cute.arch.cp_async_commit_group()
+        if cutlass.const_expr(PIPE and S == 0):
+            for u in cutlass.range_constexpr(U):
+                j_pf = cutlass.min(lo + i_kg + u * KPW, hi - 1)
+                pg_pf = mPages[page_base + j_pf // PAGE]
+                for v in cutlass.range_constexpr(VPL):
+                    # the second buffer feeds the masked, all-padding half trip of an odd n_it before
+                    # it was ever loaded: zeros, not stale registers (0 * NaN would poison the sums)
+                    r_kb[1][u][v].fill(0.0)
+                    r_vb[1][u][v].fill(0.0)
+                    gk_pf = cute.local_tile(mKc[pg_pf, j_pf % PAGE, i_hk, None], (VEC,), (v * LPK + i_li,))
+                    gv_pf = cute.local_tile(mVc[pg_pf, j_pf % PAGE, i_hk, None], (VEC,), (v * LPK + i_li,))
+                    cute.autovec_copy(gk_pf, r_kb[0][u][v])
+                    cute.autovec_copy(gv_pf, r_vb[0][u][v])
+        for trip in cutlass.range(0, (n_it + NPH - 1) // NPH, unroll=1):
+            for ph in cutlass.range_constexpr(NPH):
+                it = trip * NPH + ph
+                j0 = lo + it * STEP + i_kg
+                cur = ph
+                if cutlass.const_expr(S > 0):
+                    nx = it + S - 1
+                    if nx < n_it:
+                        st_nx = nx % S
+                        for u in cutlass.range_constexpr(U):
+                            j_an = cutlass.min(j0 + (S - 1) * STEP + u * KPW, hi - 1)
+                            pg_an = mPages[page_base + j_an // PAGE]
+                            for v in cutlass.range_constexpr(VPL):
+                                gk_an = cute.local_tile(mKc[pg_an, j_an % PAGE, i_hk, None], (VEC,), (v * LPK + i_li,))
+                                gv_an = cute.local_tile(mVc[pg_an, j_an % PAGE, i_hk, None], (VEC,), (v * LPK + i_li,))
+                                cute.copy(atom, gk_an, cute.local_tile(sKV, (VEC,), (chunk(st_nx, u, 0, v),)))
+                                cute.copy(atom, gv_an, cute.local_tile(sKV, (VEC,), (chunk(st_nx, u, 1, v),)))
+                    cute.arch.cp_async_commit_group()
+                    cute.arch.cp_async_wait_group(S - 1)
+                    st_cur = it % S
+                    for u in cutlass.range_constexpr(U):
+                        for v in cutlass.range_constexpr(VPL):
+                            cute.autovec_copy(cute.local_tile(sKV, (VEC,), (chunk(st_cur, u, 0, v),)), r_kb[0][u][v])
+                            cute.autovec_copy(cute.local_tile(sKV, (VEC,), (chunk(st_cur, u, 1, v),)), r_vb[0][u][v])
+                elif cutlass.const_expr(PIPE):
+                    if it + 1 < n_it:
+                        for u in cutlass.range_constexpr(U):
+                            j_nx = cutlass.min(j0 + STEP + u * KPW, hi - 1)
+                            pg_nx = mPages[page_base + j_nx // PAGE]
+                            for v in cutlass.range_constexpr(VPL):
+                                gk_nx = cute.local_tile(mKc[pg_nx, j_nx % PAGE, i_hk, None], (VEC,), (v * LPK + i_li,))
+                                gv_nx = cute.local_tile(mVc[pg_nx, j_nx % PAGE, i_hk, None], (VEC,), (v * LPK + i_li,))
+                                cute.autovec_copy(gk_nx, r_kb[1 - ph][u][v])
+                                cute.autovec_copy(gv_nx, r_vb[1 - ph][u][v])
+                else:
+                    for u in cutlass.range_constexpr(U):
+                        j_now = cutlass.min(j0 + u * KPW, hi - 1)
+                        pg_now = mPages[page_base + j_now // PAGE]
+                        for v in cutlass.range_constexpr(VPL):
+                            gk_now = cute.local_tile(mKc[pg_now, j_now % PAGE, i_hk, None], (VEC,), (v * LPK + i_li,))
+                            gv_now = cute.local_tile(mVc[pg_now, j_now % PAGE, i_hk, None], (VEC,), (v * LPK + i_li,))
+                            cute.autovec_copy(gk_now, r_kb[0][u][v])
+                            cute.autovec_copy(gv_now, r_vb[0][u][v])
+                for u in cutlass.range_constexpr(U):
+                    r_b[u] = F32(0.0)
+                    if j0 + u * KPW >= hi:
+                        r_b[u] = F32(NEG)
+                for u in cutlass.range_constexpr(U):
+                    for v in cutlass.range_constexpr(VPL):
+                        for i in cutlass.range_constexpr(VEC):
+                            r_kf[v * VEC + i] = F32(r_kb[cur][u][v][i])
+                    for g in cutlass.range_constexpr(HB):
+                        s = F32(0.0)
+                        if cutlass.const_expr(not cap):
+                            s = r_b[u]
+                        for e in cutlass.range_constexpr(NE):
+                            s += r_q[g * NE + e] * r_kf[e]
+                        for off in RED:
+                            s += cute.arch.shuffle_sync_bfly(s, offset=off, mask=-1, mask_and_clamp=31)
+                        if cutlass.const_expr(cap):
+                            s = cute.math.tanh(s, fastmath=False) * post_mul + r_b[u] * 2.0
+                        r_s[u * HB + g] = s
+                # online softmax over the U keys at once. Lazy rescaling: the running max a head's
+                # weights are taken against (r_m) moves only when a score exceeds it by more than
+                # LAZY (log2 units; weights stay below 2^LAZY), so the accumulators are rescaled in
+                # the rare iterations where some head's max moved (a branch, not 64 multiplies)
+                r_f[0] = F32(0.0)
                 for g in cutlass.range_constexpr(HB):
-                    r_acc[g * NI + i] = r_acc[g * NI + i] * r_a[g] + r_p[g] * vv
+                    m_c = r_m[g]
+                    for u in cutlass.range_constexpr(U):
+                        m_c = cute.arch.fmax(m_c, r_s[u * HB + g])
+                    r_a[g] = F32(1.0)
+                    if m_c > r_m[g] + LAZY:
+                        r_a[g] = cute.math.exp2(r_m[g] - m_c, fastmath=True)
+                        r_m[g] = m_c
+                        r_f[0] = F32(1.0)
+                if r_f[0] > 0.0:
+                    for g in cutlass.range_constexpr(HB):
+                        r_l[g] = r_l[g] * r_a[g]
+                        for e in cutlass.range_constexpr(NE):
+                            r_acc[g * NE + e] = r_acc[g * NE + e] * r_a[g]
+                for g in cutlass.range_constexpr(HB):
+                    l_new = r_l[g]
+                    for u in cutlass.range_constexpr(U):
+                        p = cute.math.exp2(r_s[u * HB + g] - r_m[g], fastmath=True)
+                        r_s[u * HB + g] = p
+                        l_new += p
+                    r_l[g] = l_new
+                for e in cutlass.range_constexpr(NE):
+                    for u in cutlass.range_constexpr(U):
+                        vv = F32(r_vb[cur][u][e // VEC][e % VEC])
+                        for g in cutlass.range_constexpr(HB):
+                            r_acc[g * NE + e] = r_acc[g * NE + e] + r_s[u * HB + g] * vv
 
-        # merge the 4 warps through shared memory
-        for g in cutlass.range_constexpr(HB):
-            if lane == 0:
-                sM[warp * HB + g] = r_m[g]
-                sL[warp * HB + g] = r_l[g]
-            for i in cutlass.range_constexpr(NI):
-                sAcc[(warp * HB + g) * D + lane + 32 * i] = r_acc[g * NI + i]
+        # merge the lane groups of each warp (butterflies across groups), then the 4 warps in smem
+        for off in GROUPS:
+            for g in cutlass.range_constexpr(HB):
+                m_o = cute.arch.shuffle_sync_bfly(r_m[g], offset=off, mask=-1, mask_and_clamp=31)
+                l_o = cute.arch.shuffle_sync_bfly(r_l[g], offset=off, mask=-1, mask_and_clamp=31)
+                m_n = cute.arch.fmax(r_m[g], m_o)
+                c_me = cute.math.exp2(r_m[g] - m_n, fastmath=True)
+                c_o = cute.math.exp2(m_o - m_n, fastmath=True)
+                r_l[g] = r_l[g] * c_me + l_o * c_o
+                r_m[g] = m_n
+                for e in cutlass.range_constexpr(NE):
+                    a_o = cute.arch.shuffle_sync_bfly(r_acc[g * NE + e], offset=off, mask=-1, mask_and_clamp=31)
+                    r_acc[g * NE + e] = r_acc[g * NE + e] * c_me + a_o * c_o
+        if i_kg == 0:
+            for g in cutlass.range_constexpr(HB):
+                if i_li == 0:
+                    sM[warp * HB + g] = r_m[g]
+                    sL[warp * HB + g] = r_l[g]
+                for v in cutlass.range_constexpr(VPL):
+                    for i in cutlass.range_constexpr(VEC):
+                        sAcc[(warp * HB + g) * D + (v * LPK + i_li) * VEC + i] = r_acc[g * NE + v * VEC + i]
         cute.arch.barrier()
 
         for t in cutlass.range_constexpr((N_OUT + THREADS - 1) // THREADS):
@@ -297,6 +478,13 @@ def _build(HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul:
         if d == 0:
             mLse[b, h] = (r_s[0] + cute.math.log2(r_s[1], fastmath=False)) * LN2
 
+    def aligned_rows(t):
+        """`t` with every stride but the last declared a multiple of 16 bytes (128-bit row slices)."""
+        per16 = 128 // t.element_type.width
+        stride = tuple(st if isinstance(st, int) else cute.assume(st, divby=per16) for st in t.stride[:-1])
+        stride = stride + (t.stride[-1],)
+        return cute.make_tensor(t.iterator, cute.make_layout(t.shape, stride=stride))
+
     @cute.jit
     def split_launch(
         mQ: cute.Tensor,
@@ -313,8 +501,10 @@ def _build(HB: int, G: int, D: int, PAGE: int, HKV: int, q_mul: float, post_mul:
         stream: cuda.CUstream,
     ):
         W = cute.size(mWork, mode=[0])
+        mQ, mKc, mVc = [aligned_rows(t) for t in (mQ, mKc, mVc)]
+        bounds = dict(min_blocks_per_mp=MIN_CTAS, max_number_threads=[THREADS, 1, 1]) if MIN_CTAS else {}
         decode_split_kernel(mQ, mKc, mVc, mPages, mIndptr, mWork, mSinks, mO, mLse, mPartO, mPartL).launch(
-            grid=[W, HKV * NUM_HB, 1], block=[THREADS, 1, 1], stream=stream
+            grid=[W, HKV * NUM_HB, 1], block=[THREADS, 1, 1], stream=stream, **bounds
         )
 
     @cute.jit
@@ -351,22 +541,35 @@ def prepare(case, x):
     q_mul, post_mul = score_multipliers(x.sm_scale, x.soft_cap)
     has_sinks = x.sinks is not None
     sinks = x.sinks if has_sinks else torch.zeros(1, dtype=torch.float32, device=device)
-    static = (HB, G, D, PAGE, Hkv, q_mul, post_mul, x.soft_cap > 0, has_sinks)
-    key = ("decode", x.q.dtype, *static)
+    vpl, U, pipe, stages = schedule(HB)
+    static = (HB, G, D, PAGE, Hkv, q_mul, post_mul, x.soft_cap > 0, has_sinks, U, pipe, MIN_CTAS, vpl, stages)
+    cache_compact = x.k_cache.is_contiguous() and x.v_cache.is_contiguous()
+    key = ("decode", x.q.dtype, cache_compact, *static)
     stream = stream_of(device)
     split_args = (
         x.q, x.k_cache, x.v_cache, x.kv_page_indices, x.kv_indptr, plan.work, sinks, x.o, x.lse,
         plan.part_o, plan.part_lse,
     )  # fmt: skip
 
+    def marked(i, t):
+        """q aligned; a contiguous cache with static strides (only the page count dynamic)."""
+        if i in (1, 2) and cache_compact:
+            return compact(t, 16)
+        return dynamic(t, 16) if i < 3 else dynamic(t)
+
     def build():
         split_launch, merge_launch = _build(*static)
-        split = cute.compile(split_launch, *[dynamic(t) for t in split_args], stream, options="--enable-tvm-ffi")
+        split = cute.compile(
+            split_launch, *[marked(i, t) for i, t in enumerate(split_args)], stream,
+            options="--enable-tvm-ffi",
+        )  # fmt: skip
         merge_args = (plan.merge if plan.merge is not None else plan.work[:1, :3].contiguous(),
                       sinks, plan.part_o, plan.part_lse, x.o, x.lse)  # fmt: skip
         merge = cute.compile(merge_launch, *[dynamic(t) for t in merge_args], stream, options="--enable-tvm-ffi")
         return split, merge
 
+    for t in split_args[:3]:  # every call, not only the compiling one: the kernel loads 128-bit rows
+        check_rows_aligned(t, 16)
     (split_fn, merge_fn), compile_s = cached_compile(key, build)
     merge_args = (plan.merge, sinks, plan.part_o, plan.part_lse, x.o, x.lse) if plan.merge is not None else None
     out = {"o": x.o, "lse": x.lse}
@@ -384,7 +587,10 @@ def prepare(case, x):
         "work_items": int(plan.work.shape[0]),
         "max_splits": plan.splits,
         "heads_per_cta": HB,
-        "variant": "SIMT split-KV: CTA per (split, kv head, head block), warps over keys"
+        "variant": f"SIMT split-KV, 128-bit rows: CTA per (split, kv head, {HB} q heads), "
+        f"{vpl} 128-bit loads a lane per row, {U} keys a lane group an iteration"
+        + (", double-buffered" if pipe else "")
+        + (f", {stages}-stage cp.async ring" if stages else "")
         + (" + LSE merge" if merge_args is not None else ""),
     }
     return run

@@ -5,26 +5,30 @@ strides: packed decode passes views of mixed_qkv), raw gates a, b `[B, HV]`, A_l
 dt_bias `[HV]`, pool `[N, HV, K, V]` fp32 updated in place at `state_indices [B]` (negative =
 padding: the pool is neither read nor written and the output rows are zeros), o `[B, HV, V]`.
 
-Kernel (SIMT): one CTA of 128 threads (4 warps) per (request, v-head, block of 32 value columns).
-Lane l owns column `32 * blockIdx.y + l`; warp w owns state rows k = w, w + 4, ..., so each warp
-reads and writes 128 contiguous bytes of a state row per instruction and the 32 x 128 slice of the
-state lives in registers (32 values a thread). q and k go through shared memory; every warp reduces
-the L2 norms itself (butterfly shuffles) and every thread computes the gates itself:
+Kernel (SIMT): one CTA per (block of BV value columns, request, v-head), the column blocks of one
+head launched side by side. A thread holds RPT = 8 contiguous state rows x VEC = 4 columns (one
+128-bit load and store a row), BV / 4 lanes cover a row segment, so a CTA of K * BV / 32 threads
+(128 at BV = 32) holds its K x BV slice of the state in registers (32 values a thread). The state
+loads are issued first, before q/k/v and the gates are read. q and k go through shared memory; every
+warp reduces the L2 norms itself (butterfly shuffles) and every thread computes the gates itself:
 
     g = -exp(A_log) * softplus(a + dt_bias)   softplus = log(1 + exp(x)), x itself above 20
     beta = sigmoid(b)
     S = exp(g) S;  u = beta (v - S^T k^);  S = S + k^ u^T;  o = S^T (q^ * scale)
 
-The two column sums (S^T k^ and S^T q^) are reduced over the 4 warps through shared memory.
+The two column sums (S^T k^ and S^T q^) are reduced over the rows of a warp by butterflies, then over
+the warps through shared memory. The pool must be 16-byte aligned with strides in multiples of 4
+(checked on the host); q/k/v are read with scalar loads (any strides).
 """
 
 import torch
 
-from attnbench.kernels.cute.common import cached_compile, dynamic, stream_of
+from attnbench.kernels.cute.common import cached_compile, check_rows_aligned, dynamic, stream_of
 
-THREADS = 128  # 4 warps
-WARPS = THREADS // 32
-BV = 32  # value columns per CTA (one per lane)
+BV = 32  # value columns per CTA
+VEC = 4  # fp32 state values per 128-bit load/store
+RPT = 8  # contiguous state rows per thread
+K_ROWS = 128  # state rows (K)
 L2_EPS = 1e-6
 SOFTPLUS_THRESHOLD = 20.0
 SUPPORTED_DIMS = (128, 128)  # (K, V)
@@ -39,9 +43,15 @@ def gates_twin(A_log: torch.Tensor, a: torch.Tensor, dt_bias: torch.Tensor, b: t
     return torch.exp(g), 1.0 / (1.0 + torch.exp(-b.float()))
 
 
-def grid(batch: int, heads_v: int, head_dim_v: int) -> tuple[int, int, int]:
-    """CTAs: one per (request, v-head) along x, one per block of BV value columns along y."""
-    return (batch * heads_v, head_dim_v // BV, 1)
+def grid(batch: int, heads_v: int, head_dim_v: int, bv: int = BV) -> tuple[int, int, int]:
+    """CTAs: one per block of `bv` value columns along x (a head's blocks launch together), one per
+    (request, v-head) along y."""
+    return (head_dim_v // bv, batch * heads_v, 1)
+
+
+def threads(bv: int = BV) -> int:
+    """Threads a CTA: every thread holds RPT rows x VEC columns of the K x bv slice."""
+    return K_ROWS * bv // (RPT * VEC)
 
 
 def case_reason(case) -> str | None:
@@ -58,13 +68,18 @@ def case_reason(case) -> str | None:
 
 
 # ---- the kernel ----------------------------------------------------------------------------------
-def _build():
-    """Defines the kernel and its launcher (cutlass imported here, never at module import)."""
+def _build(BV: int = BV):
+    """Defines the kernel and its launcher for BV columns a CTA (cutlass imported here, never at import)."""
     import cuda.bindings.driver as cuda
     import cutlass
     import cutlass.cute as cute
 
     F32 = cutlass.Float32
+    LPR = BV // VEC  # lanes per state row segment (each lane: VEC columns, one 128-bit load)
+    RPW = 32 // LPR  # state rows a warp reads per instruction
+    NW = K_ROWS // (RPW * RPT)  # warps
+    NT = 32 * NW  # threads
+    ROW_RED = [16 >> k for k in range(RPW.bit_length() - 1)]  # butterflies across the rows of a warp
 
     @cute.kernel
     def gdn_decode_kernel(
@@ -87,23 +102,34 @@ def _build():
         bidx, bidy, _ = cute.arch.block_idx()
         lane = tidx % 32
         warp = tidx // 32
-        i_n = bidx // HV
-        i_hv = bidx % HV
+        i_lc = lane % LPR  # which VEC columns of the block
+        i_lr = lane // LPR  # which row of the warp's instruction
+        r0 = (warp * RPW + i_lr) * RPT  # this thread's RPT contiguous state rows
+        i_n = bidy // HV
+        i_hv = bidy % HV
         i_h = i_hv // (HV // H)
-        col = bidy * BV + lane
+        i_vec = bidx * LPR + i_lc  # VEC-column index in the row
+        col0 = i_vec * VEC
 
         smem = cutlass.utils.SmemAllocator()
         sQ = smem.allocate_tensor(F32, cute.make_layout((K,)), 16)
         sK = smem.allocate_tensor(F32, cute.make_layout((K,)), 16)
-        sRed = smem.allocate_tensor(F32, cute.make_layout((THREADS,)), 16)
-        sRed2 = smem.allocate_tensor(F32, cute.make_layout((THREADS,)), 16)
-        r_h = cute.make_rmem_tensor(cute.make_layout((K // WARPS,), stride=(1,)), F32)
+        sRed = smem.allocate_tensor(F32, cute.make_layout((NW * BV,)), 16)
+        sRed2 = smem.allocate_tensor(F32, cute.make_layout((NW * BV,)), 16)
+        r_h = [cute.make_rmem_tensor(cute.make_layout((VEC,), stride=(1,)), F32) for _ in range(RPT)]
+        r_t = cute.make_rmem_tensor(cute.make_layout((VEC,), stride=(1,)), F32)
+        r_u = cute.make_rmem_tensor(cute.make_layout((VEC,), stride=(1,)), F32)
+        r_kk = cute.make_rmem_tensor(cute.make_layout((RPT,), stride=(1,)), F32)
 
         slot = cutlass.Int64(mIdx[i_n])
         if slot >= 0:
-            # q, k rows into shared memory (fp32), one element a thread (K == THREADS)
-            sQ[tidx] = F32(mQ[i_n, i_h, tidx])
-            sK[tidx] = F32(mK[i_n, i_h, tidx])
+            # the state rows first (128-bit loads, all in flight while q/k/gates are formed)
+            for i in cutlass.range_constexpr(RPT):
+                cute.autovec_copy(cute.local_tile(mPool[slot, i_hv, r0 + i, None], (VEC,), (i_vec,)), r_h[i])
+            # q, k rows into shared memory (fp32), one element a thread
+            if tidx < K:
+                sQ[tidx] = F32(mQ[i_n, i_h, tidx])
+                sK[tidx] = F32(mK[i_n, i_h, tidx])
 
             # gates, computed by every thread (scalars)
             x = F32(mA[i_n, i_hv]) + F32(mDt[i_hv])
@@ -113,7 +139,8 @@ def _build():
             g = -cute.math.exp(F32(mAlog[i_hv]), fastmath=True) * sp
             decay = cute.math.exp(g, fastmath=True)
             beta = 1.0 / (1.0 + cute.math.exp(-F32(mB[i_n, i_hv]), fastmath=True))
-            r_v = F32(mV[i_n, i_hv, col])
+            for c in cutlass.range_constexpr(VEC):
+                r_u[c] = F32(mV[i_n, i_hv, col0 + c])
             cute.arch.barrier()
 
             # L2 norms: every warp reduces both vectors itself
@@ -130,37 +157,56 @@ def _build():
             inv_k = cute.math.rsqrt(ssk + L2_EPS, fastmath=True)
             q_mul = cute.math.rsqrt(ssq + L2_EPS, fastmath=True) * scale
 
-            # decay, then S^T k^ for this column (partial over this warp's rows)
-            hk = F32(0.0)
-            for i in cutlass.range_constexpr(K // WARPS):
-                kk = warp + WARPS * i
-                hval = mPool[slot, i_hv, kk, col] * decay
-                r_h[i] = hval
-                hk += hval * sK[kk]
-            sRed[tidx] = hk * inv_k
+            # decay, then S^T k^ for these VEC columns (partial over this thread's rows)
+            for i in cutlass.range_constexpr(RPT):
+                r_kk[i] = sK[r0 + i] * inv_k
+            for c in cutlass.range_constexpr(VEC):
+                r_t[c] = F32(0.0)
+            for i in cutlass.range_constexpr(RPT):
+                for c in cutlass.range_constexpr(VEC):
+                    hval = r_h[i][c] * decay
+                    r_h[i][c] = hval
+                    r_t[c] = r_t[c] + hval * r_kk[i]
+            for c in cutlass.range_constexpr(VEC):
+                for off in ROW_RED:
+                    r_t[c] = r_t[c] + cute.arch.shuffle_sync_bfly(r_t[c], offset=off, mask=-1, mask_and_clamp=31)
+            if i_lr == 0:
+                for c in cutlass.range_constexpr(VEC):
+                    sRed[warp * BV + i_lc * VEC + c] = r_t[c]
             cute.arch.barrier()
-            tot = F32(0.0)
-            for w in cutlass.range_constexpr(WARPS):
-                tot += sRed[w * 32 + lane]
-            u = beta * (r_v - tot)
+            for c in cutlass.range_constexpr(VEC):
+                tot = F32(0.0)
+                for w in cutlass.range_constexpr(NW):
+                    tot += sRed[w * BV + i_lc * VEC + c]
+                r_u[c] = beta * (r_u[c] - tot)
 
-            # rank-1 update, write back, o = S^T q^
-            oq = F32(0.0)
-            for i in cutlass.range_constexpr(K // WARPS):
-                kk = warp + WARPS * i
-                hnew = r_h[i] + (sK[kk] * inv_k) * u
-                mPool[slot, i_hv, kk, col] = hnew
-                oq += hnew * sQ[kk]
-            sRed2[tidx] = oq * q_mul
+            # rank-1 update, write back (128-bit stores), o = S^T q^
+            for c in cutlass.range_constexpr(VEC):
+                r_t[c] = F32(0.0)
+            for i in cutlass.range_constexpr(RPT):
+                qq = sQ[r0 + i]
+                for c in cutlass.range_constexpr(VEC):
+                    hnew = r_h[i][c] + r_kk[i] * r_u[c]
+                    r_h[i][c] = hnew
+                    r_t[c] = r_t[c] + hnew * qq
+                cute.autovec_copy(r_h[i], cute.local_tile(mPool[slot, i_hv, r0 + i, None], (VEC,), (i_vec,)))
+            for c in cutlass.range_constexpr(VEC):
+                for off in ROW_RED:
+                    r_t[c] = r_t[c] + cute.arch.shuffle_sync_bfly(r_t[c], offset=off, mask=-1, mask_and_clamp=31)
+            if i_lr == 0:
+                for c in cutlass.range_constexpr(VEC):
+                    sRed2[warp * BV + i_lc * VEC + c] = r_t[c]
             cute.arch.barrier()
-            if warp == 0:
-                out = F32(0.0)
-                for w in cutlass.range_constexpr(WARPS):
-                    out += sRed2[w * 32 + lane]
-                mO[i_n, i_hv, col] = out.to(mO.element_type)
+            if tidx < LPR:
+                for c in cutlass.range_constexpr(VEC):
+                    out = F32(0.0)
+                    for w in cutlass.range_constexpr(NW):
+                        out += sRed2[w * BV + i_lc * VEC + c]
+                    mO[i_n, i_hv, col0 + c] = (out * q_mul).to(mO.element_type)
         else:
-            if warp == 0:
-                mO[i_n, i_hv, col] = F32(0.0).to(mO.element_type)
+            if tidx < LPR:
+                for c in cutlass.range_constexpr(VEC):
+                    mO[i_n, i_hv, col0 + c] = F32(0.0).to(mO.element_type)
 
     @cute.jit
     def gdn_decode_launch(
@@ -182,8 +228,11 @@ def _build():
         stream: cuda.CUstream,
     ):
         B = cute.size(mIdx, mode=[0])
+        # pool strides are multiples of VEC (16 bytes; checked on the host): 128-bit row slices
+        stride = tuple(cute.assume(st, divby=VEC) for st in mPool.stride[:-1]) + (mPool.stride[-1],)
+        mPool = cute.make_tensor(mPool.iterator, cute.make_layout(mPool.shape, stride=stride))
         gdn_decode_kernel(mQ, mK, mV, mA, mB, mAlog, mDt, mPool, mIdx, mO, scale, H, HV, K).launch(
-            grid=[B * HV, V // BV, 1], block=[THREADS, 1, 1], stream=stream
+            grid=[V // BV, B * HV, 1], block=[NT, 1, 1], stream=stream
         )
 
     return gdn_decode_launch
@@ -193,15 +242,17 @@ def compile_gdn_decode(x):
     """(compiled function, compile seconds) for the static configuration of `x` (cached in-process)."""
     H, K = x.q.shape[1], x.q.shape[2]
     HV, V = x.v.shape[1], x.v.shape[2]
-    key = ("gdn_decode", x.q.dtype, x.a.dtype, x.dt_bias.dtype, x.o.dtype, float(x.scale), H, HV, K, V)
+    bv = BV
+    key = ("gdn_decode", x.q.dtype, x.a.dtype, x.dt_bias.dtype, x.o.dtype, float(x.scale), H, HV, K, V, bv)
+    check_rows_aligned(x.state_pool, 16)
 
     def build():
         import cutlass.cute as cute
 
-        launch = _build()
+        launch = _build(bv)
         args = [x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, x.state_pool, x.state_indices, x.o]
         return cute.compile(
-            launch, *[dynamic(t) for t in args],
+            launch, *[dynamic(t, 16) if t is x.state_pool else dynamic(t) for t in args],
             scale=float(x.scale), H=H, HV=HV, K=K, V=V, stream=stream_of(x.q.device),
             options="--enable-tvm-ffi",
         )  # fmt: skip
@@ -223,7 +274,7 @@ def prepare(case, x):
     run.info = {
         "compile_s": compile_s,
         "jit_s": compile_s,
-        "variant": "SIMT: CTA per (request, v-head, 32 columns), state slice in registers"
+        "variant": f"SIMT, 128-bit state rows: CTA per ({BV} columns, request, v-head), state slice in registers"
         + (" (q/k/v read in place from mixed_qkv)" if x.mixed_qkv is not None else ""),
     }
     return run
