@@ -7,6 +7,7 @@ Exit codes: 0 every row passed or skipped; 1 a row failed or errored; 2 bad usag
 from __future__ import annotations
 
 import faulthandler
+import signal
 import sys
 from collections import Counter
 from pathlib import Path
@@ -44,6 +45,20 @@ def _enable_faulthandler() -> None:
     try:
         faulthandler.enable()
     except (AttributeError, ValueError, OSError):  # stderr without a file descriptor (captured)
+        pass
+
+
+def _interrupt(signum, frame) -> None:
+    raise KeyboardInterrupt(signal.Signals(signum).name)
+
+
+def _stop_on_signals() -> None:
+    """SIGINT (Ctrl-C) and SIGTERM (a CI job cancelled, `kill`) both stop a sweep the same way: what
+    finished is kept and reported. SIGINT is re-armed because shells start background jobs with it ignored."""
+    try:
+        signal.signal(signal.SIGINT, _interrupt)
+        signal.signal(signal.SIGTERM, _interrupt)
+    except ValueError:  # not the main thread (e.g. called from a test runner's thread)
         pass
 
 
@@ -141,6 +156,7 @@ def sweep(
         def status(msg: str) -> None:
             progress.update(task, description=msg)
 
+        _stop_on_signals()
         try:
             rows = execute(p, run_dir, RunOptions(timing=timing), on_rows, argv=sys.argv, how=how, on_problem=problem,
                            on_status=status)  # fmt: skip

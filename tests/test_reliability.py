@@ -144,3 +144,32 @@ def test_shards_partition_the_cases_and_merge_back(tmp_path):
 def test_bad_shard_is_a_usage_error(bad):
     res = invoke("sweep", "smoke", "--shard", bad, "--dry-run", "--device", "cpu")
     assert res.exit_code == 2 and "--shard" in res.output
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", ["SIGINT", "SIGTERM"])
+def test_a_signal_stops_the_sweep_with_a_report_of_what_finished(tmp_path, sig):
+    """Also when the launching shell left SIGINT ignored (background jobs of scripts)."""
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "run"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "attnbench", "sweep", "smoke", "-b", "torch", "--device", "cpu", "--no-timing",
+         "--out", str(out)],
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN),
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    results = out / "results.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and not (results.exists() and len(results.read_text().splitlines()) >= 3):
+        time.sleep(0.2)
+    proc.send_signal(getattr(signal, sig))
+    output, _ = proc.communicate(timeout=120)
+    assert proc.returncode == 130, output
+    assert "interrupted: the report covers the cases that finished" in output
+    rows = read_results(results)
+    assert 3 <= len(rows) < len(load("smoke").cases)
+    assert (out / "report.html").is_file() and (out / "junit.xml").is_file()
