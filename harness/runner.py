@@ -9,6 +9,7 @@ becomes an `error` row for that backend only.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -132,8 +133,14 @@ def run_case(
 
     `on_stage(name)` is told which backend is about to run (`"timing"` for the shared timing phase,
     `"reference"` before inputs and references) so a supervisor can attribute a crash or a timeout.
-    Raises ContextLost when a backend broke the CUDA context.
+    Raises ContextLost when a backend broke the CUDA context. Runs with the case's GPU as the current
+    device (kernels that launch on the current device, like Triton's, then find their tensors).
     """
+    with torch.cuda.device(torch.device(case.device)) if case.on_cuda else contextlib.nullcontext():
+        return _run_case(case, backends, opts, env, on_stage)
+
+
+def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
     env = env or {}
     stage = on_stage or (lambda name: None)
     rows, todo = triage(case, backends, env)

@@ -84,3 +84,15 @@ def test_deterministic_decode_is_batch_invariant_on_gpu():
         out = decode(alone, plan_decode(alone, deterministic=True))
         assert torch.equal(bits(out["o"]), bits(batch["o"][b : b + 1])), f"request {b}: o"
         assert torch.equal(bits(out["lse"]), bits(batch["lse"][b : b + 1])), f"request {b}: lse"
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
+@pytest.mark.parametrize("backend", ["triton", "triton-det"])
+@pytest.mark.parametrize("case_id", ["decode/b64-l4096-h64x8-d64-p16-swa127-sink-bf16", "extend/b4-q512-pre1024-h32x8-d128-p16-bf16"])
+def test_a_case_on_the_second_gpu_while_the_first_is_current(case_id, backend):
+    """Triton launches on the current device: the runner must make the case's GPU current (the pytest
+    plugin under xdist runs worker gw1 on cuda:1 in a process whose current device is cuda:0)."""
+    torch.cuda.set_device(0)
+    row = run_one(case_id, get_backend(backend), device="cuda:1")
+    assert row.status == "pass", row.reason
+    assert torch.cuda.current_device() == 0
