@@ -39,3 +39,30 @@ def test_a_clearly_faster_config_wins_and_failures_drop_out(timed):
 def test_a_broken_default_leaves_the_fastest_working_config(timed):
     timed.update(a=50.0, b=40.0)
     assert tune.pick("k3", ["broken", "a", "b"], build)[0] == "b"
+
+
+def test_extend_tunes_per_length_bucket_and_offers_tall_tiles_only_to_long_prefills(monkeypatch):
+    import types
+
+    import torch
+
+    from attnbench.kernels.triton import extend as e
+
+    keys = []
+    monkeypatch.setattr(e.tune, "enabled", lambda device: True)
+    monkeypatch.setattr(e, "arch", lambda device: 90)
+    monkeypatch.setattr(e.tune, "pick", lambda key, cands, build: keys.append((key, cands)) or (cands[0], {}))
+
+    def inputs(q_len):
+        kc = torch.zeros(4, 16, 8, 128, dtype=torch.bfloat16)
+        return types.SimpleNamespace(q=torch.zeros(q_len, 32, 128, dtype=torch.bfloat16), k_cache=kc, v_cache=kc,
+                                     q_lens_host=[q_len], causal=True, window=-1, custom_mask=None, soft_cap=0.0,
+                                     sinks=None, k_new=kc, save_kv=False)  # fmt: skip
+
+    for q_len in (4096, 8192, 8000):
+        e.tuned_extend_config(inputs(q_len))
+    (k4, c4), (k8, c8), (k8b, _) = keys
+    assert k4 != k8 and k8 == k8b  # 8000 and 8192 share a bucket
+    assert any(c.block_m == 256 for c in c8)
+    assert all(c.block_m <= 128 for c in e.extend_candidates(128, 128, 100, 90))
+    assert e.tuned_extend_config(inputs(512)) == (None, {})  # short prefills keep the heuristic
