@@ -3,7 +3,8 @@
 `fake_kernels(monkeypatch)` replaces every JIT module FlashInfer would compile with a `FakeModule`
 that records each call (`(module name, function, args)`) into the current test's `Recorder` and
 returns plan infos (FlashInfer caches the modules it loads per process, so a fake created in one
-test is reused by the next: it always reports to the recorder of the test running), and patches the
+test is reused by the next: it always reports to the recorder of the test running; the names of the
+modules loaded go to `Recorder.loaded`, and `forget_modules()` empties those caches), and patches the
 few CUDA-only calls the wrappers make on the way (pinned host buffers, device guards, the MLA
 wrapper's device queries). The wrappers' own argument handling, validation and plan bookkeeping
 run unchanged, so a test sees exactly what the adapters hand to each kernel. An optional `effect`
@@ -13,6 +14,7 @@ callback lets a test play the kernel (e.g. write a known LSE into the buffer it 
 from __future__ import annotations
 
 import contextlib
+import sys
 from collections.abc import Callable
 
 import torch
@@ -47,16 +49,40 @@ class Recorder:
 
     def __init__(self):
         self.calls: list[tuple[str, str, tuple]] = []
+        self.loaded: list[str] = []  # names of the JIT modules built or loaded (JitSpec.build_and_load)
         self.effect: Callable | None = None
 
     def clear(self):
         self.calls.clear()
+        self.loaded.clear()
 
     def named(self, attr: str) -> list[tuple[str, tuple]]:
         return [(name, args) for name, a, args in self.calls if a == attr]
 
 
 CURRENT: list[Recorder | None] = [None]
+
+
+def forget_modules() -> None:
+    """Empty FlashInfer's per-process module caches (its `functools.cache` getters, also those
+    behind a wrapper such as `make_hashable_cache`), so that the next wrapper loads every module it
+    uses again, through `JitSpec.build_and_load`."""
+    for name, mod in list(sys.modules.items()):
+        if mod is None or not (name == "flashinfer" or name.startswith("flashinfer.")):
+            continue
+        for obj in list(vars(mod).values()):
+            for f in (obj, *_closure(obj)):
+                if callable(getattr(f, "cache_clear", None)):
+                    with contextlib.suppress(TypeError):  # an unbound method of a class
+                        f.cache_clear()
+
+
+def _closure(f) -> list:
+    out = []
+    for cell in getattr(f, "__closure__", None) or ():
+        with contextlib.suppress(ValueError):  # an empty cell
+            out.append(cell.cell_contents)
+    return out
 
 
 def use_scratch_jit_dirs(monkeypatch, root) -> None:
@@ -80,7 +106,12 @@ def fake_kernels(monkeypatch, root) -> Recorder:
     use_scratch_jit_dirs(monkeypatch, root)
     rec = Recorder()
     CURRENT[0] = rec
-    monkeypatch.setattr(core.JitSpec, "build_and_load", lambda spec: FakeModule(spec.name))
+
+    def build_and_load(spec):
+        rec.loaded.append(spec.name)
+        return FakeModule(spec.name)
+
+    monkeypatch.setattr(core.JitSpec, "build_and_load", build_and_load)
     real_empty = torch.empty
 
     def empty(*args, **kwargs):

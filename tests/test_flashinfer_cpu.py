@@ -362,7 +362,7 @@ def test_prebuild_keys_and_specs_for_smoke(monkeypatch, tmp_path):
             if case.op_name in b.ops and b.limits(case) is None:
                 keys.update(dict.fromkeys(b.jit_modules(case)))
     kinds = {k.kind for k in keys}
-    assert kinds == {"prefill", "prefill-independent", "decode", "mla", "cascade", "sink"}
+    assert kinds == {"prefill", "prefill-independent", "decode", "mla", "cascade", "sink", "packbits"}
     names = [s.name for s in prebuild.specs(keys)]
     assert len(names) == len(set(names))
     assert "batch_prefill_attention_sink_bf16_swa_False_fa2" in names

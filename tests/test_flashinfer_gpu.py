@@ -2,7 +2,7 @@
 
 Each (variant, case) must pass its float64 check or be a skip with a reason; a fail or an error is
 reported with the variant, the case id and the check's reason. The JIT modules the selected tests
-need are built first, in one parallel ninja run (`attnbench.kernels.flashinfer.prebuild`).
+need are built first, in parallel (`attnbench.kernels.flashinfer.prebuild`).
 
     pytest tests/test_flashinfer_gpu.py -k "not fa3" -rs     # fa2, CUDA-core, ragged
     pytest tests/test_flashinfer_gpu.py -k fa3 -rs           # the SM90 fa3 kernels

@@ -18,22 +18,35 @@ from __future__ import annotations
 
 from typing import ClassVar
 
+import torch
+
 from attnbench.backend import Backend, register_backend
 from attnbench.dtypes import to_torch
 from attnbench.kernels.flashinfer import _lib, limits
 from attnbench.kernels.flashinfer.gdn import FlashInferGDN
 from attnbench.kernels.flashinfer.jitkeys import JitKey
+from attnbench.ops.attention import FP8
+
+
+def _kv_dtype(case) -> torch.dtype | None:
+    """The KV cache's dtype where it is not the case dtype (fp8 caches), else None."""
+    return FP8.get(getattr(case.params, "kv_dtype", "auto"))
 
 
 def _prefill_keys(case, backend: str, *, paged: bool, cascade: bool = False) -> list[JitKey]:
-    """Modules of a prefill-kernel path: the kernel itself, fa2's independent-stride variant for a
-    paged call with Dk != Dv, and the cascade (merge) module when a prefix is merged in."""
+    """Modules of a prefill-kernel path (tensor-core decode included): the kernel for q/o and KV
+    dtypes, fa2's independent-stride variant for a paged call with Dk != Dv, the packbits module
+    that plan() packs a custom mask with, and the cascade (merge) module when a prefix is merged in."""
     p = case.params
     dv = p.dv
-    key = JitKey("prefill", backend, to_torch(case.dtype), p.head_dim, dv, p.window >= 0, p.soft_cap > 0)
+    key = JitKey(
+        "prefill", backend, to_torch(case.dtype), p.head_dim, dv, p.window >= 0, p.soft_cap > 0, _kv_dtype(case)
+    )
     keys = [key]
     if paged and backend == "fa2" and p.head_dim != dv:
         keys.append(key._replace(kind="prefill-independent"))
+    if getattr(p, "mask", "causal") == "custom":
+        keys.append(JitKey("packbits"))
     if cascade:
         keys.append(JitKey("cascade"))
     return keys
@@ -71,7 +84,8 @@ class FlashInferBase(Backend):
         return rule(case) if rule else None
 
     def jit_modules(self, case) -> list[JitKey]:
-        """The FlashInfer JIT modules `prepare` will load for `case` (for `prebuild`)."""
+        """The FlashInfer JIT modules `prepare` loads for `case`: `prebuild.specs` of these keys are
+        exactly those modules (tests/test_flashinfer_prebuild.py checks it through the wrappers)."""
         keys = getattr(self, f"jit_{case.op_name}", None)
         return keys(case) if keys else []
 
@@ -80,7 +94,7 @@ class FlashInferBase(Backend):
 
     @classmethod
     def precompile(cls, keys: list[JitKey]) -> str:
-        """Every FlashInfer variant's modules in one parallel ninja run (`prebuild`)."""
+        """Every FlashInfer variant's modules, built in parallel before the cases (`prebuild`)."""
         from attnbench.kernels.flashinfer.prebuild import prebuild
 
         lines: list[str] = []
@@ -150,7 +164,8 @@ class CudaCoreDecode:
 
     def jit_decode(self, case) -> list[JitKey]:
         p = case.params
-        return [JitKey("decode", "", to_torch(case.dtype), p.head_dim, p.dv, p.window >= 0, p.soft_cap > 0)]
+        dtype = to_torch(case.dtype)
+        return [JitKey("decode", "", dtype, p.head_dim, p.dv, p.window >= 0, p.soft_cap > 0, _kv_dtype(case))]
 
     def prepare_decode(self, case, x):
         from attnbench.kernels.flashinfer.decode import prepare_decode

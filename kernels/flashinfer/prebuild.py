@@ -1,17 +1,24 @@
 """Compile the FlashInfer JIT modules a set of cases needs, all at once, before running them.
 
-FlashInfer builds each kernel module with nvcc on first use (one module per backend, dtype, head
+FlashInfer builds each kernel module with nvcc on first use (one module per backend, dtypes, head
 dims, window and soft-cap flag; 10-90 s each), one after the other as the cases reach them. This
-collects the modules that the planned (backend, case) pairs will load and builds them in a single
-ninja run (`flashinfer.jit.core.build_jit_specs`), so their sources compile in parallel on every
-core. Each `prepare` then loads the built module (its `jit_s` is then a load time).
+collects the modules that the planned (backend, case) pairs will load and builds them together, so
+their sources compile in parallel on every core. Each `prepare` then loads the built module (its
+`jit_s` is then a load time).
 
-Modules are named by keys (`JitKey`): the backends' `jit_modules(case)` return them, and
-`specs()` turns them into FlashInfer's JitSpec objects with the same generator functions and
-arguments the wrappers use. A spec that differs from the wrapper's only costs a rebuild at first
-use (ninja sees the changed sources); a build failure is only reported: `prepare` builds what it
-needs on its own either way. AttentionSink modules are named without their head dims (see
-`sinks.py`): of two sink keys with one name, only the first is prebuilt.
+The contract, checked on CPU through FlashInfer's own wrappers (tests/test_flashinfer_prebuild.py):
+
+- Modules are named by keys (`JitKey`): the backends' `jit_modules(case)` return them, and
+  `specs()` turns them into the JitSpecs the wrappers build, same generator and arguments, hence
+  the same module names. A key that misses a module costs that module's build at first use.
+- `build()` runs ninja for each module in the module's own directory, as a wrapper's first use does
+  (`JitSpec.build`). Ninja keeps its build log and header dependencies in the directory it runs in,
+  and takes an output that its log does not list as out of date: modules built by FlashInfer's
+  `build_jit_specs` (one ninja run from the JIT cache root) were compiled again at first use.
+
+A build failure is only reported: `prepare` builds what it needs on its own either way.
+AttentionSink modules are named without their head dims (see `sinks.py`): of two sink keys with one
+name, only the first is prebuilt.
 
 Usage (on the GPU machine)::
 
@@ -21,9 +28,12 @@ Usage (on the GPU machine)::
 from __future__ import annotations
 
 import argparse
+import os
 import sys
+import threading
 import time
 from collections.abc import Iterable
+from concurrent.futures import ThreadPoolExecutor
 
 import torch
 
@@ -45,7 +55,13 @@ def keys_for(backends: Iterable, cases: Iterable) -> list[JitKey]:
 
 
 def specs(keys: Iterable[JitKey]) -> list:
-    """FlashInfer JitSpecs for the keys (the wrappers' own generators and arguments)."""
+    """FlashInfer JitSpecs for the keys: the generators and arguments the wrappers build them with.
+
+    prefill: `get_batch_prefill_module(backend, q, kv, o, int32, Dk, Dv, posenc NONE, window, cap,
+    fp16_qk_reduction False)`, which builds fa2's "primary" module (its independent-stride paged
+    module is a lazy second one, `prefill-independent`) and fa3's whole module; the tensor-core
+    decode wrapper calls it the same way, with Dk = Dv. decode: `get_batch_decode_module` (CUDA-core).
+    """
     from flashinfer.jit import gen_batch_decode_module, gen_batch_mla_module
     from flashinfer.jit.attention.modules import (
         _gen_batch_prefill_independent_paged_module,
@@ -55,49 +71,95 @@ def specs(keys: Iterable[JitKey]) -> list:
     )
     from flashinfer.jit.attention.variants import attention_sink_decl
     from flashinfer.jit.cascade import gen_cascade_module
+    from flashinfer.jit.quantization import gen_quantization_module
     from flashinfer.jit.utils import filename_safe_dtype_map
 
     from attnbench.kernels.flashinfer.sinks import module_name
 
-    out, sink_names = [], set()
+    out, names = [], set()
     for k in keys:
-        common = (k.dtype, k.dtype, k.dtype, torch.int32, k.head_dim_qk, k.head_dim_vo)
+        common = (k.dtype, k.kv_dtype or k.dtype, k.dtype, torch.int32, k.head_dim_qk, k.head_dim_vo)
         flags = (0, k.sliding_window, k.soft_cap)  # pos_encoding_mode NONE, window, soft cap
         if k.kind == "prefill" and k.backend == "fa2":
-            out.append(_gen_batch_prefill_primary_module("fa2", *common, *flags, False))
+            spec = _gen_batch_prefill_primary_module("fa2", *common, *flags, False)
         elif k.kind == "prefill":
-            out.append(gen_batch_prefill_module(k.backend, *common, *flags, False))
+            spec = gen_batch_prefill_module(k.backend, *common, *flags, False)
         elif k.kind == "prefill-independent":
-            out.append(_gen_batch_prefill_independent_paged_module("fa2", *common, *flags, False))
+            spec = _gen_batch_prefill_independent_paged_module("fa2", *common, *flags, False)
         elif k.kind == "decode":
-            out.append(gen_batch_decode_module(*common, *flags))
+            spec = gen_batch_decode_module(*common, *flags)
         elif k.kind == "mla":
-            out.append(gen_batch_mla_module(k.backend, *common[:4], 512, 64, False))
+            spec = gen_batch_mla_module(k.backend, *common[:4], 512, 64, False)
         elif k.kind == "cascade":
-            out.append(gen_cascade_module())
+            spec = gen_cascade_module()
+        elif k.kind == "packbits":  # segment_packbits, which plan() packs a custom mask with
+            spec = gen_quantization_module()
         elif k.kind == "sink":
             name = module_name(filename_safe_dtype_map[k.dtype], 0 if k.sliding_window else -1, k.backend)
-            if name in sink_names:
+            if name in names:
                 continue
-            sink_names.add(name)
             # BatchAttentionWithAttentionSinkWrapper.__init__'s jit_args / jit_kwargs (attention/_core.py)
-            out.append(
-                gen_customize_batch_prefill_module(
-                    k.backend, name, *common,
-                    ("sink",), ("float",), ("sm_scale",), ("double",), "AttentionSink",
-                    attention_sink_decl[k.backend],
-                    pos_encoding_mode=0,
-                    use_sliding_window=k.sliding_window,
-                    use_fp16_qk_reduction=False,
-                    paged_kv_stride_mode="independent" if k.backend == "fa2" else "runtime",
-                    module_surface="full",
-                )
+            spec = gen_customize_batch_prefill_module(
+                k.backend, name, *common,
+                ("sink",), ("float",), ("sm_scale",), ("double",), "AttentionSink",
+                attention_sink_decl[k.backend],
+                pos_encoding_mode=0,
+                use_sliding_window=k.sliding_window,
+                use_fp16_qk_reduction=False,
+                paged_kv_stride_mode="independent" if k.backend == "fa2" else "runtime",
+                module_surface="full",
             )  # fmt: skip
+        else:
+            raise ValueError(f"unknown JitKey kind {k.kind!r}")
+        if spec.name not in names:
+            names.add(spec.name)
+            out.append(spec)
     return out
 
 
+def _jobs() -> int:
+    """Compile processes at once: FLASHINFER_JIT_PREBUILD_MAX_JOBS, MAX_JOBS, or one per core."""
+    for var in ("FLASHINFER_JIT_PREBUILD_MAX_JOBS", "MAX_JOBS"):
+        if (value := os.environ.get(var, "")).isdigit() and int(value) > 0:
+            return int(value)
+    return os.cpu_count() or 1
+
+
+def build(specs: list, jobs: int | None = None) -> None:
+    """Build each spec as its first use would (`JitSpec.build`: ninja in the module's directory).
+
+    The modules build side by side and share `jobs` compile slots: each ninja run gets `-j` of what
+    is free when it starts, up to its number of sources. The first failure is raised after every
+    build has ended.
+    """
+    from filelock import FileLock
+    from flashinfer.jit import cpp_ext
+
+    todo = sorted((s for s in specs if not s.is_aot), key=lambda s: -len(s.sources))
+    free = [jobs or _jobs()]
+    slots = threading.Condition()
+
+    def one(spec) -> None:
+        with slots:
+            slots.wait_for(lambda: free[0] > 0)
+            take = min(free[0], max(1, len(spec.sources)))
+            free[0] -= take
+        try:
+            with FileLock(spec.lock_path, thread_local=False):
+                spec.write_ninja()
+                cpp_ext.run_ninja(spec.build_dir, spec.ninja_path, False, max_jobs=take)
+        finally:
+            with slots:
+                free[0] += take
+                slots.notify_all()
+
+    with ThreadPoolExecutor(max_workers=max(1, len(todo))) as pool:
+        for done in [pool.submit(one, s) for s in todo]:
+            done.result()
+
+
 def prebuild(keys: Iterable[JitKey], log=print) -> float:
-    """Build the modules of `keys` in one parallel ninja run; returns the seconds it took.
+    """Build the modules of `keys` in parallel; returns the seconds it took.
 
     Failures are logged, not raised: every `prepare` still builds what it needs by itself.
     """
@@ -106,9 +168,7 @@ def prebuild(keys: Iterable[JitKey], log=print) -> float:
         return 0.0
     t0 = time.perf_counter()
     try:
-        from flashinfer.jit.core import build_jit_specs
-
-        build_jit_specs(specs(keys))
+        build(specs(keys))
     except Exception as e:  # noqa: BLE001 - a prebuild problem must not stop the run
         log(f"flashinfer prebuild failed ({type(e).__name__}: {str(e)[:2000]}); modules build when used")
     dt = time.perf_counter() - t0
