@@ -29,11 +29,10 @@ pytestmark = [
 ]
 
 load_builtin()
-SMOKE = [  # the attention ops (spec and GDN kernels have their own tests); fp8 KV is a stated skip
-    c for c in load("smoke", "cpu").cases
-    if c.op_name in ("decode", "extend", "merge_state") and getattr(c.params, "kv_dtype", "auto") == "auto"
+SMOKE = [  # the attention ops (spec and GDN kernels have their own tests), fp8 KV caches included
+    c for c in load("smoke", "cpu").cases if c.op_name in ("decode", "extend", "merge_state")
 ]
-FP8 = [c for c in load("smoke", "cpu").cases if getattr(c.params, "kv_dtype", "auto") != "auto"]
+FP8 = [c for c in SMOKE if getattr(c.params, "kv_dtype", "auto") != "auto"]
 
 
 def _triton(name: str = "triton"):
@@ -61,10 +60,15 @@ def test_smoke_case(case):
     assert row.status == "pass", row.reason
 
 
-def test_fp8_kv_is_a_skip_with_its_reason():
-    for case in FP8:
-        row = run_one(case, _triton())
-        assert row.status == "skip" and "not implemented" in row.reason, (case.id, row.status, row.reason)
+def test_smoke_has_fp8_cases():
+    assert {c.params.kv_dtype for c in FP8} == {"fp8_e4m3", "fp8_e5m2"}
+    assert {c.op_name for c in FP8} == {"decode", "extend"} and any(c.params.mla for c in FP8)
+
+
+@pytest.mark.parametrize("case", FP8, ids=[c.id for c in FP8])
+def test_smoke_fp8_case_deterministic_backend(case):
+    row = run_one(case, _triton("triton-det"))
+    assert row.status == "pass", row.reason
 
 
 # ---- decode with several splits per request ------------------------------------------------------

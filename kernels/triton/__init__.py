@@ -65,8 +65,6 @@ class _TritonAttention(Backend):
         p = case.params
         if case.op_name in ("decode", "extend", "tree_verify") and (p.head_dim > MAX_DK or p.dv > MAX_DV):
             return f"head dims {p.head_dim}/{p.dv}: tiles are sized for at most {MAX_DK}/{MAX_DV}"
-        if getattr(p, "kv_dtype", "auto") != "auto":
-            return f"our Triton attention kernels read the KV cache in the query dtype; {p.kv_dtype} is not implemented"
         return None
 
     def prepare_decode(self, case, x):
