@@ -195,11 +195,12 @@ def to_fp8(y, KV_FP8: tl.constexpr):
             M: tl.constexpr = 2
             EMIN: tl.constexpr = -14
             BIG: tl.constexpr = 57344.0
-        e = tl.maximum(((y.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127, EMIN)
+        bits = y.to(tl.int32, bitcast=True)
+        e = tl.maximum(((bits >> 23) & 0xFF) - 127, EMIN)
         quantum = ((e - M + 127) << 23).to(tl.float32, bitcast=True)  # the fp8 spacing at |y|
-        t = y / quantum  # exact; |t| < 2^(M + 1)
-        y = ((t + 12582912.0) - 12582912.0) * quantum  # 1.5 * 2^23: fp32 addition rounds t to even
-        y = tl.minimum(tl.maximum(y, -BIG), BIG)
+        t = tl.abs(y) / quantum  # exact; t < 2^(M + 1)
+        r = tl.minimum(((t + 8388608.0) - 8388608.0) * quantum, BIG)  # 2^23: fp32 addition rounds t to even
+        y = (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)  # y's sign, -0 too
     if KV_FP8 == 1:
         r = y.to(tl.float8e4nv)
     else:
