@@ -321,6 +321,9 @@ TREE_SPLIT_CASES = [  # small smoke tree_verify cases: custom masks of token tre
     "tree_verify/b3-pre21-mixed-h8x2-d64-p16-treeeagle-depth3-k2-n6-bf16",
     "tree_verify/b2-pre17-h4x1-d64-p1-treechain-depth0-bf16",
     "tree_verify/b2-pre20-h16x1-d576x512-p16-mla-scale0.1352337788608801-treeeagle-depth3-k2-n6-bf16",
+    # fp8 caches through tree_verify (extend's kernel, save mode)
+    "tree_verify/b3-pre21-mixed-h8x2-d64-p16-fp8_e4m3-kvscalehead-treechain-depth4-bf16",
+    "tree_verify/b2-pre20-h16x1-d576x512-p16-mla-fp8_e5m2-treeeagle-depth3-k2-n6-bf16",
 ]
 
 

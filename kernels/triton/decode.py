@@ -14,6 +14,10 @@ A sliding window is applied by the schedule itself: only the last W + 1 keys are
 
 Scores are computed in base 2: `s * sm_scale * log2(e)` (or the soft cap of `s * sm_scale`, times
 log2(e)), so the softmax uses exp2; the LSE written out is natural log.
+
+fp8 caches (`KV_FP8`): K/V tiles are loaded as fp8 and converted to the query dtype (exact); the kv
+head's k scale is folded into the score scale and its v scale into the accumulator (powers of two:
+exact), so partials and the merge are unchanged. See NOTES.md.
 """
 
 from __future__ import annotations

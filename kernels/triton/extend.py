@@ -19,6 +19,11 @@ split). A tile's key range is cut into splits; each program attends its split wi
 above and writes a normalised fp32 partial output and its (max, sum) apart (a row that sees no key of
 the split: max -inf, sum 0, output 0), and decode's merge kernel combines them and adds the sink
 once. A tile with a single split writes its output directly; only the first split's programs save.
+
+fp8 caches (`KV_FP8`): cached K/V are read in stored units (fp8 converted to the query dtype, exact),
+with the kv head's k scale folded into the score scale and its v scale into the accumulator. `save`
+stores new tokens as fp8(x / scale) and attends them as stored (rounded the same way in registers);
+`attend` reads them unquantised with the plain score scale. See NOTES.md.
 """
 
 from __future__ import annotations
