@@ -477,9 +477,8 @@ FP8_EXTEND_CASES = [
 @pytest.mark.parametrize("case_id", FP8_EXTEND_CASES)
 @pytest.mark.parametrize("splits", [1, 3])
 def test_fp8_extend(case_id, splits):
-    from attnbench.ops.attention import quantize
-
     from attnbench.kernels.triton.extend import ExtendConfig, extend, plan_extend
+    from attnbench.ops.attention import quantize
 
     _triton()
     case = Case.from_id(case_id)
@@ -501,9 +500,8 @@ def test_fp8_extend(case_id, splits):
 
 def test_fp8_save_rounds_ties_to_even():
     """New tokens exactly halfway between two fp8 values: stored rounded to the even one (as torch)."""
-    from attnbench.ops.attention import quantize
-
     from attnbench.kernels.triton.extend import ExtendConfig, extend, plan_extend
+    from attnbench.ops.attention import quantize
 
     _triton()
     for kv in ("fp8_e4m3", "fp8_e5m2"):
