@@ -29,11 +29,10 @@ pytestmark = [
 ]
 
 load_builtin()
-SMOKE = [  # the attention ops (spec and GDN kernels have their own tests); fp8 KV is a stated skip
-    c for c in load("smoke", "cpu").cases
-    if c.op_name in ("decode", "extend", "merge_state") and getattr(c.params, "kv_dtype", "auto") == "auto"
+SMOKE = [  # the attention ops (spec and GDN kernels have their own tests), fp8 KV caches included
+    c for c in load("smoke", "cpu").cases if c.op_name in ("decode", "extend", "merge_state")
 ]
-FP8 = [c for c in load("smoke", "cpu").cases if getattr(c.params, "kv_dtype", "auto") != "auto"]
+FP8 = [c for c in SMOKE if getattr(c.params, "kv_dtype", "auto") != "auto"]
 
 
 def _triton(name: str = "triton"):
@@ -61,10 +60,15 @@ def test_smoke_case(case):
     assert row.status == "pass", row.reason
 
 
-def test_fp8_kv_is_a_skip_with_its_reason():
-    for case in FP8:
-        row = run_one(case, _triton())
-        assert row.status == "skip" and "not implemented" in row.reason, (case.id, row.status, row.reason)
+def test_smoke_has_fp8_cases():
+    assert {c.params.kv_dtype for c in FP8} == {"fp8_e4m3", "fp8_e5m2"}
+    assert {c.op_name for c in FP8} == {"decode", "extend"} and any(c.params.mla for c in FP8)
+
+
+@pytest.mark.parametrize("case", FP8, ids=[c.id for c in FP8])
+def test_smoke_fp8_case_deterministic_backend(case):
+    row = run_one(case, _triton("triton-det"))
+    assert row.status == "pass", row.reason
 
 
 # ---- decode with several splits per request ------------------------------------------------------
@@ -317,6 +321,9 @@ TREE_SPLIT_CASES = [  # small smoke tree_verify cases: custom masks of token tre
     "tree_verify/b3-pre21-mixed-h8x2-d64-p16-treeeagle-depth3-k2-n6-bf16",
     "tree_verify/b2-pre17-h4x1-d64-p1-treechain-depth0-bf16",
     "tree_verify/b2-pre20-h16x1-d576x512-p16-mla-scale0.1352337788608801-treeeagle-depth3-k2-n6-bf16",
+    # fp8 caches through tree_verify (extend's kernel, save mode)
+    "tree_verify/b3-pre21-mixed-h8x2-d64-p16-fp8_e4m3-kvscalehead-treechain-depth4-bf16",
+    "tree_verify/b2-pre20-h16x1-d576x512-p16-mla-fp8_e5m2-treeeagle-depth3-k2-n6-bf16",
 ]
 
 
@@ -400,3 +407,118 @@ def test_extend_split_regime():
         assert not auto.meta["SPLIT"], case_id
         assert auto.meta == unsplit.meta and auto.grid == unsplit.grid and torch.equal(auto.tiles, unsplit.tiles)
         assert auto.merge is None and auto.part_o is None
+
+
+# ---- fp8 KV caches: decode and extend, every schedule --------------------------------------------
+# The cache holds fp8 (e4m3/e5m2) with per-tensor or per-head power-of-two scales; the kernels read it
+# in stored units and fold the scales into scores and outputs, and `save` stores the new tokens
+# rounded to fp8 and attends them as stored (the reference dequantises exactly that).
+
+FP8_DECODE_CASES = [
+    "decode/b4-l300-mixed-h8x2-d64-p16-fp8_e4m3-bf16",  # GQA, per-tensor scales
+    "decode/b4-l300-mixed-h8x2-d64-p16-fp8_e4m3-kvscalehead-bf16",  # per-head scales
+    "decode/b3-l200-skewed-h4x4-d80-p1-fp8_e5m2-kvscalehead-bf16",  # MHA vector path, 64 + 16 split
+    "decode/b3-l260-mixed-h8x1-d96-p64-fp8_e5m2-fp16",  # MQA, e5m2 into fp16
+    "decode/b3-l150-mixed-h8x2-d64-p16-swa100-cap5-sink-fp8_e4m3-kvscalehead-bf16",  # k scale in the cap
+    "decode/b2-l160-mixed-h16x1-d576x512-p16-mla-fp8_e4m3-bf16",  # MLA: V from K, one shared scale
+    "decode/b2-l160-mixed-h16x1-d576x512-p16-mla-fp8_e5m2-bf16",
+    "decode/b2-l100-mixed-h4x2-d64-p16-fp8_e4m3-kvscalehead-fp32",  # fp32 queries, ieee dots
+]
+
+
+@pytest.mark.parametrize("case_id", FP8_DECODE_CASES)
+@pytest.mark.parametrize("split", [False, True])
+def test_fp8_decode(case_id, split):
+    from attnbench.kernels.triton.decode import decode, plan_decode
+
+    _triton()
+    case = Case.from_id(case_id)
+    assert case.id == case_id
+    pristine = case.make_inputs()
+    assert pristine.k_cache.element_size() == 1 and pristine.k_scale is not None
+    work = clone_tensors(pristine)
+    plan = plan_decode(work, min_chunk=32, num_sms=16) if split else plan_decode(work)
+    assert plan.meta["KV_FP8"] in (1, 2)
+    assert (plan.merge is not None) == split, plan.splits
+    verdict = _verdict(case, pristine, work, decode(work, plan))
+    assert verdict.ok, verdict.reason
+
+
+def test_fp8_deterministic_decode():
+    """triton-det's fixed 256-key splits over fp8 caches, and batch invariance with them."""
+    from attnbench.kernels.triton.decode import decode, plan_decode
+
+    row = run_one("decode/b3-l600-mixed-h4x2-d32-p16-fp8_e5m2-kvscalehead-bf16", _triton("triton-det"))
+    assert row.status == "pass", row.reason
+    x = Case.from_id("decode/b4-l300-mixed-h8x2-d64-p16-fp8_e4m3-kvscalehead-bf16").make_inputs()
+    batch = decode(x, plan_decode(x, deterministic=True, split_tile=64))
+    for b in range(len(x.seq_lens_host)):
+        alone = _request(x, b)
+        out = decode(alone, plan_decode(alone, deterministic=True, split_tile=64))
+        assert torch.equal(bits(out["o"]), bits(batch["o"][b : b + 1])), f"request {b}: o"
+        assert torch.equal(bits(out["lse"]), bits(batch["lse"][b : b + 1])), f"request {b}: lse"
+
+
+FP8_EXTEND_CASES = [
+    "extend/b2-q40-pre70-mixed-h4x2-d64-p16-fp8_e4m3-kvscalehead-bf16",  # prefix + save, per head
+    "extend/b2-q40-pre70-mixed-h4x2-d64-p16-fp8_e5m2-fp16",  # prefix + save, e5m2 into fp16
+    "extend/b2-q40-pre70-h4x2-d64-p16-kvattend-fp8_e4m3-kvscalehead-bf16",  # new tokens unquantised
+    "extend/b2-q20-pre30-h4x2-d64-p16-kvattend-cap5-fp8_e5m2-kvscalehead-bf16",  # two score scales, one cap
+    "extend/b2-q40-pre30-h4x2-d64-p16-kvshared-swa25-cap5-fp8_e5m2-bf16",  # new tokens from the cache
+    "extend/b2-q40-pre30-h4x2-d64-p16-custom-swa20-sink-fp8_e4m3-kvscalehead-bf16",
+    "extend/b2-q8-pre30-h8x2-d64-p1-swa5-cap5-sink-fp8_e4m3-bf16",  # save + window + cap + sinks
+    "extend/b2-q20-pre20-h4x2-d80-p16-fp8_e5m2-kvscalehead-bf16",  # save of a 64 + 16 head split
+    "extend/b2-q30-pre30-h8x1-d576x512-p16-mla-fp8_e4m3-bf16",  # MLA save: V is K's latent
+    "extend/b2-q30-pre30-h8x1-d576x512-p16-kvattend-mla-fp8_e5m2-bf16",
+    "extend/b2-q6-pre12-h4x4-d32-p16-fp8_e4m3-kvscalehead-fp32",  # fp32 queries
+]
+
+
+@pytest.mark.parametrize("case_id", FP8_EXTEND_CASES)
+@pytest.mark.parametrize("splits", [1, 3])
+def test_fp8_extend(case_id, splits):
+    from attnbench.kernels.triton.extend import ExtendConfig, extend, plan_extend
+    from attnbench.ops.attention import quantize
+
+    _triton()
+    case = Case.from_id(case_id)
+    assert case.id == case_id
+    pristine = case.make_inputs()
+    work = clone_tensors(pristine)
+    plan = plan_extend(work, config=ExtendConfig(16, 16, 4, 1), splits=splits)
+    assert plan.meta["KV_FP8"] in (1, 2) and plan.meta["SPLIT"] == (splits > 1)
+    out = extend(work, plan)
+    verdict = _verdict(case, pristine, work, out)
+    assert verdict.ok, verdict.reason
+    if pristine.save_kv:  # the slots hold exactly quantize(k_new) (bit for bit: ties round to even)
+        for cache, new, scale in ((work.k_cache, pristine.k_new, pristine.k_scale),
+                                  (work.v_cache, pristine.v_new, pristine.v_scale)):  # fmt: skip
+            stored = cache.reshape(-1, *cache.shape[2:])[pristine.slot_mapping]
+            want = quantize(new, scale, cache.dtype)
+            assert torch.equal(stored.view(torch.uint8), want.view(torch.uint8))
+
+
+def test_fp8_save_rounds_ties_to_even():
+    """New tokens exactly halfway between two fp8 values: stored rounded to the even one (as torch)."""
+    from attnbench.kernels.triton.extend import ExtendConfig, extend, plan_extend
+    from attnbench.ops.attention import quantize
+
+    _triton()
+    for kv in ("fp8_e4m3", "fp8_e5m2"):
+        case = Case.from_id(f"extend/b1-q16-pre0-h2x2-d32-p16-{kv}-bf16")
+        x = case.make_inputs()
+        fp8 = x.k_cache.dtype
+        # every fp8 value and every midpoint between neighbours, times the scale (exact in bf16)
+        grid = torch.arange(256, dtype=torch.uint8).view(fp8).float()
+        grid = grid[torch.isfinite(grid)].unique()
+        mids = (grid[1:] + grid[:-1]) / 2
+        vals = torch.cat([grid, mids]) * x.k_scale
+        vals = vals[vals.bfloat16().float() == vals][: x.k_new.numel()]  # representable in bf16
+        k_new = vals.repeat(-(-x.k_new.numel() // vals.numel()))[: x.k_new.numel()].view_as(x.k_new)
+        x.k_new.copy_(k_new.to(x.k_new.dtype))
+        x.v_new.copy_(k_new.flip(0).to(x.v_new.dtype) * (x.v_scale / x.k_scale))
+        extend(x, plan_extend(x, config=ExtendConfig(16, 16, 4, 1)))
+        for cache, new, scale in ((x.k_cache, x.k_new, x.k_scale), (x.v_cache, x.v_new, x.v_scale)):
+            stored = cache.reshape(-1, *cache.shape[2:])[x.slot_mapping]
+            want = quantize(new, scale, fp8)
+            assert torch.equal(stored.view(torch.uint8), want.view(torch.uint8)), kv

@@ -46,6 +46,18 @@ BRANCHES = [
     "extend/b2-q6-pre17-h4x2-d64-p16-custom-bf16@splits=3",
     "extend/b2-q6-pre17-h4x2-d64-p1-kvshared-swa5-cap5-sink-bf16@splits=3",
     "extend/b2-q5-pre20-h16x1-d576x512-p16-mla-bf16@splits=3",
+    # fp8 KV caches (KV_FP8: fp8 loads converted to the query dtype, scales folded in; save rounds to fp8)
+    "decode/b2-l300-h32x8-d128-p16-fp8_e4m3-bf16",
+    "decode/b2-l300-h128x1-d576x512-p64-mla-fp8_e4m3-bf16",
+    "decode/b2-l45-h4x4-d128-p1-fp8_e5m2-kvscalehead-fp16",
+    "decode/b2-l45-h4x2-d192x128-p16-fp8_e4m3-fp32",
+    "extend/b1-q256-pre0-h32x8-d128-p16-fp8_e4m3-kvscalehead-bf16",
+    "extend/b1-q5-pre8187-h32x8-d128-p16-fp8_e5m2-bf16",
+    "extend/b2-q6-pre17-h4x2-d64-p16-kvattend-fp8_e5m2-bf16",
+    "extend/b2-q6-pre17-h4x2-d64-p1-kvshared-swa5-cap5-sink-fp8_e4m3-kvscalehead-bf16",
+    "extend/b2-q6-pre17-h4x2-d80-p16-fp8_e5m2-fp16",
+    "extend/b2-q5-pre20-h16x1-d576x512-p16-mla-fp8_e4m3-bf16",
+    "extend/b2-q5-pre20-h16x1-d576x512-p16-mla-fp8_e5m2-bf16@splits=3",
 ]
 
 

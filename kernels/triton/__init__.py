@@ -13,6 +13,9 @@ Two registered names:
 Kernels live in decode.py, extend.py, merge.py, spec.py and gdn*.py (kernel -> launcher -> public function); the
 schedule (splits, query tiles) and scratch buffers are built in `prepare`, never in the timed call.
 Triton is imported lazily, so this package imports without it. Design notes: NOTES.md.
+
+fp8 KV caches (`kv_dtype` fp8_e4m3/fp8_e5m2, per-tensor or per-head scales) are read by decode and
+extend (MLA and tree_verify included) for bf16, fp16 and fp32 queries.
 """
 
 from __future__ import annotations
@@ -65,8 +68,6 @@ class _TritonAttention(Backend):
         p = case.params
         if case.op_name in ("decode", "extend", "tree_verify") and (p.head_dim > MAX_DK or p.dv > MAX_DV):
             return f"head dims {p.head_dim}/{p.dv}: tiles are sized for at most {MAX_DK}/{MAX_DV}"
-        if getattr(p, "kv_dtype", "auto") != "auto":
-            return f"our Triton attention kernels read the KV cache in the query dtype; {p.kv_dtype} is not implemented"
         return None
 
     def prepare_decode(self, case, x):

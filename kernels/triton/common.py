@@ -150,6 +150,64 @@ def mma(a, b, acc, PRECISION: tl.constexpr):
         return tl.dot(a, b, acc, input_precision=PRECISION)
 
 
+# fp8 KV caches (KV_FP8 constexpr: 0 none, 1 float8_e4m3fn, 2 float8_e5m2). Triton 3.6's interpreter
+# converts fp32 -> fp8 rounding ties away from zero (and carries a rounded-up mantissa into the exponent
+# bits wrongly) and e5m2 -> fp16 wrongly; under the interpreter (only) the conversions below go through
+# exact fp32 steps. Compiled kernels use the native conversions (cvt.rn.satfinite: round to nearest even).
+_INTERPRET_FP8 = tl.constexpr(interpreting())
+
+
+def kv_fp8_code(dtype: torch.dtype) -> int:
+    """The KV_FP8 constexpr of a cache dtype: 0 (not fp8), 1 (float8_e4m3fn), 2 (float8_e5m2)."""
+    return {torch.float8_e4m3fn: 1, torch.float8_e5m2: 2}.get(dtype, 0)
+
+
+def kv_scale_args(x, fallback: torch.Tensor) -> tuple:
+    """(k_scale, v_scale, k stride, v stride) kernel arguments: per-tensor `[1]` scales get stride 0,
+    per-head `[Hkv]` stride 1; without an fp8 cache any tensor stands in (never read)."""
+    if not kv_fp8_code(x.k_cache.dtype):
+        return fallback, fallback, 0, 0
+    if x.k_scale is None or x.v_scale is None:
+        raise ValueError(f"an {x.k_cache.dtype} KV cache needs k_scale and v_scale")
+    ks, vs = x.k_scale, x.v_scale
+    return ks, vs, 0 if ks.numel() == 1 else ks.stride(0), 0 if vs.numel() == 1 else vs.stride(0)
+
+
+@triton.jit
+def fp8_to(x, like):
+    """fp8 values `x` in the dtype of `like` (bf16/fp16/fp32): exact, every fp8 value is one of theirs."""
+    if _INTERPRET_FP8:
+        return x.to(tl.float32).to(like.dtype)
+    else:
+        return x.to(like.dtype)
+
+
+@triton.jit
+def to_fp8(y, KV_FP8: tl.constexpr):
+    """fp32 `y` rounded to the nearest fp8 value (ties to even), as torch's `.to(float8)` does for
+    values in range (the power-of-two scales keep them in range; compiled: saturating)."""
+    if _INTERPRET_FP8:  # round in fp32 first (exact steps), so the conversion itself is exact
+        if KV_FP8 == 1:
+            M: tl.constexpr = 3
+            EMIN: tl.constexpr = -6
+            BIG: tl.constexpr = 448.0
+        else:
+            M: tl.constexpr = 2
+            EMIN: tl.constexpr = -14
+            BIG: tl.constexpr = 57344.0
+        bits = y.to(tl.int32, bitcast=True)
+        e = tl.maximum(((bits >> 23) & 0xFF) - 127, EMIN)
+        quantum = ((e - M + 127) << 23).to(tl.float32, bitcast=True)  # the fp8 spacing at |y|
+        t = tl.abs(y) / quantum  # exact; t < 2^(M + 1)
+        r = tl.minimum(((t + 8388608.0) - 8388608.0) * quantum, BIG)  # 2^23: fp32 addition rounds t to even
+        y = (r.to(tl.int32, bitcast=True) | (bits & -2147483648)).to(tl.float32, bitcast=True)  # y's sign, -0 too
+    if KV_FP8 == 1:
+        r = y.to(tl.float8e4nv)
+    else:
+        r = y.to(tl.float8e5)
+    return r
+
+
 @triton.jit
 def load_tile(ptrs, m_row, m_col, ROWS: tl.constexpr, COLS: tl.constexpr):
     """Load a 2-D tile `ptrs [R, C]`, masking rows (`m_row [R]`) and/or columns (`m_col [C]`) only

@@ -14,6 +14,10 @@ A sliding window is applied by the schedule itself: only the last W + 1 keys are
 
 Scores are computed in base 2: `s * sm_scale * log2(e)` (or the soft cap of `s * sm_scale`, times
 log2(e)), so the softmax uses exp2; the LSE written out is natural log.
+
+fp8 caches (`KV_FP8`): K/V tiles are loaded as fp8 and converted to the query dtype (exact); the kv
+head's k scale is folded into the score scale and its v scale into the accumulator (powers of two:
+exact), so partials and the merge are unchanged. See NOTES.md.
 """
 
 from __future__ import annotations
@@ -35,7 +39,10 @@ from attnbench.kernels.triton.common import (
     exp2_,
     finish_lse,
     finish_o,
+    fp8_to,
     head_split,
+    kv_fp8_code,
+    kv_scale_args,
     load_tile,
     mma,
     sm_count,
@@ -47,7 +54,7 @@ from attnbench.kernels.triton.common import (
 @triton.jit
 def _decode_split_kernel(
     # Inputs
-    q, k_cache, v_cache, kv_page_indices, kv_indptr, qo_indptr, sinks, work,
+    q, k_cache, v_cache, kv_page_indices, kv_indptr, qo_indptr, sinks, work, k_scale, v_scale,
     # Outputs: final (requests with one split) and partial (requests with several)
     o, lse, part_o, part_ml,
     # Scalars
@@ -57,13 +64,13 @@ def _decode_split_kernel(
     stride_kp, stride_ks, stride_kh,
     stride_vp, stride_vs, stride_vh,
     stride_ot, stride_oh, stride_lt,
-    stride_pw, stride_ph, stride_mw, stride_ml,
+    stride_pw, stride_ph, stride_mw, stride_ml, stride_ksc, stride_vsc,
     # Meta-parameters
     G: tl.constexpr, NUM_HB: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, BLOCK_DV: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_DOT: tl.constexpr, V_FROM_K: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-    DOT_PRECISION: tl.constexpr, PRECISE_EXP: tl.constexpr,
+    DOT_PRECISION: tl.constexpr, PRECISE_EXP: tl.constexpr, KV_FP8: tl.constexpr = 0,
 ):  # fmt: skip
     i_u, i_w = tl.program_id(0), tl.program_id(1)
     i_hk, i_hb = i_u // NUM_HB, i_u % NUM_HB
@@ -88,6 +95,11 @@ def _decode_split_kernel(
         m_db = o_db < DK
         b_qb = tl.load(p_q + o_db[None, :], mask=m_h[:, None] & m_db[None, :], other=0.0)
 
+    if KV_FP8:  # fp8 cache: scores in stored units times this kv head's k scale (a power of two: exact)
+        k_sc = tl.load(k_scale + i_hk * stride_ksc)
+        qk_scale = qk_scale * k_sc
+        scale_over_cap = scale_over_cap * k_sc
+
     p_pages = kv_page_indices + tl.load(kv_indptr + i_b)
     b_m = tl.full([BLOCK_H], float("-inf"), tl.float32)
     b_l = tl.zeros([BLOCK_H], tl.float32)
@@ -106,12 +118,16 @@ def _decode_split_kernel(
         o_slot = o_n % PAGE_SIZE
         p_k = k_cache + i_page * stride_kp + o_slot * stride_ks + i_hk * stride_kh
         b_k = load_tile(p_k[:, None] + o_da[None, :], m_n, m_da, True, DA > DK)
+        if KV_FP8:
+            b_k = fp8_to(b_k, b_q)
         if USE_DOT:
             b_s = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_PRECISION)
         else:  # one head (BLOCK_H == 1): a vector product
             b_s = tl.sum(b_q.to(tl.float32) * b_k.to(tl.float32), 1)[None, :]
         if DB > 0:
             b_kb = load_tile(p_k[:, None] + o_db[None, :], m_n, m_db, True, DA + DB > DK)
+            if KV_FP8:
+                b_kb = fp8_to(b_kb, b_q)
             if USE_DOT:
                 b_s = mma(b_qb, tl.trans(b_kb), b_s, DOT_PRECISION)
             else:
@@ -126,6 +142,8 @@ def _decode_split_kernel(
         else:
             p_v = v_cache + i_page * stride_vp + o_slot * stride_vs + i_hk * stride_vh
             b_v = load_tile(p_v[:, None] + o_dv[None, :], m_n, m_dv, True, BLOCK_DV > DV)
+            if KV_FP8:
+                b_v = fp8_to(b_v, b_q)
         # every block holds a key of the range, so the new max is finite
         b_mn = tl.maximum(b_m, tl.max(b_s, 1))
         b_alpha = exp2_(b_m - b_mn, PRECISE_EXP)
@@ -138,6 +156,8 @@ def _decode_split_kernel(
             b_pv = tl.sum(tl.trans(b_p.to(tl.float32)) * b_v.to(tl.float32), 0)[None, :]
             b_acc = b_acc * b_alpha[:, None] + b_pv
         b_m = b_mn
+    if KV_FP8:  # the values were summed in stored units: times the v scale (exact), before normalising
+        b_acc = b_acc * tl.load(v_scale + i_hk * stride_vsc)
 
     if is_final != 0:
         if HAS_SINKS:
@@ -410,6 +430,8 @@ def plan_decode(
         HAS_SINKS=x.sinks is not None, DOT_PRECISION=dot_precision(x.q.dtype),
         PRECISE_EXP=x.q.dtype == torch.float32, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    if kv_fp8_code(x.k_cache.dtype):  # absent otherwise: the bf16/fp16/fp32 kernels compile as before
+        meta["KV_FP8"] = kv_fp8_code(x.k_cache.dtype)
     merge_meta = dict(  # BLOCK_S is fixed: the merge's summation order must not depend on the batch
         DV=Dv, BLOCK_DV=bdv, BLOCK_S=16,
         HAS_SINKS=x.sinks is not None, PRECISE_EXP=x.q.dtype == torch.float32,
@@ -425,8 +447,9 @@ def _launches(x, plan: DecodePlan) -> list[tuple]:
     q, k, v, o, lse = x.q, x.k_cache, x.v_cache, x.o, x.lse
     sinks = x.sinks if x.sinks is not None else lse  # never read without sinks
     scale, cap = x.sm_scale, x.soft_cap
+    k_scale, v_scale, stride_ksc, stride_vsc = kv_scale_args(x, lse)
     split_args = (
-        q, k, v, x.kv_page_indices, x.kv_indptr, x.qo_indptr, sinks, plan.work,
+        q, k, v, x.kv_page_indices, x.kv_indptr, x.qo_indptr, sinks, plan.work, k_scale, v_scale,
         o, lse, plan.part_o, plan.part_ml,
         scale * LOG2E, scale / cap if cap > 0 else 0.0, cap * LOG2E,
         q.stride(0), q.stride(1),
@@ -434,6 +457,7 @@ def _launches(x, plan: DecodePlan) -> list[tuple]:
         v.stride(0), v.stride(1), v.stride(2),
         o.stride(0), o.stride(1), lse.stride(0),
         plan.part_o.stride(0), plan.part_o.stride(1), plan.part_ml.stride(0), plan.part_ml.stride(1),
+        stride_ksc, stride_vsc,
     )  # fmt: skip
     out = [(_decode_split_kernel, plan.grid, split_args, plan.meta)]
     if plan.merge is not None:
@@ -493,7 +517,7 @@ def tuned_decode_config(x) -> tuple[DecodeConfig | None, dict]:
     if not mla and work < (1 << 20):
         return None, {}
     key = (
-        "decode", G, Dk, Dv, x.k_cache.shape[1], x.q.dtype, x.window >= 0, x.soft_cap > 0,
+        "decode", G, Dk, Dv, x.k_cache.shape[1], x.q.dtype, x.k_cache.dtype, x.window >= 0, x.soft_cap > 0,
         x.sinks is not None, len(x.seq_lens_host) >= 32, (work.bit_length() if not mla else 0),
     )  # fmt: skip
     cands = decode_candidates(G, Dk, Dv, arch(device))

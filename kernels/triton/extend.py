@@ -19,6 +19,11 @@ split). A tile's key range is cut into splits; each program attends its split wi
 above and writes a normalised fp32 partial output and its (max, sum) apart (a row that sees no key of
 the split: max -inf, sum 0, output 0), and decode's merge kernel combines them and adds the sink
 once. A tile with a single split writes its output directly; only the first split's programs save.
+
+fp8 caches (`KV_FP8`): cached K/V are read in stored units (fp8 converted to the query dtype, exact),
+with the kv head's k scale folded into the score scale and its v scale into the accumulator. `save`
+stores new tokens as fp8(x / scale) and attends them as stored (rounded the same way in registers);
+`attend` reads them unquantised with the plain score scale. See NOTES.md.
 """
 
 from __future__ import annotations
@@ -40,11 +45,15 @@ from attnbench.kernels.triton.common import (
     exp2_,
     finish_lse,
     finish_o,
+    fp8_to,
     head_split,
+    kv_fp8_code,
+    kv_scale_args,
     load_tile,
     mma,
     sm_count,
     soft_cap_scores,
+    to_fp8,
     v_is_k_prefix,
 )
 from attnbench.kernels.triton.decode import MIN_SPLIT, WAVES, _decode_merge_kernel, balanced_chunk
@@ -56,17 +65,19 @@ def _attend_range(
     k_src, v_src, p_pages, row0, new_start, n_lo, n_hi,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
     o_pos, m_rows, o_mask_row, custom_mask, seq_len, window,
-    qk_scale, scale_over_cap, cap_log2e,
+    qk_scale, scale_over_cap, cap_log2e, k_inv, v_inv,
     DK: tl.constexpr, DV: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, BLOCK_DV: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, FROM_NEW: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_SOFTCAP: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PRECISE_EXP: tl.constexpr,
+    PRECISE_EXP: tl.constexpr, KV_FP8: tl.constexpr, REQUANT: tl.constexpr,
 ):  # fmt: skip
     """Online-softmax update of (acc, m, l) over keys [n_lo, n_hi) of one source.
 
     MASKED: apply bounds and visibility masks; else every key of every block is visible to every row
-    (the caller guarantees it), so no mask is computed at all.
+    (the caller guarantees it), so no mask is computed at all. KV_FP8: the source's K/V are fp8 values
+    in stored units (converted to the query dtype, exactly); with REQUANT they are the new tokens in
+    the query dtype, rounded here to what the cache stores (`x * inv` to fp8) before use.
     """
     o_da = tl.arange(0, DA)
     o_dv = tl.arange(0, BLOCK_DV)
@@ -97,9 +108,17 @@ def _attend_range(
             p_k = k_src + i_page * stride_kp + o_slot * stride_ks + i_hk * stride_kh
             p_v = v_src + i_page * stride_vp + o_slot * stride_vs + i_hk * stride_vh
         b_k = load_tile(p_k[:, None] + o_da[None, :], m_n, m_da, MASKED, DA > DK)
+        if KV_FP8:
+            if REQUANT:
+                b_k = to_fp8(b_k.to(tl.float32) * k_inv, KV_FP8)
+            b_k = fp8_to(b_k, b_q)
         b_s = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_M, BLOCK_N], tl.float32), DOT_PRECISION)
         if DB > 0:
             b_kb = load_tile(p_k[:, None] + o_db[None, :], m_n, m_db, MASKED, DA + DB > DK)
+            if KV_FP8:
+                if REQUANT:
+                    b_kb = to_fp8(b_kb.to(tl.float32) * k_inv, KV_FP8)
+                b_kb = fp8_to(b_kb, b_q)
             b_s = mma(b_qb, tl.trans(b_kb), b_s, DOT_PRECISION)
         if HAS_SOFTCAP:
             b_s = soft_cap_scores(b_s, scale_over_cap, cap_log2e, PRECISE_EXP)
@@ -109,6 +128,10 @@ def _attend_range(
             b_v = b_k
         else:
             b_v = load_tile(p_v[:, None] + o_dv[None, :], m_n, m_dv, MASKED, BLOCK_DV > DV)
+            if KV_FP8:
+                if REQUANT:
+                    b_v = to_fp8(b_v.to(tl.float32) * v_inv, KV_FP8)
+                b_v = fp8_to(b_v, b_q)
         if MASKED:
             b_vis = m_n[None, :] & m_rows[:, None]
             if IS_CAUSAL:
@@ -139,11 +162,12 @@ def _attend_source(
     k_src, v_src, p_pages, row0, new_start, a, e, full_lo, full_hi,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
     o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
+    k_inv, v_inv,
     DK: tl.constexpr, DV: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, BLOCK_DV: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     FROM_NEW: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PRECISE_EXP: tl.constexpr,
+    PRECISE_EXP: tl.constexpr, KV_FP8: tl.constexpr, REQUANT: tl.constexpr,
 ):  # fmt: skip
     """Keys [a, e) of one source: masked blocks left of `full_lo`, whole unmasked blocks inside
     [full_lo, full_hi), masked blocks for the rest."""
@@ -153,22 +177,25 @@ def _attend_source(
         b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, p_pages, row0, new_start, a, u0,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
-        DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
+        k_inv, v_inv, DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
         True, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
+        KV_FP8, REQUANT,
     )  # fmt: skip
     b_acc, b_m, b_l = _attend_range(
         b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, p_pages, row0, new_start, u0, u1,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
-        DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
+        k_inv, v_inv, DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
         False, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
+        KV_FP8, REQUANT,
     )  # fmt: skip
     b_acc, b_m, b_l = _attend_range(
         b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, p_pages, row0, new_start, u1, e,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
-        DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
+        k_inv, v_inv, DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
         True, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
+        KV_FP8, REQUANT,
     )  # fmt: skip
     return b_acc, b_m, b_l
 
@@ -177,7 +204,7 @@ def _attend_source(
 def _extend_kernel(
     # Inputs
     q, k_cache, v_cache, k_new, v_new, kv_page_indices, kv_indptr, qo_indptr, seq_lens, tiles,
-    custom_mask, mask_indptr, sinks, slot_mapping,
+    custom_mask, mask_indptr, sinks, slot_mapping, k_scale, v_scale,
     # Outputs: final, and partial (split path: tiles with several key splits)
     o, lse, part_o, part_ml,
     # Scalars
@@ -187,7 +214,7 @@ def _extend_kernel(
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
     stride_knt, stride_knh, stride_vnt, stride_vnh,
     stride_ot, stride_oh, stride_lt,
-    stride_pw, stride_ph, stride_mw, stride_ml,
+    stride_pw, stride_ph, stride_mw, stride_ml, stride_ksc, stride_vsc,
     # Meta-parameters
     HQ: tl.constexpr, G: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, BLOCK_DV: tl.constexpr,
@@ -195,7 +222,7 @@ def _extend_kernel(
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
     NEW_FROM_CACHE: tl.constexpr, SAVE_KV: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PRECISE_EXP: tl.constexpr, SPLIT: tl.constexpr,
+    PRECISE_EXP: tl.constexpr, SPLIT: tl.constexpr, KV_FP8: tl.constexpr = 0,
 ):  # fmt: skip
     pid = tl.program_id(0)
     i_h, i_tile = pid % HQ, pid // HQ
@@ -233,6 +260,30 @@ def _extend_kernel(
         b_qb = tl.load(p_q + o_db[None, :], mask=m_rows[:, None] & m_db[None, :], other=0.0)
     else:
         b_qb = b_q  # unused
+    # fp8 cache: cached keys/values are used in stored units; the kv head's k scale goes into the score
+    # scale, its v scale onto the accumulator (powers of two: exact). New tokens: `attend` reads them
+    # unscaled from k_new/v_new; `save` rounds them to their stored fp8 values (times 1 / scale) and
+    # uses those, like the cache; `shared` reads them from the cache.
+    if KV_FP8:
+        k_sc = tl.load(k_scale + i_hk * stride_ksc)
+        v_sc = tl.load(v_scale + i_hk * stride_vsc)
+        k_inv = tl.math.div_rn(1.0, k_sc)
+        v_inv = tl.math.div_rn(1.0, v_sc)
+        qk_cache = qk_scale * k_sc
+        cap_cache = scale_over_cap * k_sc
+    else:
+        k_sc = qk_scale  # unused
+        v_sc = qk_scale
+        k_inv = qk_scale
+        v_inv = qk_scale
+        qk_cache = qk_scale
+        cap_cache = scale_over_cap
+    if KV_FP8 and not (SAVE_KV or NEW_FROM_CACHE):  # attend: new tokens in the query dtype, unscaled
+        qk_new = qk_scale
+        cap_new = scale_over_cap
+    else:
+        qk_new = qk_cache
+        cap_new = cap_cache
 
     if SPLIT:
         do_save = (i_h % G == 0) & is_first  # once per tile: the first split's programs
@@ -245,16 +296,28 @@ def _extend_kernel(
             p_kc += i_hk * stride_kh
             p_kn = k_new + (row0 + o_m)[:, None] * stride_knt + i_hk * stride_knh
             m_a = m_rows[:, None] & m_da[None, :]
-            tl.store(p_kc[:, None] + o_da[None, :], tl.load(p_kn + o_da[None, :], mask=m_a), mask=m_a)
+            if KV_FP8:  # stored = fp8(x / scale), x / scale exact as x * (1 / scale)
+                b_kn = tl.load(p_kn + o_da[None, :], mask=m_a, other=0.0)
+                tl.store(p_kc[:, None] + o_da[None, :], to_fp8(b_kn.to(tl.float32) * k_inv, KV_FP8), mask=m_a)
+            else:
+                tl.store(p_kc[:, None] + o_da[None, :], tl.load(p_kn + o_da[None, :], mask=m_a), mask=m_a)
             if DB > 0:
                 m_b = m_rows[:, None] & m_db[None, :]
-                tl.store(p_kc[:, None] + o_db[None, :], tl.load(p_kn + o_db[None, :], mask=m_b), mask=m_b)
+                if KV_FP8:
+                    b_kn = tl.load(p_kn + o_db[None, :], mask=m_b, other=0.0)
+                    tl.store(p_kc[:, None] + o_db[None, :], to_fp8(b_kn.to(tl.float32) * k_inv, KV_FP8), mask=m_b)
+                else:
+                    tl.store(p_kc[:, None] + o_db[None, :], tl.load(p_kn + o_db[None, :], mask=m_b), mask=m_b)
             if not V_FROM_K:
                 p_vc = v_cache + (i_slot // PAGE_SIZE) * stride_vp + (i_slot % PAGE_SIZE) * stride_vs
                 p_vc += i_hk * stride_vh
                 p_vn = v_new + (row0 + o_m)[:, None] * stride_vnt + i_hk * stride_vnh
                 m_v = m_rows[:, None] & m_dv[None, :]
-                tl.store(p_vc[:, None] + o_dv[None, :], tl.load(p_vn + o_dv[None, :], mask=m_v), mask=m_v)
+                if KV_FP8:
+                    b_vn = tl.load(p_vn + o_dv[None, :], mask=m_v, other=0.0)
+                    tl.store(p_vc[:, None] + o_dv[None, :], to_fp8(b_vn.to(tl.float32) * v_inv, KV_FP8), mask=m_v)
+                else:
+                    tl.store(p_vc[:, None] + o_dv[None, :], tl.load(p_vn + o_dv[None, :], mask=m_v), mask=m_v)
 
     # key ranges: [lo, hi) holds every key some row may see; [full_lo, full_hi) the keys all rows see
     p_first = prefix + m_start
@@ -288,28 +351,35 @@ def _extend_kernel(
         b_acc, b_m, b_l, b_q, b_qb,
         k_cache, v_cache, p_pages, row0, prefix, lo, tl.minimum(hi, prefix), full_lo, full_hi,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
-        o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
+        o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_cache, cap_cache, cap_log2e, k_inv, v_inv,
         DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
         False, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
+        KV_FP8, False,
     )  # fmt: skip
+    if KV_FP8 and not (SAVE_KV or NEW_FROM_CACHE):  # attend: the prefix's values to real units now
+        b_acc = b_acc * v_sc
     if NEW_FROM_CACHE:  # shared (cross-layer) KV: the new tokens are in the cache too
         b_acc, b_m, b_l = _attend_source(
             b_acc, b_m, b_l, b_q, b_qb,
             k_cache, v_cache, p_pages, row0, prefix, tl.maximum(lo, prefix), hi, full_lo, full_hi,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
-            o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
+            o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_new, cap_new, cap_log2e, k_inv, v_inv,
             DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
             False, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
+            KV_FP8, False,
         )  # fmt: skip
     else:
         b_acc, b_m, b_l = _attend_source(
             b_acc, b_m, b_l, b_q, b_qb,
             k_new, v_new, p_pages, row0, prefix, tl.maximum(lo, prefix), hi, full_lo, full_hi,
             stride_knt, 0, stride_knh, stride_vnt, 0, stride_vnh, i_hk,
-            o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
+            o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_new, cap_new, cap_log2e, k_inv, v_inv,
             DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
             True, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
+            KV_FP8 if SAVE_KV else 0, SAVE_KV,
         )  # fmt: skip
+    if KV_FP8 and (SAVE_KV or NEW_FROM_CACHE):  # every value was summed in stored units
+        b_acc = b_acc * v_sc
 
     if SPLIT:
         if is_final != 0:  # a tile with one split: written like the unsplit path
@@ -531,6 +601,8 @@ def plan_extend(
         DOT_PRECISION=dot_precision(x.q.dtype), PRECISE_EXP=x.q.dtype == torch.float32,
         SPLIT=chunk is not None, num_warps=cfg.num_warps, num_stages=cfg.num_stages,
     )  # fmt: skip
+    if kv_fp8_code(x.k_cache.dtype):  # absent otherwise: the bf16/fp16/fp32 kernels compile as before
+        meta["KV_FP8"] = kv_fp8_code(x.k_cache.dtype)
     if chunk is None:
         tiles_t = torch.tensor([(b, m0) for b, m0, _, _ in ranges], dtype=torch.int32).reshape(-1, 2).to(device)
         return ExtendPlan(tiles_t, (Hq * len(ranges),), meta, cfg)
@@ -589,16 +661,17 @@ def _launches(x, plan: ExtendPlan) -> list[tuple]:
     scale, cap = x.sm_scale, x.soft_cap
     part_o = plan.part_o if plan.part_o is not None else o  # unsplit: never written
     part_ml = plan.part_ml if plan.part_ml is not None else lse
+    k_scale, v_scale, stride_ksc, stride_vsc = kv_scale_args(x, lse)
     args = (
         q, kc, vc, kn, vn, x.kv_page_indices, x.kv_indptr, x.qo_indptr, x.seq_lens, plan.tiles,
-        mask, mask_indptr, sinks, slots,
+        mask, mask_indptr, sinks, slots, k_scale, v_scale,
         o, lse, part_o, part_ml,
         scale * LOG2E, scale / cap if cap > 0 else 0.0, cap * LOG2E, x.window,
         q.stride(0), q.stride(1),
         kc.stride(0), kc.stride(1), kc.stride(2), vc.stride(0), vc.stride(1), vc.stride(2),
         kn.stride(0), kn.stride(1), vn.stride(0), vn.stride(1),
         o.stride(0), o.stride(1), lse.stride(0),
-        part_o.stride(0), part_o.stride(1), part_ml.stride(0), part_ml.stride(1),
+        part_o.stride(0), part_o.stride(1), part_ml.stride(0), part_ml.stride(1), stride_ksc, stride_vsc,
     )  # fmt: skip
     out = [(_extend_kernel, plan.grid, args, plan.meta)]
     if plan.merge is not None:
@@ -651,7 +724,7 @@ def tuned_extend_config(x) -> tuple[ExtendConfig | None, dict]:
     _, Hq, Dk = x.q.shape
     Hkv, Dv = x.k_cache.shape[2], x.v_cache.shape[-1]
     key = (
-        "extend", Hq // Hkv, Dk, Dv, x.k_cache.shape[1], x.q.dtype, x.causal, x.window >= 0,
+        "extend", Hq // Hkv, Dk, Dv, x.k_cache.shape[1], x.q.dtype, x.k_cache.dtype, x.causal, x.window >= 0,
         x.custom_mask is not None, x.soft_cap > 0, x.sinks is not None, x.k_new is None, bool(x.save_kv),
         triton.next_power_of_2(max(x.q_lens_host)),
     )  # fmt: skip
