@@ -394,7 +394,7 @@ def test_extend_split_regime():
     for case_id in (
         "extend/b1-q5-pre1000-h32x8-d128-p16-bf16",  # short prefix
         "extend/b1-q1024-pre4096-h32x8-d128-p16-bf16",  # 8 tiles x 32 heads: a wave already
-        "extend/b8-q5-pre4096-h32x8-d128-p16-bf16",  # 8 requests x 32 heads: 256 programs
+        "extend/b32-q5-pre4096-h32x8-d128-p16-bf16",  # 32 requests x 8 packed head groups: 256 programs
     ):
         auto, unsplit = plans(case_id)
         assert not auto.meta["SPLIT"], case_id
