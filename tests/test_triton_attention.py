@@ -401,7 +401,7 @@ def test_extend_split_regime():
     for case_id in (
         "extend/b1-q5-pre1000-h32x8-d128-p16-bf16",  # short prefix
         "extend/b1-q1024-pre4096-h32x8-d128-p16-bf16",  # 8 tiles x 32 heads: a wave already
-        "extend/b8-q5-pre4096-h32x8-d128-p16-bf16",  # 8 requests x 32 heads: 256 programs
+        "extend/b32-q5-pre4096-h32x8-d128-p16-bf16",  # 32 requests x 8 packed head groups: 256 programs
     ):
         auto, unsplit = plans(case_id)
         assert not auto.meta["SPLIT"], case_id
@@ -522,3 +522,116 @@ def test_fp8_save_rounds_ties_to_even():
             stored = cache.reshape(-1, *cache.shape[2:])[x.slot_mapping]
             want = quantize(new, scale, fp8)
             assert torch.equal(stored.view(torch.uint8), want.view(torch.uint8)), kv
+
+
+# ---- extend's GQA-packed tiles (forced, against the harness and against the unpacked kernel) -------
+
+
+PACKED_EXTEND_CASES = [  # (case, tile rows); the tile holds rows // G tokens of G query heads
+    ("extend/b2-q40-pre70-mixed-h4x2-d64-p16-bf16", 16),  # causal over a prefix, new K/V saved: 8 tokens
+    ("extend/b2-q9-pre30-h8x2-d64-p16-swa5-bf16", 16),  # window edge inside the prefix, per token
+    ("extend/b2-q6-pre30-h8x2-d64-p16-kvshared-cap5-bf16", 16),  # soft cap, new tokens from the cache
+    ("extend/b2-q9-pre21-h8x1-d64-p16-custom-sink-bf16", 16),  # mask row per token, sink per head
+    ("extend/b2-q5-pre20-h16x1-d576x512-p16-mla-bf16", 16),  # MLA, G = 16: one token per tile, V from K
+    ("extend/b2-q5-pre20-h8x1-d576x512-p16-mla-bf16", 32),  # MLA, G = 8: 4 tokens per tile
+    ("extend/b2-q6-pre17-h6x2-d80-p16-bf16", 16),  # G = 3: 5 tokens and an idle row; 64 + 16 head split
+    ("extend/b2-q6-pre12-h4x2-d13-p16-fp32", 16),  # odd head dim, fp32
+    ("extend/b2-q5-pre17-h8x2-d192x128-p1-kvattend-fp16", 16),  # Dk != Dv, token-slot pages, k_new attended
+]
+
+
+def _packed_extend(case_id: str, rows: int, splits: int = 1):
+    """(case, pristine inputs, packed outputs + inputs, unpacked unsplit outputs)."""
+    from attnbench.kernels.triton.extend import ExtendConfig, extend, plan_extend
+
+    case = Case.from_id(case_id)
+    pristine = case.make_inputs()
+    cfg = ExtendConfig(rows, 16, 4, 1)
+    work, ref = clone_tensors(pristine), clone_tensors(pristine)
+    plan = plan_extend(work, config=cfg, pack=True, splits=splits)
+    G = pristine.q.shape[1] // pristine.k_cache.shape[2]
+    assert plan.meta["HEADS"] == G and plan.meta["SPLIT"] == (splits > 1)
+    unpacked = plan_extend(ref, config=cfg, pack=False, splits=1)
+    assert unpacked.meta["HEADS"] == 1
+    return case, pristine, (extend(work, plan), work), extend(ref, unpacked)
+
+
+@pytest.mark.parametrize("case_id,rows", PACKED_EXTEND_CASES, ids=[c for c, _ in PACKED_EXTEND_CASES])
+def test_extend_gqa_packed(case_id, rows):
+    _triton()
+    case, pristine, (out, work), unpacked = _packed_extend(case_id, rows)
+    verdict = _verdict(case, pristine, work, out)
+    assert verdict.ok, verdict.reason
+    # the same attention as one head per tile: the same products, summed in the same key blocks
+    tol = 1e-5 if case.torch_dtype == torch.float32 else 1e-2
+    torch.testing.assert_close(out["o"].float(), unpacked["o"].float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(out["lse"], unpacked["lse"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize(
+    "case_id,rows",
+    [
+        ("extend/b2-q40-pre70-mixed-h4x2-d64-p16-bf16", 16),
+        ("extend/b2-q9-pre21-h8x1-d64-p16-custom-sink-bf16", 16),  # sinks added in the merge, per head
+        ("extend/b2-q5-pre20-h8x1-d576x512-p16-mla-bf16", 32),
+    ],
+)
+def test_extend_gqa_packed_split_kv(case_id, rows):
+    """Packed tiles on the split path: partials per (token, head), merged per token."""
+    _triton()
+    case, pristine, (out, work), unpacked = _packed_extend(case_id, rows, splits=3)
+    verdict = _verdict(case, pristine, work, out)
+    assert verdict.ok, verdict.reason
+    tol = 1e-5 if case.torch_dtype == torch.float32 else 2e-2
+    torch.testing.assert_close(out["o"].float(), unpacked["o"].float(), atol=tol, rtol=tol)
+    torch.testing.assert_close(out["lse"], unpacked["lse"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("forced", [dict(pack=True), dict(pack=True, splits=2), dict(pack=False)], ids=str)
+@pytest.mark.parametrize("case_id", [TREE_SPLIT_CASES[1], TREE_SPLIT_CASES[3]])
+def test_tree_verify_packed_through_the_harness(case_id, forced, monkeypatch):
+    """tree_verify through the backend's prepare with packing forced on (alone and with key splits)
+    and off: bound launches, NaN-poisoned buffers, canaries, stale-output check."""
+    import functools
+
+    from attnbench.kernels.triton import extend as e
+
+    plans = []
+
+    def forcing(x, **kw):
+        plans.append(plan_extend(x, **(kw | forced)))
+        return plans[-1]
+
+    plan_extend = e.plan_extend
+    monkeypatch.setattr(e, "plan_extend", functools.wraps(plan_extend)(forcing))
+    row = run_one(case_id, _triton())
+    assert row.status == "pass", row.reason
+    assert plans and all((p.meta["HEADS"] > 1) == forced["pack"] for p in plans)
+    assert all(p.meta["SPLIT"] == ("splits" in forced) for p in plans)
+
+
+def test_gqa_pack_rule():
+    """Automatic plans (host only): packed for short requests with G > 1, with tiles of next_pow2(q x G)
+    rows up to the head dims' tile; never for long requests, MHA, or triton-det."""
+    from attnbench.kernels.triton.extend import default_extend_config, plan_extend
+
+    def plan(case_id, **kw):
+        x = Case.from_id(case_id).make_inputs()
+        p = plan_extend(x, num_sms=132, **kw)
+        assert p.config == default_extend_config(x, kw.get("deterministic", False), kw.get("pack"))
+        return p.meta["HEADS"], p.config.block_m, p.grid[0]
+
+    # spec verify over a long prefix: 5 tokens x 4 heads in a 32-row tile, 8 groups, split over keys
+    heads, block_m, programs = plan("extend/b1-q5-pre8187-h32x8-d128-p16-bf16")
+    assert (heads, block_m) == (4, 32) and programs >= 132
+    assert plan("extend/b64-q16-pre1024-h32x8-d128-p16-bf16") == (4, 64, 64 * 8)  # one tile per request
+    assert plan("extend/b2-q64-pre1024-h32x8-d128-p16-bf16")[:2] == (4, 128)  # 32 tokens per tile
+    assert plan("extend/b2-q128-pre1024-h32x8-d128-p16-bf16")[:2] == (1, 128)  # one-head tiles are full
+    assert plan("extend/b2-q5-pre1024-h32x32-d128-p16-bf16")[:2] == (1, 16)  # MHA
+    assert plan("extend/b2-q5-pre1024-h32x8-d128-p16-bf16", deterministic=True)[:2] == (1, 16)
+    assert plan("extend/b2-q5-pre1024-h32x8-d128-p16-bf16", pack=False)[:2] == (1, 16)  # forced off
+    assert plan("extend/b2-q5-pre1024-h28x4-d128-p16-bf16")[:2] == (7, 64)  # G = 7: 9 tokens per tile
+    assert plan("extend/b2-q5-pre1024-h16x1-d576x512-p16-mla-bf16")[:2] == (16, 64)  # 4 tokens per tile
+    assert plan("extend/b2-q32-pre1024-h16x1-d576x512-p16-mla-bf16")[:2] == (16, 64)  # 4 of 32 tokens per tile
+    assert plan("extend/b2-q64-pre1024-h16x1-d576x512-p16-mla-bf16")[:2] == (1, 64)  # one-head tiles are full
+    assert plan("extend/b2-q5-pre1024-h128x1-d576x512-p16-mla-bf16")[:2] == (64, 64)  # 2 programs per token

@@ -25,7 +25,8 @@ FAST = [
     "decode/b2-l300-h32x8-d128-p16-bf16",  # GQA decode (both stages)
     "decode/b2-l300-h128x1-d576x512-p64-mla-bf16",  # MLA decode
     "extend/b1-q256-pre0-h32x8-d128-p16-bf16",  # causal prefill, head dim 128
-    "extend/b1-q5-pre8187-h32x8-d128-p16-bf16",  # spec verify: the split path (planned for 132 SMs) + merge
+    "extend/b1-q5-pre8187-h32x8-d128-p16-bf16",  # spec verify: GQA-packed split path (planned for 132 SMs) + merge
+    "extend/b64-q16-pre1024-h32x8-d128-p16-bf16",  # spec verify, a batch: GQA-packed 64-row tiles, unsplit
 ]
 # one case per constexpr branch: must compile and fit in shared memory
 BRANCHES = [
@@ -42,6 +43,11 @@ BRANCHES = [
     "extend/b2-q5-pre20-h16x1-d576x512-p16-mla-bf16",
     "extend/b2-q6-pre12-h4x4-d32-p16-fp32",
     "merge_state/t33-h4-d64-empty-bf16",
+    # extend's GQA packing forced off (ID@pack=0) where the plan packs, and packed odd groups
+    "extend/b1-q5-pre8187-h32x8-d128-p16-bf16@pack=0",
+    "extend/b2-q6-pre17-h4x2-d64-p16-custom-bf16@pack=0",
+    "extend/b2-q6-pre17-h6x2-d80-p16-bf16",  # G = 3: 5 tokens per 16 rows
+    "extend/b2-q5-pre20-h128x1-d576x512-p16-mla-bf16",  # 64 of 128 heads per tile
     # extend's split path, forced (ID@splits=N): partials + the merge with empty splits
     "extend/b2-q6-pre17-h4x2-d64-p16-custom-bf16@splits=3",
     "extend/b2-q6-pre17-h4x2-d64-p1-kvshared-swa5-cap5-sink-bf16@splits=3",

@@ -38,6 +38,8 @@ TARGETS = [
     "extend/b2-q256-pre1024-h32x8-d128-p16-custom-bf16",
     "extend/b1-q1024-pre0-h128x1-d576x512-p64-mla-bf16",
     "extend/b1-q1024-pre2048-h16x8-d256-p16-swa1023-cap50-bf16",
+    "extend/b64-q16-pre1024-h32x8-d128-p16-custom-bf16",  # spec verify, a batch: GQA-packed tiles
+    "extend/b1-q5-pre8187-h32x8-d128-p16-custom-bf16",  # spec verify, one request: packed + split
 ]
 
 
@@ -96,3 +98,20 @@ def test_a_case_on_the_second_gpu_while_the_first_is_current(case_id, backend):
     row = run_one(case_id, get_backend(backend), device="cuda:1")
     assert row.status == "pass", row.reason
     assert torch.cuda.current_device() == 0
+
+
+@pytest.mark.parametrize(
+    "case_id", ["extend/b64-q16-pre1024-h32x8-d128-p16-custom-bf16", "extend/b1-q5-pre8187-h32x8-d128-p16-bf16"]
+)
+def test_gqa_packed_extend_matches_unpacked(case_id):
+    """The planner's GQA-packed tiles against one head per tile, compiled (wgmma shapes differ)."""
+    from attnbench.kernels.triton import extend
+
+    x = Case.from_id(case_id, "cuda").make_inputs()
+    y = clone_tensors(x)
+    packed, unpacked = extend.plan_extend(x), extend.plan_extend(y, pack=False)
+    assert packed.meta["HEADS"] == 4 and unpacked.meta["HEADS"] == 1
+    a, b = extend.extend(x, packed), extend.extend(y, unpacked)
+    torch.cuda.synchronize()
+    torch.testing.assert_close(a["o"].float(), b["o"].float(), atol=2e-2, rtol=2e-2)
+    torch.testing.assert_close(a["lse"], b["lse"], atol=1e-5, rtol=1e-5)

@@ -1,6 +1,6 @@
 """Compile the Triton attention kernels for sm_90 on a machine without a GPU (used by a test).
 
-Usage: `python tests/triton_sm90_compile.py CASE_ID[@splits=N] ...` prints one JSON line per compiled kernel:
+Usage: `python tests/triton_sm90_compile.py CASE_ID[@splits=N][@pack=0|1] ...` prints one JSON line per compiled kernel:
 case, kernel, shared memory bytes, registers and spill bytes (from the bundled ptxas), or an error.
 
 Triton compiles for a target without a device when the active driver only answers "which target":
@@ -62,17 +62,21 @@ def _ptxas_stats(ptx: str) -> dict:
 
 
 def _launches(case_id: str):
-    """The launches of a case; `ID@splits=N` plans extend with N forced key splits (the split path)."""
+    """The launches of a case; extend takes `plan_extend` options after the id: `ID@splits=N` (N forced
+    key splits: the split path), `ID@pack=0` or `@pack=1` (GQA packing forced off or on)."""
     from attnbench.case import Case
     from attnbench.kernels.triton import decode, extend, merge
 
-    case_id, _, splits = case_id.partition("@splits=")
+    case_id, *opts = case_id.split("@")
+    kw = {k: int(v) for k, v in (o.split("=") for o in opts)}
+    if "pack" in kw:
+        kw["pack"] = bool(kw["pack"])
     case = Case.from_id(case_id)
     x = case.make_inputs()
     if case.op_name == "decode":
         return decode._launches(x, decode.plan_decode(x))
     if case.op_name == "extend":
-        return extend._launches(x, extend.plan_extend(x, splits=int(splits) if splits else None))
+        return extend._launches(x, extend.plan_extend(x, **kw))
     return [merge._launch(x.v_a, x.s_a, x.v_b, x.s_b, x.o, x.lse)]
 
 

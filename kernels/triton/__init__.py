@@ -6,9 +6,9 @@ Two registered names:
 - `triton`: decode splits planned from the SM count, the batch, the heads and the lengths; every op.
 - `triton-det`: the deterministic (batch-invariant) decode: fixed splits of 256 keys, so a request's
   output and LSE do not depend on which other requests share its batch. Extend always takes the
-  unsplit path there (one program per query tile and head: batch-invariant; whether `triton` splits
-  extend's keys depends on the whole batch), and merge_state is the same kernel. It runs the
-  attention ops only (the spec and GDN kernels have no split to fix).
+  unsplit, unpacked path there (one program per query tile and head: batch-invariant; whether
+  `triton` splits extend's keys or packs its GQA heads depends on the whole batch), and merge_state
+  is the same kernel. It runs the attention ops only (the spec and GDN kernels have no split to fix).
 
 Kernels live in decode.py, extend.py, merge.py, spec.py and gdn*.py (kernel -> launcher -> public function); the
 schedule (splits, query tiles) and scratch buffers are built in `prepare`, never in the timed call.
@@ -109,11 +109,12 @@ class _TritonAttention(Backend):
             return e.bind_extend(x, plans[cfg])
 
         run, config, shrunk = first_that_fits(
-            config or e.default_extend_config(x), e.shrink_extend_config, build, x.q.device
+            config or e.default_extend_config(x, self.deterministic), e.shrink_extend_config, build, x.q.device
         )
         plan = plans[config]
         run.info = {
             "tiles": int(plan.tiles.shape[0]),  # split path: work items (tile x key split)
+            "gqa_heads": plan.meta["HEADS"],  # query heads packed per token of a tile (1: unpacked)
             **({"kv_splits": plan.splits, "two_stage": plan.merge is not None} if plan.meta["SPLIT"] else {}),
             "config": vars(config),
             **tuned,

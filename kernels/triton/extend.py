@@ -1,24 +1,30 @@
 """Extend / prefill over a paged prefix (Triton): FlashAttention-2 style tiles, causal block skipping.
 
-One program per (query tile of `BLOCK_M` new tokens of one request, query head). Keys come from two
-sources: the request's cached prefix (paged, `kv_page_indices`) and its new tokens (`k_new`/`v_new`
-packed by `qo_indptr`; or the cache itself in `shared` mode, where k_new is None). Each source's key
-range is walked in three loops: masked blocks on the left (window edge), unmasked blocks that every
-row of the tile sees whole (no mask arithmetic at all), masked blocks on the right (causal diagonal,
-sequence end). Blocks no row can see are never visited: causal tiles stop at their last query, and a
-window starts at the first query's window. A custom mask (True = visible) replaces causality and
-masks every block; the window still applies.
+One program per (query tile of `BLOCK_M` new tokens of one request, query head). For short requests
+(spec tree verify, small chunks) the planner packs the query heads of a kv group into the tile
+instead (`HEADS` > 1, FlashInfer's GQA packing): one program per (tile of `BLOCK_M // HEADS` tokens,
+`HEADS` query heads of one kv head), row r = token r // HEADS, head r % HEADS, so each K/V block is
+read once per group rather than once per head and the MMA's rows are filled. Masks, sinks and stores
+take each row's token and head; nothing else differs. Keys come from two sources: the request's
+cached prefix (paged, `kv_page_indices`) and its new tokens (`k_new`/`v_new` packed by `qo_indptr`;
+or the cache itself in `shared` mode, where k_new is None). Each source's key range is walked in
+three loops: masked blocks on the left (window edge), unmasked blocks that every row of the tile
+sees whole (no mask arithmetic at all), masked blocks on the right (causal diagonal, sequence end).
+Blocks no row can see are never visited: causal tiles stop at their last query, and a window starts
+at the first query's window. A custom mask (True = visible) replaces causality and masks every
+block; the window still applies.
 
-In `save` mode the programs of the first head of each kv group also write the tile's new K/V into
-their cache slots (`slot_mapping`); attention reads new keys from k_new/v_new, so the writes never
-race with reads. Rows that see no key (and have no sink) get o = 0 and lse = -inf.
+In `save` mode the programs of the first head (or head group) of each kv group also write the tile's
+new K/V into their cache slots (`slot_mapping`); attention reads new keys from k_new/v_new, so the
+writes never race with reads. Rows that see no key (and have no sink) get o = 0 and lse = -inf.
 
 Split-KV path (`SPLIT`, planned only when the grid above would leave SMs idle over a long prefix:
-speculative tree verify, small chunked-prefill chunks): one program per (query tile, query head, key
-split). A tile's key range is cut into splits; each program attends its split with every mask as
-above and writes a normalised fp32 partial output and its (max, sum) apart (a row that sees no key of
-the split: max -inf, sum 0, output 0), and decode's merge kernel combines them and adds the sink
-once. A tile with a single split writes its output directly; only the first split's programs save.
+speculative tree verify, small chunked-prefill chunks): one program per (query tile, query head or
+head group, key split). A tile's key range is cut into splits; each program attends its split with
+every mask as above and writes a normalised fp32 partial output and its (max, sum) apart (a row that
+sees no key of the split: max -inf, sum 0, output 0), and decode's merge kernel combines them and
+adds the sink once. A tile with a single split writes its output directly; only the first split's
+programs save.
 
 fp8 caches (`KV_FP8`): cached K/V are read in stored units (fp8 converted to the query dtype, exact),
 with the kv head's k scale folded into the score scale and its v scale into the accumulator. `save`
@@ -216,7 +222,7 @@ def _extend_kernel(
     stride_ot, stride_oh, stride_lt,
     stride_pw, stride_ph, stride_mw, stride_ml, stride_ksc, stride_vsc,
     # Meta-parameters
-    HQ: tl.constexpr, G: tl.constexpr,
+    HQ: tl.constexpr, G: tl.constexpr, HEADS: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, BLOCK_DV: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
@@ -225,8 +231,9 @@ def _extend_kernel(
     PRECISE_EXP: tl.constexpr, SPLIT: tl.constexpr, KV_FP8: tl.constexpr = 0,
 ):  # fmt: skip
     pid = tl.program_id(0)
-    i_h, i_tile = pid % HQ, pid // HQ
-    i_hk = i_h // G
+    i_h0 = pid % (HQ // HEADS) * HEADS  # the tile's first query head
+    i_tile = pid // (HQ // HEADS)
+    i_hk = i_h0 // G
     if SPLIT:  # work item: request, first query, key range, first partial, splits of the tile, final?, split
         i_b = tl.load(tiles + i_tile * 8)
         m_start = tl.load(tiles + i_tile * 8 + 1)
@@ -245,14 +252,18 @@ def _extend_kernel(
     prefix = seq_len - q_len
     p_pages = kv_page_indices + tl.load(kv_indptr + i_b)
 
-    o_m = m_start + tl.arange(0, BLOCK_M)
-    m_rows = o_m < q_len
-    o_pos = prefix + o_m  # absolute positions of the tile's queries
+    # row r: token m_start + r // HEADS of the request, query head i_h0 + r % HEADS (HEADS = 1: a head's tile)
+    o_r = tl.arange(0, BLOCK_M)
+    o_m = m_start + o_r // HEADS
+    o_h = i_h0 + o_r % HEADS
+    m_end = tl.minimum(m_start + BLOCK_M // HEADS, q_len)  # end of the tile's tokens
+    m_rows = o_m < m_end
+    o_pos = prefix + o_m  # absolute positions of the rows' queries
     o_da = tl.arange(0, DA)
     m_da = o_da < DK
     o_dv = tl.arange(0, BLOCK_DV)
     m_dv = o_dv < DV
-    p_q = q + (row0 + o_m)[:, None] * stride_qt + i_h * stride_qh
+    p_q = q + (row0 + o_m)[:, None] * stride_qt + o_h[:, None] * stride_qh
     b_q = tl.load(p_q + o_da[None, :], mask=m_rows[:, None] & m_da[None, :], other=0.0)
     if DB > 0:
         o_db = DA + tl.arange(0, DB)
@@ -286,23 +297,25 @@ def _extend_kernel(
         cap_new = cap_cache
 
     if SPLIT:
-        do_save = (i_h % G == 0) & is_first  # once per tile: the first split's programs
+        do_save = (i_h0 % G == 0) & is_first  # once per tile: the first split's programs
     else:
-        do_save = i_h % G == 0
-    if SAVE_KV:  # the first head of each kv group writes the tile's new K/V into the cache
+        do_save = i_h0 % G == 0
+    if SAVE_KV:  # the programs of the first head of each kv group write the tile's new K/V into the cache
         if do_save:
-            i_slot = tl.load(slot_mapping + row0 + o_m, mask=m_rows, other=0)
+            o_t = m_start + o_r  # one token per row
+            m_t = o_t < m_end
+            i_slot = tl.load(slot_mapping + row0 + o_t, mask=m_t, other=0)
             p_kc = k_cache + (i_slot // PAGE_SIZE) * stride_kp + (i_slot % PAGE_SIZE) * stride_ks
             p_kc += i_hk * stride_kh
-            p_kn = k_new + (row0 + o_m)[:, None] * stride_knt + i_hk * stride_knh
-            m_a = m_rows[:, None] & m_da[None, :]
+            p_kn = k_new + (row0 + o_t)[:, None] * stride_knt + i_hk * stride_knh
+            m_a = m_t[:, None] & m_da[None, :]
             if KV_FP8:  # stored = fp8(x / scale), x / scale exact as x * (1 / scale)
                 b_kn = tl.load(p_kn + o_da[None, :], mask=m_a, other=0.0)
                 tl.store(p_kc[:, None] + o_da[None, :], to_fp8(b_kn.to(tl.float32) * k_inv, KV_FP8), mask=m_a)
             else:
                 tl.store(p_kc[:, None] + o_da[None, :], tl.load(p_kn + o_da[None, :], mask=m_a), mask=m_a)
             if DB > 0:
-                m_b = m_rows[:, None] & m_db[None, :]
+                m_b = m_t[:, None] & m_db[None, :]
                 if KV_FP8:
                     b_kn = tl.load(p_kn + o_db[None, :], mask=m_b, other=0.0)
                     tl.store(p_kc[:, None] + o_db[None, :], to_fp8(b_kn.to(tl.float32) * k_inv, KV_FP8), mask=m_b)
@@ -311,8 +324,8 @@ def _extend_kernel(
             if not V_FROM_K:
                 p_vc = v_cache + (i_slot // PAGE_SIZE) * stride_vp + (i_slot % PAGE_SIZE) * stride_vs
                 p_vc += i_hk * stride_vh
-                p_vn = v_new + (row0 + o_m)[:, None] * stride_vnt + i_hk * stride_vnh
-                m_v = m_rows[:, None] & m_dv[None, :]
+                p_vn = v_new + (row0 + o_t)[:, None] * stride_vnt + i_hk * stride_vnh
+                m_v = m_t[:, None] & m_dv[None, :]
                 if KV_FP8:
                     b_vn = tl.load(p_vn + o_dv[None, :], mask=m_v, other=0.0)
                     tl.store(p_vc[:, None] + o_dv[None, :], to_fp8(b_vn.to(tl.float32) * v_inv, KV_FP8), mask=m_v)
@@ -321,7 +334,7 @@ def _extend_kernel(
 
     # key ranges: [lo, hi) holds every key some row may see; [full_lo, full_hi) the keys all rows see
     p_first = prefix + m_start
-    p_last = prefix + tl.minimum(m_start + BLOCK_M, q_len) - 1
+    p_last = prefix + m_end - 1
     if IS_CAUSAL:
         hi = p_last + 1
         full_hi = p_first + 1
@@ -383,39 +396,39 @@ def _extend_kernel(
 
     if SPLIT:
         if is_final != 0:  # a tile with one split: written like the unsplit path
-            _store_final(b_acc, b_m, b_l, sinks, o, lse, row0, o_m, m_rows, i_h, stride_ot, stride_oh, stride_lt,
-                         DV, BLOCK_M, BLOCK_DV, HAS_SINKS, PRECISE_EXP)  # fmt: skip
+            _store_final(b_acc, b_m, b_l, sinks, o, lse, row0, o_m, o_h, m_rows, stride_ot, stride_oh, stride_lt,
+                         DV, BLOCK_DV, HAS_SINKS, PRECISE_EXP)  # fmt: skip
         else:  # normalised partial output (0 where a row saw no key), max (log2 units) and sum apart;
-            # row m of the tile, split s: partial i_part + m * n_split (i_part holds + s); no sink here
-            o_w = (i_part + tl.arange(0, BLOCK_M) * n_split).to(tl.int64)
+            # token m of the tile, split s: partial i_part + m * n_split (i_part holds + s); no sink here
+            o_w = (i_part + (o_m - m_start) * n_split).to(tl.int64)
             b_part = finish_o(b_acc, b_m, b_l, b_m, False, PRECISE_EXP)
-            p_part = part_o + o_w[:, None] * stride_pw + i_h * stride_ph + o_dv[None, :]
+            p_part = part_o + o_w[:, None] * stride_pw + o_h[:, None] * stride_ph + o_dv[None, :]
             tl.store(p_part, b_part, mask=m_rows[:, None] & m_dv[None, :])
-            tl.store(part_ml + o_w * stride_mw + i_h, b_m, mask=m_rows)
-            tl.store(part_ml + o_w * stride_mw + stride_ml + i_h, b_l, mask=m_rows)
+            tl.store(part_ml + o_w * stride_mw + o_h, b_m, mask=m_rows)
+            tl.store(part_ml + o_w * stride_mw + stride_ml + o_h, b_l, mask=m_rows)
     else:
-        _store_final(b_acc, b_m, b_l, sinks, o, lse, row0, o_m, m_rows, i_h, stride_ot, stride_oh, stride_lt,
-                     DV, BLOCK_M, BLOCK_DV, HAS_SINKS, PRECISE_EXP)  # fmt: skip
+        _store_final(b_acc, b_m, b_l, sinks, o, lse, row0, o_m, o_h, m_rows, stride_ot, stride_oh, stride_lt,
+                     DV, BLOCK_DV, HAS_SINKS, PRECISE_EXP)  # fmt: skip
 
 
 @triton.jit
 def _store_final(
-    b_acc, b_m, b_l, sinks, o, lse, row0, o_m, m_rows, i_h, stride_ot, stride_oh, stride_lt,
-    DV: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINKS: tl.constexpr,
-    PRECISE_EXP: tl.constexpr,
+    b_acc, b_m, b_l, sinks, o, lse, row0, o_m, o_h, m_rows, stride_ot, stride_oh, stride_lt,
+    DV: tl.constexpr, BLOCK_DV: tl.constexpr, HAS_SINKS: tl.constexpr, PRECISE_EXP: tl.constexpr,
 ):  # fmt: skip
-    """Normalise a tile's softmax state (adding the sink) and store its output rows and LSEs."""
+    """Normalise a tile's softmax state (adding the sink) and store its rows' outputs and LSEs (row:
+    token `o_m`, query head `o_h`)."""
     o_dv = tl.arange(0, BLOCK_DV)
     m_dv = o_dv < DV
     if HAS_SINKS:
-        b_sink = tl.load(sinks + i_h + tl.zeros([BLOCK_M], tl.int32))
+        b_sink = tl.load(sinks + o_h)
     else:
         b_sink = b_m  # unused
     b_o = finish_o(b_acc, b_m, b_l, b_sink, HAS_SINKS, PRECISE_EXP)
-    p_o = o + (row0 + o_m)[:, None] * stride_ot + i_h * stride_oh + o_dv[None, :]
+    p_o = o + (row0 + o_m)[:, None] * stride_ot + o_h[:, None] * stride_oh + o_dv[None, :]
     tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_rows[:, None] & m_dv[None, :])
     b_lse = finish_lse(b_m, b_l, b_sink, HAS_SINKS, PRECISE_EXP)
-    tl.store(lse + (row0 + o_m) * stride_lt + i_h, b_lse, mask=m_rows)
+    tl.store(lse + (row0 + o_m) * stride_lt + o_h, b_lse, mask=m_rows)
 
 
 # ---- launch configuration and schedule ---------------------------------------------------------
@@ -423,7 +436,7 @@ def _store_final(
 
 @dataclass(frozen=True)
 class ExtendConfig:
-    """`block_m` queries of one head by `block_n` keys per step."""
+    """`block_m` query rows (tokens of one head, or tokens x packed heads) by `block_n` keys per step."""
 
     block_m: int
     block_n: int
@@ -431,8 +444,7 @@ class ExtendConfig:
     num_stages: int
 
 
-def extend_config(dk: int, dv: int, max_q_len: int, sm: int) -> ExtendConfig:
-    """Tiling by head dims (Hopper-first: 128 x 64 tiles, 8 warps, 3 stages for head dim 128)."""
+def _head_dim_config(dk: int, dv: int, sm: int) -> ExtendConfig:
     s = head_split(dk)
     width = max(s.da + s.db, block_dv(dv))
     stages = 3 if sm >= 80 else 1
@@ -444,7 +456,14 @@ def extend_config(dk: int, dv: int, max_q_len: int, sm: int) -> ExtendConfig:
         cfg = ExtendConfig(64, 64, 8, 2 if sm >= 80 else 1)
     else:  # MLA 576/512: a 64 x 512 fp32 accumulator
         cfg = ExtendConfig(64, 32, 8, 2 if sm >= 80 else 1)
-    block_m = max(16, min(cfg.block_m, triton.next_power_of_2(max_q_len)))
+    return cfg
+
+
+def extend_config(dk: int, dv: int, max_q_len: int, sm: int, heads: int = 1) -> ExtendConfig:
+    """Tiling by head dims (Hopper-first: 128 x 64 tiles, 8 warps, 3 stages for head dim 128); the
+    tile shrinks to the longest request's rows (`heads` rows per token when GQA-packed), at least 16."""
+    cfg = _head_dim_config(dk, dv, sm)
+    block_m = max(16, min(cfg.block_m, triton.next_power_of_2(max_q_len * heads)))
     return ExtendConfig(block_m, cfg.block_n, cfg.num_warps if block_m >= 64 else 4, cfg.num_stages)
 
 
@@ -479,15 +498,44 @@ def shrink_extend_config(c: ExtendConfig) -> ExtendConfig | None:
     return None
 
 
-def default_extend_config(x) -> ExtendConfig:
-    """`extend_config` for the shapes of `x`."""
-    return extend_config(x.q.shape[2], x.v_cache.shape[-1], max(x.q_lens_host), arch(x.q.device))
+def group_heads(G: int, block_m: int) -> int:
+    """Query heads a GQA-packed tile holds per token: the whole group, or where the group is taller
+    than the tile (MLA with 128 heads in 64 rows) its largest divisor that fits."""
+    return max(d for d in range(1, min(G, block_m) + 1) if G % d == 0)
+
+
+def gqa_packs(x, deterministic: bool = False) -> bool:
+    """Whether extend packs the query heads of a kv group into a tile's rows (the automatic rule).
+
+    Yes when G > 1 and the requests are short: a one-head tile would be shorter than the head dims'
+    tile (next power of two of the longest q_len below it), so mostly empty rows of the MMA and K/V
+    read once per query head; packed, a tile holds tokens x heads and K/V are read once per group.
+    Longer requests fill one-head tiles already and keep them (the measured prefill path).
+    Never for `triton-det`: whether a batch packs follows its longest request, and packing changes a
+    row's tile (its MMA shape, its tile's key range), so a request's bits would follow its batch.
+    """
+    Hq, Hkv = x.q.shape[1], x.k_cache.shape[2]
+    base = _head_dim_config(x.q.shape[2], x.v_cache.shape[-1], arch(x.q.device))
+    return not deterministic and Hq > Hkv and triton.next_power_of_2(max(x.q_lens_host)) < base.block_m
+
+
+def default_extend_config(x, deterministic: bool = False, pack: bool | None = None) -> ExtendConfig:
+    """`extend_config` for the shapes of `x` and its GQA packing (`pack`; None: `gqa_packs`)."""
+    Dk, Dv = x.q.shape[2], x.v_cache.shape[-1]
+    G = x.q.shape[1] // x.k_cache.shape[2]
+    sm = arch(x.q.device)
+    if pack is None:
+        pack = gqa_packs(x, deterministic)
+    heads = group_heads(G, _head_dim_config(Dk, Dv, sm).block_m) if pack else 1
+    return extend_config(Dk, Dv, max(x.q_lens_host), sm, heads)
 
 
 @dataclass
 class ExtendPlan:
     """Everything the timed call needs, built once.
 
+    A tile is `block_m // heads` tokens of one request by `heads` query heads of one kv group
+    (`meta["HEADS"]`; 1: unpacked, tokens of one head); a launch runs `Hq // heads` programs per tile.
     Unsplit: `tiles` [N, 2] int32 (request, first query; heaviest tiles first), one launch.
     Split: `tiles` [W, 8] int32 work items (request, first query, first key, end key, first partial,
     splits of the tile, 1 = final, split index), then a merge launch over `merge` [M, 3] int32
@@ -511,14 +559,14 @@ SPLIT_MIN_KEYS = 2048  # the split path needs a request at least this long (and 
 
 
 def _tile_ranges(
-    lens: list[int], q_lens: list[int], block_m: int, causal: bool, window: int
+    lens: list[int], q_lens: list[int], tokens: int, causal: bool, window: int
 ) -> list[tuple[int, int, int, int]]:
-    """(request, first query, first key, end key) of every tile of `block_m` queries: the keys some
+    """(request, first query, first key, end key) of every tile of `tokens` queries: the keys some
     row of the tile may see; ordered by keys visited, most first (the kernel computes the same range)."""
     tiles = []
     for b, (L, n) in enumerate(zip(lens, q_lens, strict=True)):
-        for m0 in range(0, n, block_m):
-            last = L - n + min(m0 + block_m, n) - 1
+        for m0 in range(0, n, tokens):
+            last = L - n + min(m0 + tokens, n) - 1
             hi = last + 1 if causal else L
             lo = max(0, L - n + m0 - window) if window >= 0 else 0
             tiles.append((hi - lo, b, m0, lo, hi))
@@ -526,18 +574,16 @@ def _tile_ranges(
     return [(b, m0, lo, hi) for _, b, m0, lo, hi in tiles]
 
 
-def query_tiles(
-    lens: list[int], q_lens: list[int], block_m: int, causal: bool, window: int
-) -> list[tuple[int, int]]:
-    """(request, first query) of every tile of `block_m` queries, ordered by keys visited, most first."""
-    return [(b, m0) for b, m0, _, _ in _tile_ranges(lens, q_lens, block_m, causal, window)]
+def query_tiles(lens: list[int], q_lens: list[int], tokens: int, causal: bool, window: int) -> list[tuple[int, int]]:
+    """(request, first query) of every tile of `tokens` queries, ordered by keys visited, most first."""
+    return [(b, m0) for b, m0, _, _ in _tile_ranges(lens, q_lens, tokens, causal, window)]
 
 
-def split_chunk(x, cfg: ExtendConfig, ranges: list[tuple[int, int, int, int]], splits: int | None,
+def split_chunk(x, cfg: ExtendConfig, heads: int, ranges: list[tuple[int, int, int, int]], splits: int | None,
                 num_sms: int) -> int | None:  # fmt: skip
     """Keys per split for the split path, or None for the unsplit kernel.
 
-    `splits=None` (automatic): split only when the unsplit grid (query heads x tiles) would fill less
+    `splits=None` (automatic): split only when the unsplit grid (Hq / heads programs x tiles) would fill less
     than one wave of `num_sms` programs and the longest request has at least SPLIT_MIN_KEYS keys; the
     chunk then balances the tiles' keys over WAVES x num_sms programs like decode's planner, with at
     least MIN_SPLIT keys and at least as many keys as the partials a split writes weigh (fp32 rows of
@@ -553,47 +599,52 @@ def split_chunk(x, cfg: ExtendConfig, ranges: list[tuple[int, int, int, int]], s
         if splits <= 1:
             return None
         return max(1, -(-max(sizes) // splits))
-    if Hq * len(ranges) >= num_sms or max(x.seq_lens_host) < SPLIT_MIN_KEYS:
+    if Hq // heads * len(ranges) >= num_sms or max(x.seq_lens_host) < SPLIT_MIN_KEYS:
         return None
-    rows = min(cfg.block_m, max(x.q_lens_host))
+    rows = min(cfg.block_m // heads, max(x.q_lens_host))  # tokens of a tile
     v_bytes = 0 if v_is_k_prefix(x.k_cache, x.v_cache) else Dv  # absorbed MLA reads V from K
     kv_bytes_per_key = Hkv * (Dk + v_bytes) * x.k_cache.element_size()
     partial_keys = -(-rows * Hq * Dv * 8 // kv_bytes_per_key)
     min_chunk = max(MIN_SPLIT, 2 * cfg.block_n, partial_keys)
-    return balanced_chunk(sizes, Hq, cfg.block_n, WAVES * num_sms, min_chunk)
+    return balanced_chunk(sizes, Hq // heads, cfg.block_n, WAVES * num_sms, min_chunk)
 
 
 def plan_extend(
-    x, *, config: ExtendConfig | None = None, splits: int | None = None, deterministic: bool = False,
-    num_sms: int | None = None,
+    x, *, config: ExtendConfig | None = None, splits: int | None = None, pack: bool | None = None,
+    deterministic: bool = False, num_sms: int | None = None,
 ) -> ExtendPlan:  # fmt: skip
     """Tile schedule and launch parameters for `extend(x, plan)` (host work only, no device sync).
 
     Args:
         x: `AttentionInputs` of an extend (or tree_verify) case.
-        config: tiling (default: `extend_config`).
+        config: tiling (default: `default_extend_config`).
         splits: None: split the key range only in the starved regime (see `split_chunk`); 1: never;
             n >= 2: always, about n splits for the longest tile (forces the split path, for tests).
-        deterministic: `triton-det` stays on the unsplit path (whether a batch is split depends on
-            the whole batch, so a split path would make a request's bits depend on its batch).
+        pack: None: GQA-pack the tiles by `gqa_packs`; True/False: always/never (tests). A packed
+            tile holds `group_heads(G, block_m)` heads per token (split path too).
+        deterministic: `triton-det` stays on the unsplit, unpacked path (whether a batch is split or
+            packed depends on the whole batch, so its requests' bits would too).
         num_sms: SMs to plan for (default: the device's).
     """
     device = x.q.device
     T, Hq, Dk = x.q.shape
     Hkv, Dv = x.k_cache.shape[2], x.v_cache.shape[-1]
     G = Hq // Hkv
-    cfg = config or default_extend_config(x)
+    if pack is None:
+        pack = gqa_packs(x, deterministic)
+    cfg = config or default_extend_config(x, pack=pack)
+    heads = group_heads(G, cfg.block_m) if pack else 1
     split = head_split(Dk)
     has_mask = x.custom_mask is not None
     causal = x.causal and not has_mask
-    ranges = _tile_ranges(list(x.seq_lens_host), list(x.q_lens_host), cfg.block_m, causal, x.window)
-    chunk = None if deterministic else split_chunk(x, cfg, ranges, splits, num_sms or sm_count(device))
+    ranges = _tile_ranges(list(x.seq_lens_host), list(x.q_lens_host), cfg.block_m // heads, causal, x.window)
+    chunk = None if deterministic else split_chunk(x, cfg, heads, ranges, splits, num_sms or sm_count(device))
     if x.k_new is None:
         v_from_k = v_is_k_prefix(x.k_cache, x.v_cache)
     else:
         v_from_k = v_is_k_prefix(x.k_cache, x.v_cache) and v_is_k_prefix(x.k_new, x.v_new)
     meta = dict(
-        HQ=Hq, G=G, DK=Dk, DV=Dv, DA=split.da, DB=split.db, BLOCK_DV=block_dv(Dv),
+        HQ=Hq, G=G, HEADS=heads, DK=Dk, DV=Dv, DA=split.da, DB=split.db, BLOCK_DV=block_dv(Dv),
         PAGE_SIZE=x.k_cache.shape[1], BLOCK_M=cfg.block_m, BLOCK_N=cfg.block_n,
         IS_CAUSAL=causal, HAS_WINDOW=x.window >= 0, HAS_MASK=has_mask,
         HAS_SOFTCAP=x.soft_cap > 0, HAS_SINKS=x.sinks is not None,
@@ -605,7 +656,7 @@ def plan_extend(
         meta["KV_FP8"] = kv_fp8_code(x.k_cache.dtype)
     if chunk is None:
         tiles_t = torch.tensor([(b, m0) for b, m0, _, _ in ranges], dtype=torch.int32).reshape(-1, 2).to(device)
-        return ExtendPlan(tiles_t, (Hq * len(ranges),), meta, cfg)
+        return ExtendPlan(tiles_t, (Hq // heads * len(ranges),), meta, cfg)
     return _split_plan(x, cfg, meta, ranges, chunk)
 
 
@@ -616,6 +667,7 @@ def _split_plan(x, cfg: ExtendConfig, meta: dict, ranges: list, chunk: int) -> E
     device = x.q.device
     T, Hq, _ = x.q.shape
     Dv = x.v_cache.shape[-1]
+    heads = meta["HEADS"]
     starts = [0]
     for n in x.q_lens_host:
         starts.append(starts[-1] + n)
@@ -623,7 +675,7 @@ def _split_plan(x, cfg: ExtendConfig, meta: dict, ranges: list, chunk: int) -> E
     for b, m0, lo, hi in ranges:
         k = max(1, -(-(hi - lo) // chunk))
         most = max(most, k)
-        rows = min(cfg.block_m, x.q_lens_host[b] - m0)
+        rows = min(cfg.block_m // heads, x.q_lens_host[b] - m0)  # tokens of the tile
         for s in range(k):
             a, e = lo + s * chunk, min(hi, lo + (s + 1) * chunk)
             items.append((b, m0, a, e, n_part + s, k, int(k == 1), s))
@@ -640,7 +692,7 @@ def _split_plan(x, cfg: ExtendConfig, meta: dict, ranges: list, chunk: int) -> E
         HAS_EMPTY=True, num_warps=4 if bdv >= 256 else 2,
     )  # fmt: skip
     return ExtendPlan(
-        tiles_t, (Hq * len(items),), meta, cfg, splits=most,
+        tiles_t, (Hq // heads * len(items),), meta, cfg, splits=most,
         merge=torch.tensor(merge, dtype=torch.int32).to(device) if merge else None,
         rows=torch.arange(T, dtype=torch.int32, device=device),
         part_o=part_o, part_ml=part_ml, merge_grid=(len(merge), Hq), merge_meta=merge_meta,
