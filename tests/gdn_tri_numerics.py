@@ -1,7 +1,20 @@
+"""CPU emulation (float64 torch) of the GDN T kernel's algebra at each tl.dot precision (no GPU, no Triton).
+
+Triton's interpreter computes every dot in float32 whatever `input_precision` says, so this script is
+the evidence for the TRI knobs in kernels/triton/gdn_chunk.py. "tf32": operands rounded to 10 mantissa
+bits, products accumulated in float32; "tf32x3": a = hi + lo split, hi*hi + hi*lo + lo*hi; "ieee":
+float32. L = tril(beta exp(gamma_t - gamma_s) k_t . k_s) from bf16 normalised keys (128 wide), 64 x 64,
+64 chunks per kind: random keys, correlated keys (a shared direction + 0.3 / 0.1 noise), identical keys
+(beta = 1). Prints the max error of T relative to max |T| against float64, and how many entries of
+bf16(T) / fp16(T) differ from the float32 twin's (torch solve_triangular in float32, then rounded).
+
+    python tests/gdn_tri_numerics.py
+"""
+
 import torch, math
 torch.manual_seed(0)
 D=torch.float64
-def tf32(x):  # round fp32 values to tf32 (10 mantissa bits), nearest
+def tf32(x):  # float32 values rounded to tf32 (10 mantissa bits), nearest, ties away (cvt.rna)
     x=x.to(torch.float32)
     b=x.view(torch.int32)
     b=(b + 0x1000) & ~0x1FFF  # round half away on magnitude bits
@@ -71,16 +84,21 @@ variants={
  "subst fp32, merge tf32x3": dict(diag="subst",prec="ieee",mprec="tf32x3"),
  "subst fp32, merge tf32 + 64 newton(tf32x3)": dict(diag="subst",prec="ieee",mprec="tf32",newton="tf32x3"),
 }
-for kind in ["random","corr03","corr","same"]:
-    L=make_L(kind)
-    I=torch.eye(64,dtype=D)
-    T64=torch.linalg.solve_triangular(I+L,I.expand_as(L),upper=False,unitriangular=True)
-    twin=f32(torch.linalg.solve_triangular((I+L).float(),I.float().expand_as(L),upper=False,unitriangular=True).to(D))
-    sc=T64.abs().amax((-1,-2),keepdim=True)
-    print(f"== {kind}: max|T| {T64.abs().max():.3g}  twin fp32 rel err {((twin-T64).abs()/sc).max():.2e}; "
-          f"bf16(twin) rel err {((bf(twin)-T64).abs()/sc).max():.2e}")
-    for name,v in variants.items():
-        T=full(L,**v)
-        e=((T-T64).abs()/sc).max().item()
-        fb=(bf(T)!=bf(twin)).double().mean().item(); fh=(hf(T)!=hf(twin)).double().mean().item()
-        print(f"  {name:48s} rel err {e:.2e}   bf16 != bf16(twin) {fb:.4f}  fp16 != fp16(twin) {fh:.4f}")
+def main():
+    for kind in ["random","corr03","corr","same"]:
+        L=make_L(kind)
+        I=torch.eye(64,dtype=D)
+        T64=torch.linalg.solve_triangular(I+L,I.expand_as(L),upper=False,unitriangular=True)
+        twin=f32(torch.linalg.solve_triangular((I+L).float(),I.float().expand_as(L),upper=False,unitriangular=True).to(D))
+        sc=T64.abs().amax((-1,-2),keepdim=True)
+        print(f"== {kind}: max|T| {T64.abs().max():.3g}  twin fp32 rel err {((twin-T64).abs()/sc).max():.2e}; "
+              f"bf16(twin) rel err {((bf(twin)-T64).abs()/sc).max():.2e}")
+        for name,v in variants.items():
+            T=full(L,**v)
+            e=((T-T64).abs()/sc).max().item()
+            fb=(bf(T)!=bf(twin)).double().mean().item(); fh=(hf(T)!=hf(twin)).double().mean().item()
+            print(f"  {name:48s} rel err {e:.2e}   bf16 != bf16(twin) {fb:.4f}  fp16 != fp16(twin) {fh:.4f}")
+
+
+if __name__ == "__main__":
+    main()

@@ -512,6 +512,20 @@ def plan(lens: list[int], H: int, HV: int, K: int, V: int, dtype: torch.dtype, d
     )
 
 
+def launch_tri(k: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor, p: ChunkPlan, tri: dict | None = None):
+    """The T kernel alone (p.tmat, p.khat from k, beta, p.gcum), with the knobs `tri` (default TRI / TRI_IEEE)."""
+    T, H, K = k.shape
+    HV = beta.shape[1]
+    ieee = k.dtype == torch.float32
+    tri = tri or (TRI_IEEE if ieee else TRI)
+    kernel = _chunk_tri_batched_kernel if tri["batched"] else _chunk_tri_kernel
+    kernel[(p.chunks.shape[0], HV)](
+        k, beta, p.gcum, p.tmat, p.khat, p.chunks, cu_seqlens, k.stride(0), H=H, HV=HV, K=K, C=CHUNK, S=SUB,
+        BK=max(16, triton.next_power_of_2(K)), DT=TL_DTYPES[k.dtype], EMULATE=INTERPRET, IEEE=ieee,
+        P_NEU=tri["neumann"], P_NEWTON=tri["newton"], P_MERGE=tri["merge"], num_warps=tri["num_warps"],
+    )  # fmt: skip
+
+
 def chunk_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -548,13 +562,7 @@ def chunk_gated_delta_rule(
     BK = max(16, triton.next_power_of_2(K))
     common = dict(DT=DT, EMULATE=INTERPRET)
     _chunk_cumsum_kernel[(NC, HV)](g, p.gcum, p.chunks, cu_seqlens, HV=HV, C=CHUNK)
-    tri = TRI_IEEE if ieee else TRI
-    tri_kernel = _chunk_tri_batched_kernel if tri["batched"] else _chunk_tri_kernel
-    tri_kernel[(NC, HV)](
-        k, beta, p.gcum, p.tmat, p.khat, p.chunks, cu_seqlens, k.stride(0), H=H, HV=HV, K=K, C=CHUNK, S=SUB,
-        BK=BK, IEEE=ieee, P_NEU=tri["neumann"], P_NEWTON=tri["newton"], P_MERGE=tri["merge"],
-        num_warps=tri["num_warps"], **common,
-    )  # fmt: skip
+    launch_tri(k, beta, cu_seqlens, p)
     _chunk_wu_kernel[(NC, HV)](
         p.khat, v, beta, p.gcum, p.tmat, p.w, p.u, p.chunks, cu_seqlens, v.stride(0), H=H, HV=HV, K=K, V=V,
         C=CHUNK, BK=BK, BV=min(64, max(16, triton.next_power_of_2(V))), IEEE=ieee, num_warps=8, **common,
