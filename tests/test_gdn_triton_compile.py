@@ -18,6 +18,7 @@ SCRIPT = Path(__file__).with_name("gdn_sm90_compile.py")
 CHUNK = [
     "_chunk_cumsum_kernel",
     "_chunk_tri_kernel",
+    "_chunk_tri_batched_kernel",
     "_chunk_wu_kernel",
     "_chunk_state_kernel",
     "_chunk_out_kernel",

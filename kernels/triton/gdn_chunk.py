@@ -29,6 +29,15 @@ from attnbench.kernels.triton.gdn_common import INTERPRET, L2_EPS, TL_DTYPES, au
 CHUNK = 64
 SUB = 16  # the diagonal blocks of the triangular inverse
 
+# Launch knobs of the T kernel (tests/gdn_tri_bench.py times the alternatives on a GPU): `batched`
+# picks _chunk_tri_batched_kernel (11 dependent dots) over _chunk_tri_kernel (44); the precisions are
+# tl.dot input_precision for the Neumann product, the Newton step and the off-diagonal merge.
+# 16-bit inputs: "tf32x3" (three TF32 tensor-core products) is float32-accurate for this algebra
+# (tests/gdn_tri_numerics.py); plain "tf32" is not (merge: 8e-4 relative, a third of the bf16 T
+# entries round differently from the float32 twin). Float32 inputs always take TRI_IEEE.
+TRI = dict(batched=True, num_warps=4, neumann="tf32x3", newton="tf32x3", merge="tf32x3")
+TRI_IEEE = dict(batched=True, num_warps=4, neumann="ieee", newton="ieee", merge="ieee")
+
 
 @triton.jit
 def _load_norm_rows(p, rows, m_rows, o_k, m_k, stride_t, scale, DT: tl.constexpr, EMULATE: tl.constexpr):
@@ -78,23 +87,27 @@ def _l_block(k_i, k_j, gam_i, gam_j, beta_i, m_i, m_j, S: tl.constexpr, DIAG: tl
 
 
 @triton.jit
-def _unit_lower_inverse(L, S: tl.constexpr):
-    """(I + L)^-1 of a 16 x 16 strictly lower L (nilpotent: L^16 = 0), with matmuls only.
+def _unit_lower_inverse(L, S: tl.constexpr, P_NEU: tl.constexpr, P_NEWTON: tl.constexpr):
+    """(I + L)^-1 of 16 x 16 strictly lower L (nilpotent: L^16 = 0), with matmuls only; L is one
+    block `[S, S]` or a batch `[B, S, S]`.
 
-    The Neumann series in product form, (I - L)(I + L^2)(I + L^4)(I + L^8), then one Newton step
-    X += X (I - (I + L) X), which squares its error: float32 error ~3e-7 relative even for strongly
-    correlated keys (|L| entries near 1), where the product alone loses ~6e-4.
+    The Neumann series in product form, (I - L)(I + L^2)(I + L^4)(I + L^8), with dots in precision
+    P_NEU, then one Newton step X += X (I - (I + L) X) in P_NEWTON, which squares its error: float32
+    error ~3e-7 relative even for strongly correlated keys (|L| entries near 1), where the product
+    alone loses ~6e-4. TF32 ("tf32") products lose ~3e-2 there and one Newton step leaves ~8e-4;
+    "tf32x3" (three TF32 tensor-core products, ~fp32 accurate) keeps ~3e-7 (tests/gdn_tri_numerics.py).
     """
     r = tl.arange(0, S)
     eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
     N1 = -L
-    N2 = tl.dot(N1, N1, input_precision="ieee")
-    N4 = tl.dot(N2, N2, input_precision="ieee")
-    N8 = tl.dot(N4, N4, input_precision="ieee")
-    X = tl.dot(eye + N1, eye + N2, input_precision="ieee")
-    X = tl.dot(X, eye + N4, input_precision="ieee")
-    X = tl.dot(X, eye + N8, input_precision="ieee")
-    return X + tl.dot(X, eye - tl.dot(eye + L, X, input_precision="ieee"), input_precision="ieee")
+    N2 = tl.dot(N1, N1, input_precision=P_NEU)
+    N4 = tl.dot(N2, N2, input_precision=P_NEU)
+    N8 = tl.dot(N4, N4, input_precision=P_NEU)
+    X = tl.dot(eye + N1, eye + N2, input_precision=P_NEU)
+    X = tl.dot(X, eye + N4, input_precision=P_NEU)
+    X = tl.dot(X, eye + N8, input_precision=P_NEU)
+    R = eye - tl.dot(eye + L, X, input_precision=P_NEWTON)
+    return X + tl.dot(X, R, input_precision=P_NEWTON)
 
 
 @triton.jit
@@ -105,8 +118,9 @@ def _chunk_tri_kernel(
     stride_kt, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
     # Meta-parameters
     C: tl.constexpr, S: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, P_NEU: tl.constexpr, P_NEWTON: tl.constexpr, P_MERGE: tl.constexpr,
 ):  # fmt: skip
+    """T per (chunk, v-head) as sixteen 16 x 16 blocks, one dot at a time (TRI["batched"] = False)."""
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
     bos, n = _chunk_bounds(chunks, cu_seqlens, i_c, C)
@@ -138,10 +152,10 @@ def _chunk_tri_kernel(
     b2 = tl.load(p_b + (2 * S + r) * HV, mask=m2, other=0)
     b3 = tl.load(p_b + (3 * S + r) * HV, mask=m3, other=0)
 
-    X00 = _unit_lower_inverse(_l_block(k0, k0, g0, g0, b0, m0, m0, S, True, EMULATE, IEEE), S)
-    X11 = _unit_lower_inverse(_l_block(k1, k1, g1, g1, b1, m1, m1, S, True, EMULATE, IEEE), S)
-    X22 = _unit_lower_inverse(_l_block(k2, k2, g2, g2, b2, m2, m2, S, True, EMULATE, IEEE), S)
-    X33 = _unit_lower_inverse(_l_block(k3, k3, g3, g3, b3, m3, m3, S, True, EMULATE, IEEE), S)
+    X00 = _unit_lower_inverse(_l_block(k0, k0, g0, g0, b0, m0, m0, S, True, EMULATE, IEEE), S, P_NEU, P_NEWTON)
+    X11 = _unit_lower_inverse(_l_block(k1, k1, g1, g1, b1, m1, m1, S, True, EMULATE, IEEE), S, P_NEU, P_NEWTON)
+    X22 = _unit_lower_inverse(_l_block(k2, k2, g2, g2, b2, m2, m2, S, True, EMULATE, IEEE), S, P_NEU, P_NEWTON)
+    X33 = _unit_lower_inverse(_l_block(k3, k3, g3, g3, b3, m3, m3, S, True, EMULATE, IEEE), S, P_NEU, P_NEWTON)
     L10 = _l_block(k1, k0, g1, g0, b1, m1, m0, S, False, EMULATE, IEEE)
     L20 = _l_block(k2, k0, g2, g0, b2, m2, m0, S, False, EMULATE, IEEE)
     L21 = _l_block(k2, k1, g2, g1, b2, m2, m1, S, False, EMULATE, IEEE)
@@ -149,19 +163,19 @@ def _chunk_tri_kernel(
     L31 = _l_block(k3, k1, g3, g1, b3, m3, m1, S, False, EMULATE, IEEE)
     L32 = _l_block(k3, k2, g3, g2, b3, m3, m2, S, False, EMULATE, IEEE)
     # block forward substitution: X_ij = -X_ii sum_{j <= l < i} L_il X_lj
-    X10 = -tl.dot(X11, tl.dot(L10, X00, input_precision="ieee"), input_precision="ieee")
-    X21 = -tl.dot(X22, tl.dot(L21, X11, input_precision="ieee"), input_precision="ieee")
-    X32 = -tl.dot(X33, tl.dot(L32, X22, input_precision="ieee"), input_precision="ieee")
-    acc = tl.dot(L20, X00, input_precision="ieee")
-    acc = tl.dot(L21, X10, acc, input_precision="ieee")
-    X20 = -tl.dot(X22, acc, input_precision="ieee")
-    acc = tl.dot(L31, X11, input_precision="ieee")
-    acc = tl.dot(L32, X21, acc, input_precision="ieee")
-    X31 = -tl.dot(X33, acc, input_precision="ieee")
-    acc = tl.dot(L30, X00, input_precision="ieee")
-    acc = tl.dot(L31, X10, acc, input_precision="ieee")
-    acc = tl.dot(L32, X20, acc, input_precision="ieee")
-    X30 = -tl.dot(X33, acc, input_precision="ieee")
+    X10 = -tl.dot(X11, tl.dot(L10, X00, input_precision=P_MERGE), input_precision=P_MERGE)
+    X21 = -tl.dot(X22, tl.dot(L21, X11, input_precision=P_MERGE), input_precision=P_MERGE)
+    X32 = -tl.dot(X33, tl.dot(L32, X22, input_precision=P_MERGE), input_precision=P_MERGE)
+    acc = tl.dot(L20, X00, input_precision=P_MERGE)
+    acc = tl.dot(L21, X10, acc, input_precision=P_MERGE)
+    X20 = -tl.dot(X22, acc, input_precision=P_MERGE)
+    acc = tl.dot(L31, X11, input_precision=P_MERGE)
+    acc = tl.dot(L32, X21, acc, input_precision=P_MERGE)
+    X31 = -tl.dot(X33, acc, input_precision=P_MERGE)
+    acc = tl.dot(L30, X00, input_precision=P_MERGE)
+    acc = tl.dot(L31, X10, acc, input_precision=P_MERGE)
+    acc = tl.dot(L32, X20, acc, input_precision=P_MERGE)
+    X30 = -tl.dot(X33, acc, input_precision=P_MERGE)
 
     # T rows of this chunk: [n, 64] in the input dtype; blocks above the diagonal are zero
     p_t = tmat + ((bos + r) * HV + i_hv)[:, None] * C + r[None, :]
@@ -184,6 +198,127 @@ def _chunk_tri_kernel(
     tl.store(p3 + S, round_to(X31, DT, EMULATE), mask=m3)
     tl.store(p3 + 2 * S, round_to(X32, DT, EMULATE), mask=m3)
     tl.store(p3 + 3 * S, round_to(X33, DT, EMULATE), mask=m3)
+
+
+@triton.jit
+def _load_norm_rows3(p, rows, m_rows, o_k, m_k, stride_t, DT: tl.constexpr, EMULATE: tl.constexpr):
+    """`_load_norm_rows` (scale 1) for a `[B, R]` grid of rows: `[B, R, BK]`."""
+    b_x = tl.load(
+        p + rows[:, :, None] * stride_t + o_k[None, None, :], mask=m_rows[:, :, None] & m_k[None, None, :], other=0
+    )
+    b_x = b_x.to(tl.float32)
+    b_x = b_x / tl.sqrt(tl.sum(b_x * b_x, 2) + L2_EPS)[:, :, None]
+    return round_to(b_x, DT, EMULATE)
+
+
+@triton.jit
+def _decayed(b_kk, keep, g_i, g_j, beta_i):
+    """beta_t exp(gamma_t - gamma_s) (k_t . k_s) where `keep`, 0 elsewhere (any rank, rows then columns last)."""
+    diff = tl.where(keep, tl.expand_dims(g_i, -1) - tl.expand_dims(g_j, -2), 0.0)
+    return tl.where(keep, tl.expand_dims(beta_i, -1) * tl.exp(diff) * b_kk, 0.0)
+
+
+@triton.jit
+def _pair_split(x):
+    """`[4, ...]` -> (`x[0::2]`, `x[1::2]`), each `[2, ...]`: blocks (0, 2) and (1, 3)."""
+    x = tl.reshape(x, [2, 2, x.shape[1], x.shape[2]])
+    return tl.split(tl.permute(x, (0, 2, 3, 1)))
+
+
+@triton.jit
+def _lower_2x2(a, c, d):
+    """The block matrices [[a_p, 0], [c_p, d_p]] of a batch `[P, S, S]` each: `[P, 2S, 2S]`."""
+    P: tl.constexpr = a.shape[0]
+    S: tl.constexpr = a.shape[1]
+    top = tl.reshape(tl.permute(tl.join(a, tl.zeros_like(a)), (0, 1, 3, 2)), [P, S, 2 * S])
+    bot = tl.reshape(tl.permute(tl.join(c, d), (0, 1, 3, 2)), [P, S, 2 * S])
+    return tl.reshape(tl.permute(tl.join(top, bot), (0, 3, 1, 2)), [P, 2 * S, 2 * S])
+
+
+@triton.jit
+def _chunk_tri_batched_kernel(
+    # Pointers
+    k, beta, gcum, tmat, khat, chunks, cu_seqlens,
+    # Sizes and strides
+    stride_kt, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+    # Meta-parameters
+    C: tl.constexpr, S: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
+    IEEE: tl.constexpr, P_NEU: tl.constexpr, P_NEWTON: tl.constexpr, P_MERGE: tl.constexpr,
+):  # fmt: skip
+    """T per (chunk, v-head) by recursive doubling, each level one batched or one larger dot chain:
+
+        the four 16 x 16 diagonal blocks          one [4, 16, 16] Neumann + Newton chain
+        X10, X32 = -X11 L10 X00, -X33 L32 X22      one [2, 16, 16] pair of dots
+        T[32:, :32] = -D^-1 L[32:, :32] A^-1        two 32 x 32 dots, A^-1 / D^-1 the 32 x 32 diagonal blocks
+
+    11 dependent small dots instead of 44, so 4x fewer layout round trips (C = 64, S = 16 only).
+    """
+    i_c, i_hv = tl.program_id(0), tl.program_id(1)
+    i_h = i_hv // (HV // H)
+    bos, n = _chunk_bounds(chunks, cu_seqlens, i_c, C)
+    o_k = tl.arange(0, BK)
+    m_k = o_k < K
+    r = tl.arange(0, S)
+    p_k = k + bos * stride_kt + i_h * K
+    p_g = gcum + bos * HV + i_hv
+    p_b = beta + bos * HV + i_hv
+
+    # every block of L first, from three loads of the keys (each dies at its dot: registers)
+    # the four diagonal blocks as a batch: token rows 16 b + i
+    rows4 = tl.arange(0, 4)[:, None] * S + r[None, :]
+    m4 = rows4 < n
+    k4 = _load_norm_rows3(p_k, rows4, m4, o_k, m_k, stride_kt, DT, EMULATE)
+    if i_hv % (HV // H) == 0:  # one program per q/k head keeps the normalised keys for the later kernels
+        p_kh = khat + ((bos + rows4) * H + i_h)[:, :, None] * K + o_k[None, None, :]
+        tl.store(p_kh, k4, mask=m4[:, :, None] & m_k[None, None, :])
+    kk4 = mm(k4, tl.permute(k4, (0, 2, 1)), EMULATE, IEEE)
+    # blocks (1, 0) and (3, 2): rows 32 p + 16 + i against rows 32 p + i
+    rows_e = tl.arange(0, 2)[:, None] * (2 * S) + r[None, :]
+    rows_o = rows_e + S
+    m_e, m_o = rows_e < n, rows_o < n
+    k_e = _load_norm_rows3(p_k, rows_e, m_e, o_k, m_k, stride_kt, DT, EMULATE)
+    k_o = _load_norm_rows3(p_k, rows_o, m_o, o_k, m_k, stride_kt, DT, EMULATE)
+    kk2 = mm(k_o, tl.permute(k_e, (0, 2, 1)), EMULATE, IEEE)
+    # L[32:, :32]
+    r2 = tl.arange(0, 2 * S)
+    m_lo, m_hi = r2 < n, 2 * S + r2 < n
+    k_lo = _load_norm_rows(p_k, r2, m_lo, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
+    k_hi = _load_norm_rows(p_k, 2 * S + r2, m_hi, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
+    kk_hl = mm(k_hi, tl.trans(k_lo), EMULATE, IEEE)
+
+    g4 = tl.load(p_g + rows4 * HV, mask=m4, other=0)
+    b4 = tl.load(p_b + rows4 * HV, mask=m4, other=0)
+    keep4 = m4[:, :, None] & m4[:, None, :] & (r[:, None] > r[None, :])[None, :, :]
+    X4 = _unit_lower_inverse(_decayed(kk4, keep4, g4, g4, b4), S, P_NEU, P_NEWTON)  # X00, X11, X22, X33
+
+    # level 1: X10, X32
+    g_e = tl.load(p_g + rows_e * HV, mask=m_e, other=0)
+    g_o = tl.load(p_g + rows_o * HV, mask=m_o, other=0)
+    b_o = tl.load(p_b + rows_o * HV, mask=m_o, other=0)
+    L2 = _decayed(kk2, m_o[:, :, None] & m_e[:, None, :], g_o, g_e, b_o)  # L10, L32
+    X_e, X_o = _pair_split(X4)  # (X00, X22), (X11, X33)
+    Y = -tl.dot(X_o, tl.dot(L2, X_e, input_precision=P_MERGE), input_precision=P_MERGE)  # X10, X32
+
+    # level 2: T[32:, :32] = -D^-1 L[32:, :32] A^-1
+    g_lo = tl.load(p_g + r2 * HV, mask=m_lo, other=0)
+    g_hi = tl.load(p_g + (2 * S + r2) * HV, mask=m_hi, other=0)
+    b_hi = tl.load(p_b + (2 * S + r2) * HV, mask=m_hi, other=0)
+    L_hl = _decayed(kk_hl, m_hi[:, None] & m_lo[None, :], g_hi, g_lo, b_hi)
+    AD = _lower_2x2(X_e, Y, X_o)  # [[X00, 0], [X10, X11]], [[X22, 0], [X32, X33]]
+    A_inv, D_inv = tl.split(tl.permute(AD, (1, 2, 0)))
+    Z = -tl.dot(D_inv, tl.dot(L_hl, A_inv, input_precision=P_MERGE), input_precision=P_MERGE)
+
+    # T rows of this chunk: [n, 64] in the input dtype; blocks above the diagonal are zero
+    p_t = tmat + (bos * HV + i_hv) * C
+    RS = HV * C  # T's row stride
+    tl.store(p_t + rows4[:, :, None] * RS + (tl.arange(0, 4) * S)[:, None, None] + r[None, None, :],
+             round_to(X4, DT, EMULATE), mask=m4[:, :, None])  # fmt: skip
+    p_pair = p_t + rows_o[:, :, None] * RS + (tl.arange(0, 2) * 2 * S)[:, None, None] + r[None, None, :]
+    tl.store(p_pair, round_to(Y, DT, EMULATE), mask=m_o[:, :, None])
+    tl.store(p_pair - S * RS + S, tl.zeros_like(Y), mask=m_e[:, :, None])  # X01, X23
+    p_2 = p_t + r2[:, None] * RS + r2[None, :]
+    tl.store(p_2 + 2 * S * RS, round_to(Z, DT, EMULATE), mask=m_hi[:, None])
+    tl.store(p_2 + 2 * S, tl.zeros_like(Z), mask=m_lo[:, None])
 
 
 # ---- W = T (beta e^gamma k^), U = T (beta v) -----------------------------------------------------------
@@ -377,6 +512,20 @@ def plan(lens: list[int], H: int, HV: int, K: int, V: int, dtype: torch.dtype, d
     )
 
 
+def launch_tri(k: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor, p: ChunkPlan, tri: dict | None = None):
+    """The T kernel alone (p.tmat, p.khat from k, beta, p.gcum), with the knobs `tri` (default TRI / TRI_IEEE)."""
+    T, H, K = k.shape
+    HV = beta.shape[1]
+    ieee = k.dtype == torch.float32
+    tri = tri or (TRI_IEEE if ieee else TRI)
+    kernel = _chunk_tri_batched_kernel if tri["batched"] else _chunk_tri_kernel
+    kernel[(p.chunks.shape[0], HV)](
+        k, beta, p.gcum, p.tmat, p.khat, p.chunks, cu_seqlens, k.stride(0), H=H, HV=HV, K=K, C=CHUNK, S=SUB,
+        BK=max(16, triton.next_power_of_2(K)), DT=TL_DTYPES[k.dtype], EMULATE=INTERPRET, IEEE=ieee,
+        P_NEU=tri["neumann"], P_NEWTON=tri["newton"], P_MERGE=tri["merge"], num_warps=tri["num_warps"],
+    )  # fmt: skip
+
+
 def chunk_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -413,10 +562,7 @@ def chunk_gated_delta_rule(
     BK = max(16, triton.next_power_of_2(K))
     common = dict(DT=DT, EMULATE=INTERPRET)
     _chunk_cumsum_kernel[(NC, HV)](g, p.gcum, p.chunks, cu_seqlens, HV=HV, C=CHUNK)
-    _chunk_tri_kernel[(NC, HV)](
-        k, beta, p.gcum, p.tmat, p.khat, p.chunks, cu_seqlens, k.stride(0), H=H, HV=HV, K=K, C=CHUNK, S=SUB,
-        BK=BK, IEEE=ieee, num_warps=4, **common,
-    )  # fmt: skip
+    launch_tri(k, beta, cu_seqlens, p)
     _chunk_wu_kernel[(NC, HV)](
         p.khat, v, beta, p.gcum, p.tmat, p.w, p.u, p.chunks, cu_seqlens, v.stride(0), H=H, HV=HV, K=K, V=V,
         C=CHUNK, BK=BK, BV=min(64, max(16, triton.next_power_of_2(V))), IEEE=ieee, num_warps=8, **common,
