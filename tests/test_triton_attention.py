@@ -611,9 +611,11 @@ def test_tree_verify_packed_through_the_harness(case_id, forced, monkeypatch):
 
 
 def test_gqa_pack_rule():
-    """Automatic plans (host only): packed for short requests with G > 1, with tiles of next_pow2(q x G)
-    rows up to the head dims' tile; never for long requests, MHA, or triton-det."""
-    from attnbench.kernels.triton.extend import default_extend_config, plan_extend
+    """Automatic plans (host only): packed when next_pow2(q x heads) fits PACK_MAX_ROWS (or one token of
+    a group taller than that), with tiles of that many rows; never for longer requests, MHA, or triton-det."""
+    from attnbench.kernels.triton.extend import PACK_MAX_ROWS, default_extend_config, plan_extend
+
+    assert PACK_MAX_ROWS == 32  # the cases below are sized for it
 
     def plan(case_id, **kw):
         x = Case.from_id(case_id).make_inputs()
@@ -624,14 +626,18 @@ def test_gqa_pack_rule():
     # spec verify over a long prefix: 5 tokens x 4 heads in a 32-row tile, 8 groups, split over keys
     heads, block_m, programs = plan("extend/b1-q5-pre8187-h32x8-d128-p16-bf16")
     assert (heads, block_m) == (4, 32) and programs >= 132
-    assert plan("extend/b64-q16-pre1024-h32x8-d128-p16-bf16") == (4, 64, 64 * 8)  # one tile per request
-    assert plan("extend/b2-q64-pre1024-h32x8-d128-p16-bf16")[:2] == (4, 128)  # 32 tokens per tile
+    assert plan("extend/b64-q8-pre1024-h32x8-d128-p16-bf16") == (4, 32, 64 * 8)  # 8 tokens: one tile per request
+    assert plan("extend/b64-q9-pre1024-h32x8-d128-p16-bf16") == (1, 16, 64 * 32)  # 64 packed rows: one-head tiles
+    assert plan("extend/b2-q4-pre1024-h64x8-d128-p16-bf16")[:2] == (8, 32)  # G = 8: 4 tokens
+    assert plan("extend/b2-q64-pre1024-h32x8-d128-p16-bf16")[:2] == (1, 64)
     assert plan("extend/b2-q128-pre1024-h32x8-d128-p16-bf16")[:2] == (1, 128)  # one-head tiles are full
     assert plan("extend/b2-q5-pre1024-h32x32-d128-p16-bf16")[:2] == (1, 16)  # MHA
     assert plan("extend/b2-q5-pre1024-h32x8-d128-p16-bf16", deterministic=True)[:2] == (1, 16)
     assert plan("extend/b2-q5-pre1024-h32x8-d128-p16-bf16", pack=False)[:2] == (1, 16)  # forced off
-    assert plan("extend/b2-q5-pre1024-h28x4-d128-p16-bf16")[:2] == (7, 64)  # G = 7: 9 tokens per tile
-    assert plan("extend/b2-q5-pre1024-h16x1-d576x512-p16-mla-bf16")[:2] == (16, 64)  # 4 tokens per tile
-    assert plan("extend/b2-q32-pre1024-h16x1-d576x512-p16-mla-bf16")[:2] == (16, 64)  # 4 of 32 tokens per tile
-    assert plan("extend/b2-q64-pre1024-h16x1-d576x512-p16-mla-bf16")[:2] == (1, 64)  # one-head tiles are full
-    assert plan("extend/b2-q5-pre1024-h128x1-d576x512-p16-mla-bf16")[:2] == (64, 64)  # 2 programs per token
+    assert plan("extend/b2-q5-pre1024-h32x8-d128-p16-bf16", pack=True)[:2] == (4, 32)  # forced on
+    assert plan("extend/b2-q4-pre1024-h28x4-d128-p16-bf16")[:2] == (7, 32)  # G = 7: 4 tokens, 4 idle rows
+    assert plan("extend/b2-q5-pre1024-h28x4-d128-p16-bf16")[:2] == (1, 16)  # 35 -> 64 rows: unpacked
+    assert plan("extend/b2-q2-pre1024-h16x1-d576x512-p16-mla-bf16")[:2] == (16, 32)  # MLA G = 16: 2 tokens
+    assert plan("extend/b2-q5-pre1024-h16x1-d576x512-p16-mla-bf16")[:2] == (1, 16)
+    assert plan("extend/b2-q1-pre1024-h128x1-d576x512-p16-mla-bf16")[:2] == (64, 64)  # 2 programs per token
+    assert plan("extend/b2-q2-pre1024-h128x1-d576x512-p16-mla-bf16")[:2] == (1, 16)

@@ -26,7 +26,8 @@ FAST = [
     "decode/b2-l300-h128x1-d576x512-p64-mla-bf16",  # MLA decode
     "extend/b1-q256-pre0-h32x8-d128-p16-bf16",  # causal prefill, head dim 128
     "extend/b1-q5-pre8187-h32x8-d128-p16-bf16",  # spec verify: GQA-packed split path (planned for 132 SMs) + merge
-    "extend/b64-q16-pre1024-h32x8-d128-p16-bf16",  # spec verify, a batch: GQA-packed 64-row tiles, unsplit
+    "extend/b64-q16-pre1024-h32x8-d128-p16-bf16@pack=1",  # a batch of 16-token requests: packed 64-row tiles (forced)
+    "extend/b64-q8-pre1024-h32x8-d128-p16-bf16",  # spec verify, a batch: GQA-packed 32-row tiles, unsplit
 ]
 # one case per constexpr branch: must compile and fit in shared memory
 BRANCHES = [

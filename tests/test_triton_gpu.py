@@ -38,7 +38,7 @@ TARGETS = [
     "extend/b2-q256-pre1024-h32x8-d128-p16-custom-bf16",
     "extend/b1-q1024-pre0-h128x1-d576x512-p64-mla-bf16",
     "extend/b1-q1024-pre2048-h16x8-d256-p16-swa1023-cap50-bf16",
-    "extend/b64-q16-pre1024-h32x8-d128-p16-custom-bf16",  # spec verify, a batch: GQA-packed tiles
+    "extend/b64-q8-pre1024-h32x8-d128-p16-custom-bf16",  # spec verify, a batch: GQA-packed tiles
     "extend/b1-q5-pre8187-h32x8-d128-p16-custom-bf16",  # spec verify, one request: packed + split
 ]
 
@@ -101,7 +101,7 @@ def test_a_case_on_the_second_gpu_while_the_first_is_current(case_id, backend):
 
 
 @pytest.mark.parametrize(
-    "case_id", ["extend/b64-q16-pre1024-h32x8-d128-p16-custom-bf16", "extend/b1-q5-pre8187-h32x8-d128-p16-bf16"]
+    "case_id", ["extend/b64-q8-pre1024-h32x8-d128-p16-custom-bf16", "extend/b1-q5-pre8187-h32x8-d128-p16-bf16"]
 )
 def test_gqa_packed_extend_matches_unpacked(case_id):
     """The planner's GQA-packed tiles against one head per tile, compiled (wgmma shapes differ)."""

@@ -504,19 +504,28 @@ def group_heads(G: int, block_m: int) -> int:
     return max(d for d in range(1, min(G, block_m) + 1) if G % d == 0)
 
 
+# Packed tiles taller than this lost to one-head tiles on an H200 (spec suite, D = 128, G = 4, against
+# the unpacked split-KV kernel): <= 32 rows (<= 8 tokens) took 0.29-0.92x the time, 64 rows 0.97-1.37x
+# and 128 rows 0.92-1.39x (fewer, taller programs starve the grid at B = 16). kernels/triton/NOTES.md.
+PACK_MAX_ROWS = 32
+
+
 def gqa_packs(x, deterministic: bool = False) -> bool:
     """Whether extend packs the query heads of a kv group into a tile's rows (the automatic rule).
 
-    Yes when G > 1 and the requests are short: a one-head tile would be shorter than the head dims'
-    tile (next power of two of the longest q_len below it), so mostly empty rows of the MMA and K/V
-    read once per query head; packed, a tile holds tokens x heads and K/V are read once per group.
-    Longer requests fill one-head tiles already and keep them (the measured prefill path).
-    Never for `triton-det`: whether a batch packs follows its longest request, and packing changes a
-    row's tile (its MMA shape, its tile's key range), so a request's bits would follow its batch.
+    Yes when G > 1 and the requests are so short that a packed tile (next power of two of the longest
+    q_len x the heads it packs) has at most PACK_MAX_ROWS rows, or one token where a kv group alone
+    is taller (MLA with 128 heads: 64 heads per tile): one-head tiles would be mostly empty rows of
+    the MMA and read K/V once per query head; packed, K/V are read once per group. Longer requests
+    keep one-head tiles. Never for `triton-det`: whether a batch packs follows its longest request,
+    and packing changes a row's tile (its MMA shape, its tile's key range), so a request's bits would
+    follow its batch.
     """
     Hq, Hkv = x.q.shape[1], x.k_cache.shape[2]
     base = _head_dim_config(x.q.shape[2], x.v_cache.shape[-1], arch(x.q.device))
-    return not deterministic and Hq > Hkv and triton.next_power_of_2(max(x.q_lens_host)) < base.block_m
+    heads = group_heads(Hq // Hkv, base.block_m)
+    rows = triton.next_power_of_2(max(x.q_lens_host) * heads)
+    return not deterministic and heads > 1 and rows <= max(PACK_MAX_ROWS, heads)
 
 
 def default_extend_config(x, deterministic: bool = False, pack: bool | None = None) -> ExtendConfig:
