@@ -119,3 +119,14 @@ CASES = [
 def test_flashinfer_gdn_adapter_conventions(case_id, fake_flashinfer):
     r = run_one(case_id, _Adapter())
     assert r.status == "pass", f"{r.status}: {r.reason}"
+
+
+def test_flashinfer_gdn_fp16_reasons():
+    """fp16: FlashInfer's decode/MTP kernels reject an fp16 dt_bias (and write o in bf16); its prefill takes fp16."""
+    from attnbench.case import Case
+    from attnbench.kernels.flashinfer.gdn import gdn_unsupported
+
+    for case_id in ("gdn_decode/b8-h16x32-d128x128-fp16", "gdn_verify/b2-t4-h16x32-d128x128-fp16"):
+        assert "dt_bias" in gdn_unsupported(Case.from_id(case_id, "cuda"))
+    assert gdn_unsupported(Case.from_id("gdn_extend/b2-t130-h16x32-d128x128-fp16", "cuda")) is None
+    assert gdn_unsupported(Case.from_id("gdn_decode/b8-h16x32-d128x128-bf16", "cuda")) is None

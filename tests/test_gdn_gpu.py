@@ -56,9 +56,20 @@ FLA_CASES = [c for c in SMOKE_GDN + QWEN if c.startswith("gdn_decode/")] + [
 ]
 
 
+# A known fla discrepancy (docs/findings.md): its fused recurrent step leaves one state entry of this
+# smoke case 2.2e-6 off float64 against a bound of 2.19e-6 (H200, fla-core 0.6.0). Strict: if fla
+# starts passing, the mark must go.
+FLA_KNOWN = {
+    "gdn_decode/b5-h2x4-d16x16-packed-bf16": "fla fused recurrent: state 2.2e-6 off float64, bound 2.19e-6",
+}
+
+
 @pytest.mark.gpu
 @pytest.mark.fla
-@pytest.mark.parametrize("case_id", FLA_CASES)
+@pytest.mark.parametrize(
+    "case_id",
+    [pytest.param(c, marks=pytest.mark.xfail(reason=FLA_KNOWN[c], strict=True)) if c in FLA_KNOWN else c for c in FLA_CASES],
+)
 def test_fla_on_gpu(case_id):
     _check(case_id, get_backend("fla"))
 

@@ -46,7 +46,10 @@ TARGETS = [
 @pytest.mark.parametrize("backend", ["triton", "triton-det"])
 @pytest.mark.parametrize("case", SMOKE, ids=[c.id for c in SMOKE])
 def test_smoke_on_gpu(case, backend):
-    row = run_one(case, get_backend(backend))
+    b = get_backend(backend)
+    if case.op_name not in b.ops:  # triton-det covers the attention ops only
+        pytest.skip(f"{backend} has no {case.op_name} kernel")
+    row = run_one(case, b)
     assert row.status == "pass", row.reason
 
 

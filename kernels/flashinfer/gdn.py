@@ -36,6 +36,8 @@ def gdn_unsupported(case) -> str | None:
         return "flashinfer GDN kernels need SM90+"
     if case.dtype not in ("bf16", "fp16"):
         return "flashinfer GDN kernels take fp16/bf16 q/k/v"
+    if op != "gdn_extend" and case.dtype == "fp16":  # FlashInfer 0.7.2 gdn_decode.py asserts dt_bias's dtype
+        return "flashinfer GDN decode/MTP kernels take dt_bias in bf16/fp32 and write o in bf16 whatever q's dtype: no fp16"
     if (p.head_dim_k, p.head_dim_v) != (128, 128):
         return "flashinfer GDN kernels here: head dims K = V = 128"
     if op == "gdn_verify" and p.tree:
