@@ -359,12 +359,18 @@ def _chunk_wu_kernel(
 
 
 # ---- the state recurrence over chunks ---------------------------------------------------------------------
+# The recurrence is serial over chunks and its grid small (V / BV x heads x requests), so deeper
+# pipelines (the next chunk's W, U, K loaded while this one computes) are candidates too.
 _STATE_CONFIGS = autotune_configs(
     [
         triton.Config({"BV": 32}, num_warps=4, num_stages=2),
         triton.Config({"BV": 64}, num_warps=4, num_stages=2),
         triton.Config({"BV": 64}, num_warps=8, num_stages=2),
         triton.Config({"BV": 16}, num_warps=2, num_stages=2),
+        triton.Config({"BV": 32}, num_warps=4, num_stages=3),
+        triton.Config({"BV": 32}, num_warps=4, num_stages=4),
+        triton.Config({"BV": 32}, num_warps=2, num_stages=3),
+        triton.Config({"BV": 64}, num_warps=4, num_stages=3),
     ]
 )
 
