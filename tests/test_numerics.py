@@ -122,3 +122,19 @@ def test_determinism_and_batch_invariance_are_reported_and_can_be_required():
     assert row.status == "fail" and "not batch invariant" in row.reason
     (row,) = run_case(base, [get_backend("torch")], RunOptions(timing=False))
     assert row.batch_invariant is None  # not asked for
+
+
+@pytest.mark.parametrize(
+    "case_id",
+    [
+        "gdn_decode/b5-h2x4-d16x16-pad2-bf16",  # the state pool moves on each call
+        "gdn_extend/b3-t70-mixed-h2x4-d16x16-initmixed-bf16",  # final states written back
+        "causal_conv1d/b3-t9-mixed-c48-initmixed-bf16",  # conv states written back
+        "extend/b2-q7-pre19-h4x2-d64-p16-bf16",  # new K/V saved into the cache (the same bits again)
+    ],
+)
+def test_determinism_of_ops_that_write_their_inputs(case_id):
+    """A call that updates its inputs is repeated from the pristine inputs, not from the updated ones."""
+    (row,) = run_case(Case.from_id(case_id), [get_backend("torch")], RunOptions(timing=False))
+    assert row.status == "pass", row.reason
+    assert row.deterministic is True
