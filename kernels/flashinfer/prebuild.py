@@ -41,16 +41,12 @@ from attnbench.kernels.flashinfer.jitkeys import JitKey
 
 
 def keys_for(backends: Iterable, cases: Iterable) -> list[JitKey]:
-    """The JIT modules the supported (backend, case) pairs will load, without duplicates."""
+    """The JIT modules the supported (backend, case) pairs will load (`Backend.precompile_keys`),
+    without duplicates."""
     out: dict[JitKey, None] = {}
     cases = list(cases)
     for b in backends:
-        modules = getattr(b, "jit_modules", None)
-        if modules is None:
-            continue
-        for case in cases:
-            if case.op_name in b.ops and b.supports(case) is None:
-                out.update(dict.fromkeys(modules(case)))
+        out.update(dict.fromkeys(b.precompile_keys([c for c in cases if b.supports(c) is None])))
     return list(out)
 
 
