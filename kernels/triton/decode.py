@@ -461,13 +461,19 @@ def _launches(x, plan: DecodePlan) -> list[tuple]:
     )  # fmt: skip
     out = [(_decode_split_kernel, plan.grid, split_args, plan.meta)]
     if plan.merge is not None:
-        merge_args = (
-            x.qo_indptr, plan.merge, sinks, plan.part_o, plan.part_ml, o, lse,
-            plan.part_o.stride(0), plan.part_o.stride(1), plan.part_ml.stride(0), plan.part_ml.stride(1),
-            o.stride(0), o.stride(1), lse.stride(0),
-        )  # fmt: skip
-        out.append((_decode_merge_kernel, plan.merge_grid, merge_args, plan.merge_meta))
+        out.append(merge_launch(x.qo_indptr, plan, sinks, o, lse))
     return out
+
+
+def merge_launch(rows: torch.Tensor, plan, sinks, o: torch.Tensor, lse: torch.Tensor) -> tuple:
+    """The merge kernel's launch (kernel, grid, args, meta) combining `plan`'s partials (`part_o`,
+    `part_ml`, rows of `plan.merge`) into `o` / `lse`; `rows[request]` is the request's first output row."""
+    args = (
+        rows, plan.merge, sinks, plan.part_o, plan.part_ml, o, lse,
+        plan.part_o.stride(0), plan.part_o.stride(1), plan.part_ml.stride(0), plan.part_ml.stride(1),
+        o.stride(0), o.stride(1), lse.stride(0),
+    )  # fmt: skip
+    return (_decode_merge_kernel, plan.merge_grid, args, plan.merge_meta)
 
 
 def decode(x, plan: DecodePlan) -> dict[str, torch.Tensor]:

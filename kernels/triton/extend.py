@@ -62,7 +62,7 @@ from attnbench.kernels.triton.common import (
     to_fp8,
     v_is_k_prefix,
 )
-from attnbench.kernels.triton.decode import MIN_SPLIT, WAVES, _decode_merge_kernel, balanced_chunk
+from attnbench.kernels.triton.decode import MIN_SPLIT, WAVES, balanced_chunk, merge_launch
 
 
 @triton.jit
@@ -207,6 +207,17 @@ def _attend_source(
 
 
 @triton.jit
+def _save_rows(p_cache, p_new, mask, inv_scale, KV_FP8: tl.constexpr):
+    """Copy new K or V rows into their cache slots; an fp8 cache stores fp8(x / scale), with x / scale
+    exact as x * (1 / scale)."""
+    if KV_FP8:
+        b_x = tl.load(p_new, mask=mask, other=0.0)
+        tl.store(p_cache, to_fp8(b_x.to(tl.float32) * inv_scale, KV_FP8), mask=mask)
+    else:
+        tl.store(p_cache, tl.load(p_new, mask=mask), mask=mask)
+
+
+@triton.jit
 def _extend_kernel(
     # Inputs
     q, k_cache, v_cache, k_new, v_new, kv_page_indices, kv_indptr, qo_indptr, seq_lens, tiles,
@@ -309,28 +320,16 @@ def _extend_kernel(
             p_kc += i_hk * stride_kh
             p_kn = k_new + (row0 + o_t)[:, None] * stride_knt + i_hk * stride_knh
             m_a = m_t[:, None] & m_da[None, :]
-            if KV_FP8:  # stored = fp8(x / scale), x / scale exact as x * (1 / scale)
-                b_kn = tl.load(p_kn + o_da[None, :], mask=m_a, other=0.0)
-                tl.store(p_kc[:, None] + o_da[None, :], to_fp8(b_kn.to(tl.float32) * k_inv, KV_FP8), mask=m_a)
-            else:
-                tl.store(p_kc[:, None] + o_da[None, :], tl.load(p_kn + o_da[None, :], mask=m_a), mask=m_a)
+            _save_rows(p_kc[:, None] + o_da[None, :], p_kn + o_da[None, :], m_a, k_inv, KV_FP8)
             if DB > 0:
                 m_b = m_t[:, None] & m_db[None, :]
-                if KV_FP8:
-                    b_kn = tl.load(p_kn + o_db[None, :], mask=m_b, other=0.0)
-                    tl.store(p_kc[:, None] + o_db[None, :], to_fp8(b_kn.to(tl.float32) * k_inv, KV_FP8), mask=m_b)
-                else:
-                    tl.store(p_kc[:, None] + o_db[None, :], tl.load(p_kn + o_db[None, :], mask=m_b), mask=m_b)
+                _save_rows(p_kc[:, None] + o_db[None, :], p_kn + o_db[None, :], m_b, k_inv, KV_FP8)
             if not V_FROM_K:
                 p_vc = v_cache + (i_slot // PAGE_SIZE) * stride_vp + (i_slot % PAGE_SIZE) * stride_vs
                 p_vc += i_hk * stride_vh
                 p_vn = v_new + (row0 + o_t)[:, None] * stride_vnt + i_hk * stride_vnh
                 m_v = m_t[:, None] & m_dv[None, :]
-                if KV_FP8:
-                    b_vn = tl.load(p_vn + o_dv[None, :], mask=m_v, other=0.0)
-                    tl.store(p_vc[:, None] + o_dv[None, :], to_fp8(b_vn.to(tl.float32) * v_inv, KV_FP8), mask=m_v)
-                else:
-                    tl.store(p_vc[:, None] + o_dv[None, :], tl.load(p_vn + o_dv[None, :], mask=m_v), mask=m_v)
+                _save_rows(p_vc[:, None] + o_dv[None, :], p_vn + o_dv[None, :], m_v, v_inv, KV_FP8)
 
     # key ranges: [lo, hi) holds every key some row may see; [full_lo, full_hi) the keys all rows see
     p_first = prefix + m_start
@@ -736,12 +735,7 @@ def _launches(x, plan: ExtendPlan) -> list[tuple]:
     )  # fmt: skip
     out = [(_extend_kernel, plan.grid, args, plan.meta)]
     if plan.merge is not None:
-        merge_args = (
-            plan.rows, plan.merge, sinks, plan.part_o, plan.part_ml, o, lse,
-            plan.part_o.stride(0), plan.part_o.stride(1), plan.part_ml.stride(0), plan.part_ml.stride(1),
-            o.stride(0), o.stride(1), lse.stride(0),
-        )  # fmt: skip
-        out.append((_decode_merge_kernel, plan.merge_grid, merge_args, plan.merge_meta))
+        out.append(merge_launch(plan.rows, plan, sinks, o, lse))
     return out
 
 
