@@ -20,6 +20,7 @@ import torch
 from attnbench.backend import load_builtin
 from attnbench.case import Case
 from attnbench.kernels.cute import decode, gdn_decode
+from helpers import cuda_mean_us
 
 DECODE_CASE = "decode/b64-l4096-h32x8-d128-p16-bf16"
 GDN_CASE = "gdn_decode/b256-h32x32-d128x128-bf16"
@@ -34,20 +35,6 @@ DECODE_VARIANTS = {
     "default, 4 CTAs/SM plan, min split 512": {"CTAS_PER_SM": 4, "MIN_SPLIT": 512},
 }
 GDN_VARIANTS = {"bv32 (default)": 32, "bv64": 64, "bv128": 128}
-
-
-def timeit(run, n: int = 50) -> float:
-    """Mean µs a call of `run` over `n` back-to-back calls after 5 warm-up calls."""
-    for _ in range(5):
-        run()
-    torch.cuda.synchronize()
-    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0.record()
-    for _ in range(n):
-        run()
-    t1.record()
-    torch.cuda.synchronize()
-    return t0.elapsed_time(t1) / n * 1e3
 
 
 def load_old(folder: str, name: str):
@@ -77,7 +64,7 @@ def bench_decode(old: str | None) -> None:
             prep = time.perf_counter() - t
             o = x.o.float().clone()
             first = o if first is None else first
-            us = timeit(run)
+            us = cuda_mean_us(run)
             print(f"decode {label:40s} {us:8.1f} us {nbytes / us / 1e6:6.2f} TB/s  prepare {prep:5.1f} s  "
                   f"items {run.info.get('work_items')}  max|o - o0| {(o - first).abs().max().item():.2e}",
                   flush=True)  # fmt: skip
@@ -109,7 +96,7 @@ def bench_gdn(old: str | None) -> None:
             torch.cuda.synchronize()
             o = x.o.float().clone()
             first = o if first is None else first
-            us = timeit(run)
+            us = cuda_mean_us(run)
             print(f"gdn {label:20s} {us:8.1f} us {nbytes / us / 1e6:6.2f} TB/s  "
                   f"max|o - o0| {(o - first).abs().max().item():.2e}", flush=True)  # fmt: skip
         except Exception as e:

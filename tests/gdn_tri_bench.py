@@ -18,6 +18,7 @@ import torch
 from attnbench.backend import get_backend, load_builtin
 from attnbench.case import Case
 from attnbench.kernels.triton import gdn_chunk
+from helpers import cuda_mean_us
 
 CASE = "gdn_extend/b1-t32768-h32x32-d128x128-bf16"
 X3 = "tf32x3"
@@ -41,20 +42,6 @@ VARIANTS = {
     # less accurate than the float32 twin (tests/gdn_tri_numerics.py): for the record, not a candidate
     "batched, tf32 everywhere, 4w (inaccurate)": tri(True, 4, "tf32", "tf32", "tf32"),
 }
-
-
-def timeit(run, n: int = 50) -> float:
-    """Mean µs a call of `run` over `n` back-to-back calls after 5 warm-up calls."""
-    for _ in range(5):
-        run()
-    torch.cuda.synchronize()
-    t0, t1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    t0.record()
-    for _ in range(n):
-        run()
-    t1.record()
-    torch.cuda.synchronize()
-    return t0.elapsed_time(t1) / n * 1e3
 
 
 def main(argv: list[str]) -> int:
@@ -88,8 +75,8 @@ def main(argv: list[str]) -> int:
                 tm = p.tmat.float().clone()
                 t_ref = tm if t_ref is None else t_ref
                 o_ref = out if o_ref is None else o_ref
-                us_tri = timeit(lambda: gdn_chunk.launch_tri(x.k, x.beta, x.cu_seqlens, p, knobs))  # noqa: B023
-                us_all = timeit(run)
+                us_tri = cuda_mean_us(lambda: gdn_chunk.launch_tri(x.k, x.beta, x.cu_seqlens, p, knobs))  # noqa: B023
+                us_all = cuda_mean_us(run)
                 print(f"{label:44s} T kernel {us_tri:8.1f} us  extend {us_all:8.1f} us  "
                       f"max|T - T0| {(tm - t_ref).abs().max().item():.2e}  "
                       f"max|o - o0| {(out - o_ref).abs().max().item():.2e}", flush=True)  # fmt: skip
