@@ -50,7 +50,7 @@ class SdpaDecode(attnbench.Backend):
             own = x.kv_page_indices[indptr[b] : indptr[b + 1]].long().cpu()
             idx[b, : len(own)] = own
         idx = idx.to(x.q.device)
-        valid = (torch.arange(pages_per * ps, device=x.q.device)[None] < torch.tensor(lens, device=x.q.device)[:, None])
+        valid = torch.arange(pages_per * ps, device=x.q.device)[None] < torch.tensor(lens, device=x.q.device)[:, None]
         mask = valid[:, None, None, :]  # [B, 1, 1, L]: True = attend
 
         def run():

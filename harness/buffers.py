@@ -70,9 +70,7 @@ def clone_tensors(obj: Any) -> Any:
         key = (str(t.device), s.data_ptr())
         if key not in copies:
             copies[key] = s.clone()
-        return torch.empty(0, dtype=t.dtype, device=t.device).set_(
-            copies[key], t.storage_offset(), t.shape, t.stride()
-        )
+        return torch.empty(0, dtype=t.dtype, device=t.device).set_(copies[key], t.storage_offset(), t.shape, t.stride())
 
     def walk(v: Any) -> Any:
         if isinstance(v, torch.Tensor):

@@ -198,9 +198,7 @@ def check(
         if spec.exact:
             compare_exact(name, getattr(work, name), expected[name], getattr(pristine, name), v)
         else:
-            compare_numeric(
-                name, getattr(work, name), expected[name], twin[name], spec, rule, v, _units(spec, params)
-            )
+            compare_numeric(name, getattr(work, name), expected[name], twin[name], spec, rule, v, _units(spec, params))
             compare_untouched(name, getattr(work, name), expected[name], getattr(pristine, name), v)
     touched = set(op.outputs) | set(writes)
     storages = {tensor_fields(work)[n].untyped_storage().data_ptr() for n in touched if n in tensor_fields(work)}

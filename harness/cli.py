@@ -73,22 +73,44 @@ def _load_backends(plugins: list[str] | None) -> None:
 
 @app.command()
 def sweep(
-    suites: Annotated[list[str] | None, typer.Argument(help="Suite names or YAML paths. Default: smoke on a CPU, the GPU suites on a GPU.")] = None,
-    backend: Annotated[list[str] | None, typer.Option("--backend", "-b", help="Only these backends (repeatable).")] = None,
+    suites: Annotated[
+        list[str] | None,
+        typer.Argument(help="Suite names or YAML paths. Default: smoke on a CPU, the GPU suites on a GPU."),
+    ] = None,
+    backend: Annotated[
+        list[str] | None, typer.Option("--backend", "-b", help="Only these backends (repeatable).")
+    ] = None,
     op: Annotated[list[str] | None, typer.Option("--op", help="Only these ops (repeatable).")] = None,
-    keyword: Annotated[list[str] | None, typer.Option("-k", help="Only cases whose id contains this (repeatable).")] = None,
+    keyword: Annotated[
+        list[str] | None, typer.Option("-k", help="Only cases whose id contains this (repeatable).")
+    ] = None,
     case: Annotated[list[str] | None, typer.Option("--case", help="Run this case id (repeatable).")] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     out: Annotated[Path | None, typer.Option(help="Run directory. Default: reports/<time>-<suites>.")] = None,
-    plugin: Annotated[list[str] | None, typer.Option(help="Import backends from this file or module (repeatable).")] = None,
-    timing: Annotated[bool, typer.Option("--timing/--no-timing", help="Time the kernels (off: correctness only).")] = True,
-    resume: Annotated[bool, typer.Option("--resume", help="Keep the rows already in --out; run only what has none.")] = False,
+    plugin: Annotated[
+        list[str] | None, typer.Option(help="Import backends from this file or module (repeatable).")
+    ] = None,
+    timing: Annotated[
+        bool, typer.Option("--timing/--no-timing", help="Time the kernels (off: correctness only).")
+    ] = True,
+    resume: Annotated[
+        bool, typer.Option("--resume", help="Keep the rows already in --out; run only what has none.")
+    ] = False,
     shard: Annotated[str | None, typer.Option(help="Run shard K of N (K/N, 1-based) of the selected cases.")] = None,
     gpus: Annotated[str | None, typer.Option(help="One worker per GPU: all, or a list like 0,1.")] = None,
-    isolate: Annotated[bool, typer.Option("--isolate/--no-isolate", help="Run cases in worker processes (crash isolation).")] = True,
+    isolate: Annotated[
+        bool, typer.Option("--isolate/--no-isolate", help="Run cases in worker processes (crash isolation).")
+    ] = True,
     timeout: Annotated[float, typer.Option(help="Seconds a case may take in a worker before it is killed.")] = 900.0,
-    sanitize: Annotated[str | None, typer.Option(help="Run the kernels under compute-sanitizer: memcheck, racecheck, initcheck or synccheck (no timing; one worker per case and backend).")] = None,
-    sanitize_max: Annotated[int, typer.Option(help="With --sanitize: at most this many cases per op, spread over the suite (0: all).")] = 4,
+    sanitize: Annotated[
+        str | None,
+        typer.Option(
+            help="Run the kernels under compute-sanitizer: memcheck, racecheck, initcheck or synccheck (no timing; one worker per case and backend)."
+        ),
+    ] = None,
+    sanitize_max: Annotated[
+        int, typer.Option(help="With --sanitize: at most this many cases per op, spread over the suite (0: all).")
+    ] = 4,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would run and exit.")] = False,
 ) -> None:
     """Run suites: check every backend against float64 references, time it, write results and a report."""
@@ -136,7 +158,11 @@ def sweep(
             counts.update(r.status for r in case_rows)
             for r in case_rows:
                 if r.status in ("fail", "error"):
-                    progress.console.print(f"[red]{r.status}[/] {r.case_id} {esc(f'[{r.backend}]: {r.reason}')}", highlight=False, soft_wrap=True)
+                    progress.console.print(
+                        f"[red]{r.status}[/] {r.case_id} {esc(f'[{r.backend}]: {r.reason}')}",
+                        highlight=False,
+                        soft_wrap=True,
+                    )
             progress.update(
                 task,
                 advance=len(case_rows),
@@ -182,7 +208,9 @@ def _sanitize_setup(p, tool: str, per_op: int) -> str:
 
     sanitizer.check_tool(tool)
     if not p.device.startswith("cuda"):
-        raise AttnbenchError(f"--sanitize runs kernels under NVIDIA compute-sanitizer and needs a CUDA GPU (device: {p.device})")
+        raise AttnbenchError(
+            f"--sanitize runs kernels under NVIDIA compute-sanitizer and needs a CUDA GPU (device: {p.device})"
+        )
     exe = sanitizer.locate()
     total = len(p.cases)
     p.cases = sample_per_op(p.cases, per_op)
@@ -206,7 +234,9 @@ def _print_summary(rows) -> None:
 @app.command()
 def report(
     run_dir: Annotated[Path, typer.Argument(help="A run directory holding results.jsonl.")],
-    baseline: Annotated[str | None, typer.Option(help="Backend that speedups are relative to (default: torch).")] = None,
+    baseline: Annotated[
+        str | None, typer.Option(help="Backend that speedups are relative to (default: torch).")
+    ] = None,
 ) -> None:
     """Re-render report.html, results.csv, junit.xml and summary.md from a run's results.jsonl."""
     from attnbench.report import render_all
@@ -273,7 +303,12 @@ def compare(
     out: Annotated[Path | None, typer.Option(help="Where compare.html/.md/.json go. Default: NEW/compare.")] = None,
     min_change: Annotated[float, typer.Option(help="Smallest relative speed change that counts.")] = 0.03,
     cv_multiple: Annotated[float, typer.Option(help="A change must also exceed this many CVs.")] = 3.0,
-    also: Annotated[list[Path] | None, typer.Option("--also", help="Another baseline run (repeatable): the runs are pooled, so noise between runs counts.")] = None,
+    also: Annotated[
+        list[Path] | None,
+        typer.Option(
+            "--also", help="Another baseline run (repeatable): the runs are pooled, so noise between runs counts."
+        ),
+    ] = None,
 ) -> None:
     """The regression gate: exit 1 when a row broke (pass -> fail/error) or got slower beyond noise.
 

@@ -56,9 +56,7 @@ SPEC_SHEET: list[tuple[str, Spec]] = [
 ]
 
 _DTYPE_KEY = {"bf16": "bf16_tflops", "fp16": "fp16_tflops", "fp32": "fp32_tflops"}
-PEAK_CONFIG = TimingConfig(
-    warmup_s=0.1, min_samples=10, max_samples=200, max_s=1.0, flush_l2=False, graph_below_us=0
-)
+PEAK_CONFIG = TimingConfig(warmup_s=0.1, min_samples=10, max_samples=200, max_s=1.0, flush_l2=False, graph_below_us=0)
 
 
 def spec_for(device_name: str) -> Spec | None:

@@ -102,8 +102,9 @@ class Pool:
         for p in self.plugins:
             args += ["--plugin", p]
         env = dict(os.environ, PYTHONUNBUFFERED="1", **self.extra_env)
-        proc = subprocess.Popen(args, pass_fds=[child.fileno()], stdout=out, stderr=subprocess.STDOUT, env=env,
-                                start_new_session=True)  # fmt: skip  (a kill takes the wrapper's children too)
+        proc = subprocess.Popen(
+            args, pass_fds=[child.fileno()], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
+        )  # fmt: skip  (a kill takes the wrapper's children too)
         child.close()
         out.close()
         conn = Connection(os.dup(parent.fileno()))

@@ -33,9 +33,7 @@ def pytest_addoption(parser):
     group.addoption(
         "--attnbench", action="append", default=[], metavar="SUITE", help="run this attnbench suite as tests"
     )
-    group.addoption(
-        "--attnbench-backend", action="append", default=[], metavar="NAME", help="only these backends"
-    )
+    group.addoption("--attnbench-backend", action="append", default=[], metavar="NAME", help="only these backends")
     group.addoption("--attnbench-device", default="auto", help="auto, cpu, cuda or cuda:N")
     group.addoption(
         "--attnbench-plugin",
@@ -129,9 +127,7 @@ def benchmark_entry(item: AttnbenchItem, row) -> dict:
     stats = Stats()
     for us in t["samples_us"]:
         stats.update(us * 1e-6)
-    extra = {
-        k: t.get(k) for k in ("clock", "mode", "median_us", "ci95_us", "converged", "n_throttled", "l2_flush")
-    }
+    extra = {k: t.get(k) for k in ("clock", "mode", "median_us", "ci95_us", "converged", "n_throttled", "l2_flush")}
     extra |= {k: d[k] for k in ("tflops", "tbps", "intensity", "roofline_pct") if k in d}
     return {
         "group": row.op,
@@ -207,9 +203,7 @@ class BenchmarkRecorder:
     def pytest_sessionfinish(self, session, exitstatus):
         if hasattr(self.config, "workerinput"):  # xdist workers send their reports; the controller writes
             return
-        write_benchmark_json(
-            self.config, self.benchmarks, Path(self.config.getoption("attnbench_benchmark_json"))
-        )
+        write_benchmark_json(self.config, self.benchmarks, Path(self.config.getoption("attnbench_benchmark_json")))
 
 
 def _machine_info(config) -> dict:

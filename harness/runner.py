@@ -161,7 +161,9 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
     except Exception as e:
         size = f" (inputs {_nbytes(pristine) / 2**30:.2f} GiB)" if pristine is not None else ""
         for b in todo:
-            rows[b.name] = _row(case, b.name, "error", f"building inputs/reference failed: {describe(e)}{size}", env=env)
+            rows[b.name] = _row(
+                case, b.name, "error", f"building inputs/reference failed: {describe(e)}{size}", env=env
+            )
         if context_lost(e):
             raise ContextLost([rows[b.name] for b in backends if b.name in rows], str(e)) from e
         return [rows[b.name] for b in backends]
@@ -272,5 +274,3 @@ def _stale_check(case: Case, fn: Callable, work, outputs: dict, verdict: Verdict
     _sync(case)
     if not outputs_changed(before, again):
         verdict.problems.append("stale output: outputs did not change when the inputs did")
-
-

@@ -28,7 +28,13 @@ PRINT_LIMIT = 20  # reports printed per worker; the summary still counts all of 
 WORKER_ENV = {"PYTORCH_NO_CUDA_MEMORY_CACHING": "1"}
 
 _PREFIX = "========= "
-_NOT_FINDINGS = ("COMPUTE-SANITIZER", "ERROR SUMMARY", "LEAK SUMMARY", "RACECHECK SUMMARY", "Target application returned")
+_NOT_FINDINGS = (
+    "COMPUTE-SANITIZER",
+    "ERROR SUMMARY",
+    "LEAK SUMMARY",
+    "RACECHECK SUMMARY",
+    "Target application returned",
+)
 
 
 def locate() -> str:
@@ -38,7 +44,9 @@ def locate() -> str:
         return found
     dirs = [os.environ.get(v) for v in ("CUDA_HOME", "CUDA_PATH")]
     nvcc = shutil.which("nvcc")
-    candidates = [Path(d) / "bin" for d in dirs if d] + ([Path(nvcc).parent] if nvcc else []) + [Path("/usr/local/cuda/bin")]
+    candidates = (
+        [Path(d) / "bin" for d in dirs if d] + ([Path(nvcc).parent] if nvcc else []) + [Path("/usr/local/cuda/bin")]
+    )
     for d in candidates:
         exe = d / "compute-sanitizer"
         if exe.is_file() and os.access(exe, os.X_OK):
@@ -103,7 +111,7 @@ def parse(text: str) -> list[Finding]:
     for raw in text.splitlines():
         if not raw.startswith(_PREFIX.rstrip()):
             continue
-        body = raw[len(_PREFIX):] if raw.startswith(_PREFIX) else ""
+        body = raw[len(_PREFIX) :] if raw.startswith(_PREFIX) else ""
         if not body.strip():
             current = None
             continue

@@ -60,7 +60,7 @@ def _axis(v: Any) -> list[Any]:
                 raise ValueError(f"axis values must be scalars, got {x!r}")
         return v
     if isinstance(v, dict) and len(v) == 1:
-        (kind, args), = v.items()
+        ((kind, args),) = v.items()
         ints = isinstance(args, list) and all(isinstance(a, int) and not isinstance(a, bool) for a in args)
         if kind == "range" and ints and len(args) in (2, 3):
             start, stop, *step = args
@@ -70,7 +70,9 @@ def _axis(v: Any) -> list[Any]:
         if kind == "pow2" and ints and len(args) == 2:
             return [2**e for e in range(args[0], args[1] + 1)]
         if kind in ("range", "pow2"):
-            raise ValueError(f"{kind} takes " + ("[start, stop] or [start, stop, step]" if kind == "range" else "[lo, hi]"))
+            raise ValueError(
+                f"{kind} takes " + ("[start, stop] or [start, stop, step]" if kind == "range" else "[lo, hi]")
+            )
     raise ValueError("an axis is a list of values, {range: [start, stop(, step)]} or {pow2: [lo, hi]}")
 
 
@@ -235,7 +237,9 @@ def _expand(entry: Entry, i: int, spec: SuiteSpec, known, path, lines, device) -
     if entry.model is not None:
         if entry.model not in known:
             raise SuiteError(
-                path, yamlines.line_of(lines, at + ("model",)), f"unknown model {entry.model!r}; presets: {', '.join(known)}"
+                path,
+                yamlines.line_of(lines, at + ("model",)),
+                f"unknown model {entry.model!r}; presets: {', '.join(known)}",
             )
         base.update(known[entry.model].get(getattr(op, "preset_key", op.family), {}))
     base.update(entry.params)
@@ -283,7 +287,9 @@ def _expand(entry: Entry, i: int, spec: SuiteSpec, known, path, lines, device) -
                 line = next((lines[p] for k in named for p in _key_paths(at, k) if p in lines), None)
                 shown = ", ".join(f"{k}={v}" for k, v in values.items())
                 where = f"{key}: " if key else ""
-                raise SuiteError(path, line or yamlines.line_of(lines, at), f"{where}{_msg(err)} (at {shown})") from None
+                raise SuiteError(
+                    path, line or yamlines.line_of(lines, at), f"{where}{_msg(err)} (at {shown})"
+                ) from None
             for dtype in dtypes:
                 for seed in seeds:
                     out.append(Case(entry.op, params, dtype, seed, tolerance=tol, suite=suite_name, device=device,

@@ -55,7 +55,9 @@ class Plan:
 
     def breakdown(self) -> str:
         by = Counter((c.suite, c.op_name) for c in self.cases)
-        lines = [f"{len(self.cases)} cases x {len(self.backends)} backends ({', '.join(b.name for b in self.backends)})"]
+        lines = [
+            f"{len(self.cases)} cases x {len(self.backends)} backends ({', '.join(b.name for b in self.backends)})"
+        ]
         lines += [f"  {suite}/{op}: {n}" for (suite, op), n in sorted(by.items())]
         return "\n".join(lines)
 
@@ -233,7 +235,9 @@ def execute(
             run_info["precompile"] = records
             for r in records:
                 if "error" in r and on_problem:
-                    on_problem(f"precompile for {', '.join(r['backends'])} failed ({r['error']}); each case compiles its own")
+                    on_problem(
+                        f"precompile for {', '.join(r['backends'])} failed ({r['error']}); each case compiles its own"
+                    )
             (out / "run.json").write_text(json.dumps(run_info, indent=2))
         with ResultWriter(results) as writer:
 
@@ -326,7 +330,11 @@ def _in_process(jobs, p: Plan, opts: RunOptions, env: dict, record) -> None:
         except ContextLost as e:
             lost = e.reason
             got = {r.backend for r in e.rows}
-            record(case, e.rows + [error_row(case, n, f"not run: CUDA context lost ({e.reason})") for n in names if n not in got])
+            record(
+                case,
+                e.rows
+                + [error_row(case, n, f"not run: CUDA context lost ({e.reason})") for n in names if n not in got],
+            )
 
 
 def merge(runs: list[Path], out: Path) -> list[Result]:

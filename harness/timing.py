@@ -95,9 +95,7 @@ class TimingStats:
     q3_us: float = 0.0
     max_us: float = 0.0
     stdev_us: float = 0.0
-    rcv: float = (
-        0.0  # robust CV: 1.4826 MAD / median (= cv for normal noise; outliers, up to half, do not count)
-    )
+    rcv: float = 0.0  # robust CV: 1.4826 MAD / median (= cv for normal noise; outliers, up to half, do not count)
     n_throttled: int = 0  # samples set aside because the GPU throttled while they ran
     throttled: bool = False  # throttled samples had to be used (too few clean ones)
     throttle: list[str] = field(default_factory=list)  # throttle reasons seen

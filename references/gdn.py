@@ -181,9 +181,7 @@ def causal_conv1d_update(
     B = x.shape[0]
     qsl = torch.arange(B + 1, device=x.device)
     init = torch.ones(B, dtype=torch.bool, device=x.device)
-    return causal_conv1d(
-        x, weight, bias, conv_states, cache_indices, init, qsl, silu=silu, precision=precision
-    )
+    return causal_conv1d(x, weight, bias, conv_states, cache_indices, init, qsl, silu=silu, precision=precision)
 
 
 # ---- the gated delta rule on one sequence --------------------------------------------------------------

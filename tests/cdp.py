@@ -194,9 +194,7 @@ class Chromium:
         self.evaluate("new Promise(r => setTimeout(r, 200))", await_promise=True)
 
     def evaluate(self, expression: str, await_promise: bool = False):
-        res = self.call(
-            "Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=await_promise
-        )
+        res = self.call("Runtime.evaluate", expression=expression, returnByValue=True, awaitPromise=await_promise)
         if "exceptionDetails" in res:
             raise RuntimeError(f"evaluate({expression[:80]}): {res['exceptionDetails'].get('text')}")
         return res["result"].get("value")
@@ -211,9 +209,7 @@ class Chromium:
                 d = p["exceptionDetails"]
                 out.append(f"exception: {d.get('exception', {}).get('description') or d.get('text')}")
             elif e["method"] == "Runtime.consoleAPICalled" and p.get("type") in ("error", "assert"):
-                out.append(
-                    "console: " + " ".join(str(a.get("value", a.get("description"))) for a in p["args"])
-                )
+                out.append("console: " + " ".join(str(a.get("value", a.get("description"))) for a in p["args"]))
             elif e["method"] == "Log.entryAdded" and p["entry"].get("level") == "error":
                 out.append(f"log: {p['entry'].get('text')} ({p['entry'].get('url', '')})")
         return out

@@ -53,7 +53,9 @@ def _faulty_decode_kernel(
         if BUG == 2:  # prefetch the row after the page's last one
             last = (offs % PAGE == PAGE - 1) & valid
             nxt = (page.to(tl.int64) + 1) * PAGE
-            extra = tl.load(k_ptr + nxt[:, None] * stride_kp + kvh * stride_kh + d[None, :], mask=last[:, None], other=0.0)
+            extra = tl.load(
+                k_ptr + nxt[:, None] * stride_kp + kvh * stride_kh + d[None, :], mask=last[:, None], other=0.0
+            )
             k = tl.where(valid[:, None], k, extra)  # never changes a valid row; keeps the load alive
         k = tl.where(valid[:, None], k.to(tl.float32), 0.0)
         v = tl.where(valid[:, None], v.to(tl.float32), 0.0)
@@ -127,4 +129,3 @@ class Clean(_Faulty):
     """The same kernel without a bug: memcheck must find nothing in it."""
 
     bug = 0
-

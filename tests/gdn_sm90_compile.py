@@ -43,9 +43,7 @@ def build(kernel, sig: dict, consts: dict, config: triton.Config | None = None, 
     compiled = triton.compile(source, target=TARGET, options=opts)
     with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
         f.write(compiled.asm["cubin"])
-    usage = subprocess.run(
-        [CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True
-    ).stdout
+    usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
     os.unlink(f.name)
     m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
     print(kernel.__name__, *(m.groups() if m else ("?", "?")), flush=True)

@@ -11,7 +11,6 @@ bf16(T) / fp16(T) differ from the float32 twin's (torch solve_triangular in floa
     python tests/gdn_tri_numerics.py
 """
 
-
 import torch
 
 torch.manual_seed(0)

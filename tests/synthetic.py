@@ -46,9 +46,7 @@ def timing(median_us: float, rel_noise: float = 0.01, n: int = 200, seed: int = 
     samples = [median_us * 1e-6 * (1 + rng.gauss(0, rel_noise)) for _ in range(n)]
     extra.setdefault("nvml", {"before": SNAP, "after": SNAP | {"temp_c": 58}})
     converged = extra.pop("converged", True)
-    st = summarize(
-        samples, "cuda-events", True, converged, wall_s=n * median_us * 2e-6, kernel_s=sum(samples), **extra
-    )
+    st = summarize(samples, "cuda-events", True, converged, wall_s=n * median_us * 2e-6, kernel_s=sum(samples), **extra)
     return st.to_dict()
 
 
@@ -96,9 +94,7 @@ def row(case_id: str, backend: str, status: str = "pass", median_us: float | Non
     derived = {}
     if t:
         secs = t["median_us"] * 1e-6
-        nbytes = (
-            0.6 * 2.95e12 * secs * (0.5 if backend == "torch" else 1.0)
-        )  # 60% (torch: 30%) of the roofline
+        nbytes = 0.6 * 2.95e12 * secs * (0.5 if backend == "torch" else 1.0)  # 60% (torch: 30%) of the roofline
         flops = nbytes * 1.0
         derived = {
             "flops": flops,

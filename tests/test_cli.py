@@ -99,7 +99,8 @@ def test_usage_errors_exit_2_without_traceback(args, words, tmp_path):
 
 def test_a_failing_plugin_backend_makes_exit_1_and_a_broken_plugin_only_warns(tmp_path):
     plugin = tmp_path / "myplugin.py"
-    plugin.write_text(textwrap.dedent("""
+    plugin.write_text(
+        textwrap.dedent("""
         import attnbench
 
         @attnbench.register_backend("wrong-sign")
@@ -110,7 +111,8 @@ def test_a_failing_plugin_backend_makes_exit_1_and_a_broken_plugin_only_warns(tm
                     x.lse.copy_(x.s_a)
                     return {"o": x.o, "lse": x.lse}
                 return run
-    """))
+    """)
+    )
     broken = tmp_path / "broken.py"
     broken.write_text("import no_such_module_anywhere\n")
     out = tmp_path / "out"

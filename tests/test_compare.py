@@ -90,9 +90,7 @@ def test_correctness_regressions_always_count():
 
 def test_different_timing_modes_are_not_compared():
     b = synthetic.row(CASES[0], "triton", timing=synthetic.timing(10.0))
-    n = synthetic.row(
-        CASES[0], "triton", timing=synthetic.timing(20.0, mode="cuda-graph", calls_per_sample=20)
-    )
+    n = synthetic.row(CASES[0], "triton", timing=synthetic.timing(20.0, mode="cuda-graph", calls_per_sample=20))
     c = compare_pair(b, n, GateRule())
     assert c.verdict == "not comparable" and not c.regression and "cuda-graph" in c.note
 
@@ -230,7 +228,11 @@ def test_pooled_baselines_carry_the_noise_between_runs():
     assert alone[CASES[0]] == "slower"
     pooled = pool_runs([fast, slow])
     t = pooled[0].timing
-    assert t["runs"] == 2 and t["ci95_us"][0] <= fast[0].timing["ci95_us"][0] and t["ci95_us"][1] >= slow[0].timing["ci95_us"][1]
+    assert (
+        t["runs"] == 2
+        and t["ci95_us"][0] <= fast[0].timing["ci95_us"][0]
+        and t["ci95_us"][1] >= slow[0].timing["ci95_us"][1]
+    )
     assert t["rcv"] == pytest.approx(0.05 / 2**0.5, rel=0.2)  # stdev/mean of the two medians
     verdicts = {c.case_id: c.verdict for c in compare_rows(pooled, again)}
     assert verdicts[CASES[0]] != "slower" and set(verdicts.values()) <= {"same", "noisy"}
@@ -241,12 +243,18 @@ def test_pooled_baselines_carry_the_noise_between_runs():
 def test_cli_compare_pools_baselines_with_also(tmp_path):
     from attnbench.results import ResultWriter
 
-    for name, rows in (("b1", _rows(seed=1)), ("b2", _rows({CASES[0]: 1.05}, seed=2)), ("new", _rows({CASES[0]: 1.05}, seed=3))):
+    for name, rows in (
+        ("b1", _rows(seed=1)),
+        ("b2", _rows({CASES[0]: 1.05}, seed=2)),
+        ("new", _rows({CASES[0]: 1.05}, seed=3)),
+    ):
         (tmp_path / name).mkdir()
         with ResultWriter(tmp_path / name / "results.jsonl") as w:
             for r in rows:
                 w.append(r)
     one = CliRunner().invoke(app, ["compare", str(tmp_path / "b1"), str(tmp_path / "new")])
-    both = CliRunner().invoke(app, ["compare", str(tmp_path / "b1"), str(tmp_path / "new"), "--also", str(tmp_path / "b2")])
+    both = CliRunner().invoke(
+        app, ["compare", str(tmp_path / "b1"), str(tmp_path / "new"), "--also", str(tmp_path / "b2")]
+    )
     assert one.exit_code == 1 and both.exit_code == 0, both.output
     assert json.loads((tmp_path / "new" / "compare" / "compare.json").read_text())["base"].count(" + ") == 1

@@ -21,9 +21,7 @@ from attnbench.kernels.flashinfer import conventions as conv
 from attnbench.suite import load
 from helpers import run_one
 
-FI_BACKENDS = (
-    "flashinfer", "flashinfer-fa3", "flashinfer-cudacore", "flashinfer-ragged", "flashinfer-ragged-fa3"
-)
+FI_BACKENDS = ("flashinfer", "flashinfer-fa3", "flashinfer-cudacore", "flashinfer-ragged", "flashinfer-ragged-fa3")
 MLA = "d576x512-p16-mla-scale0.1352337788608801"
 
 

@@ -21,9 +21,7 @@ from helpers import run_one
 load_builtin()
 pytestmark = [pytest.mark.gpu, pytest.mark.flashinfer]
 
-VARIANTS = (
-    "flashinfer", "flashinfer-cudacore", "flashinfer-ragged", "flashinfer-fa3", "flashinfer-ragged-fa3"
-)
+VARIANTS = ("flashinfer", "flashinfer-cudacore", "flashinfer-ragged", "flashinfer-fa3", "flashinfer-ragged-fa3")
 SINK_CASE = "decode/b16-l4096-mixed-h64x8-d64-p16-swa127-sink-bf16"
 CASES = {c.id: c for c in cases("cuda")}
 PAIRS = [(v, cid) for v in VARIANTS for cid, c in CASES.items() if c.op_name in get_backend(v).ops]

@@ -68,7 +68,10 @@ FLA_KNOWN = {
 @pytest.mark.fla
 @pytest.mark.parametrize(
     "case_id",
-    [pytest.param(c, marks=pytest.mark.xfail(reason=FLA_KNOWN[c], strict=True)) if c in FLA_KNOWN else c for c in FLA_CASES],
+    [
+        pytest.param(c, marks=pytest.mark.xfail(reason=FLA_KNOWN[c], strict=True)) if c in FLA_KNOWN else c
+        for c in FLA_CASES
+    ],
 )
 def test_fla_on_gpu(case_id):
     _check(case_id, get_backend("fla"))

@@ -18,7 +18,9 @@ from helpers import run_one
 
 @pytest.mark.parametrize("dist", DISTRIBUTIONS)
 def test_every_distribution_is_seeded_and_passes_torch(dist):
-    cid = f"decode/b3-l50-mixed-h8x2-d64-p16-{dist}-bf16" if dist != "normal" else "decode/b3-l50-mixed-h8x2-d64-p16-bf16"
+    cid = (
+        f"decode/b3-l50-mixed-h8x2-d64-p16-{dist}-bf16" if dist != "normal" else "decode/b3-l50-mixed-h8x2-d64-p16-bf16"
+    )
     a, b = Case.from_id(cid).make_inputs(), Case.from_id(cid).make_inputs()
     assert torch.equal(a.q, b.q) and torch.equal(a.k_cache.nan_to_num(), b.k_cache.nan_to_num())
     assert run_one(cid, get_backend("torch")).status == "pass"
@@ -110,7 +112,11 @@ class _BatchDependent(attnbench.Backend):
 
 def test_determinism_and_batch_invariance_are_reported_and_can_be_required():
     base = Case.from_id("decode/b3-l37-mixed-h8x2-d64-p16-bf16")
-    for backend, det, inv in ((get_backend("torch"), True, True), (_Noisy(), False, None), (_BatchDependent(), True, False)):
+    for backend, det, inv in (
+        (get_backend("torch"), True, True),
+        (_Noisy(), False, None),
+        (_BatchDependent(), True, False),
+    ):
         (row,) = run_case(base, [backend], RunOptions(timing=False, invariance=True))
         assert row.deterministic == det, backend.name
         assert inv is None or row.batch_invariant == inv, backend.name  # a noisy kernel is neither

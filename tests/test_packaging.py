@@ -33,7 +33,9 @@ def test_every_package_folder_is_declared():
 
 @pytest.mark.slow
 def test_wheel_maps_everything_under_attnbench(tmp_path):
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(ROOT)], check=True)
+    subprocess.run(
+        [sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "-w", str(tmp_path), str(ROOT)], check=True
+    )
     (wheel,) = tmp_path.glob("attnbench-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     tops = {n.split("/")[0] for n in names}

@@ -23,6 +23,7 @@ def _restore_registry():
         backend_mod._REGISTRY.pop(name)
         backend_mod._INSTANCES.pop(name, None)
 
+
 # A conftest that registers two plugin backends: one that computes zeros (fails every check) and one
 # that only supports merge_state (skips the rest).
 CONFTEST = """
@@ -67,7 +68,9 @@ def test_worker_device(requested, worker, n, expected):
 def test_suite_rows_become_tests(pytester):
     pytester.makeconftest(CONFTEST)
     backends = [a for b in ("torch", "mergeonly", "zeros") for a in ("--attnbench-backend", b)]
-    result = pytester.runpytest("--attnbench", "smoke", *backends, "-k", "merge_state", "-p", "no:cacheprovider", "-rfs")
+    result = pytester.runpytest(
+        "--attnbench", "smoke", *backends, "-k", "merge_state", "-p", "no:cacheprovider", "-rfs"
+    )
     # n merge_state cases x (torch pass, mergeonly pass, zeros fail); the other ops are deselected by -k
     outcomes = result.parseoutcomes()
     n = _merge_cases()

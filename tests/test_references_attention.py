@@ -189,4 +189,4 @@ def test_the_twin_is_close_to_but_not_the_reference():
     twin = case.op.expected(case.params, x, torch.bfloat16)
     assert twin["o"].dtype == torch.bfloat16 and twin["lse"].dtype == torch.float32
     err = (twin["o"].double() - ref64["o"]).abs().max().item()
-    assert 0 < err < 2 ** -7 * ref64["o"].abs().max().item()
+    assert 0 < err < 2**-7 * ref64["o"].abs().max().item()

@@ -156,9 +156,7 @@ def test_state_after_every_step_and_parents():
     parents = [-1, 0, 0, 2, -1]
     o_t, _, st_t = ref.recurrent_gated_delta_rule(q, k, v, g, beta, initial_state=h0, parents=parents)
     for node, path in {1: [0, 1], 2: [0, 2], 3: [0, 2, 3], 4: [4]}.items():
-        o_p, s_p, _ = ref.recurrent_gated_delta_rule(
-            q[path], k[path], v[path], g[path], beta[path], initial_state=h0
-        )
+        o_p, s_p, _ = ref.recurrent_gated_delta_rule(q[path], k[path], v[path], g[path], beta[path], initial_state=h0)
         torch.testing.assert_close(st_t[node], s_p, rtol=0, atol=1e-15)
         torch.testing.assert_close(o_t[node], o_p[-1], rtol=0, atol=1e-15)
 

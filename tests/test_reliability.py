@@ -80,7 +80,10 @@ def test_crashes_exits_hangs_and_ooms_become_error_rows_and_the_sweep_goes_on(tm
         assert by[case, "hangs"].status == "error" and "timed out after 20 s" in by[case, "hangs"].reason
         assert by[case, "ooms"].status == "error" and "out of memory" in by[case, "ooms"].reason
         assert "GiB" in by[case, "ooms"].reason  # the sizes involved
-        assert by[case, "bad-supports"].status == "error" and "supports() raised ValueError" in by[case, "bad-supports"].reason
+        assert (
+            by[case, "bad-supports"].status == "error"
+            and "supports() raised ValueError" in by[case, "bad-supports"].reason
+        )
     assert (out / "report.html").is_file() and any((out / "logs").iterdir())
 
 

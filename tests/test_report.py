@@ -118,7 +118,9 @@ def test_number_format():
 def test_rerender_a_sweep_run(tmp_path):
     """A real (CPU, correctness-only) sweep, then `attnbench report` re-renders it."""
     out = tmp_path / "run"
-    res = CliRunner().invoke(app, ["sweep", "smoke", "--op", "merge_state", "-b", "torch", "--out", str(out), "--no-timing"])
+    res = CliRunner().invoke(
+        app, ["sweep", "smoke", "--op", "merge_state", "-b", "torch", "--out", str(out), "--no-timing"]
+    )
     assert res.exit_code == 0, res.output
     (out / "report.html").unlink()
     assert CliRunner().invoke(app, ["report", str(out)]).exit_code == 0

@@ -65,9 +65,7 @@ def test_report_renders_every_section_without_errors(browser, run_dir, tmp_path)
     assert browser.errors == []
     for sid in SECTIONS:
         assert browser.evaluate(f"!!document.getElementById({sid!r})"), f"section #{sid} missing"
-    images = browser.evaluate(
-        "Array.from(document.images).map(i => [i.alt, i.complete && i.naturalWidth > 0])"
-    )
+    images = browser.evaluate("Array.from(document.images).map(i => [i.alt, i.complete && i.naturalWidth > 0])")
     assert len(images) >= 5 and all(ok for _, ok in images), images
     assert any("heatmap" in alt for alt, _ in images)
     text = browser.evaluate("document.body.innerText")

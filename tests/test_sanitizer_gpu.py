@@ -42,7 +42,9 @@ def sweep(tmp_path, name, *extra):
 
 def test_the_plain_checks_miss_the_faulty_kernels(tmp_path):
     r, rows = sweep(tmp_path, "plain")
-    assert all(row.status == "pass" for row in rows.values()), [(k, v.reason) for k, v in rows.items() if v.status != "pass"]
+    assert all(row.status == "pass" for row in rows.values()), [
+        (k, v.reason) for k, v in rows.items() if v.status != "pass"
+    ]
 
 
 @pytest.mark.skipif(shutil.which("compute-sanitizer") is None and not __import__("os").path.exists(

@@ -22,7 +22,9 @@ def test_every_builtin_suite_loads():
 
 
 def test_sweep_zip_ranges_presets_and_dedup(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         dtypes: [bf16, fp16]
         cases:
           - op: decode
@@ -38,7 +40,8 @@ def test_sweep_zip_ranges_presets_and_dedup(tmp_path):
             model: llama3-8b
             params: {page_size: 1, batch: 1, kv_len: 16}
             dtypes: [bf16]
-    """)
+    """,
+    )
     s = load(path)
     assert len(s.cases) == 3 * 2 * 2 * 2  # the second entry repeats a case of the first
     first = s.cases[0]
@@ -49,11 +52,14 @@ def test_sweep_zip_ranges_presets_and_dedup(tmp_path):
 
 
 def test_tolerance_override_is_carried_with_its_why(tmp_path):
-    path = write(tmp_path, """
+    path = write(
+        tmp_path,
+        """
         cases:
           - op: merge_state
             tolerance: {factor: 3, why: "a reason a reviewer can check"}
-    """)
+    """,
+    )
     (c,) = load(path).cases
     assert c.tolerance.factor == 3 and c.tolerance.why == "a reason a reviewer can check"
 
@@ -64,13 +70,21 @@ BAD = {
     "unknown entry key": ("cases:\n  - op: decode\n    parms: {batch: 1}\n", 3, "unknown key"),
     "unknown parameter": ("cases:\n  - op: decode\n    sweep:\n      batchsize: [1]\n", 4, "no parameter 'batchsize'"),
     "wrong type": ("cases:\n  - op: decode\n    params:\n      batch: many\n", 4, "batch"),
-    "heads not a multiple": ("cases:\n  - op: decode\n    params: {heads_q: 12, heads_kv: 8}\n", 3, "multiple of heads_kv"),
+    "heads not a multiple": (
+        "cases:\n  - op: decode\n    params: {heads_q: 12, heads_kv: 8}\n",
+        3,
+        "multiple of heads_kv",
+    ),
     "page size zero": ("cases:\n  - op: decode\n    sweep:\n      page_size: [16, 0]\n", 4, "page_size"),
     "window below -1": ("cases:\n  - op: decode\n    params:\n      window: -2\n", 4, "window"),
     "unknown op": ("cases:\n  - op: prefill\n", 2, "unknown op 'prefill'"),
     "unknown dtype": ("dtypes: [bf8]\ncases:\n  - op: decode\n", 1, "unknown dtype"),
     "unknown model": ("cases:\n  - op: decode\n    model: llama5\n", 3, "unknown model"),
-    "zip lengths differ": ("cases:\n  - op: decode\n    zip:\n      batch: [1, 2]\n      kv_len: [3]\n", 3, "differ in length"),
+    "zip lengths differ": (
+        "cases:\n  - op: decode\n    zip:\n      batch: [1, 2]\n      kv_len: [3]\n",
+        3,
+        "differ in length",
+    ),
     "duplicate key": ("cases:\n  - op: decode\n    op: extend\n", 3, "duplicate key"),
     "empty file": ("", 1, "empty"),
     "not a mapping": ("- op: decode\n", 1, "mapping"),

@@ -26,9 +26,7 @@ class FakeSampler:
 
     clock = "fake"
 
-    def __init__(
-        self, dists: dict, clock: list[float] | None = None, per_sample_s: float = 0.0, seed: int = 0
-    ):
+    def __init__(self, dists: dict, clock: list[float] | None = None, per_sample_s: float = 0.0, seed: int = 0):
         self.dists, self.rng = dists, random.Random(seed)
         self.clock_box, self.per_sample_s = clock if clock is not None else [0.0], per_sample_s
         self.rounds = 0

@@ -86,10 +86,7 @@ def test_long_kernels_stay_per_call_with_a_cold_l2():
     a = torch.randn(4096, 4096, device=DEVICE, dtype=torch.bfloat16)
     st = time_closures({"mm": lambda: a @ a}, DEVICE)["mm"]
     assert st.mode == "per-call" and st.l2_flush and st.clock == "cuda-events" and st.converged
-    assert (
-        st.ci95_us[0] <= st.median_us <= st.ci95_us[1]
-        and (st.ci95_us[1] - st.ci95_us[0]) / 2 <= 0.01 * st.median_us
-    )
+    assert st.ci95_us[0] <= st.median_us <= st.ci95_us[1] and (st.ci95_us[1] - st.ci95_us[0]) / 2 <= 0.01 * st.median_us
 
 
 def test_nvml_reads_clocks_and_timing_records_them():
@@ -99,9 +96,7 @@ def test_nvml_reads_clocks_and_timing_records_them():
     assert mon is not None, "NVML could not be loaded (neither pynvml nor libnvidia-ml.so.1)"
     snap = mon.snapshot()
     print(snap, "driver", nvml.driver_version())
-    assert (
-        snap["sm_mhz"] and snap["sm_max_mhz"] and snap["temp_c"] is not None and snap["reasons"] is not None
-    )
+    assert snap["sm_mhz"] and snap["sm_max_mhz"] and snap["temp_c"] is not None and snap["reasons"] is not None
     a = torch.randn(2048, 2048, device=DEVICE)
     st = time_closures({"mm": lambda: a @ a}, DEVICE, TimingConfig(max_s=0.5))["mm"]
     assert st.nvml["before"]["sm_mhz"] and st.nvml["after"]["sm_mhz"]

@@ -59,7 +59,13 @@ def test_extend_matches_reference(c, batch, q_len, prefix, lens, mask, new_kv, d
 
 
 @SETTINGS
-@given(tokens=st.integers(1, 40), heads=st.integers(1, 5), d=st.sampled_from([1, 16, 80]), empty=st.booleans(), dtype=dtypes)
+@given(
+    tokens=st.integers(1, 40),
+    heads=st.integers(1, 5),
+    d=st.sampled_from([1, 16, 80]),
+    empty=st.booleans(),
+    dtype=dtypes,
+)
 def test_merge_state_matches_reference(tokens, heads, d, empty, dtype):
     assert_pass(Case("merge_state", MergeStateParams(tokens=tokens, heads=heads, head_dim=d, empty=empty), dtype))
 

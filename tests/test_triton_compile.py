@@ -72,8 +72,14 @@ def _compile(ids: list[str]) -> list[dict]:
     env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}
     half = (len(ids) + 1) // 2
     procs = [
-        subprocess.Popen([sys.executable, str(SCRIPT), *part], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                         text=True, env=env, cwd=SCRIPT.parent.parent)  # fmt: skip
+        subprocess.Popen(
+            [sys.executable, str(SCRIPT), *part],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            env=env,
+            cwd=SCRIPT.parent.parent,
+        )  # fmt: skip
         for part in (ids[:half], ids[half:])
     ]
     rows = []

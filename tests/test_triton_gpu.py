@@ -93,7 +93,9 @@ def test_deterministic_decode_is_batch_invariant_on_gpu():
 
 @pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two GPUs")
 @pytest.mark.parametrize("backend", ["triton", "triton-det"])
-@pytest.mark.parametrize("case_id", ["decode/b64-l4096-h64x8-d64-p16-swa127-sink-bf16", "extend/b4-q512-pre1024-h32x8-d128-p16-bf16"])
+@pytest.mark.parametrize(
+    "case_id", ["decode/b64-l4096-h64x8-d64-p16-swa127-sink-bf16", "extend/b4-q512-pre1024-h32x8-d128-p16-bf16"]
+)
 def test_a_case_on_the_second_gpu_while_the_first_is_current(case_id, backend):
     """Triton launches on the current device: the runner must make the case's GPU current (the pytest
     plugin under xdist runs worker gw1 on cuda:1 in a process whose current device is cuda:0)."""

@@ -44,7 +44,9 @@ class AttentionParams(Params):
     sinks: bool = Field(False, description="one learnable sink logit per q head")
     sm_scale: float | None = Field(None, gt=0.0, description="default: head_dim**-0.5 (MLA: 192**-0.5)")
     distribution: Distribution = Field("normal", description="input values: see harness/ops/distributions.py")
-    kv_dtype: Literal["auto", "fp8_e4m3", "fp8_e5m2"] = Field("auto", description="KV cache dtype; auto = the case dtype")
+    kv_dtype: Literal["auto", "fp8_e4m3", "fp8_e5m2"] = Field(
+        "auto", description="KV cache dtype; auto = the case dtype"
+    )
     kv_scale: Literal["tensor", "head"] = Field("tensor", description="fp8 KV: one scale per tensor or per kv head")
 
     @model_validator(mode="after")
@@ -240,7 +242,11 @@ class _PagedAttentionOp(Op):
         k_new = v_new = slot_mapping = None
         if new_kv in ("save", "attend"):
             k_new = torch.cat([k[L - n :] for k, L, n in zip(keys, kv_lens, q_lens)]).to(dtype)
-            v_new = k_new[..., :Dv] if p.mla else torch.cat([v[L - n :] for v, L, n in zip(values, kv_lens, q_lens)]).to(dtype)
+            v_new = (
+                k_new[..., :Dv]
+                if p.mla
+                else torch.cat([v[L - n :] for v, L, n in zip(values, kv_lens, q_lens)]).to(dtype)
+            )
             if new_kv == "save":
                 slot_mapping = torch.cat(new_slots)
         q = draw.draw("q", (T, p.heads_q, Dk)).to(dtype)
@@ -477,7 +483,9 @@ class MergeStateOp(Op):
     outputs = {"o": OutputSpec(("token", "head", "dim")), "lse": OutputSpec(("token", "head"))}
 
     def features(self, p: MergeStateParams) -> tuple[str, ...]:
-        return (("empty-states",) if p.empty else ()) + ((f"dist-{p.distribution}",) if p.distribution != "normal" else ())
+        return (("empty-states",) if p.empty else ()) + (
+            (f"dist-{p.distribution}",) if p.distribution != "normal" else ()
+        )
 
     def make_inputs(self, p: MergeStateParams, dtype, seed, device) -> MergeStateInputs:
         _, gen = _generators(seed, device)

@@ -140,8 +140,12 @@ class Op:
                     continue
                 rest = tok[len(f.prefix) :]
                 parts = rest.split("x") if len(f.fields) > 1 else [rest]
-                ok = (rest in choices) if choices else (
-                    len(parts) <= len(f.fields) and all(re.fullmatch(r"-?\d+(\.\d*)?(e-?\d+)?", s) for s in parts)
+                ok = (
+                    (rest in choices)
+                    if choices
+                    else (
+                        len(parts) <= len(f.fields) and all(re.fullmatch(r"-?\d+(\.\d*)?(e-?\d+)?", s) for s in parts)
+                    )
                 )
                 if ok:
                     out.update(zip(f.fields, parts))

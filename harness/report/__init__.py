@@ -27,4 +27,3 @@ def render_all(run_dir: Path, baseline: str | None = None) -> None:
     write_junit(rows, run_dir / "junit.xml")
     write_summary_md(rows, run_dir / "summary.md", env, run, baseline)
     (run_dir / "report.html").write_text(render_html(rows, env, run, baseline), encoding="utf-8")
-

@@ -109,11 +109,7 @@ def _properties(r: Result) -> list[str]:
         "tbps": d.get("tbps"),
         "roofline_pct": d.get("roofline_pct"),
     }
-    items = [
-        f"<property name={quoteattr(k)} value={quoteattr(str(v))}/>"
-        for k, v in props.items()
-        if v is not None
-    ]
+    items = [f"<property name={quoteattr(k)} value={quoteattr(str(v))}/>" for k, v in props.items() if v is not None]
     return ["<properties>", *items, "</properties>"] if items else []
 
 
@@ -148,9 +144,7 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def write_summary_md(
-    rows: list[Result], path: Path, env: dict, run: dict | None = None, baseline: str = ""
-) -> None:
+def write_summary_md(rows: list[Result], path: Path, env: dict, run: dict | None = None, baseline: str = "") -> None:
     """Markdown for GitHub step summaries: counts and speed per backend, measurement notes, failures."""
     from attnbench.report.html import harness_cost, measurement, speedups
 

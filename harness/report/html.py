@@ -325,10 +325,7 @@ def render_html(rows, env: dict, run: dict, baseline: str | None = None) -> str:
         sections.append(
             {
                 "op": op,
-                "rows": [
-                    _row_view(r, run, base_us.get(r.case_id) if r.backend != baseline else None)
-                    for r in op_rows
-                ],
+                "rows": [_row_view(r, run, base_us.get(r.case_id) if r.backend != baseline else None) for r in op_rows],
                 "correctness": _correctness_rows(op_rows),
                 "figs": [f for f in figs if f],
                 "heat": heat[:12],

@@ -38,9 +38,7 @@ def latency_by_case(rows, op: str, max_cases: int = 80) -> str | None:
         med = [r.timing["median_us"] for r in pts]
         lo = [r.timing["median_us"] - r.timing["p10_us"] for r in pts]
         hi = [r.timing["p90_us"] - r.timing["median_us"] for r in pts]
-        ax.errorbar(
-            med, ys, xerr=[lo, hi], fmt="o", ms=4, capsize=2, label=b, color=_COLORS[k % len(_COLORS)]
-        )
+        ax.errorbar(med, ys, xerr=[lo, hi], fmt="o", ms=4, capsize=2, label=b, color=_COLORS[k % len(_COLORS)])
     ax.set_yticks(range(len(cases)))
     ax.set_yticklabels([c.split("/", 1)[1] for c in cases], fontsize=7)
     ax.invert_yaxis()
@@ -95,9 +93,7 @@ def roofline(rows, op: str, peaks: dict | None) -> str | None:
     measured = (peaks or {}).get("measured") or {}
     bw = measured.get("copy_tbps")
     pts = [
-        r
-        for r in rows
-        if r.op == op and r.timing and (r.derived or {}).get("intensity") and r.derived.get("tflops")
+        r for r in rows if r.op == op and r.timing and (r.derived or {}).get("intensity") and r.derived.get("tflops")
     ]
     if not pts or not bw:
         return None

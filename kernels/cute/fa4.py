@@ -134,8 +134,7 @@ def case_reason(case) -> str | None:
     for name, d in (("head_dim", p.head_dim), ("head_dim_v", p.dv)):
         if not (8 <= d <= 256 and d % 8 == 0):
             return (
-                f"FA4 on SM90 needs head dims in 8..256 divisible by 8 (interface._validate_head_dims), "
-                f"got {name} {d}"
+                f"FA4 on SM90 needs head dims in 8..256 divisible by 8 (interface._validate_head_dims), got {name} {d}"
             )
     if getattr(p, "mask", "causal") == "custom":
         return "custom masks are not wired to FA4 (its mask_mod callback is not used by this adapter)"
@@ -234,9 +233,7 @@ class FlashAttention4(Backend):
                     "docstring); attnbench poisons them with NaN and checks they stay untouched"
                 )
             table = page_table_from_csr(x.kv_indptr, x.kv_page_indices)
-            paged = dict(
-                page_table=table, seqused_k=x.seq_lens, max_seqlen_k=max(x.seq_lens_host), **common
-            )
+            paged = dict(page_table=table, seqused_k=x.seq_lens, max_seqlen_k=max(x.seq_lens_host), **common)
 
         if decode:
             q4, o4, lse3 = x.q.view(B, 1, Hq, D), x.o.view(B, 1, Hq, Dv), x.lse.view(B, Hq, 1)

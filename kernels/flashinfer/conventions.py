@@ -98,9 +98,7 @@ def prefix_page_table(
     if any(p < 1 for p in prefix_lens):
         raise ValueError(f"every request needs a prefix of at least one token, got {prefix_lens}")
     keep = [-(-p // page_size) for p in prefix_lens]
-    rows = [
-        torch.arange(kv_indptr[b], kv_indptr[b] + n, dtype=torch.int64) for b, n in enumerate(keep)
-    ]
+    rows = [torch.arange(kv_indptr[b], kv_indptr[b] + n, dtype=torch.int64) for b, n in enumerate(keep)]
     idx = torch.cat(rows).to(kv_page_indices.device)
     indices = kv_page_indices[idx].to(torch.int32)
     indptr = torch.tensor([0] + keep, dtype=torch.int64).cumsum(0).to(torch.int32)

@@ -114,9 +114,7 @@ def prepare_cascade(case, x, *, backend: str):
     ragged = fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
     paged = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend) if all(prefix) else None
     if paged is not None:
-        indptr, indices, last = conv.prefix_page_table(
-            x.kv_indptr.tolist(), x.kv_page_indices, prefix, x.page_size
-        )
+        indptr, indices, last = conv.prefix_page_table(x.kv_indptr.tolist(), x.kv_page_indices, prefix, x.page_size)
 
     def plan():
         # new tokens among themselves: kv_indptr = qo_indptr (k_new is packed like q)

@@ -60,9 +60,7 @@ def prepare_mla(case, x, *, backend: str, decode: bool):
     def run():
         if x.save_kv:
             save_new_kv(x)  # the latent (K, and V as its first 512) into the new tokens' slots
-        wrapper.run(
-            query=query, kv_cache=kv_cache, out=x.o, lse=x.lse, return_lse=True, return_lse_base_on_e=True
-        )
+        wrapper.run(query=query, kv_cache=kv_cache, out=x.o, lse=x.lse, return_lse=True, return_lse_base_on_e=True)
         return {"o": x.o, "lse": x.lse}
 
     run.info = {"jit_s": jit_s, "plan_s": plan_s, "variant": f"BatchMLAPagedAttentionWrapper {backend}"}

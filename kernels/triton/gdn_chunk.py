@@ -349,9 +349,7 @@ def _chunk_wu_kernel(
     p_w = tl.make_block_ptr(w + (bos * HV + i_hv) * K, (n, K), (HV * K, 1), (0, 0), (C, BK), (1, 0))
     tl.store(p_w, round_to(mm(b_T, b_rk, EMULATE, IEEE), DT, EMULATE).to(DT), boundary_check=(0, 1))
     for i_v in tl.static_range(0, V, BV):
-        p_v = tl.make_block_ptr(
-            v + bos * stride_vt + i_hv * V, (n, V), (stride_vt, 1), (0, i_v), (C, BV), (1, 0)
-        )
+        p_v = tl.make_block_ptr(v + bos * stride_vt + i_hv * V, (n, V), (stride_vt, 1), (0, i_v), (C, BV), (1, 0))
         b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
         b_rv = round_to(b_v * b_beta[:, None], DT, EMULATE)
         p_u = tl.make_block_ptr(u + (bos * HV + i_hv) * V, (n, V), (HV * V, 1), (0, i_v), (C, BV), (1, 0))
@@ -394,9 +392,7 @@ def _chunk_state_kernel(
     c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
     o_t, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     m_h = (o_k < K)[:, None] & (o_v < V)[None, :]
-    p_pool = (
-        pool + (tl.load(indices + i_n).to(tl.int64) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
-    )
+    p_pool = pool + (tl.load(indices + i_n).to(tl.int64) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
     init = tl.load(has_initial_state + i_n) != 0
     b_s = tl.load(p_pool, mask=m_h & init, other=0).to(tl.float32)
 
@@ -404,17 +400,11 @@ def _chunk_state_kernel(
         t0 = bos + j * C
         nj = tl.minimum(eos - t0, C)
         b_sr = round_to(b_s, DT, EMULATE)
-        p_h = tl.make_block_ptr(
-            h + ((c0 + j) * HV + i_hv) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0)
-        )
+        p_h = tl.make_block_ptr(h + ((c0 + j) * HV + i_hv) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
         tl.store(p_h, b_sr.to(DT), boundary_check=(0, 1))
         p_w = tl.make_block_ptr(w + (t0 * HV + i_hv) * K, (nj, K), (HV * K, 1), (0, 0), (C, BK), (1, 0))
-        p_u = tl.make_block_ptr(
-            u + (t0 * HV + i_hv) * V, (nj, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0)
-        )
-        p_vn = tl.make_block_ptr(
-            vnew + (t0 * HV + i_hv) * V, (nj, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0)
-        )
+        p_u = tl.make_block_ptr(u + (t0 * HV + i_hv) * V, (nj, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0))
+        p_vn = tl.make_block_ptr(vnew + (t0 * HV + i_hv) * V, (nj, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0))
         p_k = tl.make_block_ptr(khat + (t0 * H + i_h) * K, (nj, K), (H * K, 1), (0, 0), (C, BK), (1, 0))
         b_w = round_to(tl.load(p_w, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
         b_u = tl.load(p_u, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
@@ -461,9 +451,7 @@ def _chunk_out_kernel(
     p_q = tl.make_block_ptr(q + bos * stride_qt + i_h * K, (n, K), (stride_qt, 1), (0, 0), (C, BK), (1, 0))
     p_k = tl.make_block_ptr(khat + (bos * H + i_h) * K, (n, K), (H * K, 1), (0, 0), (C, BK), (1, 0))
     p_h = tl.make_block_ptr(h + (i_c64 * HV + i_hv) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-    p_vn = tl.make_block_ptr(
-        vnew + (bos * HV + i_hv) * V, (n, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0)
-    )
+    p_vn = tl.make_block_ptr(vnew + (bos * HV + i_hv) * V, (n, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0))
     p_o = tl.make_block_ptr(o + (bos * HV + i_hv) * V, (n, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0))
 
     b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
@@ -472,9 +460,7 @@ def _chunk_out_kernel(
     b_g = tl.load(gcum + (bos + o_t) * HV + i_hv, mask=m_t, other=0)
     keep = (o_t[:, None] >= o_t[None, :]) & m_t[:, None] & m_t[None, :]
     b_a = mm(b_q, tl.trans(b_k), EMULATE, IEEE)
-    b_a = round_to(
-        tl.where(keep, b_a * tl.exp(tl.where(keep, b_g[:, None] - b_g[None, :], 0.0)), 0.0), DT, EMULATE
-    )
+    b_a = round_to(tl.where(keep, b_a * tl.exp(tl.where(keep, b_g[:, None] - b_g[None, :], 0.0)), 0.0), DT, EMULATE)
     b_qg = round_to(b_q.to(tl.float32) * tl.exp(b_g)[:, None], DT, EMULATE)
     b_h = round_to(tl.load(p_h, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
     b_vn = round_to(tl.load(p_vn, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)

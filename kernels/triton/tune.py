@@ -43,9 +43,7 @@ def _times_us(fn: Callable[[], object], reps: int) -> list[float]:
     return times
 
 
-def pick(
-    key: Hashable, candidates: Sequence[C], build: Callable[[C], Callable[[], object]]
-) -> tuple[C, dict]:
+def pick(key: Hashable, candidates: Sequence[C], build: Callable[[C], Callable[[], object]]) -> tuple[C, dict]:
     """The fastest candidate (cached under `key`) and a record of what was measured.
 
     Candidates are timed round-robin (ROUNDS x REPS calls each, medians compared). The heuristic's
