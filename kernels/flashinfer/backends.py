@@ -85,7 +85,7 @@ class FlashInferBase(Backend):
 
     def jit_modules(self, case) -> list[JitKey]:
         """The FlashInfer JIT modules `prepare` loads for `case`: `prebuild.specs` of these keys are
-        exactly those modules (tests/test_flashinfer_prebuild.py checks it through the wrappers)."""
+        exactly those modules (tests/kernels/flashinfer/test_flashinfer_prebuild.py checks it through the wrappers)."""
         keys = getattr(self, f"jit_{case.op_name}", None)
         return keys(case) if keys else []
 

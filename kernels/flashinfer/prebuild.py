@@ -6,7 +6,7 @@ collects the modules that the planned (backend, case) pairs will load and builds
 their sources compile in parallel on every core. Each `prepare` then loads the built module (its
 `jit_s` is then a load time).
 
-The contract, checked on CPU through FlashInfer's own wrappers (tests/test_flashinfer_prebuild.py):
+The contract, checked on CPU through FlashInfer's own wrappers (tests/kernels/flashinfer/test_flashinfer_prebuild.py):
 
 - Modules are named by keys (`JitKey`): the backends' `jit_modules(case)` return them, and
   `specs()` turns them into the JitSpecs the wrappers build, same generator and arguments, hence

@@ -29,11 +29,11 @@ from attnbench.kernels.triton.gdn_common import INTERPRET, L2_EPS, TL_DTYPES, au
 CHUNK = 64
 SUB = 16  # the diagonal blocks of the triangular inverse
 
-# Launch knobs of the T kernel (tests/gdn_tri_bench.py times the alternatives on a GPU): `batched`
+# Launch knobs of the T kernel (tools/bench/gdn_tri_bench.py times the alternatives on a GPU): `batched`
 # picks _chunk_tri_batched_kernel (11 dependent dots) over _chunk_tri_kernel (44); the precisions are
 # tl.dot input_precision for the Neumann product, the Newton step and the off-diagonal merge.
 # 16-bit inputs: "tf32x3" (three TF32 tensor-core products) is float32-accurate for this algebra
-# (tests/gdn_tri_numerics.py); plain "tf32" is not (merge: 8e-4 relative, a third of the bf16 T
+# (tools/probes/gdn_tri_numerics.py); plain "tf32" is not (merge: 8e-4 relative, a third of the bf16 T
 # entries round differently from the float32 twin). Float32 inputs always take TRI_IEEE.
 TRI = dict(batched=True, num_warps=4, neumann="tf32x3", newton="tf32x3", merge="tf32x3")
 TRI_IEEE = dict(batched=True, num_warps=4, neumann="ieee", newton="ieee", merge="ieee")
@@ -95,7 +95,7 @@ def _unit_lower_inverse(L, S: tl.constexpr, P_NEU: tl.constexpr, P_NEWTON: tl.co
     P_NEU, then one Newton step X += X (I - (I + L) X) in P_NEWTON, which squares its error: float32
     error ~3e-7 relative even for strongly correlated keys (|L| entries near 1), where the product
     alone loses ~6e-4. TF32 ("tf32") products lose ~3e-2 there and one Newton step leaves ~8e-4;
-    "tf32x3" (three TF32 tensor-core products, ~fp32 accurate) keeps ~3e-7 (tests/gdn_tri_numerics.py).
+    "tf32x3" (three TF32 tensor-core products, ~fp32 accurate) keeps ~3e-7 (tools/probes/gdn_tri_numerics.py).
     """
     r = tl.arange(0, S)
     eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)

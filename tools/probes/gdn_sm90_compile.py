@@ -1,0 +1,157 @@
+"""Cross-compile every GDN Triton kernel for sm_90 (Hopper) on a machine without a GPU.
+
+Run by tests/kernels/triton/test_gdn_triton_compile.py in a subprocess without TRITON_INTERPRET (the interpreter
+accepts code that the compiler rejects, e.g. non-constexpr globals). Lowers each kernel's default
+configuration through TTIR, TTGIR, LLVM IR, PTX and ptxas to a cubin, and prints the register and
+stack (spill) use of each, one line per kernel: `name regs stack`.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+from triton.compiler import ASTSource
+from triton.runtime.autotuner import Autotuner
+
+from attnbench.kernels.triton import gdn, gdn_chunk, gdn_conv
+
+TARGET = GPUTarget("cuda", 90, 32)
+CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+
+
+def build(kernel, sig: dict, consts: dict, config: triton.Config | None = None, num_warps: int = 4) -> None:
+    if isinstance(kernel, Autotuner):
+        config = config or kernel.configs[0]
+        kernel = kernel.fn
+    opts = {
+        "num_warps": config.num_warps if config else num_warps,
+        "num_stages": config.num_stages if config else 2,
+    }
+    consts = {**consts, **(config.kwargs if config else {})}
+    signature = {n: ("constexpr" if n in consts else sig[n]) for n in kernel.arg_names}
+    # as a launch specialises them: tensors are 16-byte aligned
+    pointers = [i for i, n in enumerate(kernel.arg_names) if signature[n].startswith("*")]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in pointers}
+    source = ASTSource(fn=kernel, signature=signature, constexprs=consts, attrs=attrs)
+    compiled = triton.compile(source, target=TARGET, options=opts)
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(compiled.asm["cubin"])
+    usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
+    os.unlink(f.name)
+    m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
+    print(kernel.__name__, *(m.groups() if m else ("?", "?")), flush=True)
+
+
+def main() -> None:
+    bf, f32, i32 = "*bf16", "*fp32", "*i32"
+    qwen = dict(H=16, HV=32, K=128, V=128)
+    build(
+        gdn._gdn_gating_kernel,
+        dict(A_log=f32, a=bf, b=bf, dt_bias=bf, g=f32, beta=f32, N="i32"),
+        dict(HV=32, BLOCK=1024),
+    )
+    rsig = dict(
+        q=bf,
+        k=bf,
+        v=bf,
+        a=bf,
+        b=bf,
+        A_log=f32,
+        dt_bias=bf,
+        pool=f32,
+        indices=i32,
+        o=bf,
+        inter=f32,
+        parents=i32,
+        stride_qt="i32",
+        stride_qh="i32",
+        stride_kt="i32",
+        stride_kh="i32",
+        stride_vt="i32",
+        stride_vh="i32",
+        scale="fp32",
+        B_KEY="i32",
+    )
+    rconst = dict(**qwen, BK=128, DT=tl.bfloat16, EMULATE=False)
+    build(
+        gdn._gdn_recurrent_kernel,
+        rsig,
+        dict(rconst, T=1, WRITE_POOL=True, STORE_INTER=False, USE_PARENTS=False),
+    )
+    build(
+        gdn._gdn_recurrent_kernel,
+        rsig,
+        dict(rconst, T=8, WRITE_POOL=False, STORE_INTER=True, USE_PARENTS=True),
+    )
+    csig = dict(
+        x=bf,
+        weight=bf,
+        bias=bf,
+        states=bf,
+        cache_indices=i32,
+        has_initial_state="*i1",
+        query_start_loc=i32,
+        y=bf,
+        D="i32",
+    )
+    build(gdn_conv._conv1d_prefill_kernel, csig, dict(W=4, BT=32, BD=64, DT=tl.bfloat16, EMULATE=False))
+    build(
+        gdn_conv._conv1d_update_kernel,
+        {k: v for k, v in csig.items() if k in ("x", "weight", "bias", "states", "cache_indices", "y", "D")},
+        dict(W=4, BD=256, DT=tl.bfloat16, EMULATE=False),
+    )
+    for DT, p, ieee in ((tl.bfloat16, bf, False), (tl.float32, f32, True)):
+        common = dict(**qwen, C=64, BK=128, DT=DT, EMULATE=False, IEEE=ieee)
+        chunked = dict(chunks=i32, cu_seqlens=i32)
+        build(gdn_chunk._chunk_cumsum_kernel, dict(g=f32, gcum=f32, **chunked), dict(HV=32, C=64))
+        tri = gdn_chunk.TRI_IEEE if ieee else gdn_chunk.TRI
+        for kernel in (gdn_chunk._chunk_tri_kernel, gdn_chunk._chunk_tri_batched_kernel):
+            build(
+                kernel,
+                dict(k=p, beta=f32, gcum=f32, tmat=p, khat=p, stride_kt="i32", **chunked),
+                {k: v for k, v in common.items() if k != "V"}
+                | dict(S=16, P_NEU=tri["neumann"], P_NEWTON=tri["newton"], P_MERGE=tri["merge"]),
+                num_warps=tri["num_warps"],
+            )
+        build(
+            gdn_chunk._chunk_wu_kernel,
+            dict(khat=p, v=p, beta=f32, gcum=f32, tmat=p, w=p, u=p, stride_vt="i32", **chunked),
+            dict(common, BV=64),
+            num_warps=8,
+        )
+        build(
+            gdn_chunk._chunk_state_kernel,
+            dict(
+                khat=p,
+                gcum=f32,
+                w=p,
+                u=p,
+                h=p,
+                vnew=p,
+                pool=f32,
+                indices=i32,
+                has_initial_state="*i1",
+                cu_seqlens=i32,
+                chunk_offsets=i32,
+                B_KEY="i32",
+            ),
+            common,
+        )
+        build(
+            gdn_chunk._chunk_out_kernel,
+            dict(q=p, khat=p, gcum=f32, h=p, vnew=p, o=p, stride_qt="i32", scale="fp32", **chunked),
+            common,
+        )
+
+
+if __name__ == "__main__":
+    if os.environ.get("TRITON_INTERPRET", "0") == "1":
+        sys.exit("run without TRITON_INTERPRET")
+    main()

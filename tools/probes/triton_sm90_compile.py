@@ -1,0 +1,97 @@
+"""Compile the Triton attention kernels for sm_90 on a machine without a GPU (used by a test).
+
+Usage: `python tools/probes/triton_sm90_compile.py CASE_ID[@splits=N][@pack=0|1] ...` prints one JSON line per compiled kernel:
+case, kernel, shared memory bytes, registers and spill bytes (from the bundled ptxas), or an error.
+
+Triton compiles for a target without a device when the active driver only answers "which target":
+a stand-in driver says sm_90, and `JITFunction.warmup` then runs the whole pipeline (TTIR, TTGIR,
+LLVM, PTX, ptxas -> cubin) without launching. This catches what the interpreter cannot: constructs
+that do not lower, shared memory over the per-block limit, register spills.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+os.environ.pop("TRITON_INTERPRET", None)  # compile for real, before triton is imported
+
+import triton  # noqa: E402
+from triton.backends.compiler import GPUTarget  # noqa: E402
+from triton.runtime import driver  # noqa: E402
+
+
+class _TargetOnlyDriver:
+    """Answers the questions compilation asks (target, device, stream) and nothing else."""
+
+    def __init__(self, arch: int):
+        self.target = GPUTarget("cuda", arch, 32)
+
+    def get_current_target(self):
+        return self.target
+
+    def get_current_device(self):
+        return 0
+
+    def get_current_stream(self, device=None):
+        return 0
+
+    def is_active(self):
+        return True
+
+
+def _ptxas_stats(ptx: str) -> dict:
+    ptxas = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "ptxas")
+    with tempfile.NamedTemporaryFile("w", suffix=".ptx", delete=False) as f:
+        f.write(ptx)
+    try:
+        cmd = [ptxas, "-arch=sm_90a", "-v", f.name, "-o", os.devnull]
+        r = subprocess.run(cmd, capture_output=True, text=True)
+    finally:
+        os.unlink(f.name)
+    regs = re.search(r"Used (\d+) registers", r.stderr)
+    spill = re.search(r"(\d+) bytes spill stores", r.stderr)
+    return {
+        "regs": int(regs.group(1)) if regs else None,
+        "spill_bytes": int(spill.group(1)) if spill else None,
+    }
+
+
+def _launches(case_id: str):
+    """The launches of a case; extend takes `plan_extend` options after the id: `ID@splits=N` (N forced
+    key splits: the split path), `ID@pack=0` or `@pack=1` (GQA packing forced off or on)."""
+    from attnbench.case import Case
+    from attnbench.kernels.triton import decode, extend, merge
+
+    case_id, *opts = case_id.split("@")
+    kw = {k: int(v) for k, v in (o.split("=") for o in opts)}
+    if "pack" in kw:
+        kw["pack"] = bool(kw["pack"])
+    case = Case.from_id(case_id)
+    x = case.make_inputs()
+    if case.op_name == "decode":
+        return decode._launches(x, decode.plan_decode(x))
+    if case.op_name == "extend":
+        return extend._launches(x, extend.plan_extend(x, **kw))
+    return [merge._launch(x.v_a, x.s_a, x.v_b, x.s_b, x.o, x.lse)]
+
+
+def main(case_ids: list[str]) -> None:
+    driver.set_active(_TargetOnlyDriver(90))
+    for cid in case_ids:
+        try:
+            for fn, grid, args, kwargs in _launches(cid):
+                k = fn.warmup(*args, grid=grid, **kwargs)
+                row = {"case": cid, "kernel": fn.__name__, "shared": k.metadata.shared}
+                row.update(_ptxas_stats(k.asm["ptx"]))
+                print(json.dumps(row), flush=True)
+        except Exception as e:
+            print(json.dumps({"case": cid, "error": f"{type(e).__name__}: {e}"[:2000]}), flush=True)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
