@@ -309,8 +309,13 @@ def compare(
             "--also", help="Another baseline run (repeatable): the runs are pooled, so noise between runs counts."
         ),
     ] = None,
+    allow_missing: Annotated[
+        bool,
+        typer.Option("--allow-missing", help="Rows of BASE that NEW lacks or now skips do not fail the gate."),
+    ] = False,
 ) -> None:
-    """The regression gate: exit 1 when a row broke (pass -> fail/error) or got slower beyond noise.
+    """The regression gate: exit 1 when a row broke (pass -> fail/error), got slower beyond noise, went
+    missing or is now skipped (unless --allow-missing), or when nothing could be compared.
 
     Slower means: the 95% CIs of the two medians separate and the change exceeds max(min-change,
     cv-multiple x CV). With --also, the baseline pools several runs: median of medians, the hull of
@@ -319,7 +324,7 @@ def compare(
     from attnbench.compare import GateRule, compare_runs, write_comparison
 
     try:
-        cmp = compare_runs([base, *(also or [])], new, GateRule(min_change, cv_multiple))
+        cmp = compare_runs([base, *(also or [])], new, GateRule(min_change, cv_multiple, allow_missing))
     except AttnbenchError as e:
         _fail(e)
     out = out or (new if new.is_dir() else new.parent) / "compare"
@@ -335,8 +340,12 @@ def compare(
         console.print(f"[yellow]warning:[/] {esc(w)}", highlight=False)
     for c in cmp.regressions[:30]:
         what = f"{100 * c.change:+.1f}% (threshold {100 * c.threshold:.1f}%)" if c.verdict == "slower" else c.note
-        console.print(f"[red]{c.verdict}[/] {c.case_id} {esc(f'[{c.backend}]: {what}')}", highlight=False)
-    console.print(f"comparison: {out / 'compare.html'}", highlight=False)
+        tail = f"[{c.backend}]: {what}" if what else f"[{c.backend}]"
+        console.print(f"[red]{c.verdict}[/] {c.case_id} {esc(tail)}", highlight=False, soft_wrap=True)
+    console.print(f"comparison: {out / 'compare.html'}", highlight=False, soft_wrap=True)
+    if reason := cmp.nothing_compared():
+        console.print(f"[bold red]gate failed:[/] {esc(reason)}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1)
     raise typer.Exit(1 if cmp.regressions else 0)
 
 

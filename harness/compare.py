@@ -8,8 +8,12 @@ gets updated). CV is the robust coefficient of variation of the samples (1.4826 
 same as std / mean for normal noise, but blind to outliers as long as they are fewer than half of the
 samples: preempted or interrupted samples must not blind the gate). A change over the threshold
 whose CIs overlap is "noisy"; timings taken in different modes (per-call events, CUDA graph, host
-clock) are "not comparable". Missing, new and newly skipped
-rows are listed as coverage changes, not regressions.
+clock), timed in one run only, or on different hardware (the rows' GPU or CPU) are "not comparable".
+
+Coverage loss fails the gate too: a row of BASE that NEW lacks ("missing") or now skips ("now
+skipped") counts as a regression unless the rule allows it (`--allow-missing`); new rows never do.
+A comparison that compares nothing fails with a reason (`Comparison.nothing_compared`): no rows in
+common, or every common row not comparable or skipped in both runs.
 
 Several baseline runs (`attnbench compare BASE NEW --also BASE2 ...`) carry what one run cannot: the
 noise between runs (clocks, power, the process). Their rows are pooled (`pool_runs`): the baseline
@@ -30,6 +34,7 @@ from attnbench.errors import AttnbenchError
 from attnbench.results import Result, read_results
 
 REGRESSIONS = ("broke", "slower")
+COVERAGE_LOSS = ("missing", "now skipped")
 ORDER = (
     "broke",
     "slower",
@@ -54,14 +59,20 @@ class GateRule:
 
     min_change: float = 0.03
     cv_multiple: float = 3.0
+    allow_missing: bool = False  # coverage loss (missing or newly skipped rows) does not fail the gate
+
+    def is_regression(self, verdict: str) -> bool:
+        return verdict in REGRESSIONS or (verdict in COVERAGE_LOSS and not self.allow_missing)
 
     def threshold(self, cv_base: float, cv_new: float) -> float:
         return max(self.min_change, self.cv_multiple * max(cv_base, cv_new))
 
     def describe(self) -> str:
+        coverage = "allowed" if self.allow_missing else "a regression"
         return (
             f"slower/faster: the medians' 95% CIs separate and |change| > max({self.min_change:.0%}, "
-            f"{self.cv_multiple:g} x CV); pass -> fail/error always a regression"
+            f"{self.cv_multiple:g} x CV); pass -> fail/error always a regression; missing or newly skipped rows "
+            f"{coverage}"
         )
 
 
@@ -81,10 +92,7 @@ class Change:
     threshold: float | None = None
     ci_separate: bool | None = None
     note: str = ""
-
-    @property
-    def regression(self) -> bool:
-        return self.verdict in REGRESSIONS
+    regression: bool = False  # set from the verdict by the gate rule (compare_pair)
 
 
 @dataclass
@@ -102,6 +110,28 @@ class Comparison:
 
     def counts(self) -> Counter:
         return Counter(c.verdict for c in self.changes)
+
+    def nothing_compared(self) -> str | None:
+        """Why this comparison judged nothing (then the gate fails), or None.
+
+        Nothing is judged when the runs have no (case, backend) row in common, or when every common row
+        is "not comparable" (timed differently, or on different hardware) or skipped in both runs.
+        """
+        common = [c for c in self.changes if c.base_status is not None and c.new_status is not None]
+        if not common:
+            nb = sum(c.base_status is not None for c in self.changes)
+            nn = sum(c.new_status is not None for c in self.changes)
+            return f"no rows in common (base has {nb}, new has {nn}): nothing was compared"
+        judged = [
+            c
+            for c in common
+            if c.verdict != "not comparable" and not (c.base_status == "skip" and c.new_status == "skip")
+        ]
+        if judged:
+            return None
+        why = Counter(c.note for c in common if c.verdict == "not comparable")
+        said = "; ".join(f"{note} ({n})" for note, n in why.most_common(3))
+        return f"none of the {len(common)} common rows can be compared" + (f": {said}" if said else " (all skipped)")
 
     def env_warnings(self) -> list[str]:
         """Differences between the two environments that make speed comparisons doubtful."""
@@ -123,8 +153,9 @@ class Comparison:
             "rule": asdict(self.rule),
             "counts": dict(self.counts()),
             "regressions": len(self.regressions),
+            "nothing_compared": self.nothing_compared(),
             "env_warnings": self.env_warnings(),
-            "changes": [asdict(c) | {"regression": c.regression} for c in self.changes],
+            "changes": [asdict(c) for c in self.changes],
         }
 
 
@@ -165,8 +196,19 @@ def _speed(b: dict, n: dict, rule: GateRule) -> tuple[str, dict]:
     return "same", info
 
 
+def _hardware(r: Result) -> str | None:
+    """The GPU (or CPU) a row was measured on, when the row says."""
+    return (r.env or {}).get("gpu") or (r.env or {}).get("cpu")
+
+
 def compare_pair(base: Result | None, new: Result | None, rule: GateRule) -> Change:
-    """The verdict for one (case, backend): correctness first, then speed."""
+    """The verdict for one (case, backend): correctness first, then speed; `regression` by the rule."""
+    ch = _verdict(base, new, rule)
+    ch.regression = rule.is_regression(ch.verdict)
+    return ch
+
+
+def _verdict(base: Result | None, new: Result | None, rule: GateRule) -> Change:
     ref = new or base
     ch = Change(ref.case_id, ref.op, ref.backend, "same", base and base.status, new and new.status)
     if base is None:
@@ -186,7 +228,14 @@ def compare_pair(base: Result | None, new: Result | None, rule: GateRule) -> Cha
         ch.verdict, ch.note = "now skipped", new.reason
     elif base.status == "skip" and new.status != "skip":
         ch.verdict = "new"
-    if base.timing and new.timing:
+    if bool(base.timing) != bool(new.timing) and ch.verdict == "same":
+        ch.verdict = "not comparable"
+        ch.note = "timed in base only" if base.timing else "timed in new only"
+    elif base.timing and new.timing and _hardware(base) != _hardware(new):
+        if ch.verdict == "same":
+            ch.verdict = "not comparable"
+            ch.note = f"timed on {_hardware(base)} then {_hardware(new)}"
+    elif base.timing and new.timing:
         speed, info = _speed(base.timing, new.timing, rule)
         note = info.pop("note", "")
         for k, v in info.items():
