@@ -5,8 +5,10 @@ the bound), where the worst element is, and the bound of the tolerance rule. Bes
 check catches NaN/Inf, writes outside an output (canary padding), changed inputs, cache slots
 written that should not be or not written (bitwise, also in numerically compared writes such as
 state pools), and wrong shapes or dtypes. Output elements an op declares unspecified
-(`Op.unspecified`, e.g. rows of padding requests) are not compared. The stale-output check
-(outputs must change when inputs change) runs in the runner, which owns the closure.
+(`Op.unspecified`, e.g. rows of padding requests) are not compared. `stale_check` (outputs must
+change when inputs change) is called by the runner, which owns the closure; it runs only where the
+perturbation changes the expected outputs (`Op.must_change`). `outputs_contract` turns a closure that
+returns something other than the op's outputs into one line naming the contract.
 """
 
 from __future__ import annotations
@@ -86,11 +88,7 @@ def compare_numeric(
     if r.numel() and m["max_abs"] > bound and "head" in spec.dims and spec.dims.index("head") > 0:
         m["heat"] = _heat(err, spec.dims)
     if bad.any():
-        first = _where(int(bad.flatten().nonzero()[0]), tuple(actual.shape), spec.dims)
-        v.problems.append(
-            f"{name}: {int(bad.sum())} NaN/Inf where the reference is finite, first at {_fmt_where(first)}"
-            " (unwritten output, or a read of poisoned KV slots?)"
-        )
+        v.problems.append(_nonfinite_problem(name, a, bad, actual.shape, spec.dims))
     elif not nonfinite_ok:
         v.problems.append(f"{name}: wrong where the reference is ±inf (e.g. an empty row's LSE must be -inf)")
     elif r.numel() and m["max_abs"] > bound:
@@ -99,6 +97,27 @@ def compare_numeric(
             f"({rule.describe(twin_err, actual.dtype, scale, units)}) at {_fmt_where(m['worst'])}; "
             f"{100 * m['mismatch']:.3g}% of elements over"
         )
+
+
+def _nonfinite_problem(name: str, a: torch.Tensor, bad: torch.Tensor, shape, dims) -> str:
+    """One line per kind of non-finite value where the reference is finite, each with its likely cause.
+
+    -inf is what an LSE becomes when a kernel saw no visible key (or dropped the sink on a row whose
+    only mass is the sink); NaN is an unwritten output (the harness NaN-fills them), 0/0, or a read of a
+    poisoned KV slot; +inf an overflow.
+    """
+    kinds = (
+        (a.isnan(), "NaN", "unwritten output, 0/0, or a read of poisoned KV slots?"),
+        (a == -math.inf, "-inf", "no visible key seen where the reference has one, or the sink ignored?"),
+        (a == math.inf, "+inf", "overflow: an unstabilised exp or a missing max subtraction?"),
+    )
+    parts = []
+    for mask, what, why in kinds:
+        m = mask & bad
+        if m.any():
+            first = _where(int(m.flatten().nonzero()[0]), tuple(shape), dims)
+            parts.append(f"{int(m.sum())} {what} where the reference is finite, first at {_fmt_where(first)} ({why})")
+    return f"{name}: " + "; ".join(parts)
 
 
 def _heat(err: torch.Tensor, dims: tuple[str, ...], bins: int = 64) -> list[list[float]]:
@@ -209,6 +228,37 @@ def check(
         if not bitwise_equal(after, before).all():
             v.problems.append(f"input {name} was modified")
     return v
+
+
+def outputs_contract(op, outputs: Any) -> str | None:
+    """None when a closure's return value is a dict holding every output of `op`; else one line saying why not."""
+    want = ", ".join(repr(n) for n in op.outputs)
+    contract = f"the closure prepare() returns must return a dict of the {op.name} outputs {{{want}}}"
+    if not isinstance(outputs, dict):
+        return f"{contract}; it returned {type(outputs).__name__}"
+    missing = [n for n in op.outputs if not isinstance(outputs.get(n), torch.Tensor)]
+    if missing:
+        got = ", ".join(repr(k) for k in outputs) or "nothing"
+        return f"{contract}; it returned {got} (no tensor for {', '.join(repr(n) for n in missing)})"
+    return None
+
+
+def stale_check(op, params, pristine, expected: dict, fn, work, outputs: dict, verdict: Verdict, sync) -> None:
+    """Perturb `work` in place (`op.perturb`) and call `fn` again: the outputs must change.
+
+    Only the elements `op.must_change` names are looked at, and the check does not run when there are
+    none (nothing a correct kernel computes could change: no false alarm). `sync()` waits for the device.
+    """
+    must = {k: m for k, m in op.must_change(params, pristine, expected).items() if k in outputs}
+    if not any(bool(m.any()) for m in must.values()):
+        return
+    before = {k: outputs[k].clone() for k in must}
+    op.perturb(work)
+    again = fn()
+    sync()
+    changed = any(bool((~bitwise_equal(before[k], again[k]) & m.to(before[k].device)).any()) for k, m in must.items())
+    if not changed:
+        verdict.problems.append("stale output: outputs did not change when the inputs did")
 
 
 def outputs_changed(before: dict[str, torch.Tensor], after: dict[str, torch.Tensor]) -> bool:

@@ -19,7 +19,7 @@ import torch
 from attnbench.backend import Backend
 from attnbench.buffers import bitwise_equal, clone_tensors
 from attnbench.case import Case
-from attnbench.checks import Verdict, check, outputs_changed
+from attnbench.checks import Verdict, check, outputs_changed, outputs_contract, stale_check
 from attnbench.errors import Unsupported, describe
 from attnbench.peaks import roofline
 from attnbench.results import Result
@@ -180,10 +180,13 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
             prep = time.perf_counter() - t0
             outputs = fn()
             _sync(case)
+            if broken := outputs_contract(op, outputs):
+                rows[b.name] = _row(case, b.name, "error", broken, prepare_s=prep, reference_s=ref_s, env=env)
+                continue
             t0 = time.perf_counter()
             verdict = check(op, p, pristine, work, outputs, expected, twin, rule)
             determinism = _determinism(case, b, fn, pristine, outputs, verdict, opts)
-            _stale_check(case, fn, work, outputs, verdict)
+            stale_check(op, p, pristine, expected, fn, work, outputs, verdict, lambda: _sync(case))
             check_s = time.perf_counter() - t0
             status = "pass" if verdict.ok else "fail"
             rows[b.name] = _row(
@@ -264,13 +267,3 @@ def _batch_invariant(case: Case, b: Backend, pristine, reference: dict) -> bool 
             if not bool(bitwise_equal(got[k], ref_out[rows]).all()):
                 return False
     return True
-
-
-def _stale_check(case: Case, fn: Callable, work, outputs: dict, verdict: Verdict) -> None:
-    """Perturb the inputs in place and run again: a correct closure's outputs must change."""
-    before = {k: v.clone() for k, v in outputs.items()}
-    case.op.perturb(work)
-    again = fn()
-    _sync(case)
-    if not outputs_changed(before, again):
-        verdict.problems.append("stale output: outputs did not change when the inputs did")

@@ -342,6 +342,10 @@ class _PagedAttentionOp(Op):
         if x.v_new is not None:
             negate(x.v_new)
 
+    def must_change(self, p, x: AttentionInputs, expected):
+        # o -> -o: every nonzero output element flips; rows without a visible key stay 0, LSEs stay
+        return {"o": expected["o"] != 0}
+
     # ---- cost model ---------------------------------------------------------------------------
     def _pairs_and_tokens(self, p: AttentionParams, x: AttentionInputs) -> tuple[int, int]:
         """(visible (query, key) pairs, distinct keys attended) summed over requests."""
@@ -515,6 +519,9 @@ class MergeStateOp(Op):
     def perturb(self, x: MergeStateInputs) -> None:
         x.v_a.neg_()
         x.v_b.neg_()
+
+    def must_change(self, p, x: MergeStateInputs, expected):
+        return {"o": expected["o"] != 0}  # o -> -o; two empty states merge to 0 whatever the values
 
     def flops(self, p: MergeStateParams, x) -> float:
         return 4.0 * p.tokens * p.heads * p.head_dim

@@ -94,8 +94,20 @@ class Op:
         return None
 
     def perturb(self, inputs: Any) -> None:
-        """Change, in place, a data input so that every correct implementation's outputs change."""
+        """Change, in place, a data input so that a correct implementation's outputs change
+        (at least the elements `must_change` names)."""
         raise NotImplementedError
+
+    def must_change(self, p: Params, inputs: Any, expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Output elements that `perturb` changes in every correct implementation, by output name.
+
+        Bool masks broadcastable to the outputs, from the pristine inputs and the float64 expectation.
+        The stale-output check requires a change among them, and does not run when none is True (e.g.
+        attention where no query sees a key: every output is 0 and -inf whatever the values). Default:
+        every element the contract specifies.
+        """
+        free = self.unspecified(p, inputs)
+        return {name: ~free[name] if name in free else torch.ones((), dtype=torch.bool) for name in self.outputs}
 
     # ---- cost model (documented in docs/conventions.md) ---------------------------------------
     def flops(self, p: Params, inputs: Any) -> float:

@@ -278,6 +278,9 @@ class GDNGatingOp(Op):
         x.a.neg_()
         x.b.neg_()
 
+    def must_change(self, p, x: GatingInputs, expected):
+        return {"g": x.a != 0, "beta": x.b != 0}  # softplus(-a + d) != softplus(a + d) iff a != 0
+
     def bytes(self, p: GatingParams, x: GatingInputs) -> float:
         el = x.a.element_size()
         return float(2 * x.a.numel() * el + 2 * x.g.numel() * 4 + p.heads_v * (4 + x.dt_bias.element_size()))

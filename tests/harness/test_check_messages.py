@@ -1,0 +1,119 @@
+"""Check messages point at the real cause, and the harness raises no false alarm of its own."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from attnbench.backend import Backend, get_backend
+from attnbench.case import Case
+from attnbench.kernels.torch.attention import paged_attention
+from helpers import run_one
+
+EMPTY_ONLY = "extend/b1-q1-pre1-h1x1-d16-p16-custom-emptyrows-bf16"  # the only query sees no key
+
+
+def _backend(name: str, run) -> Backend:
+    def prepare(self, case, x):
+        return lambda: run(x)
+
+    return type(name, (Backend,), {"name": name, "prepare_decode": prepare, "prepare_extend": prepare})()
+
+
+def test_no_stale_alarm_when_no_query_sees_a_key():
+    row = run_one(EMPTY_ONLY, get_backend("torch"))
+    assert row.status == "pass", row.reason
+
+
+def test_stale_check_still_runs_where_outputs_can_change():
+    """A kernel that computes once and then replays is stale on a case where some query sees a key."""
+    memo = {}
+
+    def replay(x):
+        if not memo:
+            paged_attention(x)
+            memo.update(o=x.o.clone(), lse=x.lse.clone(), k=x.k_cache.clone(), v=x.v_cache.clone())
+        for name, key in (("o", "o"), ("lse", "lse"), ("k_cache", "k"), ("v_cache", "v")):
+            getattr(x, name).copy_(memo[key])
+        return {"o": x.o, "lse": x.lse}
+
+    row = run_one("extend/b2-q6-pre10-h4x2-d32-p16-custom-emptyrows-bf16", _backend("replay", replay))
+    assert row.status == "fail" and row.reason == "stale output: outputs did not change when the inputs did", row.reason
+
+
+@pytest.mark.parametrize(
+    "case_id",
+    [EMPTY_ONLY, "merge_state/t33-h4-d64-empty-bf16", "gdn_gating/t33-h4-bf16", "gdn_decode/b5-h2x4-d16x16-pad2-bf16"],
+)
+def test_must_change_names_only_elements_the_perturbation_changes(case_id):
+    """The class behind the false alarm: every element `must_change` names differs in the float64
+    expectation after `perturb`, for every op that declares a mask."""
+    case = Case.from_id(case_id, "cpu")
+    op, p = case.op, case.params
+    x = case.make_inputs()
+    before = op.expected(p, x, torch.float64)
+    must = op.must_change(p, x, before)
+    op.perturb(x)
+    after = op.expected(p, x, torch.float64)
+    for name, m in must.items():
+        m = m.expand_as(before[name])
+        assert bool((before[name][m] != after[name][m]).all()), name
+
+
+def test_must_change_is_empty_when_nothing_can_change():
+    case = Case.from_id(EMPTY_ONLY, "cpu")
+    x = case.make_inputs()
+    must = case.op.must_change(case.params, x, case.op.expected(case.params, x, torch.float64))
+    assert not any(bool(m.any()) for m in must.values())
+
+
+def test_lse_minus_inf_is_reported_as_no_visible_key():
+    def lost_rows(x):
+        out = paged_attention(x)
+        x.lse[0] = -math.inf  # as if token 0 saw no key
+        return out
+
+    row = run_one("decode/b3-l70-skewed-h8x2-d64-p16-sink-bf16", _backend("lost-rows", lost_rows))
+    assert row.status == "fail"
+    assert "-inf where the reference is finite" in row.reason and "no visible key" in row.reason, row.reason
+    assert "poisoned" not in row.reason, row.reason
+
+
+def test_nan_is_reported_as_unwritten_or_poisoned():
+    def nan_rows(x):
+        out = paged_attention(x)
+        x.o[1, 0, 0] = math.nan
+        return out
+
+    row = run_one("decode/b3-l70-skewed-h8x2-d64-p16-bf16", _backend("nan-rows", nan_rows))
+    assert "1 NaN where the reference is finite" in row.reason and "poisoned" in row.reason, row.reason
+
+
+@pytest.mark.parametrize(
+    ("returns", "words"),
+    [
+        (lambda x: None, "it returned NoneType"),
+        (lambda x: {"out": x.o}, "it returned 'out' (no tensor for 'o', 'lse')"),
+    ],
+)
+def test_closure_contract_is_one_line(returns, words):
+    def run(x):
+        paged_attention(x)
+        return returns(x)
+
+    row = run_one("decode/b3-l70-skewed-h8x2-d64-p16-bf16", _backend("bad-return", run))
+    assert row.status == "error"
+    assert "must return a dict of the decode outputs {'o', 'lse'}" in row.reason and words in row.reason, row.reason
+    assert "\n" not in row.reason and "Traceback" not in row.reason
+
+
+def test_every_op_declares_must_change_for_its_outputs():
+    from attnbench.ops import OPS
+
+    for op in OPS.values():
+        case = Case(op.name, op.Params())
+        x = case.make_inputs()
+        must = op.must_change(case.params, x, op.expected(case.params, x, torch.float64))
+        assert set(must) <= set(op.outputs) and any(bool(m.any()) for m in must.values()), op.name
