@@ -63,12 +63,20 @@ def _stop_on_signals() -> None:
 
 
 def _load_backends(plugins: list[str] | None) -> None:
+    """Built-in, installed (entry points) and named backends. A plugin the user named that does not
+    load is an error (exit 2); an installed one that does not load is a warning, printed once."""
+    known = len(backend_mod.LOAD_PROBLEMS)
     backend_mod.load_builtin()
     backend_mod.load_entry_points()
-    for p in plugins or ():
-        backend_mod.load_plugin(p)
-    for problem in backend_mod.LOAD_PROBLEMS:
+    for problem in dict.fromkeys(backend_mod.LOAD_PROBLEMS[known:]):
         console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
+    for p in plugins or ():
+        before = len(backend_mod.LOAD_PROBLEMS)
+        backend_mod.load_plugin(p)
+        if len(backend_mod.LOAD_PROBLEMS) > before:
+            problem = backend_mod.LOAD_PROBLEMS.pop()
+            del backend_mod.LOAD_PROBLEMS[before:]
+            raise AttnbenchError(f"--plugin: {problem}")
 
 
 @app.command()
@@ -112,17 +120,28 @@ def sweep(
         int, typer.Option(help="With --sanitize: at most this many cases per op, spread over the suite (0: all).")
     ] = 4,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would run and exit.")] = False,
+    overwrite: Annotated[
+        bool, typer.Option("--overwrite", help="Replace the run already in --out (default: refuse).")
+    ] = False,
+    max_cases: Annotated[
+        int, typer.Option(help="Refuse a suite that expands into more cases than this (before expanding it).")
+    ] = 10_000,
 ) -> None:
     """Run suites: check every backend against float64 references, time it, write results and a report."""
     from attnbench.report import render_all
     from attnbench.results import read_results
+    from attnbench.rundir import planned, prepare_run_dir
     from attnbench.runner import RunOptions
     from attnbench.sweep import Execution, default_out, execute, exit_code, parse_gpus, parse_shard, plan
 
     _enable_faulthandler()
-    _load_backends(plugin)
     try:
-        p = plan(suites or [], device, backend, op, keyword, case, parse_shard(shard))
+        if not timeout > 0:
+            raise AttnbenchError(f"--timeout must be a positive number of seconds, got {timeout:g}")
+        if max_cases < 1:
+            raise AttnbenchError(f"--max-cases must be at least 1, got {max_cases}")
+        _load_backends(plugin)
+        p = plan(suites or [], device, backend, op, keyword, case, parse_shard(shard), max_cases=max_cases)
         devices = tuple(parse_gpus(gpus, p.device))
         if resume and out is None:
             raise AttnbenchError("--resume needs --out, the run directory to resume")
@@ -135,6 +154,10 @@ def sweep(
     if not p.cases:
         _fail(AttnbenchError("no cases selected (check --op / -k)"))
     run_dir = out or default_out(p)
+    try:
+        prepare_run_dir(run_dir, planned(p, timing), resume, overwrite)
+    except AttnbenchError as e:
+        _fail(e)
     console.print(f"[bold]attnbench[/] {p.breakdown().splitlines()[0]} on {p.device} -> {run_dir}", highlight=False)
     counts: Counter[str] = Counter()
     columns = (
@@ -435,8 +458,8 @@ def list_backends(
     from attnbench.suite import load
     from attnbench.sweep import resolve_device
 
-    _load_backends(plugin)
     try:
+        _load_backends(plugin)
         cases = load(suite, resolve_device(device)).cases
     except AttnbenchError as e:
         _fail(e)

@@ -17,6 +17,8 @@
         require: [deterministic, batch_invariant]   # a backend without them fails here
 
 Every error (YAML syntax, unknown key, wrong type, impossible shape) is a SuiteError `file:line: ...`.
+A suite whose sweeps would expand into more than `max_cases` cases (default `MAX_CASES`; `sweep
+--max-cases N` raises it) is refused before anything is expanded, with the count per entry.
 """
 
 from __future__ import annotations
@@ -36,6 +38,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     ValidationError,
+    ValidationInfo,
     field_validator,
 )
 
@@ -46,14 +49,19 @@ from attnbench.errors import SuiteError
 from attnbench.ops import OPS
 
 Scalar = StrictInt | StrictFloat | StrictStr | bool | None
+MAX_CASES = 10_000  # cases one suite may expand into unless the caller raises it (sweep --max-cases)
 
 
 class _Strict(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
 
-def _axis(v: Any) -> list[Any]:
-    """An axis: a list of values, `{range: [start, stop(, step)]}` (inclusive) or `{pow2: [lo, hi]}`."""
+def _axis(v: Any, info: ValidationInfo) -> list[Any]:
+    """An axis: a list of values, `{range: [start, stop(, step)]}` (inclusive) or `{pow2: [lo, hi]}`.
+
+    A range or pow2 longer than the validation context's `max_cases` is refused before it is listed.
+    """
+    limit = (info.context or {}).get("max_cases", MAX_CASES)
     if isinstance(v, list):
         for x in v:
             if isinstance(x, (dict, list)):
@@ -66,9 +74,17 @@ def _axis(v: Any) -> list[Any]:
             start, stop, *step = args
             if step and step[0] <= 0:
                 raise ValueError("range step must be positive")
-            return list(range(start, stop + 1, step[0] if step else 1))
+            values = range(start, stop + 1, step[0] if step else 1)
+            if len(values) > limit:
+                raise ValueError(
+                    f"range has {len(values):,} values, more than the {limit:,} cases allowed (--max-cases)"
+                )
+            return list(values)
         if kind == "pow2" and ints and len(args) == 2:
-            return [2**e for e in range(args[0], args[1] + 1)]
+            exps = range(args[0], args[1] + 1)
+            if exps and (exps[0] < 0 or exps[-1] > 63):
+                raise ValueError("pow2 exponents run from 0 to at most 63")
+            return [2**e for e in exps]
         if kind in ("range", "pow2"):
             raise ValueError(
                 f"{kind} takes " + ("[start, stop] or [start, stop, step]" if kind == "range" else "[lo, hi]")
@@ -169,13 +185,18 @@ def presets() -> dict[str, dict[str, dict[str, Any]]]:
 
 
 # ---- loading --------------------------------------------------------------------------------------
-def load(name_or_path: str, device: str = "cpu") -> Suite:
+def load(name_or_path: str, device: str = "cpu", max_cases: int = MAX_CASES) -> Suite:
+    """Read, validate and expand a suite (built-in name or YAML path) for `device`.
+
+    Raises SuiteError (`file:line: what is wrong`) on any problem, including a suite that would expand
+    into more than `max_cases` cases (counted before expanding).
+    """
     path = resolve(name_or_path)
     data, lines = yamlines.load(path)
     if not isinstance(data, dict):
         raise SuiteError(path, 1, "a suite is a mapping with at least a `cases:` list")
     try:
-        spec = SuiteSpec.model_validate(data)
+        spec = SuiteSpec.model_validate(data, context={"max_cases": max_cases})
     except ValidationError as e:
         err = e.errors()[0]
         loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and ("[" in x or "(" in x)))
@@ -187,12 +208,38 @@ def load(name_or_path: str, device: str = "cpu") -> Suite:
             f"suite {spec.name or path.stem!r} is sized for a GPU (device: cuda) but the run device is {device}; "
             "on a CPU run `smoke` or a suite of your own",
         )  # fmt: skip
+    _check_size(spec, path, lines, max_cases)
     known = presets()
     cases: dict[str, Case] = {}
     for i, entry in enumerate(spec.cases):
         for case in _expand(entry, i, spec, known, path, lines, device):
             cases.setdefault(case.id, case)
     return Suite(path, spec, list(cases.values()))
+
+
+def entry_size(entry: Entry, spec: SuiteSpec) -> tuple[int, str]:
+    """How many cases an entry expands into (before deduplication), and the product spelled out."""
+    groups = entry.zip if isinstance(entry.zip, list) else ([entry.zip] if entry.zip else [])
+    factors = [(len(v), k) for k, v in entry.sweep.items()]
+    factors += [(max((len(v) for v in g.values()), default=0), "zip(" + ",".join(g) + ")") for g in groups]
+    factors += [(len(entry.dtypes or spec.dtypes), "dtypes"), (len(entry.seeds or spec.seeds), "seeds")]
+    n = 1
+    for size, _ in factors:
+        n *= size
+    return n, " x ".join(f"{size:,} {name}" for size, name in factors)
+
+
+def _check_size(spec: SuiteSpec, path, lines, max_cases: int) -> None:
+    sizes = [entry_size(e, spec) for e in spec.cases]
+    total = sum(n for n, _ in sizes)
+    if total > max_cases:
+        i = max(range(len(sizes)), key=lambda j: sizes[j][0])
+        raise SuiteError(
+            path,
+            yamlines.line_of(lines, ("cases", i)),
+            f"the suite expands to {total:,} cases, more than {max_cases:,} (raise the limit with --max-cases); "
+            f"the largest entry, cases[{i}], is {sizes[i][1]} = {sizes[i][0]:,}",
+        )
 
 
 def _check_backends(spec: SuiteSpec, path, lines) -> None:

@@ -23,7 +23,7 @@ from attnbench.errors import AttnbenchError, describe
 from attnbench.pool import Pool
 from attnbench.results import Result, ResultWriter, read_results
 from attnbench.runner import ContextLost, RunOptions, error_row, run_case, triage
-from attnbench.suite import Suite, load
+from attnbench.suite import MAX_CASES, Suite, load
 from attnbench.suites import CPU_DEFAULT, GPU_DEFAULT
 
 
@@ -106,11 +106,14 @@ def plan(
     keywords: list[str] | None = None,
     case_ids: list[str] | None = None,
     shard: tuple[int, int] | None = None,
+    max_cases: int = MAX_CASES,
 ) -> Plan:
-    """Validate everything before anything is written: suites, backend names, filters."""
+    """Validate everything before anything is written: suites, backend names, filters.
+
+    A suite expanding into more than `max_cases` cases is refused before it is expanded."""
     device = resolve_device(device)
     names = suite_names or ([] if case_ids else default_suites(device))
-    suites = [load(n, device) for n in names]
+    suites = [load(n, device, max_cases) for n in names]
     cases = [c for s in suites for c in s.cases]
     if case_ids:
         cases += [_case_from_id(i, device) for i in case_ids]

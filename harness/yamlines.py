@@ -1,4 +1,10 @@
-"""YAML loading that remembers where every value came from, for `file:line: message` errors."""
+"""YAML loading that remembers where every value came from, for `file:line: message` errors.
+
+A suite cannot exhaust the machine: anchors and aliases are allowed, but the values they repeat may
+add at most `ALIAS_BUDGET` nodes to the document (an alias "bomb" of nested aliases would otherwise
+expand into billions), an alias may not refer to its own anchor, and nesting is bounded by Python's
+recursion limit. Each refusal is a SuiteError naming the line.
+"""
 
 from __future__ import annotations
 
@@ -10,22 +16,30 @@ import yaml
 from attnbench.errors import SuiteError
 
 Path_ = tuple[Any, ...]
+ALIAS_BUDGET = 10_000  # nodes that aliases may add to a document, once expanded
 
 
 def load(path: Path) -> tuple[Any, dict[Path_, int]]:
     """Parse a YAML file -> (data, {key path: 1-based line}). Syntax errors and duplicate keys raise SuiteError."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        raw = Path(path).read_bytes()
     except OSError as e:
         raise SuiteError(path, None, f"cannot read: {e.strerror or e}") from None
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise SuiteError(path, line, f"not UTF-8 text (byte 0x{raw[e.start]:02x}); save the suite as UTF-8") from None
     loader = yaml.SafeLoader(text)
     try:
         node = loader.get_single_node()
         if node is None:
             raise SuiteError(path, 1, "the file is empty")
         lines: dict[Path_, int] = {}
-        _walk(node, (), lines, path)
+        _walk(node, (), lines, path, _Budget())
         data = loader.construct_document(node)
+    except RecursionError:
+        raise SuiteError(path, None, "the YAML is nested too deeply") from None
     except yaml.MarkedYAMLError as e:
         mark = e.problem_mark or e.context_mark
         msg = " ".join(str(x) for x in (e.context, e.problem) if x)
@@ -37,8 +51,39 @@ def load(path: Path) -> tuple[Any, dict[Path_, int]]:
     return data, lines
 
 
-def _walk(node: yaml.Node, at: Path_, lines: dict[Path_, int], path: Path) -> None:
-    lines.setdefault(at, node.start_mark.line + 1)
+class _Budget:
+    """Nodes seen so far (a node met again was reached through an alias) and the nodes being walked."""
+
+    def __init__(self) -> None:
+        self.seen: set[int] = set()
+        self.open: set[int] = set()
+        self.repeated = 0
+
+
+def _walk(node: yaml.Node, at: Path_, lines: dict[Path_, int], path: Path, budget: _Budget) -> None:
+    """Record the line of every key path; refuse recursive aliases and aliases that expand too far."""
+    line = node.start_mark.line + 1
+    if id(node) in budget.open:
+        raise SuiteError(path, line, "an alias refers to its own anchor (a recursive document)")
+    if id(node) in budget.seen:
+        budget.repeated += 1
+        if budget.repeated > ALIAS_BUDGET:
+            raise SuiteError(
+                path,
+                line,
+                f"YAML aliases expand to more than {ALIAS_BUDGET} values (the anchor here is repeated too often); "
+                "write the values out or use fewer nested aliases",
+            )
+    budget.seen.add(id(node))
+    lines.setdefault(at, line)
+    if not isinstance(node, yaml.MappingNode | yaml.SequenceNode):
+        return
+    budget.open.add(id(node))
+    _walk_children(node, at, lines, path, budget)
+    budget.open.discard(id(node))
+
+
+def _walk_children(node: yaml.Node, at: Path_, lines: dict[Path_, int], path: Path, budget: _Budget) -> None:
     if isinstance(node, yaml.MappingNode):
         seen: dict[Any, int] = {}
         for k, v in node.value:
@@ -48,10 +93,10 @@ def _walk(node: yaml.Node, at: Path_, lines: dict[Path_, int], path: Path) -> No
                 raise SuiteError(path, line, f"duplicate key {key!r} (first on line {seen[key]})")
             seen[key] = line
             lines[at + (key,)] = line
-            _walk(v, at + (key,), lines, path)
-    elif isinstance(node, yaml.SequenceNode):
+            _walk(v, at + (key,), lines, path, budget)
+    else:
         for i, v in enumerate(node.value):
-            _walk(v, at + (i,), lines, path)
+            _walk(v, at + (i,), lines, path, budget)
 
 
 def line_of(lines: dict[Path_, int], at: Path_) -> int | None:

@@ -97,7 +97,7 @@ def test_usage_errors_exit_2_without_traceback(args, words, tmp_path):
     assert words in res.output and "Traceback" not in res.output
 
 
-def test_a_failing_plugin_backend_makes_exit_1_and_a_broken_plugin_only_warns(tmp_path):
+def test_a_failing_plugin_backend_makes_exit_1_and_a_broken_named_plugin_exits_2(tmp_path):
     plugin = tmp_path / "myplugin.py"
     plugin.write_text(
         textwrap.dedent("""
@@ -116,10 +116,14 @@ def test_a_failing_plugin_backend_makes_exit_1_and_a_broken_plugin_only_warns(tm
     broken = tmp_path / "broken.py"
     broken.write_text("import no_such_module_anywhere\n")
     out = tmp_path / "out"
-    res = invoke("sweep", "smoke", "--op", "merge_state", "--plugin", str(plugin), "--plugin", str(broken),
-                 "--backend", "wrong-sign", "--backend", "torch", "--out", str(out), "--device", "cpu", "--no-timing")  # fmt: skip
+    args = ("sweep", "smoke", "--op", "merge_state", "--plugin", str(plugin), "--backend", "wrong-sign",
+            "--backend", "torch", "--out", str(out), "--device", "cpu", "--no-timing")  # fmt: skip
+    res = invoke(*args, "--plugin", str(broken))  # the user named it: an error, not a warning
+    assert res.exit_code == 2, res.output
+    assert res.output.count("No module named") == 1 and "broken.py" in res.output and "Traceback" not in res.output
+    assert not out.exists()
+    res = invoke(*args)
     assert res.exit_code == 1, res.output
-    assert "broken.py" in res.output and "No module named" in res.output
     rows = read_results(out / "results.jsonl")
     assert {r.status for r in rows if r.backend == "wrong-sign"} == {"fail"}
     assert {r.status for r in rows if r.backend == "torch"} == {"pass"}

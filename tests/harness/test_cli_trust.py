@@ -76,3 +76,127 @@ def test_identical_runs_still_pass_the_gate(tmp_path):
     base, new = _run(tmp_path / "a", rows), _run(tmp_path / "b", rows)
     res = invoke("compare", base, new)
     assert res.exit_code == 0, res.output
+
+
+# ---- bad input: exit 2 and one line, never a traceback or an exhausted machine ---------------------
+
+MERGE = ("--op", "merge_state", "--backend", "torch", "--device", "cpu", "--no-timing", "--no-isolate")
+ONE_CASE = ("--case", "merge_state/t9-h2-d16-fp32", "--backend", "torch", "--device", "cpu", "--no-timing",
+            "--no-isolate")  # fmt: skip
+
+
+def _one_line_error(res, *words):
+    assert res.exit_code == 2, res.output
+    assert "Traceback" not in res.output
+    lines = [line for line in res.output.splitlines() if line.strip()]
+    assert len(lines) == 1, res.output
+    for w in words:
+        assert w in lines[0], res.output
+
+
+def test_out_that_is_a_file_is_refused(tmp_path):
+    f = tmp_path / "file"
+    f.write_text("keep me")
+    _one_line_error(invoke("sweep", *ONE_CASE, "--out", f), "is a file")
+    _one_line_error(invoke("sweep", *ONE_CASE, "--out", f / "sub"), "is a file")
+    assert f.read_text() == "keep me"
+
+
+def test_out_that_cannot_be_written_is_refused(tmp_path):
+    import os
+
+    if os.geteuid() == 0:  # root writes through permissions: use a place no one may create in
+        target = "/sys/attnbench-run"
+    else:
+        ro = tmp_path / "ro"
+        ro.mkdir()
+        ro.chmod(0o500)
+        target = ro / "run"
+    _one_line_error(invoke("sweep", *ONE_CASE, "--out", target), "cannot write")
+
+
+def test_timeout_must_be_positive(tmp_path):
+    for t in ("0", "-5"):
+        _one_line_error(invoke("sweep", *ONE_CASE, "--timeout", t, "--out", tmp_path / "o"), "--timeout")
+    assert not (tmp_path / "o").exists()
+
+
+def test_non_utf8_suite_names_file_and_line(tmp_path):
+    bad = tmp_path / "latin1.yaml"
+    bad.write_bytes(b"cases:\n  - op: merge_state\n    # caf\xe9\n")
+    _one_line_error(invoke("sweep", bad, "--dry-run", "--device", "cpu"), f"{bad}:3:", "UTF-8")
+
+
+def test_yaml_alias_bomb_is_refused_quickly(tmp_path):
+    import time
+
+    lines = ["a0: &a0 [x, x, x, x, x, x, x, x, x]"]
+    lines += [f"a{i}: &a{i} [" + ", ".join([f"*a{i - 1}"] * 9) + "]" for i in range(1, 9)]
+    bomb = tmp_path / "bomb.yaml"
+    bomb.write_text("\n".join(lines) + "\ncases:\n  - op: merge_state\n    params: {}\n")
+    assert bomb.stat().st_size < 1024
+    t0 = time.perf_counter()
+    res = invoke("sweep", bomb, "--dry-run", "--device", "cpu")
+    assert time.perf_counter() - t0 < 10
+    _one_line_error(res, f"{bomb}:", "aliases expand")
+
+
+def test_recursive_alias_is_refused(tmp_path):
+    rec = tmp_path / "rec.yaml"
+    rec.write_text("x: &x [1, *x]\ncases:\n  - op: merge_state\n")
+    _one_line_error(invoke("sweep", rec, "--dry-run", "--device", "cpu"), f"{rec}:1:", "own anchor")
+
+
+def test_small_aliases_still_work(tmp_path):
+    ok = tmp_path / "ok.yaml"
+    ok.write_text(
+        "cases:\n  - op: merge_state\n    sweep: &ax {tokens: [3, 5]}\n  - op: merge_state\n    sweep: *ax\n"
+        "    dtypes: [fp32]\n"
+    )
+    res = invoke("sweep", ok, "--dry-run", "--device", "cpu")
+    assert res.exit_code == 0 and "4 cases" in res.output, res.output
+
+
+def test_huge_cartesian_product_is_refused_before_expanding(tmp_path):
+    import time
+
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("cases:\n  - op: merge_state\n    sweep:\n      tokens: {range: [1, 100000]}\n"
+                    "      heads: {range: [1, 100000]}\n")  # fmt: skip
+    t0 = time.perf_counter()
+    res = invoke("sweep", huge, "--dry-run", "--device", "cpu")
+    assert time.perf_counter() - t0 < 10
+    _one_line_error(res, f"{huge}:", "--max-cases")
+    small = tmp_path / "small.yaml"
+    small.write_text("cases:\n  - op: merge_state\n    sweep:\n      tokens: {range: [1, 30]}\n"
+                     "      heads: {range: [1, 4]}\n")  # fmt: skip
+    _one_line_error(invoke("sweep", small, "--dry-run", "--device", "cpu", "--max-cases", "100"), "120 cases")
+    res = invoke("sweep", small, "--dry-run", "--device", "cpu", "--max-cases", "200")
+    assert res.exit_code == 0 and "120 cases" in res.output, res.output
+
+
+# ---- nothing lost: --out with results, --resume of another plan -----------------------------------
+
+
+def test_out_with_results_is_refused_without_resume_or_overwrite(tmp_path):
+    out = tmp_path / "run"
+    assert invoke("sweep", *ONE_CASE, "--out", out).exit_code == 0
+    before = (out / "results.jsonl").read_bytes()
+    _one_line_error(invoke("sweep", *ONE_CASE, "--out", out), "already holds a run", "--overwrite")
+    assert (out / "results.jsonl").read_bytes() == before
+    _one_line_error(invoke("sweep", *ONE_CASE, "--out", out, "--resume", "--overwrite"), "choose one")
+    res = invoke("sweep", *ONE_CASE, "--out", out, "--overwrite")
+    assert res.exit_code == 0, res.output
+    assert len((out / "results.jsonl").read_text().splitlines()) == 1
+
+
+def test_resume_refuses_another_plan_and_says_what_differs(tmp_path):
+    out = tmp_path / "run"
+    assert invoke("sweep", "smoke", *MERGE, "-k", "t17", "--out", out).exit_code == 0
+    before = (out / "results.jsonl").read_bytes()
+    res = invoke("sweep", "smoke", *MERGE, "-k", "t33", "--out", out, "--resume")
+    _one_line_error(res, "another plan", "filter k: ['t17'] -> ['t33']")
+    res = invoke("sweep", "smoke", *MERGE, "-k", "t17", "--out", out, "--resume", "--timing")
+    _one_line_error(res, "timing: False -> True")
+    assert (out / "results.jsonl").read_bytes() == before
+    assert invoke("sweep", "smoke", *MERGE, "-k", "t17", "--out", out, "--resume").exit_code == 0

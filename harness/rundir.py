@@ -1,0 +1,94 @@
+"""Where a sweep writes: a run directory it may use without losing or mixing results.
+
+`prepare_run_dir` is called after the plan is validated and before anything runs. It refuses (an
+AttnbenchError, exit 2, nothing touched) when:
+
+- `--out` is a file, or a directory (or the nearest existing parent) that cannot be written;
+- the directory already holds a run's files and neither `--resume` (keep its rows, run the rest) nor
+  `--overwrite` (replace them) was given;
+- `--resume` is asked of a directory whose recorded plan (suites, backends, filters, device, timing)
+  differs from this one: the message names what differs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from attnbench.errors import AttnbenchError
+
+RUN_FILES = ("results.jsonl", "run.json", "env.json", "report.html", "results.csv", "junit.xml", "summary.md")
+PLAN_KEYS = ("device", "suites", "backends", "filters", "timing")
+
+
+def planned(p: Any, timing: bool) -> dict[str, Any]:
+    """The parts of a plan that must match for rows of two sweeps to share a run directory."""
+    info = {
+        "device": p.device,
+        "suites": [str(s.path) for s in p.suites],
+        "backends": [b.name for b in p.backends],
+        "filters": p.filters,
+        "timing": timing,
+    }
+    return json.loads(json.dumps(info))  # tuples as lists, as run.json has them
+
+
+def plan_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """`key: old -> new` for every plan key whose recorded value differs."""
+    out = []
+    for key in PLAN_KEYS:
+        a, b = old.get(key), new.get(key)
+        if key == "filters":
+            for k in sorted(set(a or {}) | set(b or {})):
+                fa, fb = (a or {}).get(k), (b or {}).get(k)
+                if fa != fb and (fa or fb):
+                    out.append(f"filter {k}: {fa} -> {fb}")
+        elif a != b:
+            out.append(f"{key}: {a} -> {b}")
+    return out
+
+
+def _check_writable(out: Path) -> None:
+    if out.exists() and not out.is_dir():
+        raise AttnbenchError(f"--out {out}: is a file, not a directory")
+    probe = out
+    while not probe.exists():
+        probe = probe.parent
+    if not probe.is_dir():
+        raise AttnbenchError(f"--out {out}: {probe} is a file, not a directory")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile(dir=out, prefix=".attnbench-write-test-"):
+            pass
+    except OSError as e:
+        raise AttnbenchError(f"--out {out}: cannot write there ({e.strerror or e})") from None
+
+
+def prepare_run_dir(out: Path, plan_info: dict[str, Any], resume: bool, overwrite: bool) -> None:
+    """Check (and create) the run directory; see the module docstring for what is refused."""
+    out = Path(out)
+    if resume and overwrite:
+        raise AttnbenchError("--resume keeps the rows in --out and --overwrite replaces them: choose one")
+    existing = [name for name in RUN_FILES if (out / name).exists()] if out.is_dir() else []
+    if existing and not (resume or overwrite):
+        raise AttnbenchError(
+            f"--out {out} already holds a run ({', '.join(existing)}): add --resume to complete it "
+            "or --overwrite to replace it, or choose another --out"
+        )
+    if resume and (out / "results.jsonl").exists():
+        try:
+            old = json.loads((out / "run.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise AttnbenchError(
+                f"--resume: {out} has results but no readable run.json, so its plan cannot be checked"
+            ) from None
+        if diffs := plan_differences(old, plan_info):
+            raise AttnbenchError(f"--resume: {out} was run with another plan ({'; '.join(diffs)})")
+    _check_writable(out)
+    if overwrite:
+        for name in existing:
+            if os.path.isfile(out / name):
+                (out / name).unlink()
