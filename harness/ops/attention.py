@@ -17,6 +17,7 @@ import torch
 from pydantic import Field, model_validator
 
 from attnbench.buffers import alloc_output
+from attnbench.ops import rng
 from attnbench.ops.base import IdField, Op, OutputSpec, Params
 from attnbench.ops.distributions import Distribution, Sampler, lse_like
 from attnbench.ops.paged import fill, make_layout, poisoned_cache
@@ -151,14 +152,14 @@ class MergeStateInputs:
 
 
 def _generators(seed: int, device: torch.device) -> tuple[torch.Generator, torch.Generator]:
-    """(host generator for tables and lengths, device generator for data), both from the case seed."""
+    """(generator for tables and lengths, generator for data), both on the CPU, from the case seed."""
     host = torch.Generator().manual_seed(seed)
-    dev = torch.Generator(device=device).manual_seed(seed + 7919)
-    return host, dev
+    data = torch.Generator().manual_seed(seed + 7919)  # CPU: the same data on any device (ops/rng.py)
+    return host, data
 
 
 def _randn(shape, dtype, gen: torch.Generator, device) -> torch.Tensor:
-    return torch.randn(shape, generator=gen, device=device, dtype=torch.float32).to(dtype)
+    return rng.randn(shape, gen).to(device=device, dtype=dtype)
 
 
 def _lengths(n: int, most: int, kind: str, host: torch.Generator, least: int = 1) -> list[int]:
@@ -438,7 +439,7 @@ class DecodeOp(_PagedAttentionOp):
     Params = DecodeParams
     id_fields = tuple(f for f in _ATTN_ID if f.fields[0] in DecodeParams.model_fields)
 
-    def make_inputs(self, p: DecodeParams, dtype, seed, device) -> AttentionInputs:
+    def build_inputs(self, p: DecodeParams, dtype, seed, device) -> AttentionInputs:
         host, _ = _generators(seed, device)
         kv_lens = _lengths(p.batch, p.kv_len, p.lens, host)
         return self._build(p, dtype, seed, device, kv_lens, [1] * p.batch, "shared")
@@ -463,7 +464,7 @@ class ExtendOp(_PagedAttentionOp):
         extra += {"save": ["save-kv"], "attend": [], "shared": ["cross-layer-kv"]}[p.new_kv]
         return super().features(p) + tuple(extra) + (("prefix",) if p.prefix_len else ())
 
-    def make_inputs(self, p: ExtendParams, dtype, seed, device) -> AttentionInputs:
+    def build_inputs(self, p: ExtendParams, dtype, seed, device) -> AttentionInputs:
         host, _ = _generators(seed, device)
         q_lens = _lengths(p.batch, p.q_len, p.lens, host)
         prefix = _lengths(p.batch, p.prefix_len, p.lens, host, least=0) if p.prefix_len else [0] * p.batch
@@ -491,7 +492,7 @@ class MergeStateOp(Op):
             (f"dist-{p.distribution}",) if p.distribution != "normal" else ()
         )
 
-    def make_inputs(self, p: MergeStateParams, dtype, seed, device) -> MergeStateInputs:
+    def build_inputs(self, p: MergeStateParams, dtype, seed, device) -> MergeStateInputs:
         _, gen = _generators(seed, device)
         T, H, D = p.tokens, p.heads, p.head_dim
         draw = Sampler(p.distribution, gen, device, dtype)

@@ -15,6 +15,8 @@ from typing import Any, ClassVar, Literal, get_args, get_origin, get_type_hints
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from attnbench.ops.rng import to_device
+
 
 class Params(BaseModel):
     """Base of every op's parameter schema: unknown keys are errors, instances are hashable."""
@@ -75,6 +77,16 @@ class Op:
 
     # ---- inputs and expectations -------------------------------------------------------------
     def make_inputs(self, p: Params, dtype: torch.dtype, seed: int, device: torch.device) -> Any:
+        """The case's inputs on `device`: built on the CPU by `build_inputs`, then moved, so a case id
+        gives the same bits on any device (harness/ops/rng.py)."""
+        return to_device(self.build_inputs(p, dtype, seed, torch.device("cpu")), device)
+
+    def build_inputs(self, p: Params, dtype: torch.dtype, seed: int, device: torch.device) -> Any:
+        """The inputs dataclass, built deterministically from `seed` alone on `device` (the CPU).
+
+        Draw data with CPU generators (`attnbench.ops.rng.randn` for anything large); outputs are
+        allocated NaN-filled and canary-padded (`attnbench.buffers.alloc_output`).
+        """
         raise NotImplementedError
 
     def expected(self, p: Params, inputs: Any, precision: torch.dtype) -> dict[str, torch.Tensor]:

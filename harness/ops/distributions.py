@@ -19,6 +19,8 @@ from typing import Literal, get_args
 
 import torch
 
+from attnbench.ops import rng
+
 Distribution = Literal["normal", "outliers", "peaked", "large_logits", "flat", "long_tail"]
 DISTRIBUTIONS: tuple[str, ...] = get_args(Distribution)
 
@@ -36,7 +38,7 @@ class Sampler:
         self._u: dict[int, torch.Tensor] = {}
 
     def _randn(self, shape) -> torch.Tensor:
-        return torch.randn(shape, generator=self.gen, device=self.device, dtype=torch.float32)
+        return rng.randn(shape, self.gen).to(self.device)
 
     def direction(self, dim: int) -> torch.Tensor:
         """The shared unit direction of `peaked` for vectors of `dim` channels."""
@@ -81,12 +83,12 @@ class Sampler:
 
 def lse_like(kind: str, shape, gen: torch.Generator, device) -> tuple[torch.Tensor, torch.Tensor]:
     """Two partial-state LSEs for merge_state: large (hundreds), one side dominating, or equal."""
-    a = torch.randn(shape, generator=gen, device=device) * 4
-    b = torch.randn(shape, generator=gen, device=device) * 4
+    a = rng.randn(shape, gen, 4.0).to(device)
+    b = rng.randn(shape, gen, 4.0).to(device)
     if kind == "large_logits":
         a, b = a * 50, b * 50
     elif kind == "peaked":
-        b = a - 80.0 * torch.sign(torch.randn(shape, generator=gen, device=device))
+        b = a - 80.0 * torch.sign(rng.randn(shape, gen).to(device))
     elif kind == "flat":
         b = a.clone()
     return a, b

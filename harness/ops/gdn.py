@@ -49,6 +49,7 @@ import torch
 from pydantic import Field, model_validator
 
 from attnbench.buffers import alloc_output
+from attnbench.ops import rng
 from attnbench.ops.base import IdField, Op, OutputSpec, Params
 from attnbench.references import gdn as ref
 
@@ -190,16 +191,16 @@ class GDNInputs:
 # ---- shared generation ------------------------------------------------------------------------------
 def _generators(seed: int, device: torch.device) -> tuple[torch.Generator, torch.Generator]:
     host = torch.Generator().manual_seed(seed)
-    dev = torch.Generator(device=device).manual_seed(seed + 7919)
-    return host, dev
+    data = torch.Generator().manual_seed(seed + 7919)  # CPU: the same data on any device (ops/rng.py)
+    return host, data
 
 
 def _randn(shape, dtype, gen, device, std: float = 1.0) -> torch.Tensor:
-    return (torch.randn(shape, generator=gen, device=device, dtype=torch.float32) * std).to(dtype)
+    return rng.randn(shape, gen, std).to(device=device, dtype=dtype)
 
 
 def _rand(shape, lo, hi, gen, device) -> torch.Tensor:
-    return torch.rand(shape, generator=gen, device=device, dtype=torch.float32) * (hi - lo) + lo
+    return rng.rand(shape, gen, lo, hi).to(device)
 
 
 def _lengths(n: int, most: int, kind: str, host: torch.Generator) -> list[int]:
@@ -258,7 +259,7 @@ class GDNGatingOp(Op):
     id_fields = (IdField("t", ("tokens",), always=True), IdField("h", ("heads_v",), always=True))
     outputs = {"g": OutputSpec(("token", "head")), "beta": OutputSpec(("token", "head"))}
 
-    def make_inputs(self, p: GatingParams, dtype, seed, device) -> GatingInputs:
+    def build_inputs(self, p: GatingParams, dtype, seed, device) -> GatingInputs:
         _, gen = _generators(seed, device)
         T, HV = p.tokens, p.heads_v
         A_log, dt_bias = _gate_params(HV, dtype, gen, device)
@@ -318,7 +319,7 @@ class CausalConv1dOp(Op):
     def writes_for(self, p: ConvParams):
         return {"conv_states": OutputSpec(("slot", "channel", "tap"), exact=True)}
 
-    def make_inputs(self, p: ConvParams, dtype, seed, device) -> ConvInputs:
+    def build_inputs(self, p: ConvParams, dtype, seed, device) -> ConvInputs:
         host, gen = _generators(seed, device)
         B, D, W = p.batch, p.dim, p.width
         lens = _lengths(B, p.seq_len, p.lens, host)
@@ -436,7 +437,7 @@ class GDNDecodeOp(_GDNOp):
     def unspecified(self, p, x: GDNInputs):
         return {"o": (x.state_indices < 0)[:, None, None]} if p.pad else {}
 
-    def make_inputs(self, p: GDNDecodeParams, dtype, seed, device) -> GDNInputs:
+    def build_inputs(self, p: GDNDecodeParams, dtype, seed, device) -> GDNInputs:
         host, gen = _generators(seed, device)
         B, H, HV, K, V = p.batch, p.heads_qk, p.heads_v, p.head_dim_k, p.head_dim_v
         N, slots = _slots(B, p.pad, host)
@@ -495,7 +496,7 @@ class GDNExtendOp(_GDNOp):
     def writes_for(self, p):
         return {"state_pool": OutputSpec(("slot", "head", "k", "v"), floor_units="head_dim_k")}
 
-    def make_inputs(self, p: GDNExtendParams, dtype, seed, device) -> GDNInputs:
+    def build_inputs(self, p: GDNExtendParams, dtype, seed, device) -> GDNInputs:
         host, gen = _generators(seed, device)
         B = p.batch
         lens = _lengths(B, p.seq_len, p.lens, host)
@@ -565,7 +566,7 @@ class GDNVerifyOp(_GDNOp):
             "inter_states": pad[:, None, None, None, None],
         }
 
-    def make_inputs(self, p: GDNVerifyParams, dtype, seed, device) -> GDNInputs:
+    def build_inputs(self, p: GDNVerifyParams, dtype, seed, device) -> GDNInputs:
         host, gen = _generators(seed, device)
         B, T, HV, K, V = p.batch, p.draft, p.heads_v, p.head_dim_k, p.head_dim_v
         N, slots = _slots(B, p.pad, host)

@@ -115,7 +115,7 @@ class TreeVerifyOp(ExtendOp):
         shape = p.tree if p.tree in NAMED else "choices"
         return super().features(p) + ("tree", f"tree-{shape}")
 
-    def make_inputs(self, p: TreeVerifyParams, dtype, seed, device) -> TreeVerifyInputs:
+    def build_inputs(self, p: TreeVerifyParams, dtype, seed, device) -> TreeVerifyInputs:
         host, _ = _generators(seed, device)
         prefix = _lengths(p.batch, p.prefix_len, p.lens, host)
         parents, _ = request_parents(p, p.batch, _tree_seed(seed))
@@ -218,7 +218,7 @@ class EagleBuildTreeOp(Op):
     def features(self, p: EagleBuildTreeParams) -> tuple[str, ...]:
         return (f"mask-{p.mask_mode}",) + (("topk1-chain",) if p.topk == 1 else ())
 
-    def make_inputs(self, p: EagleBuildTreeParams, dtype, seed, device) -> EagleBuildTreeInputs:
+    def build_inputs(self, p: EagleBuildTreeParams, dtype, seed, device) -> EagleBuildTreeInputs:
         host, _ = _generators(seed, device)
         lens = _lengths(p.batch, p.prefix_len, p.lens, host)
         gen = _tree_seed(seed)
@@ -298,7 +298,7 @@ class VerifyGreedyOp(Op):
     def features(self, p: VerifyGreedyParams) -> tuple[str, ...]:
         return (f"tree-{p.tree if p.tree in NAMED else 'choices'}",)
 
-    def make_inputs(self, p: VerifyGreedyParams, dtype, seed, device) -> VerifyGreedyInputs:
+    def build_inputs(self, p: VerifyGreedyParams, dtype, seed, device) -> VerifyGreedyInputs:
         gen = _tree_seed(seed)
         B, n = p.batch, p.nodes
         parents, draft = request_parents(p, B, gen)
