@@ -1,26 +1,47 @@
-"""Backends and their one registry.
+"""Backends, their declared implementations, and their one registry.
 
-A backend adapts one kernel library to the canonical semantics. `supports(case)` says why it cannot
-run a case (None when it can); `prepare(case, inputs)` does everything that is not the kernel (layout
-conversion, allocation, plan(), JIT, compilation) and returns the zero-argument closure that is the
-only thing timed. The closure must read the *current contents* of the input tensors on every call
-(the harness perturbs them in place to catch stale outputs, and rotates them when timing) and
-return a dict of the op's outputs, normally the preallocated `inputs.o`, `inputs.lse`, ... it wrote.
-A closure may carry an `info` dict attribute (e.g. `{"jit_s": 12.1, "plan_s": 0.002, "variant": "fa3"}`)
-that the result row records as `prepare_info`. Raise `attnbench.errors.Unsupported` in `prepare` to
-turn a case into a skip when support is only known late.
+A backend adapts one kernel library to the canonical semantics. Each op it runs is ONE declared
+implementation: the method that prepares it, marked with `@implements(op, limits=..., jit_keys=...)`.
+The decorator only records; everything that asks "does backend B run case C, and if not, why"
+(`supports()`, the capability matrix of `attnbench list backends`, the sweep's precompile) reads that
+one declaration:
+
+- `limits(backend, case) -> str | None`: why this implementation cannot run `case` (None: it can),
+  decided from the case alone (parameters, dtype, device), never from a GPU being present; machine
+  limits (library missing, no GPU, wrong architecture) belong to `available()`, and limits shared by
+  every op of a backend (e.g. the case must be on CUDA) to the class attribute `backend_limits`.
+- `jit_keys(backend, case) -> list[Hashable]`: the modules `prepare` would compile for `case`, which
+  the sweep hands, for every backend of a family at once, to the class's `precompile` before the cases.
+
+The prepare method does everything that is not the kernel (layout conversion, allocation, plan(),
+JIT, compilation) and returns the zero-argument closure that is the only thing timed. The closure must
+read the *current contents* of the input tensors on every call (the harness perturbs them in place to
+catch stale outputs, and rotates them when timing) and return a dict of the op's outputs, normally the
+preallocated `inputs.o`, `inputs.lse`, ... it wrote. A closure may carry an `info` dict attribute
+(e.g. `{"jit_s": 12.1, "plan_s": 0.002, "variant": "fa3"}`) that the result row records as
+`prepare_info`. `attnbench.errors.Unsupported` raised in `prepare` still turns a case into a skip,
+for what only the library or the process can tell late (a planner refusing, a module name taken);
+anything decidable from the case belongs in `limits`, so the capability matrix says what runs.
 
 Built-in backends register exactly as plugins do::
 
     import attnbench
+    from attnbench.backend import implements
+
+    def decode_limits(backend, case):
+        return "head_dim 128 only" if case.params.head_dim != 128 else None
 
     @attnbench.register_backend("mykernel")
     class MyKernel(attnbench.Backend):
+        @implements("decode", limits=decode_limits)
         def prepare_decode(self, case, x):
             def run():
                 my_decode(x.q, x.k_cache, x.v_cache, x.kv_indptr, x.kv_page_indices, x.seq_lens, out=x.o, lse=x.lse)
                 return {"o": x.o, "lse": x.lse}
             return run
+
+A plain method named `prepare_<op>` (no decorator) still declares `op`, with no limits: plugins
+written that way keep working, and may refine `supports(case)` themselves.
 """
 
 from __future__ import annotations
@@ -30,6 +51,7 @@ import importlib.metadata
 import importlib.util
 import sys
 from collections.abc import Callable, Hashable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar
 
@@ -41,38 +63,128 @@ if TYPE_CHECKING:
     from attnbench.case import Case
 
 Closure = Callable[[], dict[str, "torch.Tensor"]]
+Limits = Callable[["Backend", "Case"], "str | None"]
+JitKeys = Callable[["Backend", "Case"], "list[Hashable]"]
+
+_MARK = "__attnbench_implements__"
+
+
+@dataclass(frozen=True)
+class Implementation:
+    """One op of one backend: the method that prepares it, its limits and its JIT keys."""
+
+    op: str
+    method: str  # the backend's attribute called as method(case, inputs)
+    limits: Limits | None = None
+    jit_keys: JitKeys | None = None
+
+    def reason(self, backend: Backend, case: Case) -> str | None:
+        return self.limits(backend, case) if self.limits else None
+
+    def keys(self, backend: Backend, case: Case) -> list[Hashable]:
+        return list(self.jit_keys(backend, case)) if self.jit_keys else []
+
+
+def implements(*ops: str, limits: Limits | None = None, jit_keys: JitKeys | None = None) -> Callable:
+    """Method decorator: declares the method as the backend's implementation of `ops` (one or more op
+    names, e.g. `"extend", "tree_verify"` when one path serves both), with its case-level `limits` and
+    `jit_keys` (both called as `f(backend, case)`). It only records: the method is returned unchanged.
+    Unknown op names are an error when the backend class is defined."""
+    if not ops:
+        raise TypeError("implements() needs at least one op name")
+
+    def deco(fn: Callable) -> Callable:
+        marks = getattr(fn, _MARK, ())
+        setattr(fn, _MARK, (*marks, (ops, limits, jit_keys)))
+        return fn
+
+    return deco
+
+
+def all_of(*rules: Limits) -> Limits:
+    """A limits rule that returns the first reason of `rules` (None when every rule allows the case)."""
+
+    def first(backend: Backend, case: Case) -> str | None:
+        for rule in rules:
+            if reason := rule(backend, case):
+                return reason
+        return None
+
+    return first
+
+
+def _declared(cls: type) -> dict[str, Implementation]:
+    """Every op `cls` implements: marked methods and plain `prepare_<op>` methods, the most derived
+    class's definition winning (mixins included, in MRO order)."""
+    from attnbench.ops import OPS
+
+    found: dict[str, Implementation] = {}
+    for klass in reversed(cls.__mro__):
+        for attr, value in vars(klass).items():
+            marks = getattr(value, _MARK, None)
+            if marks:
+                for ops, limits, jit_keys in marks:
+                    for op in ops:
+                        if op not in OPS:
+                            raise TypeError(
+                                f"{cls.__qualname__}.{attr}: @implements({op!r}) names no op; "
+                                f"ops: {', '.join(sorted(OPS))}"
+                            )
+                        found[op] = Implementation(op, attr, limits, jit_keys)
+            elif attr.startswith("prepare_") and attr[len("prepare_") :] in OPS and callable(value):
+                found[attr[len("prepare_") :]] = Implementation(attr[len("prepare_") :], attr)
+    return found
 
 
 class Backend:
     """Base class of every backend (built-in or plugin).
 
-    Subclasses implement `prepare_<op>(case, inputs)` per op they support (or override `prepare`),
-    and may refine `available()` (the library is missing, no GPU) and `supports(case)`.
+    Subclasses declare one implementation per op (`@implements(op, limits=..., jit_keys=...)` on its
+    prepare method, or a plain `prepare_<op>` method), and may refine `available()` (the library is
+    missing, no GPU) and `backend_limits` (case-level limits shared by every op).
     """
 
     name: ClassVar[str] = ""
     description: ClassVar[str] = ""
+    implementations: ClassVar[dict[str, Implementation]] = {}
+    backend_limits: ClassVar[Limits | None] = None  # called as backend_limits(self, case) before the op's limits
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        cls.implementations = _declared(cls)
 
     @property
     def ops(self) -> frozenset[str]:
-        """Ops this backend implements (those with a `prepare_<op>` method)."""
-        from attnbench.ops import OPS
-
-        return frozenset(op for op in OPS if callable(getattr(self, f"prepare_{op}", None)))
+        """Ops this backend implements (its declared implementations)."""
+        return frozenset(self.implementations)
 
     def available(self) -> str | None:
         """Why this backend cannot run on this machine at all (None: it can)."""
         return None
 
+    def limits(self, case: Case) -> str | None:
+        """Why the declared implementation cannot run `case`, from the case alone (None: it can, or
+        the backend has no implementation of the op). No GPU is needed to decide."""
+        impl = self.implementations.get(case.op_name)
+        if impl is None:
+            return None
+        rule = type(self).backend_limits
+        return (rule(self, case) if rule else None) or impl.reason(self, case)
+
     def supports(self, case: Case) -> str | None:
         """None when the backend can run `case`, else the reason (shown in the capability matrix)."""
-        if case.op_name not in self.ops:
+        if case.op_name not in self.implementations:
             return f"{self.name} has no {case.op_name} kernel"
-        return self.available()
+        return self.available() or self.limits(case)
+
+    def jit_keys(self, case: Case) -> list[Hashable]:
+        """What `prepare` would compile for `case` (its implementation's declared `jit_keys`)."""
+        impl = self.implementations.get(case.op_name)
+        return impl.keys(self, case) if impl else []
 
     def precompile_keys(self, cases: list[Case]) -> list[Hashable]:
-        """What `prepare` would compile for these (supported) cases, named, for `precompile`. Default: nothing."""
-        return []
+        """What `prepare` would compile for these (supported) cases, named, for `precompile`."""
+        return [k for case in cases for k in self.jit_keys(case)]
 
     @classmethod
     def precompile(cls, keys: list[Hashable]) -> str:
@@ -84,10 +196,10 @@ class Backend:
 
     def prepare(self, case: Case, inputs: Any) -> Closure:
         """Everything but the kernel; returns the closure that is timed."""
-        fn = getattr(self, f"prepare_{case.op_name}", None)
-        if fn is None:
+        impl = self.implementations.get(case.op_name)
+        if impl is None:
             raise NotImplementedError(f"{self.name} has no {case.op_name} kernel")
-        return fn(case, inputs)
+        return getattr(self, impl.method)(case, inputs)
 
 
 _REGISTRY: dict[str, type[Backend]] = {}

@@ -2,13 +2,32 @@
 
 from __future__ import annotations
 
-from attnbench.backend import Backend, register_backend
+from attnbench.backend import Backend, implements, register_backend
 from attnbench.kernels.cute import common
+
+
+def on_cuda(backend, case) -> str | None:
+    if not case.on_cuda:
+        return f"our CuTe DSL kernels run on CUDA devices; this case is on {case.device}"
+    return None
+
+
+def decode_limits(backend, case) -> str | None:
+    from attnbench.kernels.cute.decode import case_reason
+
+    return case_reason(case)
+
+
+def gdn_decode_limits(backend, case) -> str | None:
+    from attnbench.kernels.cute.gdn_decode import case_reason
+
+    return case_reason(case)
 
 
 class CuteDecode:
     """Mixin: paged decode (kernels/cute/decode.py)."""
 
+    @implements("decode", limits=decode_limits)
     def prepare_decode(self, case, x):
         from attnbench.kernels.cute import decode
 
@@ -18,6 +37,7 @@ class CuteDecode:
 class CuteGDN:
     """Mixin: GDN decode over the state pool (kernels/cute/gdn_decode.py)."""
 
+    @implements("gdn_decode", limits=gdn_decode_limits)
     def prepare_gdn_decode(self, case, x):
         from attnbench.kernels.cute import gdn_decode
 
@@ -27,25 +47,7 @@ class CuteGDN:
 @register_backend("cute")
 class CuteBackend(CuteDecode, CuteGDN, Backend):
     description = "our CuTe DSL kernels (nvidia-cutlass-dsl 4.8.1, SIMT): split-KV paged decode, GDN decode"
+    backend_limits = on_cuda
 
     def available(self) -> str | None:
         return common.unavailable()
-
-    def supports(self, case) -> str | None:
-        reason = super().supports(case)
-        if reason:
-            return reason
-        if not case.on_cuda:
-            return f"our CuTe DSL kernels run on CUDA devices; this case is on {case.device}"
-        return self.case_reason(case)
-
-    @staticmethod
-    def case_reason(case) -> str | None:
-        """Case-level limits (no GPU needed to decide)."""
-        if case.op_name == "decode":
-            from attnbench.kernels.cute.decode import case_reason
-
-            return case_reason(case)
-        from attnbench.kernels.cute.gdn_decode import case_reason
-
-        return case_reason(case)

@@ -35,7 +35,7 @@ import time
 
 import torch
 
-from attnbench.backend import Backend, register_backend
+from attnbench.backend import Backend, implements, register_backend
 from attnbench.errors import Unsupported
 
 OTHER_ARCH_TILE_N = 128  # the key tile of FA4 outside SM90 (its SM100 forward); SM90 asks FA4 itself
@@ -152,6 +152,16 @@ def case_reason(case) -> str | None:
     return None
 
 
+def _on_cuda(backend, case) -> str | None:
+    if not case.on_cuda:
+        return f"FA4 runs on CUDA devices; this case is on {case.device}"
+    return None
+
+
+def _limits(backend, case) -> str | None:
+    return case_reason(case)
+
+
 # ---- the backend ----------------------------------------------------------------------------------
 def _arch_major() -> int:
     return torch.cuda.get_device_capability()[0]
@@ -188,20 +198,16 @@ def _first_and_second_call(call, device: torch.device) -> tuple[float, float]:
 class FlashAttention4(Backend):
     description = "FlashAttention-4 4.0.0b36 (CuTe DSL) forward over the paged cache: decode and extend"
 
+    backend_limits = _on_cuda
+
     def available(self) -> str | None:
         return unavailable()
 
-    def supports(self, case) -> str | None:
-        reason = super().supports(case)
-        if reason:
-            return reason
-        if not case.on_cuda:
-            return f"FA4 runs on CUDA devices; this case is on {case.device}"
-        return case_reason(case)
-
+    @implements("decode", limits=_limits)
     def prepare_decode(self, case, x):
         return self._prepare(case, x, decode=True)
 
+    @implements("extend", limits=_limits)
     def prepare_extend(self, case, x):
         return self._prepare(case, x, decode=False)
 

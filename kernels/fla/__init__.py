@@ -9,7 +9,18 @@ from __future__ import annotations
 
 import importlib.util
 
-from attnbench.backend import Backend, register_backend
+from attnbench.backend import Backend, implements, register_backend
+
+
+def limits(backend, case) -> str | None:
+    """Both ops: CUDA cases, fp16/bf16/fp32, K up to 256."""
+    if not case.on_cuda:
+        return "fla runs on CUDA only (its chunk kernels fail under TRITON_INTERPRET)"
+    if case.dtype not in ("bf16", "fp16", "fp32"):
+        return f"fla: dtype {case.dtype}"
+    if case.params.head_dim_k > 256:
+        return "fla: head_dim_k > 256"
+    return None
 
 
 @register_backend("fla")
@@ -23,23 +34,13 @@ class FlaBackend(Backend):
             found = False
         return None if found else "fla-core not installed"
 
-    def supports(self, case) -> str | None:
-        why = super().supports(case)
-        if why:
-            return why
-        if not case.on_cuda:
-            return "fla runs on CUDA only (its chunk kernels fail under TRITON_INTERPRET)"
-        if case.dtype not in ("bf16", "fp16", "fp32"):
-            return f"fla: dtype {case.dtype}"
-        if case.params.head_dim_k > 256:
-            return "fla: head_dim_k > 256"
-        return None
-
+    @implements("gdn_decode", limits=limits)
     def prepare_gdn_decode(self, case, x):
         from attnbench.kernels.fla.gdn import prepare_decode
 
         return prepare_decode(case, x)
 
+    @implements("gdn_extend", limits=limits)
     def prepare_gdn_extend(self, case, x):
         from attnbench.kernels.fla.gdn import prepare_extend
 

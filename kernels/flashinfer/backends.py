@@ -8,10 +8,11 @@
 - `flashinfer-ragged`: extend as SGLang runs it: ragged kernel on the new tokens, paged kernel on the
   prefix, merge_state (fa2). `flashinfer-ragged-fa3`: the same on fa3.
 
-An op is added by a mixin that defines `prepare_<op>(case, inputs)` and, optionally,
-`limits_<op>(case) -> str | None` (the case-level skip reason; hardware availability is checked
-before it) and `jit_<op>(case) -> list[JitKey]` (the JIT modules to prebuild). The GDN mixin
-(`gdn.py`, `FlashInferGDN`) joins a class's bases the same way.
+An op is added by a mixin whose prepare method is declared with `@implements(op, limits=...,
+jit_keys=...)` (attnbench.backend): its limits are the case-level skip reasons (hardware
+availability is checked before them, the case's device and fp8 caches by `backend_limits`), its JIT
+keys the modules `prebuild` compiles before the cases. The GDN mixin (`gdn.py`, `FlashInferGDN`)
+joins a class's bases the same way.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from typing import ClassVar
 
 import torch
 
-from attnbench.backend import Backend, register_backend
+from attnbench.backend import Backend, implements, register_backend
 from attnbench.dtypes import to_torch
 from attnbench.kernels.flashinfer import _lib, limits
 from attnbench.kernels.flashinfer.gdn import FlashInferGDN
@@ -57,44 +58,29 @@ def _sink_key(case, backend: str) -> JitKey:
     return JitKey("sink", backend, to_torch(case.dtype), p.head_dim, p.dv, p.window >= 0)
 
 
+def _device_and_kv(backend, case) -> str | None:
+    """Every op: a CUDA case; fp8 KV caches where the adapter wires them (plain decode on fa2)."""
+    if not case.on_cuda:
+        return f"FlashInfer runs on CUDA devices; this case is on {case.device}"
+    if getattr(case.params, "kv_dtype", "auto") != "auto":
+        return limits.fp8_kv(case, case.op_name == "decode", backend.attention_backend)
+    return None
+
+
 class FlashInferBase(Backend):
-    """Availability (package, GPU, SM90 for fa3), the case device, then `limits_<op>`."""
+    """Availability (package, GPU, SM90 for fa3), then the case device and fp8 caches, then the op's limits."""
 
     attention_backend: ClassVar[str] = "fa2"  # "fa2" or "fa3": the kernel family of the paged paths
+    backend_limits = _device_and_kv
 
     def available(self) -> str | None:
         return _lib.unavailable(need_sm90=self.attention_backend == "fa3")
 
-    def supports(self, case) -> str | None:
-        reason = super().supports(case)
-        if reason:
-            return reason
-        if not case.on_cuda:
-            return f"FlashInfer runs on CUDA devices; this case is on {case.device}"
-        return self.limits(case)
-
-    fp8_kv: ClassVar[bool] = False  # reads fp8 KV caches (per-tensor k_scale / v_scale) in decode
-
-    def limits(self, case) -> str | None:
-        """The case-level reason this backend cannot run `case` (no GPU needed to decide)."""
-        fp8 = getattr(case.params, "kv_dtype", "auto") != "auto"
-        if fp8 and (reason := limits.fp8_kv(case, self.fp8_kv, self.attention_backend)):
-            return reason
-        rule = getattr(self, f"limits_{case.op_name}", None)
-        return rule(case) if rule else None
-
-    def jit_modules(self, case) -> list[JitKey]:
-        """The FlashInfer JIT modules `prepare` loads for `case`: `prebuild.specs` of these keys are
-        exactly those modules (tests/kernels/flashinfer/test_flashinfer_prebuild.py checks it through the wrappers)."""
-        keys = getattr(self, f"jit_{case.op_name}", None)
-        return keys(case) if keys else []
-
-    def precompile_keys(self, cases) -> list[JitKey]:
-        return [k for case in cases for k in self.jit_modules(case)]
-
     @classmethod
     def precompile(cls, keys: list[JitKey]) -> str:
-        """Every FlashInfer variant's modules, built in parallel before the cases (`prebuild`)."""
+        """Every FlashInfer variant's modules, built in parallel before the cases (`prebuild`).
+        `jit_keys(case)` names exactly the modules `prepare` loads (tests/kernels/flashinfer/
+        test_flashinfer_prebuild.py checks it through the wrappers)."""
         from attnbench.kernels.flashinfer.prebuild import build, specs
 
         modules = specs(keys)
@@ -102,31 +88,33 @@ class FlashInferBase(Backend):
         return f"flashinfer: {len(modules)} JIT modules built"
 
 
+# ---- decode ---------------------------------------------------------------------------------------
+def paged_decode_limits(backend, case) -> str | None:
+    p = case.params
+    if reason := limits.dtype(case.dtype):
+        return reason
+    if p.mla:
+        return limits.mla(p, extend=False)
+    reason = limits.one_head_dim(p.head_dim, p.dv)
+    reason = reason or limits.head_dims(backend.attention_backend, p.head_dim, p.dv)
+    if reason or not p.sinks:
+        return reason
+    return limits.sinks(p, extend=False)
+
+
+def paged_decode_jit(backend, case) -> list[JitKey]:
+    p = case.params
+    if p.mla:
+        return [JitKey("mla", backend.attention_backend, to_torch(case.dtype))]
+    if p.sinks:
+        return [_sink_key(case, backend.attention_backend)]
+    return _prefill_keys(case, backend.attention_backend, paged=True)
+
+
 class PagedDecode:
     """Decode: tensor-core kernel, AttentionSink wrapper for sinks, MLA wrapper for MLA."""
 
-    fp8_kv = True
-
-    def limits_decode(self, case) -> str | None:
-        p = case.params
-        if reason := limits.dtype(case.dtype):
-            return reason
-        if p.mla:
-            return limits.mla(p, extend=False)
-        reason = limits.one_head_dim(p.head_dim, p.dv)
-        reason = reason or limits.head_dims(self.attention_backend, p.head_dim, p.dv)
-        if reason or not p.sinks:
-            return reason
-        return limits.sinks(p, extend=False)
-
-    def jit_decode(self, case) -> list[JitKey]:
-        p = case.params
-        if p.mla:
-            return [JitKey("mla", self.attention_backend, to_torch(case.dtype))]
-        if p.sinks:
-            return [_sink_key(case, self.attention_backend)]
-        return _prefill_keys(case, self.attention_backend, paged=True)
-
+    @implements("decode", limits=paged_decode_limits, jit_keys=paged_decode_jit)
     def prepare_decode(self, case, x):
         if case.params.mla:
             from attnbench.kernels.flashinfer.mla import prepare_mla
@@ -141,70 +129,77 @@ class PagedDecode:
         return prepare_decode(case, x, tensor_cores=True, backend=self.attention_backend)
 
 
+def cuda_core_decode_limits(backend, case) -> str | None:
+    p = case.params
+    if reason := limits.dtype(case.dtype):
+        return reason
+    if p.mla:
+        return "MLA decode runs through BatchMLAPagedAttentionWrapper (flashinfer, flashinfer-fa3)"
+    if p.sinks:
+        return (
+            "FlashInfer's CUDA-core decode kernel has no sink term (run(sinks=...) is dropped silently "
+            "on this path); sinks run on flashinfer / flashinfer-fa3 through the AttentionSink wrapper"
+        )
+    group = p.heads_q // p.heads_kv
+    return limits.one_head_dim(p.head_dim, p.dv) or limits.cuda_core_decode(p.head_dim, group)
+
+
+def cuda_core_decode_jit(backend, case) -> list[JitKey]:
+    p = case.params
+    dtype = to_torch(case.dtype)
+    return [JitKey("decode", "", dtype, p.head_dim, p.dv, p.window >= 0, p.soft_cap > 0, _kv_dtype(case))]
+
+
 class CudaCoreDecode:
     """Decode on FlashInfer's CUDA-core kernel (`use_tensor_cores=False`)."""
 
-    fp8_kv = True
-
-    def limits_decode(self, case) -> str | None:
-        p = case.params
-        if reason := limits.dtype(case.dtype):
-            return reason
-        if p.mla:
-            return "MLA decode runs through BatchMLAPagedAttentionWrapper (flashinfer, flashinfer-fa3)"
-        if p.sinks:
-            return (
-                "FlashInfer's CUDA-core decode kernel has no sink term (run(sinks=...) is dropped silently "
-                "on this path); sinks run on flashinfer / flashinfer-fa3 through the AttentionSink wrapper"
-            )
-        group = p.heads_q // p.heads_kv
-        return limits.one_head_dim(p.head_dim, p.dv) or limits.cuda_core_decode(p.head_dim, group)
-
-    def jit_decode(self, case) -> list[JitKey]:
-        p = case.params
-        dtype = to_torch(case.dtype)
-        return [JitKey("decode", "", dtype, p.head_dim, p.dv, p.window >= 0, p.soft_cap > 0, _kv_dtype(case))]
-
+    @implements("decode", limits=cuda_core_decode_limits, jit_keys=cuda_core_decode_jit)
     def prepare_decode(self, case, x):
         from attnbench.kernels.flashinfer.decode import prepare_decode
 
         return prepare_decode(case, x, tensor_cores=False, backend="fa2")
 
 
-class PagedExtend:
-    """Extend: one paged prefill call; attend mode via the ragged+paged cascade; sinks; MLA."""
-
-    def limits_extend(self, case) -> str | None:
-        p, backend = case.params, self.attention_backend
-        if reason := limits.dtype(case.dtype):
-            return reason
-        if p.mla:
-            return limits.mla(p, extend=True)
-        if reason := limits.head_dims(backend, p.head_dim, p.dv):
-            return reason
-        if p.mask == "custom" and backend == "fa3":
-            return "FlashInfer's fa3 kernels take no custom mask (MaskMode.CUSTOM is rejected on SM90)"
-        if p.sinks:
-            reason = limits.sinks(p, extend=True)
-        elif p.new_kv == "attend":
-            return limits.cascade(p, backend)
-        else:
-            reason = None
-        if reason is None and backend == "fa3":
-            reason = limits.fa3_paged_strides(p.head_dim, p.dv)
+# ---- extend ---------------------------------------------------------------------------------------
+def paged_extend_limits(backend, case) -> str | None:
+    p, fam = case.params, backend.attention_backend
+    if reason := limits.dtype(case.dtype):
         return reason
+    if p.mla:
+        return limits.mla(p, extend=True)
+    if reason := limits.head_dims(fam, p.head_dim, p.dv):
+        return reason
+    if p.mask == "custom" and fam == "fa3":
+        return "FlashInfer's fa3 kernels take no custom mask (MaskMode.CUSTOM is rejected on SM90)"
+    if p.sinks:
+        reason = limits.sinks(p, extend=True)
+    elif p.new_kv == "attend":
+        return limits.cascade(p, fam)
+    else:
+        reason = None
+    if reason is None and fam == "fa3":
+        reason = limits.fa3_paged_strides(p.head_dim, p.dv)
+    return reason
 
-    def jit_extend(self, case) -> list[JitKey]:
-        p, backend = case.params, self.attention_backend
-        if p.mla:
-            return [JitKey("mla", backend, to_torch(case.dtype))]
-        if p.sinks:
-            return [_sink_key(case, backend)]
-        if p.new_kv == "attend":
-            prefix = p.prefix_len > 0
-            return _prefill_keys(case, backend, paged=prefix, cascade=prefix)
-        return _prefill_keys(case, backend, paged=True)
 
+def paged_extend_jit(backend, case) -> list[JitKey]:
+    p, fam = case.params, backend.attention_backend
+    if p.mla:
+        return [JitKey("mla", fam, to_torch(case.dtype))]
+    if p.sinks:
+        return [_sink_key(case, fam)]
+    if p.new_kv == "attend":
+        prefix = p.prefix_len > 0
+        return _prefill_keys(case, fam, paged=prefix, cascade=prefix)
+    return _prefill_keys(case, fam, paged=True)
+
+
+class PagedExtend:
+    """Extend: one paged prefill call; attend mode via the ragged+paged cascade; sinks; MLA.
+
+    Tree verification is a custom-mask extend with save (its inputs are extend's): same paths, same limits."""
+
+    @implements("extend", "tree_verify", limits=paged_extend_limits, jit_keys=paged_extend_jit)
     def prepare_extend(self, case, x):
         p = case.params
         if p.mla:
@@ -221,42 +216,40 @@ class PagedExtend:
             return extend.prepare_cascade(case, x, backend=self.attention_backend)
         return extend.prepare_paged(case, x, backend=self.attention_backend)
 
-    # tree verification is a custom-mask extend with save (its inputs are extend's): same paths, same limits
-    limits_tree_verify = limits_extend
-    jit_tree_verify = jit_extend
-    prepare_tree_verify = prepare_extend
+
+def ragged_extend_limits(backend, case) -> str | None:
+    p, fam = case.params, backend.attention_backend
+    if reason := limits.dtype(case.dtype):
+        return reason
+    if p.mla:
+        return "FlashInfer MLA runs through BatchMLAPagedAttentionWrapper (flashinfer, flashinfer-fa3)"
+    if p.new_kv == "shared":
+        return "the ragged kernel reads the new tokens' K/V, which new_kv=shared keeps only in the cache"
+    return limits.head_dims(fam, p.head_dim, p.dv) or limits.cascade(p, fam)
+
+
+def ragged_extend_jit(backend, case) -> list[JitKey]:
+    prefix = case.params.prefix_len > 0
+    return _prefill_keys(case, backend.attention_backend, paged=prefix, cascade=prefix)
 
 
 class RaggedExtend:
     """Extend the SGLang way: ragged kernel on the new tokens, paged on the prefix, merge_state."""
 
-    def limits_extend(self, case) -> str | None:
-        p, backend = case.params, self.attention_backend
-        if reason := limits.dtype(case.dtype):
-            return reason
-        if p.mla:
-            return "FlashInfer MLA runs through BatchMLAPagedAttentionWrapper (flashinfer, flashinfer-fa3)"
-        if p.new_kv == "shared":
-            return "the ragged kernel reads the new tokens' K/V, which new_kv=shared keeps only in the cache"
-        return limits.head_dims(backend, p.head_dim, p.dv) or limits.cascade(p, backend)
-
-    def jit_extend(self, case) -> list[JitKey]:
-        prefix = case.params.prefix_len > 0
-        return _prefill_keys(case, self.attention_backend, paged=prefix, cascade=prefix)
-
+    @implements("extend", limits=ragged_extend_limits, jit_keys=ragged_extend_jit)
     def prepare_extend(self, case, x):
         from attnbench.kernels.flashinfer.extend import prepare_cascade
 
         return prepare_cascade(case, x, backend=self.attention_backend)
 
 
+# ---- merge_state ----------------------------------------------------------------------------------
 class MergeState:
-    def jit_merge_state(self, case) -> list[JitKey]:
-        return [JitKey("cascade")]
-
-    def limits_merge_state(self, case) -> str | None:
-        return limits.merge_state(case.params, case.dtype)
-
+    @implements(
+        "merge_state",
+        limits=lambda backend, case: limits.merge_state(case.params, case.dtype),
+        jit_keys=lambda backend, case: [JitKey("cascade")],
+    )
     def prepare_merge_state(self, case, x):
         from attnbench.kernels.flashinfer.merge import prepare_merge_state
 

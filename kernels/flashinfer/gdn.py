@@ -1,7 +1,7 @@
 """FlashInfer's GDN kernels behind the canonical GDN contracts: the mixin `FlashInferGDN`.
 
 The `flashinfer` backend class (kernels/flashinfer/backends.py) takes this mixin among its bases;
-its `supports()` then reaches `limits_gdn_*` (= `gdn_unsupported`). flashinfer is imported lazily,
+each prepare method is declared with `gdn_unsupported` as its limits. flashinfer is imported lazily,
 in `prepare`.
 
 Kernels (FlashInfer 0.7.2.post1, SM90+):
@@ -23,6 +23,8 @@ a zero state and are never scattered back.
 from __future__ import annotations
 
 import torch
+
+from attnbench.backend import implements
 
 
 def gdn_unsupported(case) -> str | None:
@@ -60,19 +62,14 @@ def _gather_k_last(pool: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, 
     return out
 
 
+def _limits(backend, case) -> str | None:
+    return gdn_unsupported(case)
+
+
 class FlashInferGDN:
-    """Mixin of the flashinfer backend: prepare_gdn_decode, prepare_gdn_verify, prepare_gdn_extend,
-    and the `limits_<op>` hooks that FlashInferBase.supports consults."""
+    """Mixin of the flashinfer backend: gdn_decode, gdn_verify, gdn_extend (limits: `gdn_unsupported`)."""
 
-    def limits_gdn_decode(self, case) -> str | None:
-        return gdn_unsupported(case)
-
-    def limits_gdn_verify(self, case) -> str | None:
-        return gdn_unsupported(case)
-
-    def limits_gdn_extend(self, case) -> str | None:
-        return gdn_unsupported(case)
-
+    @implements("gdn_decode", limits=_limits)
     def prepare_gdn_decode(self, case, x):
         from flashinfer.gdn_decode import gated_delta_rule_decode_pretranspose
 
@@ -94,6 +91,7 @@ class FlashInferGDN:
         run.info = {"variant": "gather K-last + gated_delta_rule_decode_pretranspose (fp32 state) + scatter"}
         return run
 
+    @implements("gdn_verify", limits=_limits)
     def prepare_gdn_verify(self, case, x):
         from flashinfer.gdn_decode import gated_delta_rule_mtp
 
@@ -119,6 +117,7 @@ class FlashInferGDN:
         run.info = {"variant": "gather K-last + gated_delta_rule_mtp (chain) + transpose intermediates"}
         return run
 
+    @implements("gdn_extend", limits=_limits)
     def prepare_gdn_extend(self, case, x):
         from flashinfer.gdn_prefill import chunk_gated_delta_rule
 

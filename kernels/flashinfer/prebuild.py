@@ -8,7 +8,7 @@ their sources compile in parallel on every core. Each `prepare` then loads the b
 
 The contract, checked on CPU through FlashInfer's own wrappers (tests/kernels/flashinfer/test_flashinfer_prebuild.py):
 
-- Modules are named by keys (`JitKey`): the backends' `jit_modules(case)` return them, and
+- Modules are named by keys (`JitKey`): the backends' `jit_keys(case)` return them, and
   `specs()` turns them into the JitSpecs the wrappers build, same generator and arguments, hence
   the same module names. A key that misses a module costs that module's build at first use.
 - `build()` runs ninja for each module in the module's own directory, as a wrapper's first use does

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from attnbench.backend import Backend, register_backend
+from attnbench.backend import Backend, implements, register_backend
 from attnbench.kernels.torch import gdn
 from attnbench.kernels.torch.attention import prepare_paged_attention
 from attnbench.kernels.torch.merge import merge_state
@@ -13,35 +13,45 @@ from attnbench.kernels.torch.spec import build_eagle_tree, verify_greedy
 class TorchBackend(Backend):
     description = "plain PyTorch in the case dtype with float32 accumulation (vectorised, CPU and GPU)"
 
+    @implements("decode")
     def prepare_decode(self, case, x):
         return prepare_paged_attention(x)
 
+    # tree verification is a custom-mask extend with save: its inputs are extend's, converted by nothing
+    @implements("extend", "tree_verify")
     def prepare_extend(self, case, x):
         return prepare_paged_attention(x)
 
-    # tree verification is a custom-mask extend with save: its inputs are extend's, converted by nothing
     prepare_tree_verify = prepare_extend
 
+    @implements("merge_state")
     def prepare_merge_state(self, case, x):
         return lambda: merge_state(x)
 
+    @implements("eagle_build_tree")
     def prepare_eagle_build_tree(self, case, x):
         return lambda: build_eagle_tree(x)
 
+    @implements("verify_greedy")
     def prepare_verify_greedy(self, case, x):
         return lambda: verify_greedy(x)
 
+    @implements("gdn_gating")
     def prepare_gdn_gating(self, case, x):
         return lambda: gdn.gdn_gating(x)
 
+    @implements("causal_conv1d")
     def prepare_causal_conv1d(self, case, x):
         return lambda: gdn.causal_conv1d(x)
 
+    @implements("gdn_decode")
     def prepare_gdn_decode(self, case, x):
         return lambda: gdn.gdn_decode(x)
 
+    @implements("gdn_extend")
     def prepare_gdn_extend(self, case, x):
         return lambda: gdn.gdn_extend(x)
 
+    @implements("gdn_verify")
     def prepare_gdn_verify(self, case, x):
         return lambda: gdn.gdn_verify(x)

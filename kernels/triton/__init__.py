@@ -23,7 +23,7 @@ from __future__ import annotations
 import importlib.util
 import os
 
-from attnbench.backend import Backend, register_backend
+from attnbench.backend import Backend, implements, register_backend
 from attnbench.kernels.triton.gdn_backend import TritonGDN
 from attnbench.kernels.triton.spec_backend import TritonSpec
 
@@ -46,8 +46,24 @@ def _triton_missing() -> str | None:
     return None
 
 
+def on_device(backend, case) -> str | None:
+    """Every op of the triton backends: a CUDA case, or any case under the CPU interpreter."""
+    if not case.on_cuda and not interpreting():
+        return f"case on {case.device}: Triton runs on CUDA (or set TRITON_INTERPRET=1 for the CPU)"
+    return None
+
+
+def attention_head_dims(backend, case) -> str | None:
+    """decode, extend and tree_verify: the launch configs are sized for head dims up to MAX_DK/MAX_DV."""
+    p = case.params
+    if p.head_dim > MAX_DK or p.dv > MAX_DV:
+        return f"head dims {p.head_dim}/{p.dv}: tiles are sized for at most {MAX_DK}/{MAX_DV}"
+    return None
+
+
 class _TritonAttention(Backend):
     deterministic = False
+    backend_limits = on_device
 
     def available(self) -> str | None:
         missing = _triton_missing()
@@ -59,17 +75,7 @@ class _TritonAttention(Backend):
             return "no CUDA device (set TRITON_INTERPRET=1 to run the kernels in Triton's CPU interpreter)"
         return None
 
-    def supports(self, case) -> str | None:
-        reason = super().supports(case)
-        if reason:
-            return reason
-        if not case.on_cuda and not interpreting():
-            return f"case on {case.device}: Triton runs on CUDA (or set TRITON_INTERPRET=1 for the CPU)"
-        p = case.params
-        if case.op_name in ("decode", "extend", "tree_verify") and (p.head_dim > MAX_DK or p.dv > MAX_DV):
-            return f"head dims {p.head_dim}/{p.dv}: tiles are sized for at most {MAX_DK}/{MAX_DV}"
-        return None
-
+    @implements("decode", limits=attention_head_dims)
     def prepare_decode(self, case, x):
         from attnbench.kernels.triton import decode as d
         from attnbench.kernels.triton.common import first_that_fits
@@ -97,6 +103,7 @@ class _TritonAttention(Backend):
         }
         return run
 
+    @implements("extend", limits=attention_head_dims)
     def prepare_extend(self, case, x):
         from attnbench.kernels.triton import extend as e
         from attnbench.kernels.triton.common import first_that_fits
@@ -122,6 +129,7 @@ class _TritonAttention(Backend):
         }
         return run
 
+    @implements("merge_state")
     def prepare_merge_state(self, case, x):
         from attnbench.kernels.triton.merge import bind_merge_state
 

@@ -6,12 +6,22 @@ checks) and returns the closure that launches our own kernels (kernels/triton/gd
 
 from __future__ import annotations
 
-from attnbench.errors import Unsupported
+from attnbench.backend import implements
+
+MAX_EXTEND_HEAD_DIM = 256  # gdn_extend's chunk kernels hold a K x V state block of at most 256 x 256
+
+
+def extend_head_dims(backend, case) -> str | None:
+    p = case.params
+    if p.head_dim_k > MAX_EXTEND_HEAD_DIM or p.head_dim_v > MAX_EXTEND_HEAD_DIM:
+        return f"triton gdn_extend supports head dims up to {MAX_EXTEND_HEAD_DIM}"
+    return None
 
 
 class TritonGDN:
     """Mixin: gdn_gating, causal_conv1d, gdn_decode (plain and packed), gdn_extend, gdn_verify."""
 
+    @implements("gdn_gating")
     def prepare_gdn_gating(self, case, x):
         from attnbench.kernels.triton.gdn import gdn_gating
 
@@ -21,6 +31,7 @@ class TritonGDN:
 
         return run
 
+    @implements("causal_conv1d")
     def prepare_causal_conv1d(self, case, x):
         from attnbench.kernels.triton.gdn_conv import causal_conv1d_fn, causal_conv1d_update
 
@@ -42,6 +53,7 @@ class TritonGDN:
 
         return run
 
+    @implements("gdn_decode")
     def prepare_gdn_decode(self, case, x):
         from attnbench.kernels.triton.gdn import gdn_recurrent
 
@@ -55,6 +67,7 @@ class TritonGDN:
         run.info = {"variant": "packed: q/k/v read in place from mixed_qkv" if packed else "recurrent"}
         return run
 
+    @implements("gdn_verify")
     def prepare_gdn_verify(self, case, x):
         from attnbench.kernels.triton.gdn import gdn_recurrent
 
@@ -67,12 +80,11 @@ class TritonGDN:
 
         return run
 
+    @implements("gdn_extend", limits=extend_head_dims)
     def prepare_gdn_extend(self, case, x):
         from attnbench.kernels.triton.gdn_chunk import chunk_gated_delta_rule, plan
 
         K, V = x.q.shape[2], x.v.shape[2]
-        if K > 256 or V > 256:
-            raise Unsupported("triton gdn_extend supports head dims up to 256")
         p = plan(list(x.lens_host), x.q.shape[1], x.v.shape[1], K, V, x.q.dtype, x.q.device)
 
         def run():

@@ -7,23 +7,30 @@ Triton is imported when a kernel is prepared, so the backend package imports wit
 
 from __future__ import annotations
 
-from attnbench.errors import Unsupported
+from attnbench.backend import implements
+
+
+def _attention_head_dims(backend, case):
+    from attnbench.kernels.triton import attention_head_dims
+
+    return attention_head_dims(backend, case)
 
 
 class TritonSpec:
-    """Mixin for the triton `Backend`: tree_verify, eagle_build_tree and verify_greedy."""
+    """Mixin for the triton `Backend` (whose attention class has `prepare_extend`): tree_verify,
+    eagle_build_tree and verify_greedy."""
 
+    @implements("tree_verify", limits=_attention_head_dims)
     def prepare_tree_verify(self, case, x):
-        extend = getattr(self, "prepare_extend", None)
-        if extend is None:
-            raise Unsupported("this triton build has no extend kernel to verify trees with")
-        return extend(case, x)
+        return self.prepare_extend(case, x)
 
+    @implements("eagle_build_tree")
     def prepare_eagle_build_tree(self, case, x):
         from attnbench.kernels.triton.spec import build_eagle_tree
 
         return lambda: build_eagle_tree(x)
 
+    @implements("verify_greedy")
     def prepare_verify_greedy(self, case, x):
         from attnbench.kernels.triton.spec import verify_greedy
 

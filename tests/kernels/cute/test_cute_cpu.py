@@ -58,7 +58,7 @@ def test_unavailable_names_what_is_missing(monkeypatch):
 def test_case_limits(case_id, expect):
     case = Case.from_id(case_id, "cuda")
     backend = get_backend("cute")
-    reason = backend.case_reason(case) if case.op_name in backend.ops else backend.supports(case)
+    reason = backend.limits(case) if case.op_name in backend.ops else backend.supports(case)
     if expect is None:
         assert reason is None
     else:

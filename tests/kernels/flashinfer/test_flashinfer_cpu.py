@@ -135,7 +135,7 @@ def test_merge_limits():
     ],
 )
 def test_case_limits(backend, case_id, expect):
-    reason = get_backend(backend).limits(Case.from_id(case_id))
+    reason = get_backend(backend).limits(Case.from_id(case_id, "cuda"))
     if expect is None:
         assert reason is None
     else:
@@ -351,13 +351,13 @@ def test_prebuild_keys_and_specs_for_smoke(monkeypatch, tmp_path):
     from fake_flashinfer import use_scratch_jit_dirs
 
     use_scratch_jit_dirs(monkeypatch, tmp_path)
-    cases = load("smoke").cases
+    cases = load("smoke", device="cuda").cases  # limits read the case's device: FlashInfer runs CUDA cases
     keys = {}
     for name in FI_BACKENDS:
         b = get_backend(name)
         for case in cases:
             if case.op_name in b.ops and b.limits(case) is None:
-                keys.update(dict.fromkeys(b.jit_modules(case)))
+                keys.update(dict.fromkeys(b.jit_keys(case)))
     kinds = {k.kind for k in keys}
     assert kinds == {"prefill", "prefill-independent", "decode", "mla", "cascade", "sink", "packbits"}
     names = [s.name for s in prebuild.specs(keys)]

@@ -5,7 +5,7 @@ Two checks on a CPU, both through FlashInfer's own code (tests/support/fake_flas
 - names: for every case of the GPU suites that a FlashInfer backend runs (at CPU size: same
   dtypes, head dims, masks, window, soft cap, sinks, MLA, KV dtype and layout; two short requests),
   the modules the real wrappers load during `prepare` are exactly `prebuild.specs` of the backend's
-  `jit_modules(case)`, and the timed closure loads none.
+  `jit_keys(case)`, and the timed closure loads none.
 - place: after `prebuild.build`, a wrapper's first use (`JitSpec.build`, real ninja, a fake
   compiler) compiles nothing. Ninja keeps its log per directory it runs in, so modules built from
   another directory (FlashInfer's `build_jit_specs`) were all compiled again at first use.
@@ -51,7 +51,8 @@ def pairs() -> list[tuple[str, object]]:
                 b = get_backend(name)
                 if case.op_name in b.ops and b.limits(case) is None:
                     small = cpu_sized(case)
-                    assert b.limits(small) is None and b.jit_modules(small) == b.jit_modules(case), case.id
+                    assert b.limits(dataclasses.replace(small, device="cuda")) is None, case.id
+                    assert b.jit_keys(small) == b.jit_keys(case), case.id
                     out.setdefault((name, small.id), small)
     return [(name, case) for (name, _), case in out.items()]
 
@@ -75,7 +76,7 @@ def fake(monkeypatch, tmp_path):
 
 
 def test_the_suites_reach_every_path():
-    kinds = {(name, k.kind) for name, case in PAIRS for k in get_backend(name).jit_modules(case)}
+    kinds = {(name, k.kind) for name, case in PAIRS for k in get_backend(name).jit_keys(case)}
     fp8 = {name for name, case in PAIRS if case.params.model_dump().get("kv_dtype", "auto") != "auto"}
     assert {k for _, k in kinds} == {"prefill", "prefill-independent", "decode", "mla", "sink", "cascade", "packbits"}
     assert {"flashinfer", "flashinfer-cudacore"} <= fp8
@@ -89,7 +90,7 @@ def test_prebuild_builds_what_prepare_loads(fake, backend, case):
     b = get_backend(backend)
     fn = b.prepare(case, case.make_inputs())
     loaded = set(fake.loaded)
-    built = {s.name for s in prebuild.specs(b.jit_modules(case))}
+    built = {s.name for s in prebuild.specs(b.jit_keys(case))}
     assert loaded, "prepare loaded no JIT module (were FlashInfer's module caches emptied?)"
     assert not loaded - built, f"prepare loads modules that prebuild does not build: {sorted(loaded - built)}"
     assert not built - loaded, f"prebuild builds modules that prepare does not load: {sorted(built - loaded)}"
