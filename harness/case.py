@@ -20,9 +20,21 @@ class Tolerance:
     why: str = ""
 
 
+SIGNIFICANT_DIGITS = 6  # float parameters are kept to this many, so the id states them exactly and stays short
+
+
+def _short(v: float) -> float:
+    return float(f"{v:.{SIGNIFICANT_DIGITS}g}")
+
+
 @dataclass(frozen=True)
 class Case:
-    """op + params + dtype + seed. `id` (e.g. `decode/b64-l4096-h32x8-d128-p16-bf16-swa128`) re-creates it."""
+    """op + params + dtype + seed. `id` (e.g. `decode/b64-l4096-h32x8-d128-p16-bf16-swa128`) re-creates it.
+
+    Float parameters are rounded to SIGNIFICANT_DIGITS on construction (an MLA `sm_scale` of
+    0.1352337788608801 becomes 0.135234, id token `scale0.135234`): far below any kernel's precision,
+    and the case built from the id is the same case, bit for bit.
+    """
 
     op_name: str
     params: Params
@@ -33,6 +45,11 @@ class Case:
     device: str = field(default="cpu", compare=False)  # where inputs are built and kernels run
     require: frozenset[str] = field(default=frozenset(), compare=False)  # deterministic, batch_invariant
     invariance: bool = field(default=False, compare=False)  # check (and report) batch invariance
+
+    def __post_init__(self):
+        floats = {k: _short(v) for k, v in self.params if isinstance(v, float) and _short(v) != v}
+        if floats:
+            object.__setattr__(self, "params", self.params.model_copy(update=floats))
 
     @property
     def op(self) -> Op:

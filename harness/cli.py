@@ -19,7 +19,7 @@ from rich.markup import escape as esc
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
-from attnbench import backend as backend_mod
+from attnbench import backend as backend_mod  # no torch: --help and --version start fast
 from attnbench.errors import AttnbenchError
 
 app = typer.Typer(
@@ -29,6 +29,25 @@ app = typer.Typer(
     add_completion=False,
     help="Benchmark and validate LLM attention kernels against float64 references.",
 )
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from attnbench import __version__
+
+        print(f"attnbench {__version__}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _options(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Benchmark and validate LLM attention kernels against float64 references."""
+
+
 list_app = typer.Typer(help="List suites, ops, backends (capability matrix) and model presets.")
 app.add_typer(list_app, name="list")
 console = Console(stderr=True)
@@ -267,29 +286,41 @@ def report(
 
     if not (run_dir / "results.jsonl").is_file():
         _fail(AttnbenchError(f"{run_dir}: no results.jsonl here"))
-    if baseline:
-        names = sorted({r.backend for r in read_results(run_dir / "results.jsonl")})
-        if baseline not in names:
-            _fail(AttnbenchError(f"--baseline {baseline!r} is not a backend of this run; it has: {', '.join(names)}"))
-    render_all(run_dir, baseline)
+    try:
+        if baseline:
+            names = sorted({r.backend for r in read_results(run_dir / "results.jsonl")})
+            if baseline not in names:
+                raise AttnbenchError(
+                    f"--baseline {baseline!r} is not a backend of this run; it has: {', '.join(names)}"
+                )
+        render_all(run_dir, baseline)
+    except AttnbenchError as e:  # an unreadable results.jsonl or run.json: file:line and what is wrong
+        _fail(e)
     out_console.print(f"{run_dir / 'report.html'}")
 
 
 @app.command()
 def merge(
     runs: Annotated[list[Path], typer.Argument(help="Run directories to combine (e.g. shards).")],
-    out: Annotated[Path, typer.Option(help="The merged run directory.")],
+    out: Annotated[Path, typer.Option(help="The merged run directory (a new one).")],
+    partial: Annotated[
+        bool, typer.Option("--partial", help="Merge shards even when some of K/N are missing (marked incomplete).")
+    ] = False,
 ) -> None:
-    """Combine runs (shards of one sweep) into one run directory and report."""
+    """Combine runs (shards of one sweep) into one run directory and report.
+
+    Refuses an --out that is one of the runs, runs on different devices or of different timing modes,
+    and (without --partial) an incomplete set of shards, naming the missing ones.
+    """
     from attnbench.report import render_all
     from attnbench.sweep import exit_code
     from attnbench.sweep import merge as merge_runs
 
     try:
-        rows = merge_runs(runs, out)
+        rows = merge_runs(runs, out, partial=partial)
+        render_all(out)
     except AttnbenchError as e:
         _fail(e)
-    render_all(out)
     _print_summary(rows)
     out_console.print(f"{out / 'report.html'}")
     raise typer.Exit(exit_code(rows))

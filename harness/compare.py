@@ -27,7 +27,7 @@ from __future__ import annotations
 import json
 import statistics
 from collections import Counter
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from attnbench.errors import AttnbenchError
@@ -304,7 +304,7 @@ def pool_runs(runs: list[list[Result]]) -> list[Result]:
                 "n_throttled": sum(t.get("n_throttled", 0) for t in timings),
                 "converged": all(t.get("converged", True) for t in timings),
             }
-            row = replace(row, timing=timing)
+            row = row.model_copy(update={"timing": timing})
         pooled.append(row)
     return pooled
 

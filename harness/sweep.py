@@ -21,7 +21,8 @@ from attnbench.backend import Backend, all_backends, get_backend
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError, describe
 from attnbench.pool import Pool
-from attnbench.results import Result, ResultWriter, read_results
+from attnbench.results import SCHEMA_VERSION, Result, ResultWriter, read_results
+from attnbench.runinfo import RunInfo, Shard, Source, git_info, read_run, write_run
 from attnbench.runner import ContextLost, RunOptions, error_row, run_case, triage
 from attnbench.suite import MAX_CASES, Suite, load
 from attnbench.suites import CPU_DEFAULT, GPU_DEFAULT
@@ -210,38 +211,44 @@ def execute(
             opts = replace(opts, peaks=environment["peaks"])
         except Exception as e:
             environment["peaks_error"] = f"{type(e).__name__}: {e}"
-    (out / "env.json").write_text(json.dumps(environment, indent=2))
-    run_info = {
-        "argv": argv if argv is not None else sys.argv,
-        "device": p.device,
-        "devices": list(how.devices or (p.device,)),
-        "suites": [str(s.path) for s in p.suites],
-        "backends": [b.name for b in p.backends],
-        "filters": p.filters,
-        "timing": opts.timing,
-        "isolated": how.isolate,
-        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
-    }
+    (out / "env.json").write_text(json.dumps({"schema_version": SCHEMA_VERSION} | environment, indent=2))
+    shard = p.filters.get("shard")
+    run_info = RunInfo(
+        attnbench=environment.get("attnbench"),
+        git=git_info(),
+        argv=list(argv if argv is not None else sys.argv),
+        device=p.device,
+        devices=list(how.devices or (p.device,)),
+        suites=[str(s.path) for s in p.suites],
+        backends=[b.name for b in p.backends],
+        plugins=list(how.plugins),
+        filters=p.filters,
+        shard=Shard(k=shard[0], n=shard[1]) if shard else None,
+        timing=opts.timing,
+        executor="sanitizer" if how.sanitize else "isolated" if how.isolate else "in-process",
+        isolated=how.isolate,
+        started=time.strftime("%Y-%m-%dT%H:%M:%S"),
+    )
     if earlier:
-        old = json.loads((out / "run.json").read_text()) if (out / "run.json").exists() else {}
-        run_info["resumed"] = old.get("resumed", []) + [{"started": old.get("started"), "rows_kept": len(earlier)}]
+        old = read_run(out)
+        run_info.resumed = old.resumed + [{"started": old.started, "rows_kept": len(earlier)}]
     if how.sanitize:
-        run_info["sanitize"] = {"tool": how.sanitize, "executable": how.sanitizer, "cases": len(p.cases),
-                                **p.filters.get("sanitize", {})}  # fmt: skip
-    (out / "run.json").write_text(json.dumps(run_info, indent=2))
+        run_info.sanitize = {"tool": how.sanitize, "executable": how.sanitizer, "cases": len(p.cases),
+                             **p.filters.get("sanitize", {})}  # fmt: skip
+    write_run(run_info, out)
     jobs = [(c, [b.name for b in p.backends if (c.id, b.name) not in done]) for c in p.cases]
     jobs = [(c, names) for c, names in jobs if names]
     rows: list[Result] = list(earlier)
     t0 = time.perf_counter()
     try:
         if records := precompile(p.backends, jobs, on_status):
-            run_info["precompile"] = records
+            run_info.precompile = records
             for r in records:
                 if "error" in r and on_problem:
                     on_problem(
                         f"precompile for {', '.join(r['backends'])} failed ({r['error']}); each case compiles its own"
                     )
-            (out / "run.json").write_text(json.dumps(run_info, indent=2))
+            write_run(run_info, out)
         with ResultWriter(results) as writer:
 
             def record(case: Case, case_rows: list[Result]) -> None:
@@ -259,14 +266,16 @@ def execute(
                 pool.run(jobs)
             else:
                 _in_process(jobs, p, opts, envmod.short(environment), record)
-        run_info["complete"] = True
+        run_info.complete = True
     except BaseException as e:  # say in run.json why the sweep stopped (Ctrl-C, a harness error)
-        run_info["stopped_by"] = describe(e, first_line=True) if isinstance(e, Exception) else type(e).__name__
+        run_info.stopped_by = describe(e, first_line=True) if isinstance(e, Exception) else type(e).__name__
         raise
     finally:  # the report states the run's wall time (and whether it finished)
-        run_info |= {"finished": time.strftime("%Y-%m-%dT%H:%M:%S"), "wall_s": round(time.perf_counter() - t0, 3)}
-        run_info.setdefault("complete", False)
-        (out / "run.json").write_text(json.dumps(run_info, indent=2))
+        run_info.finished = time.strftime("%Y-%m-%dT%H:%M:%S")
+        run_info.wall_s = round(time.perf_counter() - t0, 3)
+        run_info.complete = bool(run_info.complete)
+        run_info.rows = len(rows)
+        write_run(run_info, out)
     return rows
 
 
@@ -340,34 +349,142 @@ def _in_process(jobs, p: Plan, opts: RunOptions, env: dict, record) -> None:
             )
 
 
-def merge(runs: list[Path], out: Path) -> list[Result]:
-    """Combine run directories (shards) into one: rows concatenated, a (case, backend) pair once."""
+def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
+    """Combine run directories (shards) into one: rows concatenated, a (case, backend) pair once.
+
+    Refused (AttnbenchError, nothing written): an output that is one of the inputs or already holds
+    results; runs on different devices (device type and GPU/CPU model) or of different timing modes;
+    shards of different N; missing shards of K/N (unless `partial`: then run.json names them and the
+    merged run is marked incomplete). run.json has the same shape as a sweep's, with `merged_from`.
+    """
+    runs = [Path(r) for r in runs]
+    if not runs:
+        raise AttnbenchError("merge needs at least one run directory")
+    out = Path(out)
+    for run in runs:
+        if not (run / "results.jsonl").is_file():
+            raise AttnbenchError(f"{run}: no results.jsonl here")
+        if out.resolve() == run.resolve():
+            raise AttnbenchError(f"--out {out} is one of the runs being merged; choose a new directory")
+    if (out / "results.jsonl").exists():
+        raise AttnbenchError(f"--out {out} already holds results.jsonl; choose a new directory")
+    infos = [read_run(run) for run in runs]
+    envs = [_read_env(run) for run in runs]
+    _same_device(runs, infos, envs)
+    _same_timing(runs, infos)
+    missing = _missing_shards(runs, infos)
+    if missing and not partial:
+        raise AttnbenchError(
+            f"shard{'s' * (len(missing) > 1)} {', '.join(missing)} missing from the merge "
+            "(pass --partial to merge what is there)"
+        )
     seen: dict[tuple[str, str], Path] = {}
     rows: list[Result] = []
-    envs = []
-    for run in runs:
-        path = Path(run) / "results.jsonl"
-        if not path.is_file():
-            raise AttnbenchError(f"{run}: no results.jsonl here")
-        for r in read_results(path):
+    sources = []
+    for run, info in zip(runs, infos, strict=True):
+        got = read_results(run / "results.jsonl")
+        for r in got:
             key = (r.case_id, r.backend)
             if key in seen:
                 raise AttnbenchError(f"{r.case_id} [{r.backend}] is in both {seen[key]} and {run}: runs overlap")
-            seen[key] = Path(run)
-            rows.append(r)
-        env_path = Path(run) / "env.json"
-        envs.append(json.loads(env_path.read_text()) if env_path.is_file() else {})
+            seen[key] = run
+        rows += got
+        if info.kind == "merge":  # a merge of merges lists the original runs
+            sources += info.merged_from
+        else:
+            sources.append(Source(path=str(run), device=info.device, shard=info.shard, rows=len(got),
+                                  complete=info.complete, git=info.git))  # fmt: skip
     out.mkdir(parents=True, exist_ok=True)
     with ResultWriter(out / "results.jsonl") as w:
         for r in rows:
             w.append(r)
-    merged_env = dict(envs[0]) if envs else {}
+    merged_env = dict(envs[0])
     if len({e.get("host") for e in envs}) > 1 or len({e.get("gpu") for e in envs}) > 1:
         merged_env["merged_from"] = [{k: e.get(k) for k in ("host", "gpu", "device")} for e in envs]
-    (out / "env.json").write_text(json.dumps(merged_env, indent=2))
-    (out / "run.json").write_text(json.dumps({"merged": [str(r) for r in runs], "rows": len(rows)}, indent=2))
+    (out / "env.json").write_text(json.dumps(merged_env | {"schema_version": SCHEMA_VERSION}, indent=2))
+    gits = {(i.git.commit, i.git.dirty) if i.git else None for i in infos}
+    walls = [i.wall_s for i in infos if i.wall_s is not None]
+    info = RunInfo(
+        kind="merge",
+        attnbench=envs[0].get("attnbench") or infos[0].attnbench,
+        git=infos[0].git if len(gits) == 1 else None,  # differing commits: see merged_from
+        argv=list(sys.argv),
+        device=infos[0].device,
+        devices=list(dict.fromkeys(d for i in infos for d in (i.devices or [i.device] if i.device else []))),
+        suites=list(dict.fromkeys(s for i in infos for s in i.suites)),
+        backends=list(dict.fromkeys(b for i in infos for b in i.backends)),
+        plugins=list(dict.fromkeys(p for i in infos for p in i.plugins)),
+        filters=infos[0].filters if all(i.filters == infos[0].filters for i in infos) else {},
+        timing=infos[0].timing,
+        started=min((i.started for i in infos if i.started), default=None),
+        finished=max((i.finished for i in infos if i.finished), default=None),
+        wall_s=round(sum(walls), 3) if walls else None,  # machine time of all the runs together
+        complete=not missing and all(i.complete is not False for i in infos),
+        merged_from=sources,
+        missing_shards=missing,
+        rows=len(rows),
+    )
+    write_run(info, out)
     return rows
 
 
+def _read_env(run: Path) -> dict:
+    path = run / "env.json"
+    try:
+        env = json.loads(path.read_text(encoding="utf-8")) if path.is_file() else {}
+    except (ValueError, UnicodeDecodeError) as e:
+        raise AttnbenchError(f"{path}: not valid JSON ({e})") from None
+    return env if isinstance(env, dict) else {}
+
+
+def _device_of(info: RunInfo, env: dict) -> str:
+    """Device type and model: runs on `cuda:0` and `cuda:1` of the same GPU model are one device."""
+    kind = torch.device(info.device).type if info.device else "?"
+    return f"{kind} ({env.get('gpu') or env.get('cpu') or 'unknown model'})"
+
+
+def _same_device(runs: list[Path], infos: list[RunInfo], envs: list[dict]) -> None:
+    found = [_device_of(i, e) for i, e in zip(infos, envs, strict=True)]
+    if len(set(found)) > 1:
+        j = next(j for j, d in enumerate(found) if d != found[0])
+        raise AttnbenchError(f"cannot merge runs on different devices: {runs[0]} ran on {found[0]}, "
+                             f"{runs[j]} on {found[j]}")  # fmt: skip
+
+
+def _timing_mode(run: Path, info: RunInfo) -> str:
+    if info.timing is None:  # run.json from before versioning without it: the rows tell
+        timed = any(r.timing for r in read_results(run / "results.jsonl"))
+    else:
+        timed = info.timing
+    return "timed" if timed else "untimed (correctness only)"
+
+
+def _same_timing(runs: list[Path], infos: list[RunInfo]) -> None:
+    modes = [_timing_mode(r, i) for r, i in zip(runs, infos, strict=True)]
+    if len(set(modes)) > 1:
+        j = next(j for j, m in enumerate(modes) if m != modes[0])
+        raise AttnbenchError(f"cannot merge runs of different timing modes: {runs[0]} is {modes[0]}, "
+                             f"{runs[j]} is {modes[j]}")  # fmt: skip
+
+
+def _missing_shards(runs: list[Path], infos: list[RunInfo]) -> list[str]:
+    """The shards K/N absent from a merge of sharded runs (empty when no run is a shard)."""
+    have: dict[int, Path] = {}
+    total = None
+    for run, info in zip(runs, infos, strict=True):
+        for s in info.shards():
+            if total is not None and s.n != total:
+                raise AttnbenchError(f"cannot merge shards of different splits: {run} holds shard {s}, "
+                                     f"others are shards of {total}")  # fmt: skip
+            total = s.n
+            if s.k in have:
+                raise AttnbenchError(f"runs overlap: shard {s} is in both {have[s.k]} and {run}")
+            have[s.k] = run
+    if total is None:
+        return []
+    return [f"{k}/{total}" for k in range(1, total + 1) if k not in have]
+
+
 def exit_code(rows: list[Result]) -> int:
-    return 1 if any(r.status in ("fail", "error") for r in rows) else 0
+    """1 when a row fails the run (fail, error, xpass: `Status.is_failure`), else 0."""
+    return 1 if any(r.status.is_failure for r in rows) else 0

@@ -8,6 +8,7 @@ from pathlib import Path
 from attnbench.report.exports import write_csv, write_junit, write_summary_md
 from attnbench.report.html import default_baseline, render_html
 from attnbench.results import read_results
+from attnbench.runinfo import read_run
 
 
 def _load_json(path: Path) -> dict:
@@ -21,7 +22,7 @@ def render_all(run_dir: Path, baseline: str | None = None) -> None:
     """(Re-)write every rendered file of a run; `baseline` is the backend speedups are relative to."""
     run_dir = Path(run_dir)
     rows = read_results(run_dir / "results.jsonl")
-    env, run = _load_json(run_dir / "env.json"), _load_json(run_dir / "run.json")
+    env, run = _load_json(run_dir / "env.json"), read_run(run_dir).to_dict()
     baseline = baseline or default_baseline(rows)
     write_csv(rows, run_dir / "results.csv")
     write_junit(rows, run_dir / "junit.xml")

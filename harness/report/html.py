@@ -62,17 +62,10 @@ def _plugins(run: dict) -> list[str]:
 
 def repro(r, run: dict) -> str:
     """The command that re-runs one row alone."""
-    parts = [
-        "attnbench",
-        "sweep",
-        "--case",
-        r.case_id,
-        "--backend",
-        r.backend,
-        "--device",
-        run.get("device", "cpu"),
-    ]
-    for p in _plugins(run):
+    parts = ["attnbench", "sweep", "--case", r.case_id, "--backend", r.backend]
+    if run.get("device"):  # the run's device (a run from before run.json named it: env.json's)
+        parts += ["--device", run["device"]]
+    for p in run.get("plugins") or _plugins(run):
         parts += ["--plugin", p]
     return shlex.join(parts)
 

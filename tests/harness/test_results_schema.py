@@ -1,0 +1,126 @@
+"""The result schema: typed rows with a status enum, versions checked on read, nothing dropped silently."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from attnbench.cli import app
+from attnbench.results import SCHEMA_VERSION, Result, ResultWriter, SchemaError, Status, read_results
+from attnbench.runinfo import read_run
+from attnbench.sweep import exit_code
+from synthetic import row, write_run
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "reports" / "examples"
+runner = CliRunner()
+
+
+def invoke(*args):
+    return runner.invoke(app, list(args), catch_exceptions=False)
+
+
+def test_status_enum_and_the_one_failure_rule():
+    assert [s.value for s in Status] == ["pass", "fail", "xfail", "xpass", "skip", "error"]
+    assert {s.value for s in Status if s.is_failure} == {"fail", "error", "xpass"}
+    assert {s.value for s in Status if s.checks_passed} == {"pass", "xpass"}
+    assert Status("pass") == "pass" and f"{Status.XFAIL}" == "xfail"
+    assert exit_code([row("decode/b1-l16", "torch", "xfail")]) == 0
+    assert exit_code([row("decode/b1-l16", "torch", "xpass")]) == 1
+    with pytest.raises(ValueError):
+        Result(case_id="c", op="decode", backend="b", status="passed")
+
+
+def test_rows_written_before_versioning_read_and_round_trip_unchanged():
+    path = EXAMPLES / "h200-timed-targets-2" / "results.jsonl"
+    lines = path.read_text().splitlines()
+    rows = read_results(path)
+    assert len(rows) == len(lines) and all(isinstance(r.status, Status) for r in rows)
+    for line, r in zip(lines, rows, strict=True):
+        written = json.loads(r.to_json())
+        assert written.pop("schema_version") == SCHEMA_VERSION
+        assert written == json.loads(line)  # every field name and value as before
+
+
+def test_every_row_written_carries_the_schema_version(tmp_path):
+    with ResultWriter(tmp_path / "results.jsonl") as w:
+        w.append(row("decode/b1-l16", "torch"))
+    assert json.loads((tmp_path / "results.jsonl").read_text())["schema_version"] == SCHEMA_VERSION
+
+
+def test_a_row_of_a_newer_schema_is_refused_with_one_line(tmp_path):
+    run = write_run(tmp_path / "run", [row("decode/b1-l16", "torch")])
+    d = json.loads((run / "results.jsonl").read_text())
+    (run / "results.jsonl").write_text(json.dumps(d | {"schema_version": SCHEMA_VERSION + 1}) + "\n")
+    with pytest.raises(SchemaError, match=r"results.jsonl:1: row was written by a newer attnbench"):
+        read_results(run / "results.jsonl")
+    res = invoke("report", str(run))
+    assert res.exit_code == 2 and "newer attnbench" in res.output and "Traceback" not in res.output
+
+
+def test_a_run_json_of_a_newer_schema_is_refused(tmp_path):
+    run = write_run(tmp_path / "run", [row("decode/b1-l16", "torch")], run={"schema_version": 99, "device": "cuda"})
+    with pytest.raises(SchemaError, match="run.json was written by a newer attnbench"):
+        read_run(run)
+    assert invoke("report", str(run)).exit_code == 2
+
+
+def test_a_torn_last_line_is_a_warning_naming_file_and_line(tmp_path):
+    path = write_run(tmp_path / "run", [row("decode/b1-l16", "torch"), row("decode/b1-l32", "torch")])
+    path = path / "results.jsonl"
+    text = path.read_text()
+    path.write_text(text + text.splitlines()[0][:40])  # a crash mid-write of the third row
+    warnings = []
+    rows = read_results(path, on_warning=warnings.append)
+    assert len(rows) == 2
+    assert len(warnings) == 1 and f"{path}:3: torn last line" in warnings[0]
+    res = invoke("report", str(path.parent))
+    assert res.exit_code == 0 and f"{path}:3" in res.output.replace("\n", "")
+
+
+@pytest.mark.parametrize(
+    ("bad", "what"),
+    [
+        ("{not json", "not a JSON row"),
+        ('{"case_id": "x", "op": "decode", "backend": "b", "status": "bogus"}', "status"),
+    ],
+)
+def test_an_unreadable_line_before_the_last_is_an_error_naming_file_and_line(tmp_path, bad, what):
+    path = write_run(tmp_path / "run", [row("decode/b1-l16", "torch"), row("decode/b1-l32", "torch")])
+    path = path / "results.jsonl"
+    lines = path.read_text().splitlines()
+    path.write_text("\n".join([lines[0], bad, lines[1]]) + "\n")
+    with pytest.raises(SchemaError, match=f"results.jsonl:2: .*{what}"):
+        read_results(path)
+    res = invoke("report", str(path.parent))
+    assert res.exit_code == 2 and "results.jsonl:2" in res.output.replace("\n", "") and "Traceback" not in res.output
+    base = write_run(tmp_path / "base", [row("decode/b1-l16", "torch")])
+    res = invoke("compare", str(base), str(path.parent))
+    assert res.exit_code == 2 and "results.jsonl:2" in res.output.replace("\n", "")
+
+
+def test_the_writer_sets_a_torn_tail_aside_before_appending(tmp_path):
+    path = tmp_path / "results.jsonl"
+    with ResultWriter(path) as w:
+        w.append(row("decode/b1-l16", "torch"))
+    full = path.read_text()
+    path.write_text(full + '{"case_id": "decode/b1-l3')
+    with ResultWriter(path) as w:
+        w.append(row("decode/b1-l32", "torch"))
+    assert [r.case_id for r in read_results(path)] == ["decode/b1-l16", "decode/b1-l32"]
+    assert (tmp_path / "results.jsonl.torn").read_text() == '{"case_id": "decode/b1-l3\n'  # kept, not lost
+
+
+def test_sweep_writes_one_run_metadata_shape_with_version_commit_and_device(tmp_path):
+    out = tmp_path / "run"
+    res = invoke("sweep", "smoke", "--op", "merge_state", "--backend", "torch", "--device", "cpu", "--no-timing",
+                 "--no-isolate", "--shard", "1/2", "--out", str(out))  # fmt: skip
+    assert res.exit_code == 0, res.output
+    run = json.loads((out / "run.json").read_text())
+    assert run["schema_version"] == SCHEMA_VERSION and run["kind"] == "sweep"
+    assert run["device"] == "cpu" and run["shard"] == {"k": 1, "n": 2} and run["timing"] is False
+    assert run["executor"] == "in-process" and run["complete"] is True
+    assert len(run["git"]["commit"]) == 40 and isinstance(run["git"]["dirty"], bool)  # tests run in a checkout
+    assert json.loads((out / "env.json").read_text())["schema_version"] == SCHEMA_VERSION
