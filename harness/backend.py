@@ -23,6 +23,18 @@ preallocated `inputs.o`, `inputs.lse`, ... it wrote. A closure may carry an `inf
 for what only the library or the process can tell late (a planner refusing, a module name taken);
 anything decidable from the case belongs in `limits`, so the capability matrix says what runs.
 
+Two more optional closure attributes, so that only the kernel is timed:
+
+- `finalize(outputs) -> outputs`: a backend that holds an op's stateful inputs in its library's
+  native layout from `prepare` on (e.g. GDN states `[N, HV, V, K]`, converted once from the
+  canonical pool) converts them back here: the runner calls `finalize` after every call it checks
+  (never inside the timed window), with what the closure returned, and checks what `finalize`
+  returns and the inputs it wrote back (`work.state_pool`, ...). The closure itself then contains
+  only the library call.
+- `absent: dict[str, str]`: outputs of the op the library's kernel does not produce (name -> why,
+  e.g. `{"lse": "SGLang's extend kernel writes no LSE"}`). They are not checked; the row records
+  them in `prepare_info["absent"]`. Every other output must be there.
+
 Built-in backends register exactly as plugins do::
 
     import attnbench

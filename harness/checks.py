@@ -187,11 +187,18 @@ def check(
     expected: dict[str, torch.Tensor],
     twin: dict[str, torch.Tensor],
     rule: Rule,
+    absent: dict[str, str] | None = None,
 ) -> Verdict:
-    """Everything but staleness: outputs, side effects, untouched inputs, canaries."""
+    """Everything but staleness: outputs, side effects, untouched inputs, canaries.
+
+    `absent`: outputs the backend's kernel does not produce (name -> why, the closure's `absent`);
+    they are not compared (the row records them), every other output must be there.
+    """
     v = Verdict()
     free = op.unspecified(params, pristine)
     for name, spec in op.outputs.items():
+        if absent and name in absent:
+            continue
         got = outputs.get(name)
         if got is None:
             v.problems.append(f"missing output {name!r}")
@@ -230,13 +237,14 @@ def check(
     return v
 
 
-def outputs_contract(op, outputs: Any) -> str | None:
-    """None when a closure's return value is a dict holding every output of `op`; else one line saying why not."""
+def outputs_contract(op, outputs: Any, absent: dict[str, str] | None = None) -> str | None:
+    """None when a closure's return value is a dict holding every output of `op` (but those it declares
+    `absent`); else one line saying why not."""
     want = ", ".join(repr(n) for n in op.outputs)
     contract = f"the closure prepare() returns must return a dict of the {op.name} outputs {{{want}}}"
     if not isinstance(outputs, dict):
         return f"{contract}; it returned {type(outputs).__name__}"
-    missing = [n for n in op.outputs if not isinstance(outputs.get(n), torch.Tensor)]
+    missing = [n for n in op.outputs if not isinstance(outputs.get(n), torch.Tensor) and n not in (absent or {})]
     if missing:
         got = ", ".join(repr(k) for k in outputs) or "nothing"
         return f"{contract}; it returned {got} (no tensor for {', '.join(repr(n) for n in missing)})"

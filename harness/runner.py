@@ -10,6 +10,7 @@ becomes an `error` row for that backend only.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -70,6 +71,14 @@ def _nbytes(inputs) -> int:
 def _sync(case: Case) -> None:
     if case.on_cuda:
         torch.cuda.synchronize(torch.device(case.device))
+
+
+def call_untimed(fn: Callable) -> dict:
+    """One call of a closure outside the timed window, then its `finalize` (harness/backend.py), if any:
+    the outputs and written inputs in the canonical layout, as the checks read them."""
+    outputs = fn()
+    finalize = getattr(fn, "finalize", None)
+    return finalize(outputs) if finalize is not None else outputs
 
 
 def error_row(case: Case, backend: str, reason: str, env: dict | None = None) -> Result:
@@ -178,20 +187,22 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
             fn = b.prepare(case, work)
             _sync(case)
             prep = time.perf_counter() - t0
-            outputs = fn()
+            outputs = call_untimed(fn)
             _sync(case)
-            if broken := outputs_contract(op, outputs):
+            absent = dict(getattr(fn, "absent", {}) or {})
+            if broken := outputs_contract(op, outputs, absent):
                 rows[b.name] = _row(case, b.name, "error", broken, prepare_s=prep, reference_s=ref_s, env=env)
                 continue
             t0 = time.perf_counter()
-            verdict = check(op, p, pristine, work, outputs, expected, twin, rule)
+            verdict = check(op, p, pristine, work, outputs, expected, twin, rule, absent=absent)
             determinism = _determinism(case, b, fn, pristine, outputs, verdict, opts)
-            stale_check(op, p, pristine, expected, fn, work, outputs, verdict, lambda: _sync(case))
+            again = functools.partial(call_untimed, fn)
+            stale_check(op, p, pristine, expected, again, work, outputs, verdict, lambda: _sync(case))
             check_s = time.perf_counter() - t0
             status = "pass" if verdict.ok else "fail"
             rows[b.name] = _row(
                 case, b.name, status, verdict.reason, metrics=verdict.metrics, prepare_s=prep, reference_s=ref_s,
-                check_s=check_s, prepare_info=dict(getattr(fn, "info", {}) or {}), env=env, **determinism,
+                check_s=check_s, prepare_info=_info(fn, absent), env=env, **determinism,
             )  # fmt: skip
             closures[b.name] = fn
         except Unsupported as e:
@@ -233,13 +244,18 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
     return [rows[b.name] for b in backends]
 
 
+def _info(fn: Callable, absent: dict[str, str]) -> dict:
+    """The row's prepare_info: the closure's `info`, plus the outputs its kernel does not produce."""
+    return dict(getattr(fn, "info", {}) or {}) | ({"absent": absent} if absent else {})
+
+
 def _determinism(case: Case, b: Backend, fn: Callable, pristine, outputs: dict, verdict: Verdict, opts) -> dict:
     """Run-to-run determinism (always) and batch invariance (when asked); required ones fail the row."""
     first = {k: v.clone() for k, v in outputs.items()}
     if case.op.writes_for(case.params):  # the call moved its inputs on (states, caches): again from pristine
-        again = b.prepare(case, clone_tensors(pristine))()
+        again = call_untimed(b.prepare(case, clone_tensors(pristine)))
     else:
-        again = fn()
+        again = call_untimed(fn)
     _sync(case)
     out = {"deterministic": not outputs_changed(first, again)}
     if not out["deterministic"] and "deterministic" in case.require:
@@ -261,7 +277,7 @@ def _batch_invariant(case: Case, b: Backend, pristine, reference: dict) -> bool 
         if sub is None:
             return None
         inputs, rows = sub
-        got = b.prepare(case, clone_tensors(inputs))()
+        got = call_untimed(b.prepare(case, clone_tensors(inputs)))
         _sync(case)
         for k, ref_out in reference.items():
             if not bool(bitwise_equal(got[k], ref_out[rows]).all()):

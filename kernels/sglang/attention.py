@@ -1,0 +1,122 @@
+"""SGLang's Triton attention kernels (sglang 0.5.10.post1, `sglang.srt.layers.attention.triton_ops`)
+behind the canonical decode, extend and merge_state contracts.
+
+- decode: `decode_attention_fwd` (split-KV, two stages) over a token-level table of the paged
+  cache (conventions.token_slots on the `[P * page_size, Hkv, D]` view; no copy), the window as a
+  windowed table, as SGLang's backend builds it. Splits: SGLang's rule (conventions.num_kv_splits)
+  with its server default `max_kv_splits = 8` and the device's SM count, recorded in prepare_info.
+  Scratch (`attn_logits`, `attn_lse`) is allocated in prepare.
+- extend: `extend_attention_fwd` (prefix from the cache by token table, new tokens from
+  `k_new`/`v_new`, custom mask per request `[q_len, prefix + q_len]` with the prefix masked too,
+  `sliding_window_size = W`, `logit_cap`, sinks). `new_kv: save` stores the new K/V first (timed, as
+  SGLang's `forward_extend` calls `set_kv_buffer` before the kernel); `shared` (no new K/V tensors)
+  cannot be said: the kernel reads new tokens from `k_extend`.
+- merge_state: `merge_state_triton` (natural-log LSE, as canonical).
+
+Neither attention kernel returns the final LSE: the closures declare `absent = {"lse": ...}`.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnbench.errors import Unsupported
+from attnbench.kernels.sglang import _lib
+from attnbench.kernels.sglang import conventions as conv
+from attnbench.kernels.torch.attention import save_new_kv
+
+MAX_KV_SPLITS = 8  # ServerArgs.triton_attention_num_kv_splits (CUDA default)
+NO_LSE = "SGLang's {} kernel returns no final LSE"
+
+
+def attention_unsupported(case) -> str | None:
+    """Why SGLang's Triton attention cannot run `case` (None: it can)."""
+    p = case.params
+    if case.op_name == "merge_state":
+        return None
+    if p.kv_dtype != "auto":
+        return "sglang adapter: fp8 KV caches are not wired (SGLang's kernels take float k/v scales per layer)"
+    if case.op_name == "extend":
+        if p.new_kv == "shared":
+            return "SGLang's extend_attention_fwd reads the new tokens from k_extend/v_extend (new_kv shared has none)"
+        if p.window == 0:
+            return "SGLang's extend reads sliding_window_size 0 as no window: window 0 cannot be expressed"
+    return None
+
+
+def _core_count(device: torch.device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
+
+
+def prepare_decode(case, x):
+    mod = _lib.module("decode_attention")
+    B, Hq, Dv = x.q.shape[0], x.q.shape[1], x.v_cache.shape[-1]
+    Hkv = x.k_cache.shape[2]
+    ranges = [conv.decode_key_range(L, x.window) for L in x.seq_lens_host]
+    kv_indptr, kv_indices = conv.token_slots(
+        x.kv_indptr, x.kv_page_indices, x.page_size, [s for s, _ in ranges], [e for _, e in ranges]
+    )
+    lens = [e - s for s, e in ranges]
+    cores = _core_count(x.q.device)
+    splits = conv.num_kv_splits(lens, Hq, Hkv, MAX_KV_SPLITS, cores)
+    num_kv_splits = torch.tensor(splits, dtype=torch.int32, device=x.q.device)
+    logits = torch.empty(B, Hq, MAX_KV_SPLITS, Dv, dtype=torch.float32, device=x.q.device)
+    lse = torch.empty(B, Hq, MAX_KV_SPLITS, dtype=torch.float32, device=x.q.device)
+    k_buf, v_buf = conv.token_view(x.k_cache), conv.token_view(x.v_cache)
+
+    def run():
+        mod.decode_attention_fwd(
+            x.q, k_buf, v_buf, x.o, kv_indptr, kv_indices, logits, lse, num_kv_splits, MAX_KV_SPLITS,
+            x.sm_scale, 1.0, 1.0, logit_cap=x.soft_cap, sinks=x.sinks,
+        )  # fmt: skip
+        return {"o": x.o}
+
+    run.absent = {"lse": NO_LSE.format("decode_attention_fwd")}
+    run.info = {
+        "variant": "decode_attention_fwd " + ("normal (MHA)" if Hq == Hkv else "grouped"),
+        "max_kv_splits": MAX_KV_SPLITS,
+        "num_kv_splits": sorted(set(splits)),
+        "core_count": cores,
+    }
+    return run
+
+
+def prepare_extend(case, x):
+    mod = _lib.module("extend_attention")
+    try:
+        window = conv.sliding_window_size(x.window)
+    except ValueError as e:
+        raise Unsupported(str(e)) from e
+    B = len(x.seq_lens_host)
+    prefix = [L - n for L, n in zip(x.seq_lens_host, x.q_lens_host)]
+    kv_indptr, kv_indices = conv.token_slots(x.kv_indptr, x.kv_page_indices, x.page_size, [0] * B, prefix)
+    k_buf, v_buf = conv.token_view(x.k_cache), conv.token_view(x.v_cache)
+    qo_indptr = x.qo_indptr.to(torch.int64)
+    custom = x.custom_mask is not None
+    offsets = torch.zeros(B, dtype=torch.int32, device=x.q.device)  # the whole prefix is indexed
+    max_q = max(x.q_lens_host)
+
+    def run():
+        if x.save_kv:
+            save_new_kv(x)
+        mod.extend_attention_fwd(
+            x.q, x.k_new, x.v_new, x.o, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, x.custom_mask,
+            x.causal and not custom, x.mask_indptr, max_q, 1.0, 1.0, sm_scale=x.sm_scale, logit_cap=x.soft_cap,
+            skip_prefix_custom_mask=False, sliding_window_size=window, sinks=x.sinks, window_kv_offsets=offsets,
+        )  # fmt: skip
+        return {"o": x.o}
+
+    run.absent = {"lse": NO_LSE.format("extend_attention_fwd")}
+    run.info = {"variant": "extend_attention_fwd" + (" (custom mask)" if custom else "")}
+    return run
+
+
+def prepare_merge_state(case, x):
+    mod = _lib.module("merge_state")
+
+    def run():
+        mod.merge_state_triton(x.v_a, x.s_a, x.v_b, x.s_b, x.o, x.lse)
+        return {"o": x.o, "lse": x.lse}
+
+    run.info = {"variant": "merge_state_triton"}
+    return run

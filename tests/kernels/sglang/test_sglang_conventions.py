@@ -1,0 +1,96 @@
+"""The pure conversions to SGLang's conventions (kernels/sglang/conventions.py), on hand-worked cases.
+
+No sglang needed: these run everywhere.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnbench.kernels.sglang import conventions as conv
+
+
+def test_token_slots_follow_each_requests_pages():
+    # request 0: pages [3, 1], 5 keys at page size 2 -> slots 6, 7, 2, 3, 4
+    # request 1: pages [0], 2 keys -> slots 0, 1
+    indptr = torch.tensor([0, 3, 4], dtype=torch.int32)
+    pages = torch.tensor([3, 1, 2, 0], dtype=torch.int32)
+    kv_indptr, kv_indices = conv.token_slots(indptr, pages, 2, [0, 0], [5, 2])
+    assert kv_indptr.tolist() == [0, 5, 7]
+    assert kv_indices.tolist() == [6, 7, 2, 3, 4, 0, 1]
+    assert kv_indptr.dtype == kv_indices.dtype == torch.int32
+
+
+def test_token_slots_of_a_key_range():
+    # keys [3, 5) of pages [3, 1, 2] at page size 2: position 3 -> page 1 offset 1 = 3; 4 -> page 2 offset 0 = 4
+    indptr = torch.tensor([0, 3], dtype=torch.int32)
+    pages = torch.tensor([3, 1, 2], dtype=torch.int32)
+    _, kv_indices = conv.token_slots(indptr, pages, 2, [3], [5])
+    assert kv_indices.tolist() == [3, 4]
+
+
+def test_token_slots_refuse_keys_beyond_the_pages():
+    with pytest.raises(ValueError, match="do not fit"):
+        conv.token_slots(torch.tensor([0, 1], dtype=torch.int32), torch.tensor([0], dtype=torch.int32), 2, [0], [3])
+
+
+def test_token_view_is_a_view_of_the_paged_cache():
+    cache = torch.arange(3 * 2 * 1 * 4, dtype=torch.float32).view(3, 2, 1, 4)
+    flat = conv.token_view(cache)
+    assert flat.shape == (6, 1, 4)
+    assert torch.equal(flat[3], cache[1, 1])
+    flat[5].fill_(-1)
+    assert bool((cache[2, 1] == -1).all())
+    mla_v = conv.token_view(cache[..., :2])  # the MLA value view of the same cache
+    assert torch.equal(mla_v[3], cache[1, 1, :, :2])
+
+
+def test_decode_key_range_keeps_w_plus_one_keys():
+    assert conv.decode_key_range(10, -1) == (0, 10)
+    assert conv.decode_key_range(10, 3) == (6, 10)  # positions 6..9: the query at 9 and 3 before it
+    assert conv.decode_key_range(10, 0) == (9, 10)
+    assert conv.decode_key_range(3, 8) == (0, 3)
+
+
+def test_sliding_window_size_is_w_and_zero_cannot_be_said():
+    assert conv.sliding_window_size(-1) == -1
+    assert conv.sliding_window_size(5) == 5  # keys j with i <= j + 5: [i - 5, i], as window_left 5
+    with pytest.raises(ValueError, match="window 0"):
+        conv.sliding_window_size(0)
+
+
+def test_num_kv_splits_without_a_core_count_is_the_maximum():
+    assert conv.num_kv_splits([5, 100], 32, 8, 8, 0) == [8, 8]
+
+
+def test_num_kv_splits_worked_example():
+    # 2 requests of 4096 and 1024 keys, 32 q heads over 8 kv heads, 132 SMs, max 8 splits:
+    # spread: 4096 / 1024 = 4 chunks of 1024; device: 132 * log2(4096 / 64) = 792 programs over a
+    # grid of 2 * ceil(32 / 4) = 16 -> min(50, 8) = 8 chunks of 512; splits = max(L/1024, L/512)
+    assert conv.num_kv_splits([4096, 1024], 32, 8, 8, 132) == [8, 2]
+    # lengths within 25% count as equal: spread gives one chunk; MHA grid 2 * 4 = 8, 132 programs
+    # (log2(100/64) < 1) -> min(17, 8) = 8 chunks of 13 keys
+    assert conv.num_kv_splits([100, 90], 4, 4, 8, 132)[0] == 8
+    assert conv.num_kv_splits([100], 4, 4, 8, 132) == [8]
+    # a big batch fills the device without splitting: grid 256 * 8 > 792 programs -> 1 chunk
+    assert conv.num_kv_splits([4096] * 256, 32, 8, 8, 132) == [1] * 256
+
+
+def test_gdn_state_layout_round_trip():
+    pool = torch.randn(5, 2, 3, 4)  # [N, HV, K, V]
+    native = conv.state_v_major(pool)
+    assert native.shape == (5, 2, 4, 3) and native.is_contiguous()
+    assert native[1, 0, 2, 1] == pool[1, 0, 1, 2]
+    back = torch.zeros_like(pool)
+    conv.state_canonical_(back, native)
+    assert torch.equal(back, pool)
+    only = torch.full_like(pool, 7.0)
+    conv.state_canonical_(only, native, torch.tensor([3, 0]))
+    assert torch.equal(only[[0, 3]], pool[[0, 3]]) and bool((only[[1, 2, 4]] == 7).all())
+
+
+def test_zero_fresh_states_clears_only_requests_without_one():
+    native = torch.ones(4, 1, 2, 2)
+    conv.zero_fresh_states_(native, torch.tensor([2, 0, 3], dtype=torch.int32), torch.tensor([True, False, False]))
+    assert native[[0, 3]].abs().sum() == 0 and bool((native[[1, 2]] == 1).all())
