@@ -235,7 +235,7 @@ def sweep(
             _fail(e)
     rows = read_results(run_dir / "results.jsonl") if (run_dir / "results.jsonl").exists() else rows
     render_all(run_dir)
-    _print_summary(rows)
+    _print_summary(rows, complete=not interrupted)
     console.print(f"report: {run_dir / 'report.html'}", highlight=False)
     if interrupted:
         console.print("[yellow]interrupted: the report covers the cases that finished[/]")
@@ -262,15 +262,18 @@ def _sanitize_setup(p, tool: str, per_op: int) -> str:
     return exe
 
 
-def _print_summary(rows) -> None:
-    table = Table(title="summary", show_edge=False)
-    for col in ("backend", "pass", "fail", "error", "skip"):
-        table.add_column(col, justify="right" if col != "backend" else "left")
-    from attnbench.results import status_counts
+def _print_summary(rows, complete: bool = True) -> None:
+    """Counts per backend and the verdict: the same numbers as summary.md and junit.xml (attnbench.counts)."""
+    from attnbench.counts import STATUSES, count
 
-    for name, c in sorted(status_counts(rows).items()):
-        table.add_row(name, str(c["pass"]), str(c["fail"]), str(c["error"]), str(c["skip"]))
+    counts = count(rows)
+    table = Table(title="summary", show_edge=False)
+    for col in ("backend", *STATUSES):
+        table.add_column(col, justify="right" if col != "backend" else "left")
+    for name, c in counts.by_backend.items():
+        table.add_row(name, *(str(c[s]) for s in STATUSES))
     console.print(table)
+    console.print(counts.verdict(complete), highlight=False)
 
 
 @app.command()

@@ -18,13 +18,20 @@ def _load_json(path: Path) -> dict:
         return {}
 
 
-def render_all(run_dir: Path, baseline: str | None = None) -> None:
-    """(Re-)write every rendered file of a run; `baseline` is the backend speedups are relative to."""
+def render_all(run_dir: Path, baseline: str | None = None, against: Path | None = None) -> None:
+    """(Re-)write every rendered file of a run; `baseline` is the backend speedups are relative to;
+    `against` a baseline run whose comparison ("what changed") joins the first screen."""
     run_dir = Path(run_dir)
     rows = read_results(run_dir / "results.jsonl")
     env, run = _load_json(run_dir / "env.json"), read_run(run_dir).to_dict()
     baseline = baseline or default_baseline(rows)
+    comparison = None
+    if against is not None:
+        from attnbench.compare import compare_runs
+
+        comparison = compare_runs(Path(against), run_dir)
     write_csv(rows, run_dir / "results.csv")
-    write_junit(rows, run_dir / "junit.xml")
-    write_summary_md(rows, run_dir / "summary.md", env, run, baseline)
-    (run_dir / "report.html").write_text(render_html(rows, env, run, baseline), encoding="utf-8")
+    write_junit(rows, run_dir / "junit.xml", run)
+    write_summary_md(rows, run_dir / "summary.md", env, run, baseline, comparison)
+    html = render_html(rows, env, run, baseline, comparison)
+    (run_dir / "report.html").write_text(html, encoding="utf-8")

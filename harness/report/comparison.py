@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from attnbench.compare import ORDER, Comparison
 from attnbench.report import plots
-from attnbench.report.html import asset, fmt, template
+from attnbench.report.common import asset, fmt, template
 
 _SECTIONS = (
     ("Regressions", ("broke", "slower")),

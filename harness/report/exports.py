@@ -4,11 +4,11 @@ from __future__ import annotations
 
 import csv
 import json
-from collections import Counter
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
-from attnbench.results import Result, status_counts
+from attnbench.counts import FAILING, STATUSES, count, status_of
+from attnbench.results import Result
 
 CSV_COLUMNS = (
     "case_id",
@@ -113,62 +113,83 @@ def _properties(r: Result) -> list[str]:
     return ["<properties>", *items, "</properties>"] if items else []
 
 
-def write_junit(rows: list[Result], path: Path) -> None:
-    """JUnit XML: failures and errors carry the reason; skips are skipped testcases; timings as properties."""
-    c = Counter(r.status for r in rows)
+def write_junit(rows: list[Result], path: Path, run: dict | None = None) -> None:
+    """JUnit XML: fail and xpass are failures, errors errors, skip and xfail skipped (each with its reason);
+    timings as properties; an incomplete run says so in a property and in system-err."""
+    run = run or {}
+    n = count(rows).junit()
     total_s = sum((r.timing or {}).get("median_us", 0) * 1e-6 for r in rows)
-    counts = f'tests="{len(rows)}" failures="{c["fail"]}" errors="{c["error"]}" skipped="{c["skip"]}"'
+    counts = f'tests="{n["tests"]}" failures="{n["failures"]}" errors="{n["errors"]}" skipped="{n["skipped"]}"'
+    complete = bool(run.get("complete", True))
     out = [
         '<?xml version="1.0" encoding="utf-8"?>',
         f'<testsuites name="attnbench" {counts}>',
         f'<testsuite name="attnbench" {counts} time="{total_s:.6f}">',
+        f'<properties><property name="complete" value="{str(complete).lower()}"/></properties>',
     ]
     for r in rows:
+        st = status_of(r)
         secs = (r.timing or {}).get("median_us", 0) * 1e-6
         name = f"{r.case_id}[{r.backend}]"
         classname = quoteattr(f"{r.op}.{r.backend}")
         out.append(f'<testcase classname={classname} name={quoteattr(name)} time="{secs:.9f}">')
         out += _properties(r)
-        if r.status == "fail":
-            out.append(f"<failure message={quoteattr(r.reason)}>{escape(r.reason)}</failure>")
-        elif r.status == "error":
+        if st in ("fail", "xpass"):
+            msg = (
+                r.reason
+                if st == "fail"
+                else f"xpass (an expected failure passed: the expectation is stale): {r.reason}"
+            )
+            out.append(f"<failure message={quoteattr(msg)}>{escape(msg)}</failure>")
+        elif st == "error":
             out.append(f"<error message={quoteattr(r.reason)}>{escape(r.reason)}</error>")
-        elif r.status == "skip":
-            out.append(f"<skipped message={quoteattr(r.reason)}/>")
+        elif st in ("skip", "xfail"):
+            msg = r.reason if st == "skip" else f"xfail (known failure): {r.reason}"
+            out.append(f"<skipped message={quoteattr(msg)}/>")
         out.append("</testcase>")
+    if not complete:
+        why = run.get("stopped_by") or "interrupted or crashed"
+        out.append(
+            f"<system-err>{escape(f'INCOMPLETE RUN ({why}): only the rows written before it stopped')}</system-err>"
+        )
     out += ["</testsuite>", "</testsuites>"]
     Path(path).write_text("\n".join(out) + "\n", encoding="utf-8")
 
 
 def _md(text: str) -> str:
-    return text.replace("|", "\\|").replace("\n", " ")
+    return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def write_summary_md(rows: list[Result], path: Path, env: dict, run: dict | None = None, baseline: str = "") -> None:
-    """Markdown for GitHub step summaries: counts and speed per backend, measurement notes, failures."""
-    from attnbench.report.html import harness_cost, measurement, speedups
+def write_summary_md(
+    rows: list[Result], path: Path, env: dict, run: dict | None = None, baseline: str = "", comparison=None
+) -> None:
+    """Markdown for job summaries and pull-request comments: the report's first screen (verdict, what
+    broke, who is fastest, what changed), then counts per backend, speedups, measurement, xfails, failures."""
+    from attnbench.report.firstscreen import first_screen, first_screen_md
+    from attnbench.report.measure import harness_cost, measurement
+    from attnbench.report.ranking import speedups, timing_kinds
 
     run = run or {}
-    by = status_counts(rows)
+    fs = first_screen(rows, run, comparison)
     where = env.get("gpu") or env.get("cpu") or env.get("device", "?")
-    lines = [
-        f"## attnbench: {len(rows)} rows on {where}",
-        "",
-        "| backend | pass | fail | error | skip |",
-        "|---|---:|---:|---:|---:|",
-    ]
-    for name, c in sorted(by.items()):
-        lines.append(f"| {name} | {c['pass']} | {c['fail']} | {c['error']} | {c['skip']} |")
+    lines = [f"## attnbench: {len(rows)} rows on {where}", "", *first_screen_md(fs)]
+    for kind, n in timing_kinds(rows).items():
+        if kind != "gpu":
+            lines += ["", f"> {n} rows were timed with a **{kind}**: not GPU timings, never ranked or compared."]
+    lines += ["", "### Rows per backend", "", "| backend | " + " | ".join(STATUSES) + " |",
+              "|---|" + "---:|" * len(STATUSES)]  # fmt: skip
+    for name, c in fs.counts.by_backend.items():
+        lines.append(f"| {name} | " + " | ".join(str(c[s]) for s in STATUSES) + " |")
     sp = speedups(rows, baseline) if baseline else []
     if sp:
         lines += [
             "",
-            f"### Speed over {baseline} (geometric mean of median ratios)",
+            f"### Speed over {baseline} (passing GPU-timed rows only; geometric mean of median ratios)",
             "",
             "| op | backend | speedup | faster on |",
             "|---|---|---:|---:|",
         ]
-        lines += [f"| {s['op']} | {s['backend']} | {s['speedup']}x | {s['wins']}/{s['cases']} |" for s in sp]
+        lines += [f"| {s['op']} | {s['backend']} | {s['speedup']:.3g}x | {s['wins']}/{s['cases']} |" for s in sp]
     m = measurement(rows)
     if m["timed"]:
         modes = ", ".join(f"{k}: {n}" for k, n in m["modes"])
@@ -180,21 +201,22 @@ def write_summary_md(rows: list[Result], path: Path, env: dict, run: dict | None
     cost = harness_cost(rows, run)
     if cost["wall_s"]:
         parts = "; ".join(f"{p['what'].split(' (')[0]} {p['s']:.1f} s" for p in cost["parts"])
+        lines += ["", f"Wall {cost['wall_s']:.1f} s: {parts}; kernel time in timed windows {cost['kernel_s']:.2f} s."]
+    xf = [r for r in rows if status_of(r) == "xfail"]
+    if xf:
         lines += [
             "",
-            f"Wall {cost['wall_s']:.1f} s: {parts}; kernel time in timed windows {cost['kernel_s']:.2f} s.",
+            "### Known failures (xfail: not counted as failures)",
+            "",
+            "| case | backend | reason |",
+            "|---|---|---|",
         ]
-    bad = [r for r in rows if r.status in ("fail", "error")]
+        lines += [f"| `{r.case_id}` | {r.backend} | {_md(r.reason)} |" for r in xf[:100]]
+    bad = [r for r in rows if status_of(r) in FAILING]
     if bad:
-        lines += [
-            "",
-            "### Failures and errors",
-            "",
-            "| case | backend | status | reason |",
-            "|---|---|---|---|",
-        ]
+        lines += ["", "### Failing rows", "", "| case | backend | status | reason |", "|---|---|---|---|"]
         for r in bad[:200]:
-            lines.append(f"| `{r.case_id}` | {r.backend} | {r.status} | {_md(r.reason)} |")
+            lines.append(f"| `{r.case_id}` | {r.backend} | {status_of(r)} | {_md(r.reason)} |")
         if len(bad) > 200:
             lines.append(f"| ... | | | {len(bad) - 200} more in results.jsonl |")
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -1,10 +1,16 @@
-"""Plots for the report, rendered by matplotlib (Agg) into inline base64 PNG data URIs."""
+"""Plots for the report, drawn by matplotlib (Agg) as inline SVG data URIs (text stays text: small pages).
+
+Every speed plot draws only rows that may be ranked (passed, GPU clock; attnbench.report.ranking);
+legends sit outside the data; lines carry their backend's name at their end.
+"""
 
 from __future__ import annotations
 
-import base64
 import io
+import math
+import re
 from collections import defaultdict
+from urllib.parse import quote
 
 import matplotlib
 
@@ -12,162 +18,155 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
-_COLORS = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+from attnbench.report import ranking  # noqa: E402
+
+_COLORS = [*plt.rcParams["axes.prop_cycle"].by_key()["color"], "#000000", "#b8860b", "#00a0a0", "#e7298a", "#66a61e"]
+_AXES = ("kv_len", "q_len", "prefix_len", "tokens", "batch")
+_STYLE = {"svg.fonttype": "none", "font.size": 8, "axes.titlesize": 9, "svg.hashsalt": "attnbench"}
 
 
-def _png(fig) -> str:
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=110, bbox_inches="tight")
+_FLOAT = re.compile(r"(\d\.\d)\d+")
+_ATTR = re.compile(r'="([^"]*)"')
+_NOISE = re.compile(r"<!--.*?-->|<!DOCTYPE[^>]*>|\s+id=\"(?:[a-z]+[a-z0-9]*_\d+)\"|\n\s*", re.S)
+
+
+def minify_svg(svg: str) -> str:
+    """matplotlib's SVG without comments, indentation, unreferenced element ids, or coordinates finer than
+    0.1 px, with attributes in single quotes (about half the size; a browser draws the same)."""
+    svg = _NOISE.sub(lambda m: " " if m.group(0).startswith("\n") else "", svg)
+    svg = _ATTR.sub(lambda m: "='" + _FLOAT.sub(r"\1", m.group(1).replace("'", "")) + "'", svg)
+    return svg.replace("> <", "><")
+
+
+def _uri(fig) -> str:
+    """The figure as an SVG data URI (percent-encoded text, not base64: a third smaller). Safe to put
+    into a double-quoted HTML attribute unescaped: it holds no `"` and no `&`."""
+    buf = io.StringIO()
+    with plt.rc_context(_STYLE):
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
     plt.close(fig)
-    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode("ascii")
+    return "data:image/svg+xml," + quote(minify_svg(buf.getvalue()), safe=" <>/=:;,.'()-_!*~+?[]{}@$")
 
 
-def latency_by_case(rows, op: str, max_cases: int = 80) -> str | None:
-    """Median latency (log x) of the timed cases of `op` (the first `max_cases`), a marker per backend."""
-    timed = [r for r in rows if r.op == op and r.timing]
-    if not timed:
-        return None
-    cases = list(dict.fromkeys(r.case_id for r in timed))[:max_cases]
-    timed = [r for r in timed if r.case_id in set(cases)]
-    backends = sorted({r.backend for r in timed})
-    y = {c: i for i, c in enumerate(cases)}
-    fig, ax = plt.subplots(figsize=(9, 0.28 * len(cases) + 1.2))
-    for k, b in enumerate(backends):
-        pts = [r for r in timed if r.backend == b]
-        ys = [y[r.case_id] + (k - (len(backends) - 1) / 2) * 0.15 for r in pts]
-        med = [r.timing["median_us"] for r in pts]
-        lo = [r.timing["median_us"] - r.timing["p10_us"] for r in pts]
-        hi = [r.timing["p90_us"] - r.timing["median_us"] for r in pts]
-        ax.errorbar(med, ys, xerr=[lo, hi], fmt="o", ms=4, capsize=2, label=b, color=_COLORS[k % len(_COLORS)])
-    ax.set_yticks(range(len(cases)))
-    ax.set_yticklabels([c.split("/", 1)[1] for c in cases], fontsize=7)
-    ax.invert_yaxis()
-    ax.set_xscale("log")
-    clock = timed[0].timing.get("clock", "")
-    ax.set_xlabel(f"median latency, µs (log; bars p10-p90; clock: {clock})")
-    if len(cases) == max_cases:
-        ax.set_title(f"{op}: latency per case (first {max_cases})")
-    ax.grid(axis="x", which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="best")
-    if len(cases) < max_cases:
-        ax.set_title(f"{op}: latency per case")
-    return _png(fig)
+def _color(names: list[str], b: str) -> str:
+    """A backend's colour: its place among all the run's backends (the same in every plot)."""
+    return _COLORS[names.index(b) % len(_COLORS)]
 
 
-def latency_vs_axis(rows, op: str, axis: str) -> str | None:
-    """Latency against one swept parameter (log-log), a line per backend and per other-parameter group."""
-    timed = [r for r in rows if r.op == op and r.timing and isinstance(r.params.get(axis), (int, float))]
-    timed = [r for r in timed if r.params[axis] > 0 and r.timing["median_us"] > 0]  # log axes
-    if len({r.params[axis] for r in timed}) < 3:
-        return None
-    series = defaultdict(list)
-    for r in timed:
-        rest = tuple(sorted((k, str(v)) for k, v in r.params.items() if k != axis))
-        series[(r.backend, rest, r.dtype)].append((r.params[axis], r.timing["median_us"]))
-    series = {k: v for k, v in series.items() if len(v) >= 2}
-    if not series:
-        return None
-    fig, ax = plt.subplots(figsize=(7, 4))
-    backends = sorted({k[0] for k in series})
-    for key, pts in series.items():
-        pts.sort()
-        color = _COLORS[backends.index(key[0]) % len(_COLORS)]
-        ax.plot([p[0] for p in pts], [p[1] for p in pts], "-o", ms=3, color=color, alpha=0.7, lw=1)
-    for i, b in enumerate(backends):
-        ax.plot([], [], "-o", color=_COLORS[i % len(_COLORS)], label=b)
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel(axis)
-    ax.set_ylabel("median latency, µs")
-    ax.grid(which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(f"{op}: latency vs {axis}")
-    return _png(fig)
+def _legend_outside(fig, backends: list[str], names: list[str]) -> None:
+    handles = [plt.Line2D([], [], color=_color(names, b), marker="o", ms=4, label=b) for b in backends]
+    fig.legend(handles=handles, loc="upper center", bbox_to_anchor=(0.5, 0.0), ncol=min(6, len(backends)),
+               frameon=False, fontsize=8)  # fmt: skip
+
+
+def _axis(rows) -> str | None:
+    """The swept length-like parameter with the most distinct values (at least 3)."""
+    best, most = None, 2
+    for a in _AXES:
+        vals = {r.params.get(a) for r in rows if isinstance(r.params.get(a), (int, float)) and r.params.get(a) > 0}
+        if len(vals) > most:
+            best, most = a, len(vals)
+    return best
+
+
+def latency_panels(rows, op: str, max_panels: int = 12, names: list[str] | None = None) -> tuple[str | None, str]:
+    """Small multiples: latency against the op's swept length, one panel per setting of every other
+    parameter that varies, one labelled line per backend (passing GPU-timed rows only)."""
+    ok = [r for r in rows if r.op == op and ranking.rankable(r)]
+    axis = _axis(ok)
+    if not axis:
+        return None, ""
+    ok = [r for r in ok if isinstance(r.params.get(axis), (int, float)) and r.params[axis] > 0]
+    keys = {k for r in ok for k in r.params if k != axis}
+    varying = sorted(k for k in keys if len({str(r.params.get(k)) for r in ok}) > 1)
+    panels: dict[tuple, dict[str, list]] = defaultdict(lambda: defaultdict(list))
+    ids: dict[tuple, set] = defaultdict(set)
+    for r in ok:
+        key = tuple((k, str(r.params.get(k))) for k in varying) + (("dtype", r.dtype),)
+        panels[key][r.backend].append((r.params[axis], ranking.median_us(r)))
+        ids[key].add(r.case_id.split("/", 1)[-1])
+    panels = {k: v for k, v in panels.items() if len({x for pts in v.values() for x, _ in pts}) >= 2}
+    if not panels:
+        return None, ""
+    chosen = sorted(panels, key=lambda k: -sum(len(v) for v in panels[k].values()))[:max_panels]
+    chosen.sort(key=lambda k: [str(v) for _, v in k])
+    backends = sorted({b for k in chosen for b in panels[k]})
+    names = names or backends
+    ncol = min(4, len(chosen))
+    nrow = math.ceil(len(chosen) / ncol)
+    fig, axs = plt.subplots(nrow, ncol, figsize=(3.1 * ncol, 2.3 * nrow + 0.4), squeeze=False, sharey=True)
+    for ax, key in zip(axs.flat, chosen, strict=False):
+        for b, pts in sorted(panels[key].items()):
+            pts.sort()
+            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            ax.plot(xs, ys, "-o", ms=3, lw=1.2, color=_color(names, b))
+            ax.annotate(b, (xs[-1], ys[-1]), xytext=(3, 0), textcoords="offset points", fontsize=7,
+                        color=_color(names, b), va="center")  # fmt: skip
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.margins(x=0.25)
+        ax.grid(which="major", alpha=0.25)
+        ax.set_title(panel_label(ids[key]) or op, fontsize=7)
+        ax.set_xlabel(axis, fontsize=7.5)
+    for ax in axs.flat[len(chosen) :]:
+        ax.set_visible(False)
+    for ax in axs[:, 0]:
+        ax.set_ylabel("median µs (log)")
+    _legend_outside(fig, backends, names)
+    fig.tight_layout()
+    note = f"{len(chosen)} of {len(panels)} panels" if len(panels) > len(chosen) else ""
+    return _uri(fig), note
+
+
+def panel_label(case_ids: set[str]) -> str:
+    """What the cases of one panel share: the id segments common to all of them, in order
+    (`b16-h32x8-d128-p16-bf16` for decode ids that differ only in `l…`), at most two lines."""
+    split = [c.split("-") for c in sorted(case_ids)]
+    common = [seg for seg in split[0] if all(seg in other for other in split[1:])]
+    text = "-".join(common)
+    if len(text) > 44:
+        cut = text.rfind("-", 0, 44)
+        text = text[:cut] + "\n" + text[cut + 1 :]
+    return text
 
 
 _PEAK_KEY = {"bf16": "bf16_tflops", "fp16": "fp16_tflops", "fp32": "fp32_tflops"}
 
 
-def roofline(rows, op: str, peaks: dict | None) -> str | None:
-    """Achieved TFLOP/s against arithmetic intensity (log-log) below the measured roofs, by backend."""
+def roofline(rows, op: str, peaks: dict | None, names: list[str] | None = None) -> str | None:
+    """Achieved TFLOP/s against arithmetic intensity (log-log) below the measured roofs: passing rows only."""
     measured = (peaks or {}).get("measured") or {}
     bw = measured.get("copy_tbps")
-    pts = [
-        r for r in rows if r.op == op and r.timing and (r.derived or {}).get("intensity") and r.derived.get("tflops")
-    ]
+    pts = [r for r in rows if r.op == op and ranking.rankable(r) and (r.derived or {}).get("intensity")]
+    pts = [r for r in pts if r.derived.get("tflops")]
     if not pts or not bw:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4.2))
+    fig, ax = plt.subplots(figsize=(5.6, 3.4))
     xs = [r.derived["intensity"] for r in pts]
     lo, hi = min(xs) / 10, max(xs) * 10
-    for dt in sorted({r.dtype for r in pts}):
+    for i, dt in enumerate(sorted({r.dtype for r in pts})):
         pf = measured.get(_PEAK_KEY.get(dt, ""))
         if not pf:
             continue
-        ridge = pf / bw
-        xr = sorted({lo, min(max(ridge, lo), hi), hi})
+        xr = sorted({lo, min(max(pf / bw, lo), hi), hi})
         ax.plot(xr, [min(pf, x * bw) for x in xr], "--", color="0.45", lw=1)
-        ax.annotate(
-            f"{dt} roof: {pf:.0f} TFLOP/s, {bw:.2f} TB/s",
-            (xr[-1], min(pf, xr[-1] * bw)),
-            fontsize=7,
-            ha="right",
-            va="bottom",
-            color="0.35",
-        )
+        ax.annotate(f"{dt} roof: {pf:.0f} TFLOP/s, {bw:.2f} TB/s", (xr[-1], min(pf, xr[-1] * bw)), fontsize=7,
+                    ha="right", va="top", color="0.35", xytext=(0, -2 - 10 * i), textcoords="offset points")  # fmt: skip
     backends = sorted({r.backend for r in pts})
-    for i, b in enumerate(backends):
+    names = names or backends
+    for b in backends:
         mine = [r for r in pts if r.backend == b]
-        ax.scatter(
-            [r.derived["intensity"] for r in mine],
-            [r.derived["tflops"] for r in mine],
-            s=14,
-            color=_COLORS[i % len(_COLORS)],
-            label=b,
-            alpha=0.85,
-            zorder=3,
-        )
+        ax.scatter([r.derived["intensity"] for r in mine], [r.derived["tflops"] for r in mine], s=14,
+                   color=_color(names, b), alpha=0.85, zorder=3)  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
     ax.set_xlabel("arithmetic intensity, FLOP/byte")
     ax.set_ylabel("achieved TFLOP/s")
-    ax.grid(which="both", alpha=0.3)
-    ax.legend(fontsize=8)
-    ax.set_title(f"{op}: roofline (measured peaks)")
-    return _png(fig)
-
-
-def change_plot(changes) -> str | None:
-    """Compare: the relative change of every timed row, sorted, with each row's threshold band."""
-    timed = sorted((c for c in changes if c.change is not None), key=lambda c: c.change)
-    if not timed:
-        return None
-    fig, ax = plt.subplots(figsize=(9, 3.6))
-    x = range(len(timed))
-    colors = {"slower": "#cf222e", "faster": "#1a7f37", "noisy": "#9a6700"}
-    ax.fill_between(
-        x,
-        [-100 * c.threshold for c in timed],
-        [100 * c.threshold for c in timed],
-        color="0.9",
-        step="mid",
-        label="threshold max(3%, 3 CV)",
-    )
-    ax.scatter(
-        x,
-        [100 * c.change for c in timed],
-        s=10,
-        zorder=3,
-        c=[colors.get(c.verdict, "#57606a") for c in timed],
-    )
-    ax.axhline(0, color="0.5", lw=0.8)
-    ax.set_xlabel("rows, sorted by change")
-    ax.set_ylabel("median change, % (new vs base)")
-    ax.grid(axis="y", alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
-    ax.set_title("speed changes (red: slower, green: faster, amber: noisy)")
-    return _png(fig)
+    ax.grid(which="major", alpha=0.25)
+    ax.set_title(f"{op}: roofline (passing rows, measured peaks)")
+    _legend_outside(fig, backends, names)
+    return _uri(fig)
 
 
 def _seq_len(params: dict) -> int | None:
@@ -178,40 +177,80 @@ def _seq_len(params: dict) -> int | None:
     return None
 
 
-def error_vs_length(rows, op: str) -> str | None:
-    """Relative max error of `o` (max |out - ref| / max |ref|) against sequence length, per backend and distribution."""
+def error_vs_length(rows, op: str, names: list[str] | None = None) -> str | None:
+    """Relative max error of `o` against sequence length, per backend (marker: distribution)."""
     pts = defaultdict(list)
     for r in rows:
         m = (r.metrics or {}).get("o", {})
-        L = _seq_len(r.params)
+        L = _seq_len(r.params or {})
         if r.op == op and L and m.get("scale") and "max_abs" in m and m["max_abs"] < float("inf"):
             pts[(r.backend, r.params.get("distribution", "normal"))].append((L, max(m["max_abs"] / m["scale"], 1e-9)))
     if len({L for v in pts.values() for L, _ in v}) < 2:
         return None
-    fig, ax = plt.subplots(figsize=(7, 4))
+    fig, ax = plt.subplots(figsize=(5.6, 3.4))
     backends = sorted({b for b, _ in pts})
+    names = names or backends
     dists = sorted({d for _, d in pts})
     markers = "os^vD<>xP*"
     for (b, d), v in sorted(pts.items()):
-        v.sort()
-        xs, ys = [x for x, _ in v], [y for _, y in v]
-        ax.plot(xs, ys, marker=markers[dists.index(d) % len(markers)], ls="", ms=4, alpha=0.75,
-                color=_COLORS[backends.index(b) % len(_COLORS)], label=f"{b} / {d}")  # fmt: skip
+        ax.plot([x for x, _ in v], [y for _, y in v], marker=markers[dists.index(d) % len(markers)], ls="", ms=4,
+                alpha=0.75, color=_color(names, b))  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length (keys per request)")
-    ax.set_ylabel("max |o - ref| / max |ref|")
-    ax.grid(which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    ax.set_title(f"{op}: error growth with length, per backend / distribution")
-    return _png(fig)
+    ax.set_ylabel("max |o − ref| / max |ref|")
+    ax.grid(which="major", alpha=0.25)
+    ax.set_title(f"{op}: error growth with length")
+    handles = [plt.Line2D([], [], color=_color(names, b), marker="o", ls="", label=b) for b in backends]
+    if len(dists) > 1:
+        handles += [plt.Line2D([], [], color="0.3", marker=markers[i % len(markers)], ls="", label=d)
+                    for i, d in enumerate(dists)]  # fmt: skip
+    ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, fontsize=7)
+    return _uri(fig)
 
 
-def error_heatmap(heat: list[list[float]], title: str, xlabel: str, ylabel: str) -> str:
-    fig, ax = plt.subplots(figsize=(6, 2.8))
-    im = ax.imshow(heat, aspect="auto", cmap="magma", interpolation="nearest")
-    fig.colorbar(im, ax=ax, label="max abs error")
+def error_heatmap(heat: list[list[float]], title: str, xlabel: str, ylabel: str) -> str | None:
+    """Max abs error per (head, row bin); NaN/Inf cells drawn in cyan. None when it carries no information
+    (a single cell, or every finite cell equal and nothing non-finite)."""
+    vals = [x for row in heat for x in row]
+    bad = [x for x in vals if x is None or not math.isfinite(x)]
+    finite = [x for x in vals if x is not None and math.isfinite(x)]
+    if len(vals) < 2 or (not bad and max(finite) - min(finite) <= 1e-12 * max(1.0, max(finite))):
+        return None
+    data = [[float("nan") if x is None or not math.isfinite(x) else x for x in row] for row in heat]
+    cmap = matplotlib.colormaps["magma"].with_extremes(bad="#00c8d7")
+    fig, ax = plt.subplots(figsize=(5.2, 2.4))
+    im = ax.imshow(data, aspect="auto", cmap=cmap, interpolation="nearest")
+    if finite:
+        fig.colorbar(im, ax=ax, label="max abs error")
+    if bad:
+        title += f" — {len(bad)} of {len(vals)} cells NaN/Inf (cyan)"
+    ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    ax.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     ax.set_xlabel(xlabel)
     ax.set_ylabel(ylabel)
-    ax.set_title(title, fontsize=9)
-    return _png(fig)
+    ax.set_title(title, fontsize=8)
+    return _uri(fig)
+
+
+def change_plot(changes) -> str | None:
+    """Compare: new/base median ratio of every timed row (log scale), sorted, with each row's threshold band."""
+    timed = sorted((c for c in changes if c.change is not None and c.change > -1), key=lambda c: c.change)
+    if not timed:
+        return None
+    fig, ax = plt.subplots(figsize=(8, 3.2))
+    x = range(len(timed))
+    colors = {"slower": "#cf222e", "faster": "#1a7f37", "noisy": "#9a6700"}
+    ax.fill_between(x, [1 / (1 + c.threshold) for c in timed], [1 + c.threshold for c in timed], color="0.9",
+                    step="mid", label="threshold max(3%, 3 CV)")  # fmt: skip
+    ax.scatter(x, [1 + c.change for c in timed], s=10, zorder=3, c=[colors.get(c.verdict, "#57606a") for c in timed])
+    ax.axhline(1, color="0.5", lw=0.8)
+    ax.set_yscale("log")
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.2g}×"))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+    ax.set_xlabel("rows, sorted by change")
+    ax.set_ylabel("new / base median (log)")
+    ax.grid(axis="y", which="major", alpha=0.25)
+    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    ax.set_title("speed changes (red: slower, green: faster, amber: noisy)")
+    return _uri(fig)

@@ -1,3 +1,4 @@
+// Sortable tables (click a header) and filters (a search box and a select naming data-table, optionally data-col).
 (function () {
   "use strict";
   function cellValue(td) {
@@ -40,14 +41,16 @@
     var key = select ? select.value : "";
     var shown = 0;
     Array.prototype.forEach.call(table.tBodies[0].rows, function (tr) {
-      var ok = (!text || tr.textContent.toLowerCase().indexOf(text) >= 0) && (!key || tr.getAttribute("data-key") === key);
+      var col = select ? select.getAttribute("data-col") : null;
+      var got = col === null ? tr.getAttribute("data-key") : tr.cells[+col].textContent.trim();
+      var ok = (!text || tr.textContent.toLowerCase().indexOf(text) >= 0) && (!key || got === key);
       tr.style.display = ok ? "" : "none";
       if (ok) shown += 1;
     });
     var count = document.querySelector('[data-count="' + id + '"]');
     if (count) count.textContent = shown + " shown";
   }
-  document.querySelectorAll(".filter input, .filter select").forEach(function (el) {
+  document.querySelectorAll(".filter input[data-table], .filter select[data-table]").forEach(function (el) {
     var id = el.getAttribute("data-table");
     el.addEventListener("input", function () { applyFilter(id); });
     el.addEventListener("change", function () { applyFilter(id); });

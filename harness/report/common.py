@@ -1,0 +1,61 @@
+"""Shared by the rendered files: number format, the repro command of a row, templates and assets."""
+
+from __future__ import annotations
+
+import math
+import shlex
+from importlib import resources
+
+import jinja2
+
+
+def asset(name: str) -> str:
+    return resources.files("attnbench.report").joinpath(name).read_text(encoding="utf-8")
+
+
+def template(name: str) -> jinja2.Template:
+    """A template of this package; it may `{% include %}` other templates of the package."""
+    env = jinja2.Environment(autoescape=True, undefined=jinja2.ChainableUndefined, loader=jinja2.FunctionLoader(asset))
+    env.filters["fmt"] = fmt
+    return env.get_template(name)
+
+
+def fmt(x, digits: int = 3) -> str:
+    """Numbers for people: 3 significant digits, scientific outside [1e-2, 1e5)."""
+    if x is None or x == "":
+        return ""
+    if isinstance(x, float):
+        if x == 0:
+            return "0"
+        if math.isinf(x) or math.isnan(x):
+            return str(x)
+        if abs(x) >= 1e5 or abs(x) < 1e-2:
+            return f"{x:.{digits - 1}e}"
+        if abs(x) >= 10**digits:
+            return f"{x:.0f}"
+        return f"{x:.{digits}g}"
+    return str(x)
+
+
+def _plugins(run: dict) -> list[str]:
+    argv, out = list(run.get("argv") or []), []
+    for i, a in enumerate(argv):
+        if a == "--plugin" and i + 1 < len(argv):
+            out.append(argv[i + 1])
+        elif a.startswith("--plugin="):
+            out.append(a.split("=", 1)[1])
+    return out
+
+
+def repro(r, run: dict) -> str:
+    """The command that re-runs one row alone."""
+    return shlex.join(["attnbench", "sweep", "--case", r.case_id, "--backend", r.backend, *repro_tail(run)])
+
+
+def repro_tail(run: dict) -> list[str]:
+    """What every repro command of a run ends with: its device (a run from before run.json named it:
+    env.json's) and its plugins."""
+    parts = ["--device", run["device"]] if run.get("device") else []
+    for p in run.get("plugins") or _plugins(run):
+        parts += ["--plugin", p]
+    return parts

@@ -1,0 +1,166 @@
+"""What a reader sees first, in report.html and summary.md alike: did anything break (grouped by cause,
+each with a repro), who is fastest where (passing GPU-timed rows only), and, given a baseline run, what
+changed."""
+
+from __future__ import annotations
+
+import re
+from collections import Counter
+from dataclasses import dataclass, field
+
+from attnbench.counts import FAILING, Counts, count, status_of
+from attnbench.report import ranking
+from attnbench.report.common import repro
+
+_NUM = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?%?", re.IGNORECASE)
+
+
+def cause(reason: str) -> str:
+    """A reason with its numbers taken out and its detail cut: rows with one cause share this key."""
+    first = re.split(r" \(|; |\n", reason or "no reason given", maxsplit=1)[0]
+    return _NUM.sub("#", first)[:120]
+
+
+@dataclass
+class Group:
+    """Failing rows of one backend with one status and one cause."""
+
+    backend: str
+    status: str
+    cause: str
+    reason: str  # the first row's full reason
+    case_id: str  # the first row's case
+    repro: str
+    ops: Counter = field(default_factory=Counter)
+
+    @property
+    def summary(self) -> str:
+        """The first row's reason, cut before its detail (numbers kept)."""
+        return re.split(r" \(|; |\n", self.reason or "no reason given", maxsplit=1)[0][:200]
+
+    @property
+    def n(self) -> int:
+        return sum(self.ops.values())
+
+    def where(self) -> str:
+        return ", ".join(f"{op} ×{k}" if k > 1 else op for op, k in self.ops.most_common())
+
+
+def broken(rows, run: dict) -> list[Group]:
+    """fail / error / xpass rows grouped by (backend, status, cause), largest groups first."""
+    groups: dict[tuple, Group] = {}
+    for r in rows:
+        st = status_of(r)
+        if st not in FAILING:
+            continue
+        key = (r.backend, st, cause(r.reason))
+        g = groups.get(key)
+        if g is None:
+            g = groups[key] = Group(r.backend, st, key[2], r.reason, r.case_id, repro(r, run))
+        g.ops[r.op] += 1
+    return sorted(groups.values(), key=lambda g: (-g.n, g.backend, g.cause))
+
+
+def xfails(rows) -> list:
+    return [r for r in rows if status_of(r) == "xfail"]
+
+
+@dataclass
+class FirstScreen:
+    counts: Counts
+    verdict: str
+    complete: bool
+    stopped_by: str
+    broken: list[Group]
+    fastest: list[dict]
+    unranked: str  # why some timed rows are not ranked
+    kinds: dict  # timed rows per clock
+    changes: dict | None  # compare verdict counts and regressions, with a baseline run
+
+
+def first_screen(rows, run: dict, comparison=None) -> FirstScreen:
+    c = count(rows)
+    complete = bool(run.get("complete", True))
+    changes = None
+    if comparison is not None:
+        cc = comparison.counts()
+        changes = {
+            "base": str(comparison.base),
+            "counts": [(v, n) for v, n in cc.items() if n],
+            "regressions": comparison.regressions,
+        }
+    return FirstScreen(
+        counts=c,
+        verdict=c.verdict(complete),
+        complete=complete,
+        stopped_by=str(run.get("stopped_by") or ""),
+        broken=broken(rows, run),
+        fastest=ranking.class_summary(rows),
+        unranked=ranking.unranked_note(rows),
+        kinds=dict(ranking.timing_kinds(rows)),
+        changes=changes,
+    )
+
+
+def _md(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def fastest_cells(f: dict) -> dict:
+    """One fastest-table row as text: shared by the HTML and Markdown renderers."""
+    if f["margin"] is None:
+        margin = "only backend passing"
+    else:
+        margin = f"{f['margin']:.2f}× over {f['runner_up']}"
+    return {
+        "cls": f["cls"],
+        "best": f["best"],
+        "wins": f"{f['wins']} of {f['ranked']} ranked"
+        + (f" ({f['cases']} cases)" if f["cases"] != f["ranked"] else ""),
+        "margin": margin,
+        "roof": "" if f["roofline_pct"] is None else f"{f['roofline_pct']:.0f}%",
+        "others": f["others"],
+    }
+
+
+def first_screen_md(fs: FirstScreen, max_groups: int = 30) -> list[str]:
+    """The first screen as Markdown lines (the top of summary.md)."""
+    mark = "❌" if fs.counts.failing else ("⚠️" if not fs.complete else "✅")
+    lines = [f"**{mark} {fs.verdict}**", "", fs.counts.line()]
+    if not fs.complete:
+        lines += [
+            "",
+            f"> **Incomplete run** ({fs.stopped_by or 'interrupted or crashed'}): these counts cover the rows written so far.",
+        ]
+    if fs.changes:
+        lines += ["", f"### What changed (against `{fs.changes['base']}`)", ""]
+        lines.append(", ".join(f"{v}: {n}" for v, n in fs.changes["counts"]) or "no rows in common")
+        for ch in fs.changes["regressions"][:20]:
+            lines.append(f"- **{ch.verdict}** `{ch.case_id}` [{ch.backend}] {_md(ch.note)}")
+    if fs.broken:
+        lines += [
+            "",
+            "### What broke",
+            "",
+            "| rows | backend | status | cause | where | repro (first row) |",
+            "|---:|---|---|---|---|---|",
+        ]
+        for g in fs.broken[:max_groups]:
+            lines.append(f"| {g.n} | {g.backend} | {g.status} | {_md(g.summary)} | {g.where()} | `{g.repro}` |")
+        if len(fs.broken) > max_groups:
+            lines.append(f"| | | | {len(fs.broken) - max_groups} more causes in report.html | | |")
+    lines += ["", "### Fastest passing backend per shape class", ""]
+    if fs.fastest:
+        lines += [
+            "| shape class | fastest | wins | margin (median) | roofline | also won |",
+            "|---|---|---:|---|---:|---|",
+        ]
+        for f in map(fastest_cells, fs.fastest):
+            lines.append(
+                f"| {f['cls']} | **{f['best']}** | {f['wins']} | {f['margin']} | {f['roof']} | {f['others']} |"
+            )
+    else:
+        lines.append("No case has a passing GPU-timed row: nothing is ranked.")
+    if fs.unranked:
+        lines += ["", f"Not ranked: {fs.unranked}."]
+    return lines

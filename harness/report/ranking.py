@@ -1,0 +1,160 @@
+"""Who is fastest: only rows that passed, and only GPU timings, are ever ranked or turned into speedups.
+
+A failing, erroring, xfail or xpass row keeps its timing in the tables (marked) but never wins, never
+sets the "best" a ratio is taken against, and never appears in a speedup. Host-clock timings (CPU) and
+Triton under TRITON_INTERPRET=1 are labelled and never compared with anything.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+from collections import Counter
+from dataclasses import dataclass
+
+from attnbench.counts import status_of
+from attnbench.results import Status
+
+GPU = "gpu"
+HOST = "host clock (CPU)"
+INTERPRETER = "Triton interpreter (TRITON_INTERPRET=1)"
+
+
+def timing_kind(r) -> str | None:
+    """What clock a row's timing came from: GPU, HOST or INTERPRETER (None when untimed)."""
+    t = r.timing
+    if not t:
+        return None
+    env = r.env or {}
+    interp = t.get("interpreter") or env.get("triton_interpret") or str(env.get("TRITON_INTERPRET", "")) == "1"
+    if interp or "interpret" in str(t.get("clock", "")):
+        return INTERPRETER
+    return GPU if t.get("clock") == "cuda-events" else HOST
+
+
+def rankable(r) -> bool:
+    """A row whose time may be ranked: its outputs passed their checks (pass, xpass) and it was timed on
+    a GPU clock."""
+    ok = Status(status_of(r)).checks_passed
+    return ok and timing_kind(r) == GPU and (r.timing.get("median_us") or 0) > 0
+
+
+def median_us(r) -> float | None:
+    return (r.timing or {}).get("median_us")
+
+
+def shape_class(r) -> str:
+    """The class a case is summarised under: op, head layout (first feature), batch regime."""
+    parts = [r.op]
+    if r.features:
+        parts.append(r.features[0])
+    b = (r.params or {}).get("batch")
+    if isinstance(b, int):
+        parts.append("b=1" if b == 1 else ("b≤16" if b <= 16 else "b>16"))
+    return " · ".join(parts)
+
+
+@dataclass
+class CaseWinner:
+    case_id: str
+    op: str
+    cls: str
+    best: str  # the fastest passing backend
+    best_us: float
+    runner_up: str | None
+    margin: float | None  # runner-up time / best time (>= 1)
+    roofline_pct: float | None
+    passing: int  # how many backends passed and were GPU-timed
+
+
+def case_winners(rows) -> dict[str, CaseWinner]:
+    """Per case with at least one rankable row: the fastest passing backend and its margin."""
+    by_case: dict[str, list] = {}
+    for r in rows:
+        if rankable(r):
+            by_case.setdefault(r.case_id, []).append(r)
+    out = {}
+    for cid, rs in by_case.items():
+        rs.sort(key=median_us)
+        best = rs[0]
+        second = rs[1] if len(rs) > 1 else None
+        out[cid] = CaseWinner(
+            case_id=cid,
+            op=best.op,
+            cls=shape_class(best),
+            best=best.backend,
+            best_us=median_us(best),
+            runner_up=second.backend if second else None,
+            margin=median_us(second) / median_us(best) if second else None,
+            roofline_pct=(best.derived or {}).get("roofline_pct"),
+            passing=len(rs),
+        )
+    return out
+
+
+def class_summary(rows) -> list[dict]:
+    """Per shape class: the backend that is fastest on most cases, how often, by how much, % of roofline."""
+    winners = case_winners(rows)
+    cases_per_class = Counter(shape_class(r) for r in {r.case_id: r for r in rows}.values())
+    by_cls: dict[str, list[CaseWinner]] = {}
+    for w in winners.values():
+        by_cls.setdefault(w.cls, []).append(w)
+    out = []
+    for cls, ws in sorted(by_cls.items()):
+        wins = Counter(w.best for w in ws)
+        top, n = wins.most_common(1)[0]
+        mine = [w for w in ws if w.best == top]
+        margins = [w.margin for w in mine if w.margin]
+        roofs = [w.roofline_pct for w in mine if w.roofline_pct is not None]
+        runner = Counter(w.runner_up for w in mine if w.runner_up).most_common(1)
+        out.append(
+            {
+                "cls": cls,
+                "op": ws[0].op,
+                "best": top,
+                "wins": n,
+                "ranked": len(ws),
+                "cases": cases_per_class[cls],
+                "others": ", ".join(f"{b} {k}" for b, k in wins.most_common() if b != top),
+                "margin": statistics.median(margins) if margins else None,
+                "runner_up": runner[0][0] if runner else None,
+                "roofline_pct": statistics.median(roofs) if roofs else None,
+            }
+        )
+    return out
+
+
+def speedups(rows, baseline: str) -> list[dict]:
+    """Per op and backend: geometric-mean speedup over `baseline` on the cases where both passed on a GPU clock."""
+    base = {r.case_id: median_us(r) for r in rows if r.backend == baseline and rankable(r)}
+    acc: dict[tuple[str, str], list[float]] = {}
+    for r in rows:
+        if r.backend != baseline and rankable(r) and r.case_id in base:
+            acc.setdefault((r.op, r.backend), []).append(base[r.case_id] / median_us(r))
+    return [
+        {
+            "op": op,
+            "backend": b,
+            "speedup": math.exp(sum(map(math.log, v)) / len(v)),
+            "cases": len(v),
+            "min": min(v),
+            "max": max(v),
+            "wins": sum(x > 1 for x in v),
+        }
+        for (op, b), v in sorted(acc.items())
+    ]
+
+
+def timing_kinds(rows) -> Counter:
+    """How many timed rows came from each clock."""
+    return Counter(k for k in map(timing_kind, rows) if k)
+
+
+def unranked_note(rows) -> str:
+    """Why some timed rows are not ranked (non-GPU clocks, or rows that did not pass); '' when all are."""
+    kinds = timing_kinds(rows)
+    notes = [f"{n} timed with a {k}: shown, labelled, never ranked" for k, n in kinds.items() if k != GPU]
+    bad = sum(1 for r in rows if timing_kind(r) == GPU and not rankable(r))
+    if bad:
+        notes.append(f"{bad} timed rows that did not pass: shown, marked, never ranked")
+    return "; ".join(notes)

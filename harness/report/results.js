@@ -1,0 +1,165 @@
+// report.html: the results table (filters, column chooser, sorting) and the per-case view (#case/<id>),
+// both drawn from the rows' JSON in <script id="rows-data">.
+(function () {
+  "use strict";
+  var D = JSON.parse(document.getElementById("rows-data").textContent);
+  var esc = function (s) {
+    return String(s == null ? "" : s).replace(/[&<>"]/g, function (c) {
+      return { "&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;" }[c];
+    });
+  };
+  var num = function (x, d) {
+    if (x == null || x === "") return "";
+    if (typeof x === "string") return x;
+    var a = Math.abs(x);
+    if (a === 0) return "0";
+    if (a >= 1e5 || a < 1e-2) return x.toExponential((d || 3) - 1);
+    if (a >= 1000) return x.toFixed(0);
+    return String(Number(x.toPrecision(d || 3)));
+  };
+  var reason = function (r) { return r.r == null ? "" : D.reasons[r.r]; };
+  var caseOf = function (r) { return D.cases[r.c]; };
+  var repro = function (r) {
+    return D.repro[0] + " " + caseOf(r).id + " --backend " + D.backends[r.b] + " " + D.repro[1];
+  };
+  var timeCell = function (r) {
+    if (r.m == null) return "";
+    var s = num(r.m);
+    if (r.s !== "pass") s = "<s title='did not pass: never ranked'>" + s + "</s>";
+    if (r.k && r.k !== "gpu") s += " <span class='kind'>" + r.k + "</span>";
+    if (r.g) s += " <span class='flag'>" + esc(r.g) + "</span>";
+    return s;
+  };
+  var COLS = [
+    { k: "case", h: "case", on: 1, v: function (r) { return caseOf(r).id; },
+      f: function (r) {
+        var why = reason(r), s = "<a href='#case/" + esc(caseOf(r).id) + "'>" + esc(caseOf(r).id) + "</a>";
+        if (why) s += "<div class='reason st-" + r.s + "' title='" + esc(why) + "'>" + esc(why.length > 200 ? why.slice(0, 200) + "…" : why) + "</div>";
+        return s;
+      }, cls: "mono case" },
+    { k: "op", h: "op", on: 0, v: function (r) { return caseOf(r).op; } },
+    { k: "backend", h: "backend", on: 1, v: function (r) { return D.backends[r.b]; } },
+    { k: "status", h: "status", on: 1, v: function (r) { return r.s; }, f: function (r) { return "<span class='st st-" + r.s + "'>" + r.s + "</span>"; } },
+    { k: "err", h: "error / bound", on: 1, v: function (r) { return r.q == null ? "" : r.q; }, f: function (r) { return esc(r.e || "") + (r.w ? "<div class='warn small'>tolerance: " + esc(r.w) + "</div>" : ""); }, cls: "mono small" },
+    { k: "median", h: "median µs", on: 1, v: function (r) { return r.m == null ? "" : r.m; }, f: timeCell, cls: "num" },
+    { k: "spread", h: "p10–p90", on: 1, v: function (r) { return r.lo == null ? "" : r.lo; }, f: function (r) { return r.lo == null ? "" : num(r.lo) + "–" + num(r.hi); }, cls: "num" },
+    { k: "cv", h: "CV", on: 1, v: function (r) { return r.cv == null ? "" : r.cv; }, f: function (r) { return r.cv == null ? "" : (100 * r.cv).toFixed(1) + "%"; }, cls: "num" },
+    { k: "n", h: "n", on: 0, v: function (r) { return r.n == null ? "" : r.n; }, cls: "num" },
+    { k: "tf", h: "TFLOP/s", on: 1, v: function (r) { return r.tf == null ? "" : r.tf; }, f: function (r) { return num(r.tf); }, cls: "num" },
+    { k: "tb", h: "TB/s", on: 1, v: function (r) { return r.tb == null ? "" : r.tb; }, f: function (r) { return num(r.tb); }, cls: "num" },
+    { k: "ai", h: "FLOP/B", on: 0, v: function (r) { return r.ai == null ? "" : r.ai; }, f: function (r) { return num(r.ai); }, cls: "num" },
+    { k: "rf", h: "roofline", on: 1, v: function (r) { return r.rf == null ? "" : r.rf; }, f: function (r) { return r.rf == null ? "" : r.rf.toFixed(0) + "%"; }, cls: "num" },
+    { k: "x", h: "× best", on: 1, v: function (r) { return r.x == null ? "" : r.x; }, f: function (r) { return r.x == null ? "" : r.x.toFixed(2) + "×"; }, cls: "num" },
+    { k: "prep", h: "prepare s", on: 0, v: function (r) { return r.p == null ? "" : r.p; }, f: function (r) { return num(r.p) + (r.pi ? "<div class='repro'>" + esc(r.pi) + "</div>" : ""); }, cls: "num" },
+    { k: "feat", h: "features", on: 0, v: function (r) { return caseOf(r).f.join(" "); }, cls: "small" },
+    { k: "repro", h: "repro", on: 0, v: repro, cls: "mono small repro" }
+  ];
+  var PAGE = 250; // rows drawn at once: a table of thousands of rows takes seconds to lay out
+  var shown = {}, sortCol = null, sortAsc = true, limit = PAGE;
+  COLS.forEach(function (c) { shown[c.k] = !!c.on; });
+  var table = document.getElementById("t-results");
+  var filters = {};
+  document.querySelectorAll("#results-filter [data-f]").forEach(function (el) {
+    filters[el.getAttribute("data-f")] = el;
+    el.addEventListener(el.tagName === "INPUT" ? "input" : "change", function () { limit = PAGE; draw(); });
+  });
+  var chooser = document.getElementById("col-chooser");
+  COLS.forEach(function (c) {
+    var l = document.createElement("label");
+    l.innerHTML = "<input type='checkbox' data-col='" + c.k + "'" + (shown[c.k] ? " checked" : "") + "> " + esc(c.h);
+    l.firstChild.addEventListener("change", function (e) { shown[c.k] = e.target.checked; draw(); });
+    chooser.appendChild(l);
+  });
+  function keep(r) {
+    var v = function (k) { return filters[k] ? filters[k].value : ""; };
+    if (v("op") && caseOf(r).op !== v("op")) return false;
+    if (v("backend") && D.backends[r.b] !== v("backend")) return false;
+    if (v("status") && r.s !== v("status")) return false;
+    if (v("feature") && caseOf(r).f.indexOf(v("feature")) < 0) return false;
+    var t = v("text").toLowerCase();
+    return !t || (caseOf(r).id + " " + D.backends[r.b] + " " + reason(r)).toLowerCase().indexOf(t) >= 0;
+  }
+  function cmp(a, b) {
+    var x = sortCol.v(a), y = sortCol.v(b);
+    if (x === y) return 0;
+    if (x === "") return 1;
+    if (y === "") return -1;
+    if (typeof x !== typeof y) return typeof x === "number" ? -1 : 1;
+    return (x < y ? -1 : 1) * (sortAsc ? 1 : -1);
+  }
+  function draw() {
+    var cols = COLS.filter(function (c) { return shown[c.k]; });
+    var rows = D.rows.filter(keep);
+    if (sortCol) rows.sort(cmp);
+    table.tHead.innerHTML = "<tr>" + cols.map(function (c) {
+      var s = sortCol === c ? (sortAsc ? " class='sorted-asc'" : " class='sorted-desc'") : "";
+      return "<th data-k='" + c.k + "'" + s + ">" + esc(c.h) + "</th>";
+    }).join("") + "</tr>";
+    var all = rows.length;
+    rows = rows.slice(0, limit);
+    table.tBodies[0].innerHTML = rows.map(function (r) {
+      return "<tr data-key='" + r.s + "'>" + cols.map(function (c) {
+        return "<td" + (c.cls ? " class='" + c.cls + "'" : "") + ">" + (c.f ? c.f(r) : esc(c.v(r))) + "</td>";
+      }).join("") + "</tr>";
+    }).join("");
+    document.getElementById("results-count").textContent = all + " of " + D.rows.length + " rows" +
+      (all > rows.length ? " (first " + rows.length + " drawn)" : "");
+    var more = document.getElementById("results-more");
+    more.hidden = all <= rows.length;
+    more.textContent = "draw all " + all + " rows";
+  }
+  document.getElementById("results-more").addEventListener("click", function () { limit = Infinity; draw(); });
+  table.tHead.addEventListener("click", function (e) {
+    var th = e.target.closest("th");
+    if (!th) return;
+    var c = COLS.filter(function (x) { return x.k === th.getAttribute("data-k"); })[0];
+    sortAsc = sortCol === c ? !sortAsc : true;
+    sortCol = c;
+    draw();
+  });
+  draw();
+
+  var view = document.getElementById("case-view"), body = document.getElementById("case-body");
+  function openCase(id) {
+    var ci = -1;
+    D.cases.forEach(function (c, i) { if (c.id === id) ci = i; });
+    if (ci < 0) { view.hidden = true; return; }
+    var c = D.cases[ci], rows = D.rows.filter(function (r) { return r.c === ci; });
+    rows.sort(function (a, b) { return (a.x == null) - (b.x == null) || (a.x || 0) - (b.x || 0); });
+    var h = "<h2 class='mono'>" + esc(c.id) + "</h2><p class='muted'>" + esc(c.op) + " · " + esc(c.cls) + " · features: " + esc(c.f.join(", ") || "none") + "</p>";
+    h += "<table><thead><tr><th>backend</th><th>status</th><th>median µs</th><th>p10–p90</th><th>CV</th><th>roofline</th><th>× best</th><th>prepare s</th><th>reason</th></tr></thead><tbody>";
+    rows.forEach(function (r) {
+      h += "<tr><td>" + esc(D.backends[r.b]) + "</td><td class='st st-" + r.s + "'>" + r.s + "</td><td class='num'>" + timeCell(r) + "</td><td class='num'>" +
+        (r.lo == null ? "" : num(r.lo) + "–" + num(r.hi)) + "</td><td class='num'>" + (r.cv == null ? "" : (100 * r.cv).toFixed(1) + "%") + "</td><td class='num'>" +
+        (r.rf == null ? "" : r.rf.toFixed(0) + "%") + "</td><td class='num'>" + (r.x == null ? "" : r.x.toFixed(2) + "×") + "</td><td class='num'>" + num(r.p) + (r.pi ? "<div class='repro'>" + esc(r.pi) + "</div>" : "") +
+        "</td><td class='reason'>" + esc(reason(r)) + "</td></tr>";
+    });
+    h += "</tbody></table><h3>Errors against the float64 reference</h3><table><thead><tr><th>backend</th><th>output</th><th>max abs</th><th>bound</th><th>max abs / bound</th><th>max rel</th><th>rel L2</th><th>cosine</th><th>over bound</th><th>NaN/Inf</th><th>worst at</th><th>twin max abs</th></tr></thead><tbody>";
+    rows.forEach(function (r) {
+      (r.d || []).forEach(function (d) {
+        h += "<tr><td>" + esc(D.backends[r.b]) + "</td>" + d.map(function (x, i) { return "<td" + (i ? " class='num'" : "") + ">" + esc(x) + "</td>"; }).join("") + "</tr>";
+      });
+    });
+    h += "</tbody></table><h3>Repro</h3>" + rows.filter(function (r) { return r.s !== "skip"; }).map(function (r) { return "<code class='repro'>" + esc(repro(r)) + "</code>"; }).join("");
+    body.innerHTML = h;
+    view.hidden = false;
+  }
+  function route() {
+    var m = /^#case\/(.+)$/.exec(location.hash);
+    if (m) openCase(decodeURIComponent(m[1])); else view.hidden = true;
+  }
+  function close() {
+    view.hidden = true;
+    if (/^#case\//.test(location.hash)) history.replaceState(null, "", location.pathname + location.search);
+  }
+  window.addEventListener("hashchange", route);
+  document.getElementById("case-close").addEventListener("click", close);
+  view.addEventListener("click", function (e) { if (e.target === view) close(); });
+  document.addEventListener("keydown", function (e) { if (e.key === "Escape") close(); });
+  route();
+  var more = document.getElementById("show-broke");
+  if (more) more.addEventListener("click", function () {
+    document.querySelectorAll(".more-broke").forEach(function (tr) { tr.hidden = false; });
+    more.hidden = true;
+  });
+})();

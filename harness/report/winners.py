@@ -1,0 +1,59 @@
+"""The winners view: cases × backends, each cell the backend's time over the best passing GPU time of
+the case. Only passing GPU-timed cells are coloured; failing cells are marked and never coloured as
+fast; skips are blank; non-GPU timings are shown as such, uncoloured."""
+
+from __future__ import annotations
+
+import math
+
+from attnbench.counts import FAILING, status_of
+from attnbench.report import ranking
+from attnbench.report.common import fmt
+
+
+def colour(x: float) -> str:
+    """Green at 1× (the best), through yellow to red at ≥4×, on a log scale."""
+    f = min(1.0, math.log(max(x, 1.0)) / math.log(4.0))
+    return f"hsl({130 - 130 * f:.0f} 65% {88 - 8 * f:.0f}%)"
+
+
+def _cell(r, best_us: float | None) -> dict:
+    st = status_of(r)
+    med = ranking.median_us(r)
+    if st == "skip":
+        return {"css": "w-skip", "text": "–"}
+    if st in FAILING or st == "xfail":
+        took = f", took {fmt(med)} µs" if med else ""
+        return {"css": "w-bad", "text": "✗ " + st, "sort": 1e9, "title": f"{st}{took}: {r.reason[:160]}"}
+    if not med:
+        return {"css": "w-pass", "text": "✓", "sort": 1e8, "title": "passed (not timed)"}
+    if not ranking.rankable(r):
+        kind = ranking.timing_kind(r)
+        return {"css": "w-host", "text": f"{fmt(med)} µs", "sort": 1e8, "title": f"{kind}: not ranked"}
+    x = med / best_us
+    return {
+        "css": "w-best" if x == 1.0 else "w-rank",
+        "text": "best" if x == 1.0 else f"{x:.2f}×",
+        "sort": x,
+        "style": f"background:{colour(x)}",
+        "title": f"{fmt(med)} µs ({x:.2f}× the best)",
+    }
+
+
+def view(rows) -> dict:
+    """{backends, cases: [{id, op, cls, best, best_us, cells}]}; backends that only skipped are left out."""
+    wins = ranking.case_winners(rows)
+    backends = sorted({r.backend for r in rows if status_of(r) != "skip"})
+    by_case: dict[str, dict] = {}
+    for r in rows:
+        by_case.setdefault(r.case_id, {"op": r.op, "cls": ranking.shape_class(r), "rows": {}})["rows"][r.backend] = r
+    cases = []
+    for cid, c in by_case.items():
+        if not any(status_of(r) != "skip" for r in c["rows"].values()):
+            continue
+        w = wins.get(cid)
+        best_us = w.best_us if w else None
+        cells = [_cell(c["rows"][b], best_us) if b in c["rows"] else {"css": "w-skip", "text": ""} for b in backends]
+        cases.append({"id": cid, "op": c["op"], "cls": c["cls"], "best": w.best if w else "",
+                      "best_us": fmt(best_us), "best_v": best_us, "cells": cells})  # fmt: skip
+    return {"backends": backends, "cases": cases, "ranked": len(wins)}
