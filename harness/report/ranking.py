@@ -33,9 +33,9 @@ def timing_kind(r) -> str | None:
 
 
 def rankable(r) -> bool:
-    """A row whose time may be ranked: its outputs passed their checks (pass, xpass) and it was timed on
-    a GPU clock."""
-    ok = Status(status_of(r)).checks_passed
+    """A row whose time may be ranked: it passed (not xpass: a row that fails the run is never ranked) and
+    it was timed on a GPU clock."""
+    ok = status_of(r) == Status.PASS.value
     return ok and timing_kind(r) == GPU and (r.timing.get("median_us") or 0) > 0
 
 
