@@ -11,22 +11,24 @@ split rule, state layout), done in `prepare`. On the CPU the kernels run in Trit
 
 from __future__ import annotations
 
-from attnbench.backend import Backend, register_backend
-from attnbench.kernels.sglang import _lib
+from attnbench.backend import Backend, implements, register_backend
+from attnbench.kernels.sglang import _lib, gdn
+from attnbench.kernels.sglang import attention as attn
+from attnbench.kernels.triton import interpreting, on_device
 
-ATTENTION_OPS = ("decode", "extend", "merge_state")
-GDN_OPS = ("gdn_gating", "causal_conv1d", "gdn_decode", "gdn_extend", "gdn_verify")
+
+def _attention(backend, case) -> str | None:
+    return attn.attention_unsupported(case)
 
 
-def _interpreting() -> bool:
-    import os
-
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+def _gdn(backend, case) -> str | None:
+    return gdn.gdn_unsupported(case)
 
 
 @register_backend("sglang")
 class SGLangBackend(Backend):
     description = f"SGLang {_lib.PINNED} Triton kernels: split-KV decode, extend, merge_state, GDN"
+    backend_limits = on_device
 
     def available(self) -> str | None:
         why = _lib.missing()
@@ -34,60 +36,38 @@ class SGLangBackend(Backend):
             return why
         import torch
 
-        if not torch.cuda.is_available() and not _interpreting():
+        if not torch.cuda.is_available() and not interpreting():
             return "no CUDA device (set TRITON_INTERPRET=1 to run SGLang's Triton kernels in the CPU interpreter)"
         return None
 
-    def supports(self, case) -> str | None:
-        why = super().supports(case)
-        if why:
-            return why
-        if not case.on_cuda and not _interpreting():
-            return f"case on {case.device}: Triton runs on CUDA (or set TRITON_INTERPRET=1 for the CPU)"
-        if case.op_name in ATTENTION_OPS:
-            from attnbench.kernels.sglang.attention import attention_unsupported
-
-            return attention_unsupported(case)
-        from attnbench.kernels.sglang.gdn import gdn_unsupported
-
-        return gdn_unsupported(case)
-
+    @implements("decode", limits=_attention)
     def prepare_decode(self, case, x):
-        from attnbench.kernels.sglang import attention
+        return attn.prepare_decode(case, x)
 
-        return attention.prepare_decode(case, x)
-
+    @implements("extend", limits=_attention)
     def prepare_extend(self, case, x):
-        from attnbench.kernels.sglang import attention
+        return attn.prepare_extend(case, x)
 
-        return attention.prepare_extend(case, x)
-
+    @implements("merge_state")
     def prepare_merge_state(self, case, x):
-        from attnbench.kernels.sglang import attention
+        return attn.prepare_merge_state(case, x)
 
-        return attention.prepare_merge_state(case, x)
-
+    @implements("gdn_gating")
     def prepare_gdn_gating(self, case, x):
-        from attnbench.kernels.sglang import gdn
-
         return gdn.prepare_gating(case, x)
 
+    @implements("causal_conv1d")
     def prepare_causal_conv1d(self, case, x):
-        from attnbench.kernels.sglang import gdn
-
         return gdn.prepare_conv(case, x)
 
+    @implements("gdn_decode", limits=_gdn)
     def prepare_gdn_decode(self, case, x):
-        from attnbench.kernels.sglang import gdn
-
         return gdn.prepare_decode(case, x)
 
+    @implements("gdn_extend", limits=_gdn)
     def prepare_gdn_extend(self, case, x):
-        from attnbench.kernels.sglang import gdn
-
         return gdn.prepare_extend(case, x)
 
+    @implements("gdn_verify", limits=_gdn)
     def prepare_gdn_verify(self, case, x):
-        from attnbench.kernels.sglang import gdn
-
         return gdn.prepare_verify(case, x)

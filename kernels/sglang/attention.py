@@ -32,8 +32,6 @@ NO_LSE = "SGLang's {} kernel returns no final LSE"
 def attention_unsupported(case) -> str | None:
     """Why SGLang's Triton attention cannot run `case` (None: it can)."""
     p = case.params
-    if case.op_name == "merge_state":
-        return None
     if p.kv_dtype != "auto":
         return "sglang adapter: fp8 KV caches are not wired (SGLang's kernels take float k/v scales per layer)"
     if case.op_name == "extend":

@@ -94,3 +94,28 @@ def test_zero_fresh_states_clears_only_requests_without_one():
     native = torch.ones(4, 1, 2, 2)
     conv.zero_fresh_states_(native, torch.tensor([2, 0, 3], dtype=torch.int32), torch.tensor([True, False, False]))
     assert native[[0, 3]].abs().sum() == 0 and bool((native[[1, 2]] == 1).all())
+
+
+@pytest.mark.parametrize(
+    "case_id, why",
+    [
+        ("extend/b2-q8-pre16-h4x2-d64-p16-kvshared-bf16", "k_extend"),
+        ("extend/b2-q8-pre16-h4x2-d64-p16-swa0-bf16", "window 0"),
+        ("decode/b2-l64-h4x2-d64-p16-fp8_e4m3-bf16", "fp8"),
+        ("gdn_extend/b2-t70-h1x2-d32x16-fp32", "float32"),
+        ("gdn_decode/b2-h1x2-d512x64-bf16", "head_dim_k"),
+    ],
+)
+def test_sglang_limits_name_what_its_kernels_cannot_say(case_id, why):
+    from attnbench.backend import get_backend
+    from attnbench.case import Case
+
+    assert why in get_backend("sglang").limits(Case.from_id(case_id, "cuda"))
+
+
+def test_sglang_limits_let_the_rest_run():
+    from attnbench.backend import get_backend
+    from attnbench.case import Case
+
+    for case_id in ("extend/b2-q8-pre16-h4x2-d64-p16-custom-bf16", "decode/b2-l64-h4x2-d64-p16-swa7-cap30-sink-bf16"):
+        assert get_backend("sglang").limits(Case.from_id(case_id, "cuda")) is None
