@@ -3,10 +3,12 @@
 Conventions converted (attnbench.ops.gdn is canonical):
 - fla takes `[B, T, H, *]` tensors; varlen is `B = 1` with `cu_seqlens` (int64). Our packed `[T, H, *]`
   tensors become `[1, T, H, *]` views.
-- fla's `g` is log-space like ours; its state is `[N, HV, K, V]` like ours. It has no state pool, so
-  the closure gathers the requests' slots into a dense `[B, HV, K, V]` initial state (zeros for
-  requests without one) and scatters the final states back: two extra passes over the states that
-  a pool-indexed kernel does not make, reported as the variant.
+- fla's `g` is log-space like ours; its state is `[N, HV, K, V]` like ours, but it has no state pool:
+  it reads a dense initial state per request and returns the final states as a new tensor. `prepare`
+  gathers the requests' slots into that dense `[B, HV, K, V]` initial state once (zeros for padding
+  rows and for requests without one), the timed closure is fla's call alone (it reads the same
+  initial state on every call), and the closure's `finalize` scatters the final states of the last
+  call into the pool, untimed (harness/backend.py).
 - gdn_decode fuses the gating in fla's kernel (`use_gate_in_kernel` with A_log and dt_bias on the raw
   `a`; `use_beta_sigmoid_in_kernel` on the raw `b`); gdn_extend passes our fp32 g and beta.
 - q/k are L2-normalised in fla's kernels (`use_qk_l2norm_in_kernel=True`, eps 1e-6), q scaled by
@@ -18,36 +20,42 @@ from __future__ import annotations
 import torch
 
 
-def _rows_and_slots(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """(batch rows of real requests, their slots, whether every row is real); built once in prepare."""
-    idx = indices.long()
+def _dense_initial_state(x, use: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dense `[B, HV, K, V]` initial states: the pool slots of the rows in `use`, zeros elsewhere;
+    the batch rows of real requests; their slots). Built in prepare."""
+    idx = x.state_indices.long()
+    h0 = x.state_pool.new_zeros(x.batch, *x.state_pool.shape[1:])
+    h0[use] = x.state_pool[idx[use]]
     rows = (idx >= 0).nonzero().flatten()
-    return rows, idx[rows], bool(rows.numel() == idx.numel())
+    return h0, rows, idx[rows]
+
+
+def _scatter_final(x, last: dict, rows: torch.Tensor, slots: torch.Tensor):
+    def finalize(outputs):
+        x.state_pool[slots] = last["ht"][rows]
+        return outputs
+
+    return finalize
 
 
 def prepare_decode(case, x):
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 
-    B, HV = x.batch, x.v.shape[1]
-    rows, slots, dense = _rows_and_slots(x.state_indices)
+    B, HV, V = x.batch, x.v.shape[1], x.v.shape[2]
+    h0, rows, slots = _dense_initial_state(x, x.state_indices >= 0)
+    last = {}
 
     def run():
         with torch.no_grad():
-            if dense:
-                h0 = x.state_pool[slots]
-            else:
-                h0 = x.state_pool.new_zeros(B, *x.state_pool.shape[1:])
-                h0[rows] = x.state_pool[slots]
-            o, ht = fused_recurrent_gated_delta_rule(
+            o, last["ht"] = fused_recurrent_gated_delta_rule(
                 x.q[:, None], x.k[:, None], x.v[:, None], g=x.a[:, None], beta=x.b[:, None], scale=x.scale,
                 initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
                 use_gate_in_kernel=True, A_log=x.A_log, dt_bias=x.dt_bias, use_beta_sigmoid_in_kernel=True,
             )  # fmt: skip
-            x.o.copy_(o.view(B, HV, -1))
-            x.state_pool[slots] = ht[rows] if not dense else ht
-        return {"o": x.o}
+        return {"o": o.view(B, HV, V)}
 
-    run.info = {"variant": "gather + fused_recurrent_gated_delta_rule (gates in kernel) + scatter"}
+    run.finalize = _scatter_final(x, last, rows, slots)
+    run.info = {"variant": "fused_recurrent_gated_delta_rule (gates in kernel; dense states gathered in prepare)"}
     return run
 
 
@@ -56,20 +64,17 @@ def prepare_extend(case, x):
 
     cu = x.cu_seqlens.long()
     cu_cpu = torch.tensor([0, *torch.tensor(x.lens_host).cumsum(0).tolist()], dtype=torch.long)
-    slots = x.state_indices.long()
-    init = x.has_initial_state
+    h0, rows, slots = _dense_initial_state(x, x.has_initial_state.to(x.state_indices.device))
+    last = {}
 
     def run():
         with torch.no_grad():
-            h0 = x.state_pool[slots]
-            h0 = torch.where(init[:, None, None, None], h0, torch.zeros_like(h0))
-            o, ht = chunk_gated_delta_rule(
+            o, last["ht"] = chunk_gated_delta_rule(
                 x.q[None], x.k[None], x.v[None], x.g[None], x.beta[None], scale=x.scale, initial_state=h0,
                 output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
             )  # fmt: skip
-            x.o.copy_(o[0])
-            x.state_pool[slots] = ht
-        return {"o": x.o}
+        return {"o": o[0]}
 
-    run.info = {"variant": "gather + chunk_gated_delta_rule (chunk 64) + scatter"}
+    run.finalize = _scatter_final(x, last, rows, slots)
+    run.info = {"variant": "chunk_gated_delta_rule (chunk 64; dense states gathered in prepare)"}
     return run

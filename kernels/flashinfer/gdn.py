@@ -12,12 +12,15 @@ Kernels (FlashInfer 0.7.2.post1, SM90+):
 - gdn_extend: `gdn_prefill.chunk_gated_delta_rule` (SM90 CuTe-DSL kernel, D = 128, fp16/bf16), whose
   `g` is the linear-space decay alpha = exp(g) and whose states are `[N, HV, V, K]`.
 
-Conversions, all inside the timed closure (they are part of running FlashInfer on our layout):
-our pool is `[N, HV, K, V]` (K-major), FlashInfer's is K-last, so the closure gathers the requests'
-slots transposed into a dense `[B, HV, V, K]` buffer (zeros for padding rows and for requests
-without an initial state), runs the kernel, and scatters the final states back transposed; verify's
-intermediate states come back transposed into `inter_states`. Padding rows (negative index) run from
-a zero state and are never scattered back.
+States live in FlashInfer's layout from `prepare` on (kernels/native_states.py): the pool is converted
+once to K-last `[N, HV, V, K]` and the kernels address it by `state_indices` (decode: `initial_state`
++ `initial_state_indices`, fp32 legacy path, -1 skipped with o written as zeros; verify: the MTP pool;
+extend: `state_indices` with `output_state` the same pool, requests without an initial state on a
+slot cleared in prepare). The timed closure is the FlashInfer call alone (plus, for packed decode,
+the split of mixed_qkv into contiguous q/k/v FlashInfer needs); the closure's `finalize` writes the
+touched slots (and verify's `[B, T, HV, V, K]` intermediate states) back into the canonical
+`[.., K, V]` tensors after the call, untimed. Extend's linear-space gate alpha = exp(g) is computed
+in prepare (the harness never perturbs g).
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from __future__ import annotations
 import torch
 
 from attnbench.backend import implements
+from attnbench.kernels import native_states as states
 
 
 def gdn_unsupported(case) -> str | None:
@@ -47,19 +51,17 @@ def gdn_unsupported(case) -> str | None:
     return None
 
 
-def _rows_and_slots(indices: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Batch rows of real requests and their slots (built once in prepare; indices are batch metadata)."""
-    idx = indices.long()
-    rows = (idx >= 0).nonzero().flatten()
-    return rows, idx[rows]
+def _native_pool(x):
+    """(FlashInfer's K-last pool, the finalize that writes the real requests' slots back)."""
+    pool = states.state_v_major(x.state_pool)
+    idx = x.state_indices.long()
+    slots = idx[idx >= 0]
 
+    def finalize(outputs):
+        states.state_canonical_(x.state_pool, pool, slots)
+        return outputs
 
-def _gather_k_last(pool: torch.Tensor, rows: torch.Tensor, slots: torch.Tensor, B: int) -> torch.Tensor:
-    """`[B, HV, V, K]` fp32: the slots' states transposed (K-last), zeros for the other rows."""
-    N, HV, K, V = pool.shape
-    out = pool.new_zeros(B, HV, V, K)
-    out[rows] = pool[slots].transpose(-1, -2)
-    return out
+    return pool, finalize
 
 
 def _limits(backend, case) -> str | None:
@@ -74,21 +76,24 @@ class FlashInferGDN:
         from flashinfer.gdn_decode import gated_delta_rule_decode_pretranspose
 
         B, HV, V = x.batch, x.v.shape[1], x.v.shape[2]
-        rows, slots = _rows_and_slots(x.state_indices)
-        out = torch.empty(B, 1, HV, V, dtype=torch.bfloat16, device=x.q.device)
+        pool, finalize = _native_pool(x)
+        out = x.o.view(B, 1, HV, V)  # bf16: the kernel writes o in bf16 (fp16 cases are not run)
+        packed = x.mixed_qkv is not None
 
         def run():
-            state = _gather_k_last(x.state_pool, rows, slots, B)
-            q, k, v = (t.contiguous()[:, None] for t in (x.q, x.k, x.v))  # packed: views of mixed_qkv
+            if packed:  # FlashInfer takes contiguous q/k/v, not views into mixed_qkv: split them
+                q, k, v = (t.contiguous()[:, None] for t in (x.q, x.k, x.v))
+            else:
+                q, k, v = x.q[:, None], x.k[:, None], x.v[:, None]
             gated_delta_rule_decode_pretranspose(
-                q, k, v, state, x.A_log, x.a[:, None], x.dt_bias, x.b[:, None], scale=x.scale, output=out,
-                use_qk_l2norm=True,
+                q, k, v, None, x.A_log, x.a[:, None], x.dt_bias, x.b[:, None], scale=x.scale, output=out,
+                use_qk_l2norm=True, initial_state=pool, initial_state_indices=x.state_indices,
             )  # fmt: skip
-            x.o.copy_(out[:, 0])
-            x.state_pool[slots] = state[rows].transpose(-1, -2)
             return {"o": x.o}
 
-        run.info = {"variant": "gather K-last + gated_delta_rule_decode_pretranspose (fp32 state) + scatter"}
+        run.finalize = finalize
+        split = "split mixed_qkv + " if packed else ""
+        run.info = {"variant": f"{split}gated_delta_rule_decode_pretranspose (fp32 K-last pool from prepare)"}
         return run
 
     @implements("gdn_verify", limits=_limits)
@@ -97,49 +102,44 @@ class FlashInferGDN:
 
         B, T, HV = x.batch, x.draft, x.v.shape[1]
         K, V = x.q.shape[2], x.v.shape[2]
-        rows, slots = _rows_and_slots(x.state_indices)
-        dense_idx = torch.arange(B, dtype=torch.int32, device=x.q.device)
-        dense_idx[x.state_indices < 0] = -1  # padding: FlashInfer skips the row
+        pool = states.state_v_major(x.state_pool)
         inter = torch.empty(B, T, HV, V, K, dtype=torch.float32, device=x.q.device)
-        out = torch.empty(B, T, HV, V, dtype=x.o.dtype, device=x.q.device)
+        out = x.o.view(B, T, HV, V)
 
         def run():
-            pool = _gather_k_last(x.state_pool, rows, slots, B)
             gated_delta_rule_mtp(
                 x.q.view(B, T, *x.q.shape[1:]), x.k.view(B, T, *x.k.shape[1:]), x.v.view(B, T, HV, V), pool,
-                dense_idx, x.A_log, x.a.view(B, T, HV), x.dt_bias, x.b.view(B, T, HV), scale=x.scale,
+                x.state_indices, x.A_log, x.a.view(B, T, HV), x.dt_bias, x.b.view(B, T, HV), scale=x.scale,
                 output=out, intermediate_states_buffer=inter, disable_state_update=True, use_qk_l2norm=True,
             )  # fmt: skip
-            x.o.copy_(out.view(B * T, HV, V))
-            x.inter_states.copy_(inter.transpose(-1, -2))
-            return {"o": x.o, "inter_states": x.inter_states}
+            return {"o": x.o, "inter_states": inter}
 
-        run.info = {"variant": "gather K-last + gated_delta_rule_mtp (chain) + transpose intermediates"}
+        def finalize(outputs):
+            states.state_canonical_(x.inter_states, inter)
+            return {"o": outputs["o"], "inter_states": x.inter_states}
+
+        run.finalize = finalize
+        run.info = {"variant": "gated_delta_rule_mtp (chain; fp32 K-last pool and intermediates from prepare)"}
         return run
 
     @implements("gdn_extend", limits=_limits)
     def prepare_gdn_extend(self, case, x):
         from flashinfer.gdn_prefill import chunk_gated_delta_rule
 
-        B, HV = x.batch, x.v.shape[1]
-        K, V = x.q.shape[2], x.v.shape[2]
-        slots = x.state_indices.long()
-        init_rows = x.has_initial_state.nonzero().flatten()
-        init_slots = slots[init_rows]
+        pool, finalize = _native_pool(x)
+        states.zero_fresh_states_(pool, x.state_indices, x.has_initial_state)
         cu = x.cu_seqlens.long()
-        final = torch.empty(B, HV, V, K, dtype=torch.float32, device=x.q.device)
+        alpha = torch.exp(x.g)  # FlashInfer's gate is the linear-space decay
         max_len = max(x.lens_host)
 
         def run():
-            h0 = _gather_k_last(x.state_pool, init_rows, init_slots, B)
-            alpha = torch.exp(x.g)  # FlashInfer's gate is the linear-space decay
             chunk_gated_delta_rule(
-                x.q, x.k, x.v, g=alpha, beta=x.beta, scale=x.scale, initial_state=h0, output_final_state=True,
-                cu_seqlens=cu, use_qk_l2norm_in_kernel=True, output=x.o, output_state=final,
-                max_seqlen=max_len,
+                x.q, x.k, x.v, g=alpha, beta=x.beta, scale=x.scale, initial_state=pool, output_final_state=True,
+                cu_seqlens=cu, use_qk_l2norm_in_kernel=True, output=x.o, output_state=pool,
+                state_indices=x.state_indices, max_seqlen=max_len,
             )  # fmt: skip
-            x.state_pool[slots] = final.transpose(-1, -2)
             return {"o": x.o}
 
-        run.info = {"variant": "gather K-last + chunk_gated_delta_rule (alpha = exp(g)) + scatter"}
+        run.finalize = finalize
+        run.info = {"variant": "chunk_gated_delta_rule (fp32 K-last pool from prepare, state_indices)"}
         return run

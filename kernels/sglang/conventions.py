@@ -2,8 +2,8 @@
 
 SGLang's Triton attention kernels address the KV cache by token slot (page size 1: `req_to_token`
 rows flattened into `kv_indptr` / `kv_indices`), take the sliding window as `sliding_window_size`
-and hold GDN states as `[N, HV, V, K]` (V-major, K contiguous). attnbench's caches are paged
-`[P, page_size, Hkv, D]` with page tables, its window is `window_left` W, its GDN pool `[N, HV, K, V]`.
+and hold GDN states as `[N, HV, V, K]` (kernels/native_states.py converts those). attnbench's caches
+are paged `[P, page_size, Hkv, D]` with page tables, its window is `window_left` W.
 Every function here is one such conversion; `prepare` calls them, never the timed closure.
 """
 
@@ -71,29 +71,6 @@ def sliding_window_size(window: int) -> int:
     if window == 0:
         raise ValueError("SGLang's extend reads sliding_window_size 0 as no window: window 0 cannot be expressed")
     return window
-
-
-def state_v_major(pool: torch.Tensor) -> torch.Tensor:
-    """Canonical GDN states `[..., K, V]` -> SGLang's/FlashInfer's native `[..., V, K]` (a new
-    contiguous tensor: state[..., k, v] == native[..., v, k])."""
-    return pool.transpose(-1, -2).contiguous()
-
-
-def state_canonical_(dst: torch.Tensor, native: torch.Tensor, slots: torch.Tensor | None = None) -> torch.Tensor:
-    """Write native `[..., V, K]` states back into canonical `[..., K, V]` `dst`, in place; with
-    `slots`, only `dst[slots] = native[slots]` (so slots the kernel must not touch stay bit-identical)."""
-    if slots is None:
-        dst.copy_(native.transpose(-1, -2))
-    else:
-        dst[slots] = native[slots].transpose(-1, -2)
-    return dst
-
-
-def zero_fresh_states_(native_pool: torch.Tensor, slots: torch.Tensor, has_initial_state: torch.Tensor) -> None:
-    """SGLang's chunked GDN extend always reads its slot's state; a request without an initial state
-    starts from a slot the server cleared when it allocated it. Clear those slots (in place)."""
-    fresh = slots.long()[~has_initial_state.to(slots.device)]
-    native_pool[fresh] = 0
 
 
 def num_kv_splits(

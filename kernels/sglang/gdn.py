@@ -25,8 +25,8 @@ from __future__ import annotations
 
 import torch
 
+from attnbench.kernels import native_states as states
 from attnbench.kernels.sglang import _lib
-from attnbench.kernels.sglang import conventions as conv
 
 
 def gdn_unsupported(case) -> str | None:
@@ -83,11 +83,11 @@ def prepare_conv(case, x):
 
 def _native_pool(x):
     """(SGLang's pool `[N, HV, V, K]`, the slots the kernel writes, the finalize that writes them back)."""
-    pool = conv.state_v_major(x.state_pool)
+    pool = states.state_v_major(x.state_pool)
     slots = _real_slots(x.state_indices)
 
     def back(outputs):
-        conv.state_canonical_(x.state_pool, pool, slots)
+        states.state_canonical_(x.state_pool, pool, slots)
         return outputs
 
     return pool, slots, back
@@ -128,7 +128,7 @@ def prepare_decode(case, x):
 def prepare_extend(case, x):
     mod = _lib.module("chunk")
     pool, _, back = _native_pool(x)
-    conv.zero_fresh_states_(pool, x.state_indices, x.has_initial_state)
+    states.zero_fresh_states_(pool, x.state_indices, x.has_initial_state)
 
     def run():
         o, _, _ = mod.chunk_gated_delta_rule(
@@ -146,7 +146,7 @@ def prepare_verify(case, x):
     mod = _lib.module("fused_sigmoid_gating_recurrent")
     B, T, HV = x.batch, x.draft, x.v.shape[1]
     K, V = x.q.shape[2], x.v.shape[2]
-    pool = conv.state_v_major(x.state_pool)
+    pool = states.state_v_major(x.state_pool)
     inter = torch.empty(B, T, HV, V, K, dtype=torch.float32, device=x.q.device)
     inter_idx = torch.arange(B, dtype=torch.int32, device=x.q.device)
     cu = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=x.q.device)
@@ -162,7 +162,7 @@ def prepare_verify(case, x):
         return {"o": o.view(B * T, HV, V), "inter_states": inter}
 
     def finalize(outputs):
-        conv.state_canonical_(x.inter_states, inter)
+        states.state_canonical_(x.inter_states, inter)
         return {"o": outputs["o"], "inter_states": x.inter_states}
 
     run.finalize = finalize

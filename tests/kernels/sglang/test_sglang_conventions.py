@@ -77,25 +77,6 @@ def test_num_kv_splits_worked_example():
     assert conv.num_kv_splits([4096] * 256, 32, 8, 8, 132) == [1] * 256
 
 
-def test_gdn_state_layout_round_trip():
-    pool = torch.randn(5, 2, 3, 4)  # [N, HV, K, V]
-    native = conv.state_v_major(pool)
-    assert native.shape == (5, 2, 4, 3) and native.is_contiguous()
-    assert native[1, 0, 2, 1] == pool[1, 0, 1, 2]
-    back = torch.zeros_like(pool)
-    conv.state_canonical_(back, native)
-    assert torch.equal(back, pool)
-    only = torch.full_like(pool, 7.0)
-    conv.state_canonical_(only, native, torch.tensor([3, 0]))
-    assert torch.equal(only[[0, 3]], pool[[0, 3]]) and bool((only[[1, 2, 4]] == 7).all())
-
-
-def test_zero_fresh_states_clears_only_requests_without_one():
-    native = torch.ones(4, 1, 2, 2)
-    conv.zero_fresh_states_(native, torch.tensor([2, 0, 3], dtype=torch.int32), torch.tensor([True, False, False]))
-    assert native[[0, 3]].abs().sum() == 0 and bool((native[[1, 2]] == 1).all())
-
-
 @pytest.mark.parametrize(
     "case_id, why",
     [

@@ -15,6 +15,7 @@ import pytest
 
 from attnbench.backend import get_backend
 from helpers import run_one
+from kernel_only import watch_kernels
 from sglang_env import sglang_kernels_or_skip
 
 pytestmark = pytest.mark.interpreter
@@ -83,3 +84,37 @@ def test_gdn_gating_rounds_beta_to_the_input_dtype(sglang):
     assert r.status == "fail"
     assert r.reason.startswith("beta:") and "g:" not in r.reason
     assert r.metrics["beta"]["max_abs"] < 2**-8  # half a bf16 ulp of values below 1
+
+
+@pytest.mark.parametrize(
+    "case_id, module, kernel",
+    [
+        (
+            "gdn_decode/b4-h2x4-d16x16-pad1-bf16",
+            "fused_sigmoid_gating_recurrent",
+            "fused_sigmoid_gating_delta_rule_update",
+        ),
+        (
+            "gdn_verify/b3-t4-h2x4-d16x16-pad1-tree-fp32",
+            "fused_sigmoid_gating_recurrent",
+            "fused_sigmoid_gating_delta_rule_update",
+        ),
+        ("decode/b3-l40-mixed-h4x2-d16-p4-fp16", "decode_attention", "decode_attention_fwd"),
+        ("extend/b2-q6-pre5-h4x2-d16-p4-custom-kvattend-fp16", "extend_attention", "extend_attention_fwd"),
+        ("extend/b2-q6-pre5-h4x2-d16-p4-custom-fp16", "extend_attention", "extend_attention_fwd"),
+    ],
+)
+def test_sglang_timed_closure_is_the_kernel_alone(sglang, case_id, module, kernel, monkeypatch):
+    """States in SGLang's layout from prepare, token tables and scratch built there: the timed call
+    runs no torch op outside SGLang's function but, for `new_kv: save`, the two stores of the new
+    K/V into the cache that SGLang's forward_extend makes before the kernel (set_kv_buffer)."""
+    from attnbench.case import Case
+    from attnbench.kernels.sglang import _lib
+
+    rec = watch_kernels(monkeypatch, [(_lib.module(module), kernel)])
+    case = Case.from_id(case_id)
+    fn = sglang.prepare(case, case.make_inputs())
+    with rec:
+        fn()
+    saves = ["index_put_", "index_put_"] if getattr(case.params, "new_kv", None) == "save" else []
+    assert rec.outside == saves

@@ -1,0 +1,36 @@
+"""GDN state pools between the canonical layout and the libraries' native one (pure PyTorch, CPU-tested).
+
+attnbench's pool is `[N, HV, K, V]`; SGLang's Triton pool, FlashInfer's GDN kernels and verify
+buffers hold `[N, HV, V, K]` (K contiguous). Backends own the layout of stateful inputs
+(ARCHITECTURE.md): `prepare` converts the pristine pool once (`state_v_major`), the timed closure runs
+the kernel on the native pool, and the closure's `finalize` writes the states back
+(`state_canonical_`) for checking, untimed.
+"""
+
+from __future__ import annotations
+
+import torch
+
+
+def state_v_major(pool: torch.Tensor) -> torch.Tensor:
+    """Canonical GDN states `[..., K, V]` -> SGLang's/FlashInfer's native `[..., V, K]` (a new
+    contiguous tensor: state[..., k, v] == native[..., v, k])."""
+    return pool.transpose(-1, -2).contiguous()
+
+
+def state_canonical_(dst: torch.Tensor, native: torch.Tensor, slots: torch.Tensor | None = None) -> torch.Tensor:
+    """Write native `[..., V, K]` states back into canonical `[..., K, V]` `dst`, in place; with
+    `slots`, only `dst[slots] = native[slots]` (so slots the kernel must not touch stay bit-identical)."""
+    if slots is None:
+        dst.copy_(native.transpose(-1, -2))
+    else:
+        dst[slots] = native[slots].transpose(-1, -2)
+    return dst
+
+
+def zero_fresh_states_(native_pool: torch.Tensor, slots: torch.Tensor, has_initial_state: torch.Tensor) -> None:
+    """Pool-indexed extend kernels (SGLang's chunked GDN, FlashInfer's with `state_indices`) always read
+    a request's slot; a request without an initial state starts from a slot the server cleared when
+    it allocated it. Clear those slots of the native pool (in place, in `prepare`)."""
+    fresh = slots.long()[~has_initial_state.to(slots.device)]
+    native_pool[fresh] = 0
