@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.metadata
+import os
 import platform
 import socket
 
@@ -30,6 +31,8 @@ def capture(device: str) -> dict:
         "device": device,
         "libraries": {d: v for d in LIBRARIES if (v := _version(d))},
     }
+    if os.environ.get("TRITON_INTERPRET") == "1":  # Triton kernels run in the CPU interpreter: not GPU timings
+        env["triton_interpret"] = True
     dev = torch.device(device)
     if dev.type == "cuda":
         p = torch.cuda.get_device_properties(dev)
@@ -55,6 +58,6 @@ def capture(device: str) -> dict:
 
 def short(env: dict) -> dict:
     """The few fields every result row carries."""
-    return {k: env[k] for k in ("device", "gpu", "cpu", "torch") if k in env} | {
+    return {k: env[k] for k in ("device", "gpu", "cpu", "torch", "triton_interpret") if k in env} | {
         "torch": env.get("libraries", {}).get("torch")
     }

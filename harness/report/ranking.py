@@ -17,7 +17,7 @@ from attnbench.results import Status
 
 GPU = "gpu"
 HOST = "host clock (CPU)"
-INTERPRETER = "Triton interpreter (TRITON_INTERPRET=1)"
+INTERPRETER = "host clock under TRITON_INTERPRET=1 (Triton kernels interpreted)"
 
 
 def timing_kind(r) -> str | None:

@@ -138,3 +138,54 @@ def test_rerender_a_sweep_run(tmp_path):
     run = json.loads((out / "run.json").read_text())
     assert run["complete"] and run["wall_s"] > 0 and run["finished"]
     assert all(r.check_s is not None and r.check_s >= 0 for r in read_results(out / "results.jsonl"))
+
+
+def test_capability_matrix_is_compact():
+    from attnbench.report import capmatrix
+
+    rows = synthetic.mixed_rows()
+    rows += [synthetic.row(r.case_id, "cute", status="skip", reason="cute needs nvidia-cutlass-dsl") for r in rows[:6]]
+    rows += [synthetic.row(r.case_id, "fa4", status="skip", reason="cute needs nvidia-cutlass-dsl") for r in rows[:3]]
+    m = capmatrix.build(rows)
+    assert m.unavailable == [(["cute", "fa4"], "cute needs nvidia-cutlass-dsl")]  # one line, not a column each
+    assert "cute" not in m.backends and "fa4" not in m.backends
+    decode = dict((label, cells) for label, _, cells in m.rows)["decode"]
+    by = dict(zip(m.backends, decode, strict=True))
+    assert by["triton"].symbol == "●" and by["broken"].css == "bad"
+    assert (
+        by["flashinfer"].symbol == "◐" and m.notes[by["flashinfer"].notes[0] - 1] == "flashinfer has no sliding window"
+    )
+    assert len(m.notes) == len(set(m.notes))  # each reason once
+
+
+def test_heatmaps_only_with_information():
+    from attnbench.report import plots
+
+    assert plots.error_heatmap([[0.5]], "t", "x", "y") is None  # one cell
+    assert plots.error_heatmap([[0.1, 0.1], [0.1, 0.1]], "t", "x", "y") is None  # flat
+    nan_map = plots.error_heatmap([[float("nan"), 0.1], [0.2, None]], "t", "x", "y")
+    assert nan_map and "2 of 4 cells NaN/Inf" in nan_map.replace("%20", " ")
+    assert plots.error_heatmap([[float("nan")] * 3] * 2, "t", "x", "y")  # all NaN: a map, not an empty plot
+
+
+def test_svg_data_uris_are_small_and_safe_in_attributes():
+    from attnbench.report import plots
+
+    rows = synthetic.mixed_rows()
+    uri, _ = plots.latency_panels(rows, "decode")
+    assert uri.startswith("data:image/svg+xml,") and '"' not in uri and "&" not in uri and "#" not in uri
+    assert len(uri) < 60_000
+
+
+def test_a_large_run_stays_under_2_mb(tmp_path):
+    """~2000 rows (200 cases x 10 backends, a tenth failing, a third skipped): report.html < 2 MB."""
+    rows = []
+    for i in range(200):
+        b, l = (1, 4, 16, 64, 128)[i % 5], 512 * (1 + i // 5)
+        cid = f"decode/b{b}-l{l}-h32x8-d128-bf16"
+        for k in range(10):
+            status = "skip" if (i + k) % 3 == 0 else ("fail" if (i + k) % 10 == 1 else "pass")
+            rows.append(synthetic.row(cid, f"backend{k}", status=status, median_us=5.0 + b * l / 1000 * (1 + k / 5)))
+    d = synthetic.write_run(tmp_path / "run", rows)
+    render_all(d)
+    assert (d / "report.html").stat().st_size < 2_000_000
