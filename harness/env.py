@@ -9,7 +9,8 @@ import socket
 
 import torch
 
-LIBRARIES = ("torch", "triton", "flashinfer-python", "nvidia-cutlass-dsl", "flash-attn-4", "fla-core", "numpy")
+LIBRARIES = ("torch", "triton", "flashinfer-python", "nvidia-cutlass-dsl", "flash-attn-4", "fla-core", "numpy",
+             "sglang", "sgl-kernel", "vllm")  # fmt: skip
 
 
 def _version(dist: str) -> str | None:

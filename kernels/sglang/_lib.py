@@ -41,7 +41,13 @@ def missing() -> str | None:
     try:
         for name in MODULES:
             importlib.import_module(name)
-    except Exception as e:  # a module its kernel files import is missing: say which
+    except ModuleNotFoundError as e:
+        if e.name == "torchvision":  # sglang.srt.utils imports torchvision.io; it must match torch
+            return (
+                "sglang's kernels need torchvision (sglang.srt.utils imports it): install the build matching your torch"
+            )
+        return f"sglang's kernels do not import (No module named {e.name!r}); {INSTALL}"
+    except Exception as e:  # a broken install is a reason, not a crash
         return f"sglang's kernels do not import ({type(e).__name__}: {e}); {INSTALL}"
     return None
 
