@@ -14,13 +14,12 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
-from rich.console import Console
 from rich.markup import escape as esc
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn, TimeRemainingColumn
 from rich.table import Table
 
 from attnbench import backend as backend_mod  # no torch: --help and --version start fast
 from attnbench.errors import AttnbenchError
+from attnbench.progress import SweepProgress, make_console, widen
 
 app = typer.Typer(
     rich_markup_mode="rich",
@@ -50,8 +49,15 @@ def _options(
 
 list_app = typer.Typer(help="List suites, ops, backends (capability matrix) and model presets.")
 app.add_typer(list_app, name="list")
-console = Console(stderr=True)
-out_console = Console()
+console = make_console(stderr=True)
+out_console = make_console(stderr=False)
+
+
+@app.callback()
+def _setup() -> None:
+    """Consoles that are not terminals (CI logs, pipes) get wide lines: nothing a user copies is broken."""
+    widen(console)
+    widen(out_console)
 
 
 def _fail(e: Exception) -> None:
@@ -178,56 +184,21 @@ def sweep(
     except AttnbenchError as e:
         _fail(e)
     console.print(f"[bold]attnbench[/] {p.breakdown().splitlines()[0]} on {p.device} -> {run_dir}", highlight=False)
-    counts: Counter[str] = Counter()
-    columns = (
-        TextColumn("[progress.description]{task.description}"),
-        BarColumn(),
-        MofNCompleteColumn(),
-        TextColumn("[green]{task.fields[passed]} pass[/] [red]{task.fields[failed]} fail[/] "
-                   "[magenta]{task.fields[errors]} error[/] [dim]{task.fields[skipped]} skip[/]"),
-        TimeElapsedColumn(),
-        TimeRemainingColumn(),
-    )  # fmt: skip
     rows = []
     interrupted = False
-    with Progress(*columns, console=console, transient=False) as progress:
-        # rows, not cases: after a crash, or in sanitize mode, a case's rows arrive in several parts
-        kept = len(read_results(run_dir / "results.jsonl")) if resume and (run_dir / "results.jsonl").exists() else 0
-        task = progress.add_task("rows", total=len(p.cases) * len(p.backends), completed=kept, passed=0, failed=0,
-                                 errors=0, skipped=0)  # fmt: skip
+    # rows, not cases: after a crash, or in sanitize mode, a case's rows arrive in several parts
+    kept = len(read_results(run_dir / "results.jsonl")) if resume and (run_dir / "results.jsonl").exists() else 0
+    with SweepProgress(console, len(p.cases) * len(p.backends), kept) as progress:
 
         def on_rows(c, case_rows):
-            counts.update(r.status for r in case_rows)
-            for r in case_rows:
-                if r.status in ("fail", "error"):
-                    progress.console.print(
-                        f"[red]{r.status}[/] {r.case_id} {esc(f'[{r.backend}]: {r.reason}')}",
-                        highlight=False,
-                        soft_wrap=True,
-                    )
-            progress.update(
-                task,
-                advance=len(case_rows),
-                description=c.id[:60],
-                passed=counts["pass"],
-                failed=counts["fail"],
-                errors=counts["error"],
-                skipped=counts["skip"],
-            )
+            progress.rows(c.id, case_rows)
 
         how = Execution(isolate=isolate, devices=devices, timeout_s=timeout, plugins=tuple(plugin or ()), resume=resume,
                         sanitize=sanitize, sanitizer=sanitizer_exe)  # fmt: skip
-
-        def problem(msg: str) -> None:
-            progress.console.print(f"[yellow]warning:[/] {esc(msg)}", highlight=False, soft_wrap=True)
-
-        def status(msg: str) -> None:
-            progress.update(task, description=msg)
-
         _stop_on_signals()
         try:
-            rows = execute(p, run_dir, RunOptions(timing=timing), on_rows, argv=sys.argv, how=how, on_problem=problem,
-                           on_status=status)  # fmt: skip
+            rows = execute(p, run_dir, RunOptions(timing=timing), on_rows, argv=sys.argv, how=how,
+                           on_problem=progress.problem, on_status=progress.status)  # fmt: skip
         except KeyboardInterrupt:
             interrupted = True
         except AttnbenchError as e:
@@ -498,6 +469,10 @@ def list_backends(
     except AttnbenchError as e:
         _fail(e)
     backends = list(all_backends().values())
+    if not out_console.is_terminal:  # a pipe, a file, a CI log: one line per backend and op
+        for line in _capability_lines(cases, backends, suite, resolve_device(device)):
+            out_console.print(line, markup=False, highlight=False)
+        return
     for b in backends:
         avail = b.available()
         state = "[green]available[/]" if not avail else f"[yellow]unavailable[/]: {esc(avail)}"
@@ -511,6 +486,43 @@ def list_backends(
     for key, cells in matrix(cases, backends).items():
         table.add_row(esc(key), *[esc(c.text()) for c in cells])
     out_console.print(table)
+
+
+def _capability_lines(cases, backends, suite: str, device: str) -> list[str]:
+    """The capability matrix as plain aligned lines: backend, op, supported/cases, why not (the most
+    common reason, or why the backend is unavailable)."""
+    by_op: dict[str, list] = {}
+    for c in cases:
+        by_op.setdefault(c.op_name, []).append(c)
+    table = [("backend", "op", "cases", "status")]
+    for b in backends:
+        unavailable = b.available()
+        for op in sorted(b.ops):
+            mine = by_op.get(op, [])
+            if unavailable:
+                table.append((b.name, op, f"0/{len(mine)}", f"unavailable: {unavailable}"))
+                continue
+            reasons: Counter[str] = Counter()
+            for c in mine:
+                try:
+                    why = b.supports(c)
+                except Exception as e:
+                    why = f"supports() raised {type(e).__name__}: {e}"
+                if why is not None:
+                    reasons[why] += 1
+            ok = len(mine) - sum(reasons.values())
+            if not mine:
+                status = f"no {op} cases in {suite}"
+            elif not reasons:
+                status = "supported"
+            else:
+                top, n = reasons.most_common(1)[0]
+                more = f" (+{len(reasons) - 1} other reasons)" if len(reasons) > 1 else ""
+                status = f"{len(mine) - ok} skipped: {top} ({n}){more}"
+            table.append((b.name, op, f"{ok}/{len(mine)}", status))
+    widths = [max(len(row[i]) for row in table) for i in range(3)]
+    head = f"capability matrix over `{suite}` on {device}: one line per backend and op"
+    return [head] + ["  ".join(x.ljust(w) for x, w in zip(row[:3], widths)) + "  " + row[3] for row in table]
 
 
 def main() -> None:

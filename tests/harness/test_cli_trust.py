@@ -200,3 +200,47 @@ def test_resume_refuses_another_plan_and_says_what_differs(tmp_path):
     _one_line_error(res, "timing: False -> True")
     assert (out / "results.jsonl").read_bytes() == before
     assert invoke("sweep", "smoke", *MERGE, "-k", "t17", "--out", out, "--resume").exit_code == 0
+
+
+# ---- output in CI logs -------------------------------------------------------------------------------
+
+
+def test_not_on_a_terminal_progress_is_plain_lines_and_paths_stay_whole(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNBENCH_PROGRESS_S", "0.05")
+    out = tmp_path / ("a-rather-long-directory-name-for-a-ci-run-" * 3) / "run"
+    res = invoke("sweep", "smoke", *MERGE, "--out", out)
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    progress = [line for line in lines if line.startswith("progress: rows ")]
+    assert progress and progress[-1].startswith("progress: rows 7/7 (100%), pass 7, fail 0, error 0, skip 0")
+    assert "ETA" in progress[0]
+    assert f"report: {out / 'report.html'}" in lines  # one line, whole, parseable
+    assert not any(("━" in line and "7/7" in line) or "\r" in line for line in lines)  # no live bar
+
+
+def test_plain_progress_lines_come_at_a_steady_rate():
+    import io
+    import time
+
+    from rich.console import Console
+
+    from attnbench.progress import SweepProgress
+
+    buf = io.StringIO()
+    with SweepProgress(Console(file=buf, width=200), total=10, every_s=0.05) as prog:
+        time.sleep(0.3)  # a long case: lines keep coming while nothing finishes
+        prog.rows("x", [synthetic.row(CASES[0], "torch", status="fail")])
+    text = buf.getvalue()
+    assert text.count("progress: rows 0/10") >= 3
+    assert "progress: rows 1/10 (10%), pass 0, fail 1" in text and "fail decode/" in text
+
+
+def test_list_backends_through_a_pipe_is_one_line_per_backend_and_op():
+    from attnbench.backend import all_backends
+
+    res = invoke("list", "backends", "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    lines = res.output.splitlines()
+    expected = sum(len(b.ops) for b in all_backends().values())
+    assert len(lines) == expected + 2  # a title and a header
+    assert any(line.split()[:3] == ["torch", "decode", line.split()[2]] and "supported" in line for line in lines)
