@@ -12,6 +12,13 @@ pytest-benchmark's JSON format, so `pytest-benchmark compare PATH ...` works on 
 
 Under pytest-xdist, worker gwN runs on cuda:N (modulo the GPUs present) when the device is `auto` or
 `cuda` and several GPUs are visible; the controller gathers every worker's timings into PATH.
+
+A backend that kills its process (os._exit, a segfault, a lost CUDA context) fails its test and
+pytest goes on: cases run in an attnbench worker process, as in `attnbench sweep`, a batch of
+upcoming tests at a time (`--attnbench-in-process` runs them in pytest's process instead). Under
+xdist, tests run in the xdist worker, which xdist replaces when it dies. Backends registered in a
+conftest cannot be re-created in a worker, so they always run in pytest's process. With `--attnbench`
+and no test paths on the command line, pytest collects only the suites, not the project's own tests.
 """
 
 from __future__ import annotations
@@ -21,11 +28,14 @@ import json
 import os
 import platform
 import re
+import shlex
 from pathlib import Path
 
 import pytest
 
 _KEY = "attnbench-benchmark"
+_ISOLATED = pytest.StashKey["Isolated"]()
+BATCH = 32  # tests run in one attnbench worker before it is replaced (a worker start costs seconds)
 
 
 def pytest_addoption(parser):
@@ -43,6 +53,14 @@ def pytest_addoption(parser):
         help="import backends from this file or module",
     )
     group.addoption("--attnbench-timing", action="store_true", help="time every passing case")
+    group.addoption(
+        "--attnbench-in-process",
+        action="store_true",
+        help="run cases in pytest's process (faster to start; a backend that crashes takes pytest down)",
+    )
+    group.addoption(
+        "--attnbench-timeout", type=float, default=900.0, help="seconds a case may take in a worker (default 900)"
+    )
     group.addoption(
         "--attnbench-benchmark-json",
         default=None,
@@ -74,6 +92,88 @@ def pytest_report_header(config):
     return None
 
 
+def _collects_only_suites(config) -> bool:
+    """`pytest --attnbench SUITE` without test paths: the suites are the tests, not the project's files."""
+    if not config.getoption("attnbench"):
+        return False
+    source = getattr(config, "args_source", None)
+    return source is not None and source != pytest.Config.ArgsSource.ARGS
+
+
+def pytest_ignore_collect(collection_path, config):
+    if _collects_only_suites(config):
+        return True
+    return None
+
+
+def rerun_command(case, backend: str, plugins: list[str]) -> str:
+    """The `attnbench sweep` line that re-runs one (case, backend), with the plugins it needs."""
+    args = ["attnbench", "sweep", "--case", case.id, "--backend", backend, "--device", case.device]
+    for p in plugins:
+        args += ["--plugin", p]
+    return shlex.join(args)
+
+
+def _worker_loadable(backend, plugins: list[str]) -> bool:
+    """Whether a fresh attnbench worker has this backend: built in, a named plugin, or an entry point."""
+    import importlib.metadata
+
+    module = type(backend).__module__
+    if module.startswith(("attnbench.", "attnbench_plugin_")) or module in plugins:
+        return True
+    eps = importlib.metadata.entry_points(group="attnbench.backends")
+    return any(module == ep.value.split(":")[0] or module.startswith(ep.value.split(":")[0] + ".") for ep in eps)
+
+
+class Isolated:
+    """Runs AttnbenchItems in attnbench worker processes, a batch of upcoming items per worker."""
+
+    def __init__(self, config):
+        self.config = config
+        self.rows: dict[tuple[str, str], object] = {}
+        self.problems: list[str] = []
+
+    def row(self, item: AttnbenchItem):
+        key = (item.case.id, item.backend.name)
+        if key not in self.rows:
+            self._run(self._batch(item))
+        row = self.rows.pop(key, None)
+        if row is None:
+            from attnbench.runner import error_row
+
+            row = error_row(item.case, item.backend.name, "the worker returned no row; " + "; ".join(self.problems))
+        return row
+
+    def _batch(self, item: AttnbenchItem) -> list[AttnbenchItem]:
+        items = item.session.items
+        start = items.index(item) if item in items else 0
+        batch = [item]
+        for other in items[start + 1 :]:
+            if len(batch) >= BATCH:
+                break
+            if isinstance(other, AttnbenchItem) and other.isolated and other.case.device == item.case.device:
+                batch.append(other)
+        return batch
+
+    def _run(self, batch: list[AttnbenchItem]) -> None:
+        from attnbench.pool import Pool
+        from attnbench.runner import RunOptions
+
+        jobs: dict[str, tuple] = {}
+        for it in batch:
+            jobs.setdefault(it.case.id, (it.case, []))[1].append(it.backend.name)
+
+        def record(case, case_rows):
+            for r in case_rows:
+                self.rows[(r.case_id, r.backend)] = r
+
+        cfg = self.config
+        pool = Pool([batch[0].case.device], RunOptions(timing=batch[0].timing), record,
+                    plugins=list(cfg.getoption("attnbench_plugin")), timeout_s=cfg.getoption("attnbench_timeout"),
+                    on_problem=self.problems.append)  # fmt: skip
+        pool.run(list(jobs.values()))
+
+
 class CaseFailed(Exception):
     """A fail or error row."""
 
@@ -92,20 +192,23 @@ class SuiteNode(pytest.Collector):
 class AttnbenchItem(pytest.Item):
     """One (case, backend): runs it through the harness's runner and asserts its verdict."""
 
-    def __init__(self, *, case, backend, timing: bool, **kw):
+    def __init__(self, *, case, backend, timing: bool, isolated: bool = False, **kw):
         super().__init__(**kw)
-        self.case, self.backend, self.timing = case, backend, timing
+        self.case, self.backend, self.timing, self.isolated = case, backend, timing, isolated
         self.row = None
 
     def runtest(self):
         from attnbench.runner import RunOptions, run_case
 
-        row = self.row = run_case(self.case, [self.backend], RunOptions(timing=self.timing))[0]
+        if self.isolated:
+            row = self.row = self.config.stash[_ISOLATED].row(self)
+        else:
+            row = self.row = run_case(self.case, [self.backend], RunOptions(timing=self.timing))[0]
         if row.status == "skip":
             pytest.skip(row.reason)
-        if row.status in ("fail", "error"):
-            c, b = self.case, self.backend.name
-            raise CaseFailed(row, f"attnbench sweep --case {c.id} --backend {b} --device {c.device}")
+        if row.status in ("fail", "error", "xpass"):
+            plugins = self.config.getoption("attnbench_plugin")
+            raise CaseFailed(row, rerun_command(self.case, self.backend.name, plugins))
         if row.timing:
             self.user_properties.append((_KEY, benchmark_entry(self, row)))
 
@@ -172,13 +275,18 @@ def pytest_collection_modifyitems(session, config, items):
         s.name: SuiteNode.from_parent(session, name=f"attnbench:{s.name}", nodeid=f"attnbench:{s.name}")
         for s in p.suites
     }
+    plugins = config.getoption("attnbench_plugin")
+    isolate = not config.getoption("attnbench_in_process") and os.environ.get("PYTEST_XDIST_WORKER") is None
+    loadable = {b.name: isolate and _worker_loadable(b, plugins) for b in p.backends}
+    config.stash[_ISOLATED] = Isolated(config)
     for case in p.cases:
         for b in p.backends:
             items.append(
                 AttnbenchItem.from_parent(
-                    nodes[case.suite], name=f"{case.id}[{b.name}]", case=case, backend=b, timing=timing
+                    nodes[case.suite], name=f"{case.id}[{b.name}]", case=case, backend=b, timing=timing,
+                    isolated=loadable[b.name],
                 )
-            )
+            )  # fmt: skip
 
 
 def pytest_configure(config):

@@ -244,3 +244,47 @@ def test_list_backends_through_a_pipe_is_one_line_per_backend_and_op():
     expected = sum(len(b.ops) for b in all_backends().values())
     assert len(lines) == expected + 2  # a title and a header
     assert any(line.split()[:3] == ["torch", "decode", line.split()[2]] and "supported" in line for line in lines)
+
+
+# ---- the pytest plugin ----------------------------------------------------------------------------
+
+CRASHER = """
+import os
+import attnbench
+from attnbench.kernels.torch import TorchBackend
+
+@attnbench.register_backend("crasher")
+class Crasher(TorchBackend):
+    def prepare_merge_state(self, case, x):
+        if "t33-h4-d64-fp32" in case.id:
+            os._exit(3)  # takes its process down
+        return super().prepare_merge_state(case, x)
+"""
+
+
+def _pytest(tmp_path, *args):
+    import subprocess
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *map(str, args)], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=600)  # fmt: skip
+
+
+def test_pytest_plugin_a_backend_that_kills_its_process_is_a_failed_test(tmp_path):
+    plugin = tmp_path / "crasher.py"
+    plugin.write_text(CRASHER)
+    (tmp_path / "test_own.py").write_text("def test_own_project_test():\n    raise AssertionError('collected')\n")
+    res = _pytest(tmp_path, "--attnbench", "smoke", "--attnbench-backend", "crasher", "--attnbench-plugin", plugin,
+                  "-k", "merge_state", "-rf")  # fmt: skip
+    out = res.stdout + res.stderr
+    assert res.returncode == 1, out
+    assert "1 failed, 6 passed" in out, out  # the crash fails its test; the rest run; test_own.py is not collected
+    assert "exit code 3" in out and "test_own_project_test" not in out
+    assert f"--plugin {plugin}" in out  # the re-run hint brings the plugin along
+
+
+def test_pytest_plugin_with_test_paths_still_collects_them(tmp_path):
+    (tmp_path / "test_own.py").write_text("def test_own_project_test():\n    pass\n")
+    res = _pytest(tmp_path, "test_own.py", "--attnbench", "smoke", "--attnbench-backend", "torch", "-k",
+                  "own or merge_state/t33-h4-d64-fp32")  # fmt: skip
+    assert res.returncode == 0 and "2 passed" in res.stdout, res.stdout + res.stderr
