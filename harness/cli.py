@@ -207,6 +207,7 @@ def sweep(
     rows = read_results(run_dir / "results.jsonl") if (run_dir / "results.jsonl").exists() else rows
     render_all(run_dir)
     _print_summary(rows, complete=not interrupted)
+    _print_notes(rows, backend or [])
     console.print(f"report: {run_dir / 'report.html'}", highlight=False)
     if interrupted:
         console.print("[yellow]interrupted: the report covers the cases that finished[/]")
@@ -245,6 +246,26 @@ def _print_summary(rows, complete: bool = True) -> None:
         table.add_row(name, *(str(c[s]) for s in STATUSES))
     console.print(table)
     console.print(counts.verdict(complete), highlight=False)
+
+
+def _print_notes(rows, named: list[str]) -> None:
+    """What the counts do not say: timings that are not GPU timings, and backends the user named that
+    skipped every case (with the reason, once: e.g. how to enable Triton's CPU interpreter)."""
+    from attnbench.counts import status_of
+    from attnbench.report.ranking import GPU, timing_kinds
+
+    for kind, n in timing_kinds(rows).items():
+        if kind != GPU:
+            console.print(f"[yellow]note:[/] {n} rows were timed with a {esc(kind)}: not GPU timings, never ranked "
+                          "or compared", highlight=False)  # fmt: skip
+    for name in dict.fromkeys(b.split(":", 1)[0] for b in named):
+        mine = [r for r in rows if r.backend == name or r.backend.startswith(name + ":")]
+        if mine and all(status_of(r) == "skip" for r in mine):
+            reasons = Counter(r.reason for r in mine)
+            top, _ = reasons.most_common(1)[0]
+            more = f" (and {len(reasons) - 1} other reasons)" if len(reasons) > 1 else ""
+            console.print(f"[yellow]note:[/] {esc(name)} skipped all {len(mine)} of its rows: {esc(top)}{more}",
+                          highlight=False)  # fmt: skip
 
 
 @app.command()

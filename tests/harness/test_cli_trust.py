@@ -288,3 +288,52 @@ def test_pytest_plugin_with_test_paths_still_collects_them(tmp_path):
     res = _pytest(tmp_path, "test_own.py", "--attnbench", "smoke", "--attnbench-backend", "torch", "-k",
                   "own or merge_state/t33-h4-d64-fp32")  # fmt: skip
     assert res.returncode == 0 and "2 passed" in res.stdout, res.stdout + res.stderr
+
+
+# ---- console labels -------------------------------------------------------------------------------
+
+
+def test_a_named_backend_that_cannot_run_says_why_once_on_the_console(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    res = invoke("sweep", "smoke", "--op", "merge_state", "-b", "triton", "--device", "cpu", "--no-timing",
+                 "--no-isolate", "--out", tmp_path / "run")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    notes = [line for line in res.output.splitlines() if line.startswith("note: triton skipped all 7")]
+    assert len(notes) == 1 and "TRITON_INTERPRET=1" in notes[0], res.output
+
+
+def test_host_clock_timings_are_labelled_on_the_console(tmp_path, monkeypatch):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    res = invoke("sweep", "--case", "merge_state/t9-h2-d16-fp32", "-b", "torch", "--device", "cpu", "--no-isolate",
+                 "--out", tmp_path / "run")  # fmt: skip
+    assert res.exit_code == 0, res.output
+    assert "note: 1 rows were timed with a host clock (CPU): not GPU timings" in res.output
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    res = invoke("sweep", "--case", "merge_state/t9-h2-d16-fp32", "-b", "torch", "--device", "cpu", "--no-isolate",
+                 "--out", tmp_path / "run", "--overwrite")  # fmt: skip
+    assert "note: 1 rows were timed with a host clock under TRITON_INTERPRET=1" in res.output
+
+
+def test_console_summary_md_and_junit_count_the_same(tmp_path):
+    import re
+
+    out = tmp_path / "run"
+    plugin = tmp_path / "half.py"
+    plugin.write_text(
+        "import attnbench\nfrom attnbench.kernels.torch import TorchBackend\n\n"
+        "@attnbench.register_backend('half')\nclass Half(TorchBackend):\n"
+        "    def prepare_merge_state(self, case, x):\n"
+        "        inner = super().prepare_merge_state(case, x)\n"
+        "        if 't17' not in case.id:\n            return inner\n"
+        "        def run():\n            out = inner()\n            out['o'].mul_(2)\n            return out\n"
+        "        return run\n"
+    )
+    res = invoke("sweep", "smoke", "--op", "merge_state", "-b", "half", "-b", "torch", "--plugin", plugin,
+                 "--device", "cpu", "--no-timing", "--out", out)  # fmt: skip
+    assert res.exit_code == 1, res.output
+    line = next(line for line in res.output.splitlines() if line.split()[:1] == ["half"])
+    console = [int(x) for x in line.split()[1:] if x.isdigit()]
+    junit = (out / "junit.xml").read_text()
+    failures = int(re.search(r'<testsuites[^>]* failures="(\d+)"', junit).group(1))
+    assert failures == sum(console[i] for i in (1, 3)) == 3  # fail + xpass columns (pass fail xfail xpass ...)
+    assert "3 fail" in (out / "summary.md").read_text()
