@@ -1,6 +1,8 @@
 """SGLang's kernels as the `sglang` backend: its Triton attention (split-KV decode, extend over a
 prefix, merge_state) and its GDN Triton kernels (gating, causal conv1d, decode, chunked extend,
-target verify), driven through the installed package (sglang 0.5.10.post1), never copied.
+target verify), driven through the installed package (sglang 0.5.10.post1), never copied; and
+`sglang-cute`, SGLang's CuTe DSL GDN decode (cute.py); `sgl-kernel`, its CUDA EAGLE tree kernels
+(sgl_kernel.py).
 
 Import-guarded: without sglang (or the small modules its kernel files import) the backend is listed
 with the reason and how to install it (tools/install-deployed.sh, docs/deployed.md), and every case
@@ -12,7 +14,7 @@ split rule, state layout), done in `prepare`. On the CPU the kernels run in Trit
 from __future__ import annotations
 
 from attnbench.backend import Backend, implements, register_backend
-from attnbench.kernels.sglang import _lib, gdn
+from attnbench.kernels.sglang import _lib, cute, gdn, sgl_kernel
 from attnbench.kernels.sglang import attention as attn
 from attnbench.kernels.triton import interpreting, on_device
 
@@ -71,3 +73,43 @@ class SGLangBackend(Backend):
     @implements("gdn_verify", limits=_gdn)
     def prepare_gdn_verify(self, case, x):
         return gdn.prepare_verify(case, x)
+
+
+@register_backend("sglang-cute")
+class SGLangCuteBackend(Backend):
+    description = f"SGLang {_lib.PINNED} CuTe DSL GDN decode (cutedsl_fused_sigmoid_gating_delta_rule_update)"
+
+    def available(self) -> str | None:
+        why = _lib.missing_cute()
+        if why:
+            return why
+        import torch
+
+        if not torch.cuda.is_available():
+            return "no CUDA device (SGLang's CuTe DSL GDN decode needs SM90+)"
+        return None
+
+    @implements("gdn_decode", limits=lambda backend, case: cute.cute_unsupported(case))
+    def prepare_gdn_decode(self, case, x):
+        return cute.prepare_decode(case, x)
+
+
+def _cuda(backend, case) -> str | None:
+    return None if case.on_cuda else "sgl-kernel's kernels run on CUDA only"
+
+
+@register_backend("sgl-kernel")
+class SglKernelBackend(Backend):
+    description = "sgl-kernel CUDA EAGLE kernels: build_tree_kernel_efficient, verify_tree_greedy"
+    backend_limits = _cuda
+
+    def available(self) -> str | None:
+        return sgl_kernel.missing()
+
+    @implements("eagle_build_tree")
+    def prepare_eagle_build_tree(self, case, x):
+        return sgl_kernel.prepare_build_tree(case, x)
+
+    @implements("verify_greedy")
+    def prepare_verify_greedy(self, case, x):
+        return sgl_kernel.prepare_verify_greedy(case, x)

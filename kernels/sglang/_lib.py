@@ -52,6 +52,22 @@ def missing() -> str | None:
     return None
 
 
+CUTE_GDN = "sglang.jit_kernel.cutedsl_gdn"
+
+
+@functools.cache
+def missing_cute() -> str | None:
+    """Why SGLang's CuTe DSL GDN decode cannot be imported here (None: it can)."""
+    why = missing()
+    if why:
+        return why
+    try:
+        importlib.import_module(CUTE_GDN)
+    except Exception as e:  # CuTe DSL (nvidia-cutlass-dsl) and cuda-python are not sglang's --no-deps set
+        return f"{CUTE_GDN} does not import ({type(e).__name__}: {e}); it needs nvidia-cutlass-dsl (pip install 'attnbench[gpu]')"
+    return None
+
+
 def module(name: str):
     """One of MODULES, by its last part (e.g. "decode_attention")."""
     return importlib.import_module(next(m for m in MODULES if m.rsplit(".", 1)[1] == name))

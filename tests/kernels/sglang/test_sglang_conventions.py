@@ -100,3 +100,21 @@ def test_sglang_limits_let_the_rest_run():
 
     for case_id in ("extend/b2-q8-pre16-h4x2-d64-p16-custom-bf16", "decode/b2-l64-h4x2-d64-p16-swa7-cap30-sink-bf16"):
         assert get_backend("sglang").limits(Case.from_id(case_id, "cuda")) is None
+
+
+@pytest.mark.parametrize(
+    "case_id, why",
+    [
+        ("gdn_decode/b8-h16x32-d128x128-fp16", "bf16"),
+        ("gdn_decode/b8-h16x32-d64x128-bf16", "head_dim_k 128"),
+        ("gdn_decode/b8-h16x32-d128x48-bf16", "multiple of 32"),
+    ],
+)
+def test_sglang_cute_limits(case_id, why):
+    from attnbench.backend import get_backend
+    from attnbench.case import Case
+
+    b = get_backend("sglang-cute")
+    assert why in b.limits(Case.from_id(case_id, "cuda"))
+    assert b.limits(Case.from_id("gdn_decode/b8-h16x32-d128x128-bf16", "cuda")) is None
+    assert "CUDA" in b.limits(Case.from_id("gdn_decode/b8-h16x32-d128x128-bf16", "cpu"))
