@@ -109,17 +109,17 @@ def _md(text: str) -> str:
 def fastest_cells(f: dict) -> dict:
     """One fastest-table row as text: shared by the HTML and Markdown renderers."""
     if f["margin"] is None:
-        margin = "only backend passing"
+        margin = "only one passing"
     else:
         margin = f"{f['margin']:.2f}× over {f['runner_up']}"
     return {
         "cls": f["cls"],
         "best": f["best"],
-        "wins": f"{f['wins']} of {f['ranked']} ranked"
-        + (f" ({f['cases']} cases)" if f["cases"] != f["ranked"] else ""),
+        "wins": f"{f['wins']}/{f['ranked']}",
         "margin": margin,
         "roof": "" if f["roofline_pct"] is None else f"{f['roofline_pct']:.0f}%",
         "others": f["others"],
+        "failed": f["failed"],
     }
 
 

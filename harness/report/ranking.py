@@ -12,7 +12,7 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass
 
-from attnbench.counts import status_of
+from attnbench.counts import FAILING, status_of
 from attnbench.results import Status
 
 GPU = "gpu"
@@ -93,9 +93,14 @@ def case_winners(rows) -> dict[str, CaseWinner]:
 
 
 def class_summary(rows) -> list[dict]:
-    """Per shape class: the backend that is fastest on most cases, how often, by how much, % of roofline."""
+    """Per shape class: the backend that is fastest on most cases, how often, by how much, % of roofline,
+    and which backends failed there (never ranked, but a reader must see them beside the winner)."""
     winners = case_winners(rows)
     cases_per_class = Counter(shape_class(r) for r in {r.case_id: r for r in rows}.values())
+    failed: dict[str, Counter] = {}
+    for r in rows:
+        if status_of(r) in FAILING or status_of(r) == "xfail":
+            failed.setdefault(shape_class(r), Counter())[r.backend] += 1
     by_cls: dict[str, list[CaseWinner]] = {}
     for w in winners.values():
         by_cls.setdefault(w.cls, []).append(w)
@@ -119,6 +124,7 @@ def class_summary(rows) -> list[dict]:
                 "margin": statistics.median(margins) if margins else None,
                 "runner_up": runner[0][0] if runner else None,
                 "roofline_pct": statistics.median(roofs) if roofs else None,
+                "failed": ", ".join(f"{b} ×{k}" if k > 1 else b for b, k in sorted(failed.get(cls, {}).items())),
             }
         )
     return out

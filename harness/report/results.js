@@ -22,6 +22,11 @@
   var repro = function (r) {
     return D.repro[0] + " " + caseOf(r).id + " --backend " + D.backends[r.b] + " " + D.repro[1];
   };
+  var pinfo = function (r) {
+    if (!r.pi) return "";
+    var t = r.pi.length > 160 ? r.pi.slice(0, 160) + "…" : r.pi;
+    return "<div class='pinfo' title='" + esc(r.pi) + "'>prepare: " + esc(t) + "</div>";
+  };
   var timeCell = function (r) {
     if (r.m == null) return "";
     var s = num(r.m);
@@ -50,7 +55,7 @@
     { k: "ai", h: "FLOP/B", on: 0, v: function (r) { return r.ai == null ? "" : r.ai; }, f: function (r) { return num(r.ai); }, cls: "num" },
     { k: "rf", h: "roofline", on: 1, v: function (r) { return r.rf == null ? "" : r.rf; }, f: function (r) { return r.rf == null ? "" : r.rf.toFixed(0) + "%"; }, cls: "num" },
     { k: "x", h: "× best", on: 1, v: function (r) { return r.x == null ? "" : r.x; }, f: function (r) { return r.x == null ? "" : r.x.toFixed(2) + "×"; }, cls: "num" },
-    { k: "prep", h: "prepare s", on: 0, v: function (r) { return r.p == null ? "" : r.p; }, f: function (r) { return num(r.p) + (r.pi ? "<div class='repro'>" + esc(r.pi) + "</div>" : ""); }, cls: "num" },
+    { k: "prep", h: "prepare s", on: 0, v: function (r) { return r.p == null ? "" : r.p; }, f: function (r) { return num(r.p) + pinfo(r); }, cls: "num wrap" },
     { k: "feat", h: "features", on: 0, v: function (r) { return caseOf(r).f.join(" "); }, cls: "small" },
     { k: "repro", h: "repro", on: 0, v: repro, cls: "mono small repro" }
   ];
@@ -74,7 +79,7 @@
     var v = function (k) { return filters[k] ? filters[k].value : ""; };
     if (v("op") && caseOf(r).op !== v("op")) return false;
     if (v("backend") && D.backends[r.b] !== v("backend")) return false;
-    if (v("status") && r.s !== v("status")) return false;
+    if (v("status") === "ran" ? r.s === "skip" : v("status") && r.s !== v("status")) return false;
     if (v("feature") && caseOf(r).f.indexOf(v("feature")) < 0) return false;
     var t = v("text").toLowerCase();
     return !t || (caseOf(r).id + " " + D.backends[r.b] + " " + reason(r)).toLowerCase().indexOf(t) >= 0;
@@ -126,13 +131,12 @@
     if (ci < 0) { view.hidden = true; return; }
     var c = D.cases[ci], rows = D.rows.filter(function (r) { return r.c === ci; });
     rows.sort(function (a, b) { return (a.x == null) - (b.x == null) || (a.x || 0) - (b.x || 0); });
-    var h = "<h2 class='mono'>" + esc(c.id) + "</h2><p class='muted'>" + esc(c.op) + " · " + esc(c.cls) + " · features: " + esc(c.f.join(", ") || "none") + "</p>";
-    h += "<table><thead><tr><th>backend</th><th>status</th><th>median µs</th><th>p10–p90</th><th>CV</th><th>roofline</th><th>× best</th><th>prepare s</th><th>reason</th></tr></thead><tbody>";
+    var h = "<h2 class='mono'>" + esc(c.id) + "</h2><p class='muted'>" + esc(c.cls) + " · features: " + esc(c.f.join(", ") || "none") + "</p>";
+    h += "<table><thead><tr><th>backend</th><th>status</th><th>median µs</th><th>p10–p90</th><th>CV</th><th>roofline</th><th>× best</th><th>prepare s</th><th>reason · prepare details</th></tr></thead><tbody>";
     rows.forEach(function (r) {
       h += "<tr><td>" + esc(D.backends[r.b]) + "</td><td class='st st-" + r.s + "'>" + r.s + "</td><td class='num'>" + timeCell(r) + "</td><td class='num'>" +
         (r.lo == null ? "" : num(r.lo) + "–" + num(r.hi)) + "</td><td class='num'>" + (r.cv == null ? "" : (100 * r.cv).toFixed(1) + "%") + "</td><td class='num'>" +
-        (r.rf == null ? "" : r.rf.toFixed(0) + "%") + "</td><td class='num'>" + (r.x == null ? "" : r.x.toFixed(2) + "×") + "</td><td class='num'>" + num(r.p) + (r.pi ? "<div class='repro'>" + esc(r.pi) + "</div>" : "") +
-        "</td><td class='reason'>" + esc(reason(r)) + "</td></tr>";
+        (r.rf == null ? "" : r.rf.toFixed(0) + "%") + "</td><td class='num'>" + (r.x == null ? "" : r.x.toFixed(2) + "×") + "</td><td class='num'>" + num(r.p) + "</td><td class='reason'>" + esc(reason(r)) + pinfo(r) + "</td></tr>";
     });
     h += "</tbody></table><h3>Errors against the float64 reference</h3><table><thead><tr><th>backend</th><th>output</th><th>max abs</th><th>bound</th><th>max abs / bound</th><th>max rel</th><th>rel L2</th><th>cosine</th><th>over bound</th><th>NaN/Inf</th><th>worst at</th><th>twin max abs</th></tr></thead><tbody>";
     rows.forEach(function (r) {
