@@ -170,7 +170,7 @@ def sweep(
         devices = tuple(parse_gpus(gpus, p.device))
         if resume and out is None:
             raise AttnbenchError("--resume needs --out, the run directory to resume")
-        sanitizer_exe = _sanitize_setup(p, sanitize, sanitize_max) if sanitize else ""
+        p, sanitizer_exe = _sanitize_setup(p, sanitize, sanitize_max) if sanitize else (p, "")
     except AttnbenchError as e:
         _fail(e)
     if dry_run:
@@ -215,8 +215,10 @@ def sweep(
     raise typer.Exit(exit_code(rows))
 
 
-def _sanitize_setup(p, tool: str, per_op: int) -> str:
-    """Validate sanitize mode, sample the plan's cases (per op) and return the sanitizer's path."""
+def _sanitize_setup(p, tool: str, per_op: int):
+    """Validate sanitize mode; the plan with its cases sampled (per op), and the sanitizer's path."""
+    from dataclasses import replace
+
     from attnbench import sanitizer
     from attnbench.sweep import sample_per_op
 
@@ -227,11 +229,11 @@ def _sanitize_setup(p, tool: str, per_op: int) -> str:
         )
     exe = sanitizer.locate()
     total = len(p.cases)
-    p.cases = sample_per_op(p.cases, per_op)
-    p.filters["sanitize"] = {"per_op": per_op, "sampled_from": total}
+    sampled = {"per_op": per_op, "sampled_from": total}
+    p = replace(p, cases=sample_per_op(list(p.cases), per_op), filters={**p.filters, "sanitize": sampled})
     console.print(f"[bold]sanitize:[/] {tool} ({exe}), {len(p.cases)} of {total} cases (at most {per_op} per op), "
                   "no timing, one worker per case and backend", highlight=False)  # fmt: skip
-    return exe
+    return p, exe
 
 
 def _print_summary(rows, complete: bool = True) -> None:

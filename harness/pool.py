@@ -6,8 +6,9 @@ backend gets an `error` row naming the crash, a fresh worker starts, and the cas
 backends that have no row yet. Worker output (kernel prints, sanitizer reports) goes to one log per
 worker in `log_dir`.
 
-With `one_job_per_worker` (sanitize mode) each job gets a fresh worker, stopped once its rows are
-in, so the worker's whole log belongs to that job; `review(rows, log)` may then amend the rows.
+How workers start is one `WorkerLaunch`: plain by default; in sanitize mode under a wrapper command,
+with a fresh worker per job, stopped once its rows are in, so the worker's whole log belongs to that
+job, and `review(rows, log)` then amends the rows. Messages are the records of messages.py.
 """
 
 from __future__ import annotations
@@ -27,11 +28,22 @@ from pathlib import Path
 
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError
+from attnbench.messages import Lost, Ready, Rows, RunJob, Stage, Stop
 from attnbench.results import Result
 from attnbench.runner import RunOptions, error_row
 
 MAX_START_FAILURES = 3
 STARTUP_TIMEOUT_S = 180
+
+
+@dataclass(frozen=True)
+class WorkerLaunch:
+    """How a pool starts its workers and what happens to a job's rows."""
+
+    wrapper: tuple[str, ...] = ()  # put in front of `python -m attnbench.worker` (e.g. compute-sanitizer)
+    env: tuple[tuple[str, str], ...] = ()  # extra environment variables of the workers
+    fresh_per_job: bool = False  # one worker per job, stopped once its rows are in: its whole log is the job's
+    review: Callable[[list[Result], Path], list[Result]] | None = None  # (rows, the worker's log) -> rows
 
 
 @dataclass
@@ -75,18 +87,14 @@ class Pool:
         plugins: list[str] | None = None,
         timeout_s: float = 900.0,
         log_dir: Path | None = None,
-        wrapper: list[str] | None = None,
         on_problem: Callable[[str], None] | None = None,
-        extra_env: dict[str, str] | None = None,
-        one_job_per_worker: bool = False,
-        review: Callable[[list[Result], Path], list[Result]] | None = None,
+        launch: WorkerLaunch = WorkerLaunch(),
     ):
         self.devices, self.opts, self.on_rows = devices, opts, on_rows
         self.plugins, self.timeout_s = plugins or [], timeout_s
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="attnbench-logs-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
-        self.wrapper, self.extra_env = wrapper or [], extra_env or {}
-        self.one_job_per_worker, self.review = one_job_per_worker, review
+        self.launch = launch
         self.on_problem = on_problem or (lambda msg: None)
         self._count = 0
         self._problems_seen: set[str] = set()
@@ -98,10 +106,10 @@ class Pool:
         tag = device.replace(":", "")
         log = self.log_dir / f"worker-{tag}-{self._count}.log"
         out = open(log, "ab")
-        args = [*self.wrapper, sys.executable, "-m", "attnbench.worker", str(child.fileno()), device]
+        args = [*self.launch.wrapper, sys.executable, "-m", "attnbench.worker", str(child.fileno()), device]
         for p in self.plugins:
             args += ["--plugin", p]
-        env = dict(os.environ, PYTHONUNBUFFERED="1", **self.extra_env)
+        env = dict(os.environ, PYTHONUNBUFFERED="1", **dict(self.launch.env))
         proc = subprocess.Popen(
             args, pass_fds=[child.fileno()], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
         )  # fmt: skip  (a kill takes the wrapper's children too)
@@ -123,18 +131,18 @@ class Pool:
             if kill:
                 self._kill(w)
             else:
-                w.conn.send(None)
+                w.conn.send(Stop())
         except (OSError, BrokenPipeError):
             pass
         try:
-            w.proc.wait(timeout=30 if self.wrapper else 10)  # a sanitizer writes its summary on the way out
+            w.proc.wait(timeout=30 if self.launch.wrapper else 10)  # a sanitizer writes its summary on the way out
         except subprocess.TimeoutExpired:
             self._kill(w)
         w.conn.close()
 
     def _emit(self, w: _Worker, case: Case, rows: list[Result]) -> None:
-        if self.review:
-            rows = self.review(rows, w.log)
+        if self.launch.review:
+            rows = self.launch.review(rows, w.log)
         self.on_rows(case, rows)
 
     # ---- the loop -------------------------------------------------------------------------------------
@@ -165,7 +173,7 @@ class Pool:
                         start_failures = 0 if w.ready else start_failures + 1
                         if start_failures >= MAX_START_FAILURES:
                             raise AttnbenchError(f"workers on {w.device} keep failing to start; see {w.log}")
-                        workers[i] = self._start(w.device) if queue or not self.one_job_per_worker else None
+                        workers[i] = self._start(w.device) if queue or not self.launch.fresh_per_job else None
                 workers = [w for w in workers if w is not None]
         finally:
             for w in workers:
@@ -173,7 +181,7 @@ class Pool:
 
     def _dispatch(self, w: _Worker, job: _Job) -> None:
         w.job, w.stage, w.started, w.done = job, "", time.monotonic(), []
-        w.conn.send(("case", job.case, job.backends, self.opts))
+        w.conn.send(RunJob(job.case, tuple(job.backends), self.opts))
 
     def _receive(self, w: _Worker, queue: deque[_Job]) -> bool:
         """Handle one message; True when the worker is gone and must be replaced."""
@@ -181,18 +189,17 @@ class Pool:
             msg = w.conn.recv()
         except (EOFError, OSError):
             return self._crashed(w, queue)
-        kind = msg[0]
-        if kind == "ready":
+        if isinstance(msg, Ready):
             w.ready = True
-            for p in msg[2]:
+            for p in msg.problems:
                 if p not in self._problems_seen:
                     self._problems_seen.add(p)
                     self.on_problem(p)
-        elif kind == "stage":
-            w.stage = msg[1]
-        elif kind == "rows":
-            rows: list[Result] = msg[1]
-            if self.one_job_per_worker:  # the log is complete once the worker is gone
+        elif isinstance(msg, Stage):
+            w.stage = msg.name
+        elif isinstance(msg, Rows):
+            rows: list[Result] = list(msg.rows)
+            if self.launch.fresh_per_job:  # the log is complete once the worker is gone
                 case = w.job.case
                 w.done += [r.backend for r in rows]
                 self._stop(w)
@@ -204,8 +211,8 @@ class Pool:
                 self._emit(w, w.job.case, rows)
             if w.job and set(w.done) >= set(w.job.backends):
                 w.job = None
-        elif kind == "lost":
-            self.on_problem(f"{w.device}: CUDA context lost ({msg[1]}); restarting the worker")
+        elif isinstance(msg, Lost):
+            self.on_problem(f"{w.device}: CUDA context lost ({msg.reason}); restarting the worker")
             self._requeue_rest(w, queue)
             self._stop(w, kill=True)
             return True

@@ -30,7 +30,7 @@ def planned(p: Any, timing: bool) -> dict[str, Any]:
         "device": p.device,
         "suites": [str(s.path) for s in p.suites],
         "backends": [b.name for b in p.backends],
-        "filters": p.filters,
+        "filters": dict(p.filters),
         "timing": timing,
     }
     return json.loads(json.dumps(info))  # tuples as lists, as run.json has them

@@ -142,6 +142,18 @@ def reason(tool: str, findings: list[Finding], log_name: str) -> str:
     return f"{tool}: {n} finding{'s' * (n != 1)}, first: {findings[0].summary()}; log: logs/{log_name}"
 
 
+def launch(tool: str, executable: str):
+    """How the pool starts sanitize-mode workers: under the tool, a fresh worker per job, rows reviewed."""
+    from attnbench.pool import WorkerLaunch
+
+    return WorkerLaunch(
+        wrapper=tuple(command(tool, executable)),
+        env=tuple(WORKER_ENV.items()),
+        fresh_per_job=True,
+        review=review(tool),
+    )
+
+
 def review(tool: str):
     """The pool's per-job review in sanitize mode: findings in the job's worker log fail its rows."""
 

@@ -10,9 +10,11 @@ import json
 import sys
 import time
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from types import MappingProxyType
+from typing import Any
 
 import torch
 
@@ -20,10 +22,10 @@ from attnbench import env as envmod
 from attnbench.backend import Backend, all_backends, get_backend
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError, describe
-from attnbench.pool import Pool
+from attnbench.executor import Execution, choose
 from attnbench.results import SCHEMA_VERSION, Result, ResultWriter, read_results
 from attnbench.runinfo import RunInfo, Shard, Source, git_info, read_run, write_run
-from attnbench.runner import ContextLost, RunOptions, error_row, run_case, triage
+from attnbench.runner import RunOptions
 from attnbench.suite import MAX_CASES, Suite, load
 from attnbench.suites import CPU_DEFAULT, GPU_DEFAULT
 
@@ -44,15 +46,21 @@ def default_suites(device: str) -> list[str]:
     return GPU_DEFAULT if torch.device(device).type == "cuda" else CPU_DEFAULT
 
 
-@dataclass
+@dataclass(frozen=True)
 class Plan:
-    """What a sweep will run: suites, cases (filtered, in order) and backends."""
+    """What a sweep will run: suites, cases (filtered, in order) and backends. Immutable: a narrower
+    plan is a new one (`dataclasses.replace(p, cases=...)`)."""
 
     device: str
-    suites: list[Suite]
-    cases: list[Case]
-    backends: list[Backend]
-    filters: dict = field(default_factory=dict)
+    suites: tuple[Suite, ...]
+    cases: tuple[Case, ...]
+    backends: tuple[Backend, ...]
+    filters: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+
+    def __post_init__(self):
+        for name in ("suites", "cases", "backends"):
+            object.__setattr__(self, name, tuple(getattr(self, name)))
+        object.__setattr__(self, "filters", MappingProxyType(dict(self.filters)))
 
     def breakdown(self) -> str:
         by = Counter((c.suite, c.op_name) for c in self.cases)
@@ -146,19 +154,6 @@ def default_out(p: Plan) -> Path:
     return Path("reports") / f"{stamp}-{names}"
 
 
-@dataclass(frozen=True)
-class Execution:
-    """How to run a plan: in crash-isolated workers (default) or in this process."""
-
-    isolate: bool = True
-    devices: tuple[str, ...] = ()  # worker devices; default: the plan's device
-    timeout_s: float = 900.0  # per case, in a worker
-    plugins: tuple[str, ...] = ()
-    resume: bool = False
-    sanitize: str | None = None  # a compute-sanitizer tool: one worker per (case, backend) under it, no timing
-    sanitizer: str = "compute-sanitizer"  # its executable (sanitizer.locate())
-
-
 def sample_per_op(cases: list[Case], n: int) -> list[Case]:
     """At most `n` cases per op, spread evenly over each op's cases (first and last kept), in order."""
     by_op: dict[str, list[int]] = {}
@@ -192,9 +187,8 @@ def execute(
     With `resume`, rows already in `out/results.jsonl` are kept and their (case, backend) pairs are
     not run again; everything without a row is. With `sanitize`, nothing is timed (and no peaks measured).
     """
+    how.check()
     if how.sanitize:
-        if not how.isolate:
-            raise AttnbenchError("--sanitize runs kernels in worker processes; it cannot be combined with --no-isolate")
         opts = replace(opts, timing=False)
     out.mkdir(parents=True, exist_ok=True)
     results = out / "results.jsonl"
@@ -222,10 +216,10 @@ def execute(
         suites=[str(s.path) for s in p.suites],
         backends=[b.name for b in p.backends],
         plugins=list(how.plugins),
-        filters=p.filters,
+        filters=dict(p.filters),
         shard=Shard(k=shard[0], n=shard[1]) if shard else None,
         timing=opts.timing,
-        executor="sanitizer" if how.sanitize else "isolated" if how.isolate else "in-process",
+        executor=how.mode,
         isolated=how.isolate,
         started=time.strftime("%Y-%m-%dT%H:%M:%S"),
     )
@@ -258,14 +252,10 @@ def execute(
                 if on_rows:
                     on_rows(case, case_rows)
 
-            if how.sanitize:
-                _sanitized(jobs, p, opts, how, envmod.short(environment), record, out, on_problem)
-            elif how.isolate:
-                pool = Pool(list(how.devices or (p.device,)), opts, record, plugins=list(how.plugins),
-                            timeout_s=how.timeout_s, log_dir=out / "logs", on_problem=on_problem)  # fmt: skip
-                pool.run(jobs)
-            else:
-                _in_process(jobs, p, opts, envmod.short(environment), record)
+            executor = choose(
+                how, p.device, list(p.backends), opts, envmod.short(environment), out / "logs", on_problem
+            )
+            executor.run(jobs, record)
         run_info.complete = True
     except BaseException as e:  # say in run.json why the sweep stopped (Ctrl-C, a harness error)
         run_info.stopped_by = describe(e, first_line=True) if isinstance(e, Exception) else type(e).__name__
@@ -311,42 +301,6 @@ def precompile(backends: list[Backend], jobs: list[tuple[Case, list[str]]], on_s
         rec["s"] = round(time.perf_counter() - t0, 3)
         records.append(rec)
     return records
-
-
-def _sanitized(jobs, p: Plan, opts: RunOptions, how: Execution, env: dict, record, out: Path, on_problem) -> None:
-    """Skips decided here; every (case, backend) that runs gets its own worker under the sanitizer."""
-    from attnbench import sanitizer
-
-    by_name = {b.name: b for b in p.backends}
-    single = []
-    for case, names in jobs:
-        rows, todo = triage(case, [by_name[n] for n in names], env)
-        if rows:
-            record(case, list(rows.values()))
-        single += [(case, [b.name]) for b in todo]
-    pool = Pool(list(how.devices or (p.device,)), opts, record, plugins=list(how.plugins), timeout_s=how.timeout_s,
-                log_dir=out / "logs", on_problem=on_problem, wrapper=sanitizer.command(how.sanitize, how.sanitizer),
-                extra_env=sanitizer.WORKER_ENV, one_job_per_worker=True, review=sanitizer.review(how.sanitize))  # fmt: skip
-    pool.run(single)
-
-
-def _in_process(jobs, p: Plan, opts: RunOptions, env: dict, record) -> None:
-    by_name = {b.name: b for b in p.backends}
-    lost = ""
-    for case, names in jobs:
-        if lost:
-            record(case, [error_row(case, n, f"not run: the CUDA context was lost earlier ({lost})") for n in names])
-            continue
-        try:
-            record(case, run_case(case, [by_name[n] for n in names], opts, env))
-        except ContextLost as e:
-            lost = e.reason
-            got = {r.backend for r in e.rows}
-            record(
-                case,
-                e.rows
-                + [error_row(case, n, f"not run: CUDA context lost ({e.reason})") for n in names if n not in got],
-            )
 
 
 def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:

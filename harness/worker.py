@@ -2,10 +2,10 @@
 
     python -m attnbench.worker FD DEVICE [--plugin P ...]
 
-It talks to the supervisor over the inherited socket FD, loads the backends (built-in, entry points, plugins),
-then answers each ("case", Case, backend names, RunOptions) with ("stage", name) messages while it
-works and ("rows", [Result]) when done. When a backend breaks the CUDA context it sends the rows it
-has, ("lost", reason), and exits: the supervisor starts a fresh worker for the rest.
+It talks to the supervisor over the inherited socket FD with the records of messages.py: it loads
+the backends (built-in, entry points, plugins) and sends `Ready`, then answers each `RunJob` with
+`Stage` messages while it works and `Rows` when done, until `Stop`. When a backend breaks the CUDA
+context it sends the rows it has, then `Lost`, and exits: the supervisor starts a fresh worker.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ def main(argv: list[str]) -> None:
     conn = Connection(int(fd))
     from attnbench import backend as registry
     from attnbench import env as envmod
+    from attnbench.messages import Lost, Ready, Rows, Stage, Stop
     from attnbench.runner import ContextLost, run_case
 
     registry.load_builtin()
@@ -32,21 +33,20 @@ def main(argv: list[str]) -> None:
 
         torch.cuda.set_device(torch.device(device))
     env = envmod.short(envmod.capture(device))
-    conn.send(("ready", os.getpid(), list(registry.LOAD_PROBLEMS)))
+    conn.send(Ready(os.getpid(), tuple(registry.LOAD_PROBLEMS)))
     while True:
         msg = conn.recv()
-        if msg is None:
+        if isinstance(msg, Stop):
             break
-        _, case, names, opts = msg
-        backends = [registry.get_backend(n) for n in names]
+        backends = [registry.get_backend(n) for n in msg.backends]
         try:
-            rows = run_case(case, backends, opts, env, on_stage=lambda s: conn.send(("stage", s)))
+            rows = run_case(msg.case, backends, msg.opts, env, on_stage=lambda s: conn.send(Stage(s)))
         except ContextLost as e:
-            conn.send(("rows", e.rows))
-            conn.send(("lost", e.reason))
+            conn.send(Rows(tuple(e.rows)))
+            conn.send(Lost(e.reason))
             conn.close()
             os._exit(3)
-        conn.send(("rows", rows))
+        conn.send(Rows(tuple(rows)))
     conn.close()
 
 

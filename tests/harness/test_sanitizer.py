@@ -7,6 +7,7 @@ import os
 import stat
 import sys
 import textwrap
+from dataclasses import replace
 
 from typer.testing import CliRunner
 
@@ -136,7 +137,7 @@ def test_findings_fail_their_own_row_through_a_stand_in_sanitizer(tmp_path):
 
     registry.load_plugin(str(tmp_path / "plug.py"))
     p = plan(["smoke"], "cpu", ["leaky", "tidy"], ops=["merge_state"])
-    p.cases = p.cases[:2]
+    p = replace(p, cases=p.cases[:2])
     out = tmp_path / "run"
     how = Execution(sanitize="memcheck", sanitizer=str(fake), plugins=(str(tmp_path / "plug.py"),))
     execute(p, out, RunOptions(timing=True), how=how)
