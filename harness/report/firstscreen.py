@@ -152,13 +152,15 @@ def first_screen_md(fs: FirstScreen, max_groups: int = 30) -> list[str]:
     lines += ["", "### Fastest passing backend per shape class", ""]
     if fs.fastest:
         lines += [
-            "| shape class | fastest | wins | margin (median) | roofline | also won |",
-            "|---|---|---:|---|---:|---|",
+            "| shape class | fastest | wins | margin (median) | roofline | also won | failed here (not ranked) |",
+            "|---|---|---:|---|---:|---|---|",
         ]
         for f in map(fastest_cells, fs.fastest):
+            failed = f"❌ {f['failed']}" if f["failed"] else ""
             lines.append(
-                f"| {f['cls']} | **{f['best']}** | {f['wins']} | {f['margin']} | {f['roof']} | {f['others']} |"
+                f"| {f['cls']} | **{f['best']}** | {f['wins']} | {f['margin']} | {f['roof']} | {f['others']} | {failed} |"
             )
+        lines += ["", "wins: cases where it was fastest / cases with a passing GPU timing in the class."]
     else:
         lines.append("No case has a passing GPU-timed row: nothing is ranked.")
     if fs.unranked:
