@@ -156,7 +156,7 @@ class Isolated:
         return batch
 
     def _run(self, batch: list[AttnbenchItem]) -> None:
-        from attnbench.pool import Pool
+        from attnbench.executor import Isolated
         from attnbench.runner import RunOptions
 
         jobs: dict[str, tuple] = {}
@@ -168,10 +168,10 @@ class Isolated:
                 self.rows[(r.case_id, r.backend)] = r
 
         cfg = self.config
-        pool = Pool([batch[0].case.device], RunOptions(timing=batch[0].timing), record,
-                    plugins=list(cfg.getoption("attnbench_plugin")), timeout_s=cfg.getoption("attnbench_timeout"),
-                    on_problem=self.problems.append)  # fmt: skip
-        pool.run(list(jobs.values()))
+        workers = Isolated((batch[0].case.device,), RunOptions(timing=batch[0].timing),
+                           plugins=tuple(cfg.getoption("attnbench_plugin")), timeout_s=cfg.getoption("attnbench_timeout"),
+                           on_problem=self.problems.append)  # fmt: skip
+        workers.run(list(jobs.values()), record)
 
 
 class CaseFailed(Exception):

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from attnbench.errors import AttnbenchError
+from attnbench.results import check_version, read_results
 
 RUN_FILES = ("results.jsonl", "run.json", "env.json", "report.html", "results.csv", "junit.xml", "summary.md")
 PLAN_KEYS = ("device", "suites", "backends", "filters", "timing")
@@ -85,8 +86,10 @@ def prepare_run_dir(out: Path, plan_info: dict[str, Any], resume: bool, overwrit
             raise AttnbenchError(
                 f"--resume: {out} has results but no readable run.json, so its plan cannot be checked"
             ) from None
+        check_version(old.get("schema_version", 1) if isinstance(old, dict) else 1, str(out / "run.json"))
         if diffs := plan_differences(old, plan_info):
             raise AttnbenchError(f"--resume: {out} was run with another plan ({'; '.join(diffs)})")
+        read_results(out / "results.jsonl")  # an unreadable row (file:line) refuses the resume before anything runs
     _check_writable(out)
     if overwrite:
         for name in existing:

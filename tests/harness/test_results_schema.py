@@ -124,3 +124,21 @@ def test_sweep_writes_one_run_metadata_shape_with_version_commit_and_device(tmp_
     assert run["executor"] == "in-process" and run["complete"] is True
     assert len(run["git"]["commit"]) == 40 and isinstance(run["git"]["dirty"], bool)  # tests run in a checkout
     assert json.loads((out / "env.json").read_text())["schema_version"] == SCHEMA_VERSION
+
+
+def test_resume_refuses_a_run_with_an_unreadable_row_and_touches_nothing(tmp_path):
+    out = tmp_path / "run"
+    args = ["sweep", "smoke", "--op", "merge_state", "--backend", "torch", "--device", "cpu", "--no-timing",
+            "--no-isolate", "--out", str(out)]  # fmt: skip
+    assert invoke(*args).exit_code == 0
+    lines = (out / "results.jsonl").read_text().splitlines()
+    (out / "results.jsonl").write_text("\n".join([lines[0], "garbage", *lines[1:]]) + "\n")
+    before = (out / "results.jsonl").read_bytes()
+    res = invoke(*args, "--resume")
+    assert res.exit_code == 2 and "results.jsonl:2" in res.output.replace("\n", "") and "Traceback" not in res.output
+    assert (out / "results.jsonl").read_bytes() == before
+    run = json.loads((out / "run.json").read_text())
+    (out / "run.json").write_text(json.dumps(run | {"schema_version": SCHEMA_VERSION + 1}))
+    (out / "results.jsonl").write_text("\n".join(lines) + "\n")
+    res = invoke(*args, "--resume")
+    assert res.exit_code == 2 and "newer attnbench" in res.output
