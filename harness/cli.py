@@ -38,15 +38,6 @@ def _print_version(value: bool) -> None:
         raise typer.Exit()
 
 
-@app.callback()
-def _options(
-    version: Annotated[
-        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
-    ] = False,
-) -> None:
-    """Benchmark and validate LLM attention kernels against float64 references."""
-
-
 list_app = typer.Typer(help="List suites, ops, backends (capability matrix) and model presets.")
 app.add_typer(list_app, name="list")
 console = make_console(stderr=True)
@@ -54,8 +45,15 @@ out_console = make_console(stderr=False)
 
 
 @app.callback()
-def _setup() -> None:
-    """Consoles that are not terminals (CI logs, pipes) get wide lines: nothing a user copies is broken."""
+def _setup(
+    version: Annotated[
+        bool, typer.Option("--version", callback=_print_version, is_eager=True, help="Print the version and exit.")
+    ] = False,
+) -> None:
+    """Consoles that are not terminals (CI logs, pipes) get wide lines: nothing a user copies is broken.
+
+    (One callback per app: Typer keeps only the last one, so the global options live here too.)
+    """
     widen(console)
     widen(out_console)
 
