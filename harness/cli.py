@@ -142,7 +142,9 @@ def sweep(
     sanitize_max: Annotated[
         int, typer.Option(help="With --sanitize: at most this many cases per op, spread over the suite (0: all).")
     ] = 4,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print what would run and exit.")] = False,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Print what would run (counts, then every case id) and exit.")
+    ] = False,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace the run already in --out (default: refuse).")
     ] = False,
@@ -171,8 +173,10 @@ def sweep(
         p, sanitizer_exe = _sanitize_setup(p, sanitize, sanitize_max) if sanitize else (p, "")
     except AttnbenchError as e:
         _fail(e)
-    if dry_run:
-        out_console.print(p.breakdown(), highlight=False)
+    if dry_run:  # the count breakdown, then every case id (one a line, whole)
+        out_console.print(p.breakdown(), highlight=False, markup=False)
+        for c in p.cases:
+            out_console.print(f"  {c.id}", highlight=False, markup=False)
         raise typer.Exit(0)
     if not p.cases:
         _fail(AttnbenchError("no cases selected (check --op / -k)"))

@@ -337,3 +337,13 @@ def test_console_summary_md_and_junit_count_the_same(tmp_path):
     failures = int(re.search(r'<testsuites[^>]* failures="(\d+)"', junit).group(1))
     assert failures == sum(console[i] for i in (1, 3)) == 3  # fail + xpass columns (pass fail xfail xpass ...)
     assert "3 fail" in (out / "summary.md").read_text()
+
+
+def test_dry_run_lists_every_case_id(tmp_path):
+    from attnbench.suite import load
+
+    res = invoke("sweep", "smoke", "--op", "merge_state", "--dry-run", "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    ids = [c.id for c in load("smoke").cases if c.op_name == "merge_state"]
+    listed = [line.strip() for line in res.output.splitlines() if line.startswith("  merge_state/")]
+    assert listed == ids
