@@ -5,13 +5,14 @@
 # versions they were and that attnbench's backend imports the kernels.
 #
 #   tools/install-deployed.sh sglang        # into the active environment (python -m pip)
+#   tools/install-deployed.sh vllm          # vLLM's Triton unified attention (a 336 MB download)
 #   PYTHON=/path/to/python tools/install-deployed.sh sglang
 #
 # Docs: docs/deployed.md. Exit 0 when installed and importable; 1 otherwise (with the reason).
 set -euo pipefail
 here="$(cd "$(dirname "$0")" && pwd)"
 py="${PYTHON:-python}"
-[ $# -ge 1 ] || { echo "usage: $0 sglang" >&2; exit 2; }
+[ $# -ge 1 ] || { echo "usage: $0 sglang|vllm ..." >&2; exit 2; }
 versions() { "$py" -c 'import importlib.metadata as m
 for d in ("torch", "triton"):
     try: print(d, m.version(d))
@@ -30,9 +31,10 @@ for name in "$@"; do
   "$py" - "$name" <<'PY'
 import sys
 name = sys.argv[1]
-from attnbench.kernels.sglang import _lib  # one guard per library; sglang is the only one so far
+import importlib
+_lib = importlib.import_module(f"attnbench.kernels.{name}._lib")  # each library's import guard
 why = _lib.missing()
-print(f"{name} {_lib.version()}: " + ("kernels import" if why is None else f"installed, but {why}"))
+print(f"{name} {_lib.PINNED}: " + ("kernels import" if why is None else f"installed, but {why}"))
 sys.exit(0 if why is None else 1)
 PY
 done

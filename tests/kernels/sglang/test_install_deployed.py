@@ -31,6 +31,12 @@ def test_sglang_list_pins_the_version_the_adapter_is_written_for():
     assert f"sglang=={_lib.PINNED}" in _pins(LISTS / "sglang.txt")
 
 
+def test_vllm_list_pins_the_version_the_adapter_is_written_for():
+    from attnbench.kernels.vllm import _lib as vllm_lib
+
+    assert f"vllm=={vllm_lib.PINNED}" in _pins(LISTS / "vllm.txt")
+
+
 def test_unknown_library_is_refused_with_the_known_ones():
     r = subprocess.run(["bash", str(SCRIPT), "nope"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 2

@@ -1,0 +1,74 @@
+"""vLLM's Triton unified attention (vllm 0.33.0, `vllm.v1.attention.ops.triton_unified_attention
+.unified_attention`) behind the canonical decode and extend contracts.
+
+vLLM's paged cache is attnbench's: `[num_blocks, block_size, Hkv, D]` with a block table per request,
+so the caches go in as they are; the CSR page table becomes a dense `block_table [B, max_pages]`
+(int32, padded with page 0: never read past `seqused_k`), queries are packed by `cu_seqlens_q`.
+Window: vLLM keeps keys with `q_pos - k_pos < 1 + window_size[0]`, i.e. `window_size = (W, 0)` for
+the canonical W (keys `[p - W, p]`); none is `(-1, -1)`. Soft cap and sinks (logits, `[Hq]` fp32) as
+canonical. The kernel reads every key, new tokens included, from the cache: `new_kv: save` stores them
+first (timed, as vLLM's `reshape_and_cache_flash` runs before attention), `shared` reads the cache as
+it is, `attend` (new K/V outside the cache) cannot be said. It returns no LSE (`absent`).
+
+Called with no split-K scratch (`seq_threshold_3D=None`), the single-pass 2D kernel runs; vLLM's
+backend adds a 3D split-K path for small decode batches, not driven here (the variant says so).
+"""
+
+from __future__ import annotations
+
+import torch
+
+from attnbench.kernels.torch.attention import save_new_kv
+from attnbench.kernels.vllm import _lib
+
+
+def window_size(window: int) -> tuple[int, int]:
+    """Canonical window W -> vLLM's `window_size`: `(W, 0)`, none `(-1, -1)`."""
+    return (window, 0) if window >= 0 else (-1, -1)
+
+
+def block_table(kv_indptr: torch.Tensor, kv_page_indices: torch.Tensor) -> torch.Tensor:
+    """CSR page table -> dense `[B, max_pages]` int32, rows padded with page 0 (never read)."""
+    indptr = kv_indptr.tolist()
+    counts = [e - s for s, e in zip(indptr, indptr[1:])]
+    table = torch.zeros(len(counts), max(counts), dtype=torch.int32)
+    pages = kv_page_indices.cpu()
+    for b, (s, n) in enumerate(zip(indptr, counts)):
+        table[b, :n] = pages[s : s + n]
+    return table.to(kv_indptr.device)
+
+
+def attention_unsupported(case) -> str | None:
+    p = case.params
+    if p.mla or p.dv != p.head_dim:
+        return "vLLM's unified attention: one head size for K and V (no MLA, no Dk != Dv)"
+    if p.kv_dtype != "auto":
+        return "vllm adapter: fp8 KV caches are not wired"
+    if case.op_name == "extend":
+        if p.mask == "custom":
+            return "vLLM's unified attention has no custom mask (a tree takes qq_bias: tree_verify)"
+        if p.new_kv == "attend":
+            return "vLLM's unified attention reads every key from the cache (new_kv attend keeps them outside)"
+    return None
+
+
+def prepare_attention(case, x):
+    unified_attention = _lib.unified_attention()
+    B, Hkv = len(x.seq_lens_host), x.k_cache.shape[2]
+    table = block_table(x.kv_indptr, x.kv_page_indices)
+    descale = torch.ones(B, Hkv, dtype=torch.float32, device=x.q.device)
+    max_q, max_k = max(x.q_lens_host), max(x.seq_lens_host)
+    win = window_size(x.window)
+
+    def run():
+        if x.save_kv:
+            save_new_kv(x)
+        unified_attention(
+            x.q, x.k_cache, x.v_cache, x.o, x.qo_indptr, max_q, x.seq_lens, max_k, x.sm_scale, x.causal, win,
+            table, x.soft_cap, None, descale, descale, sinks=x.sinks,
+        )  # fmt: skip
+        return {"o": x.o}
+
+    run.absent = {"lse": "vLLM's unified_attention returns no LSE"}
+    run.info = {"variant": "unified_attention 2D (no split-K scratch)"}
+    return run

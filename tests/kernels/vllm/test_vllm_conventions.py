@@ -1,0 +1,46 @@
+"""The conversions to vLLM's conventions (kernels/vllm/attention.py) and the vllm backend's limits,
+on hand-worked cases. No vllm needed (its kernels run on CUDA only: docs/deployed.md)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnbench.backend import get_backend
+from attnbench.case import Case
+from attnbench.kernels.vllm import attention as conv
+
+
+def test_window_size_keeps_w_plus_one_keys():
+    # vLLM keeps key k for the query at q when q - k < 1 + window_size[0]: k in [q - W, q] for (W, 0)
+    assert conv.window_size(5) == (5, 0)
+    assert conv.window_size(0) == (0, 0)  # only the query's own key
+    assert conv.window_size(-1) == (-1, -1)
+
+
+def test_block_table_is_the_csr_table_padded_with_page_zero():
+    indptr = torch.tensor([0, 3, 4, 6], dtype=torch.int32)
+    pages = torch.tensor([5, 2, 7, 1, 3, 4], dtype=torch.int32)
+    table = conv.block_table(indptr, pages)
+    assert table.dtype == torch.int32
+    assert table.tolist() == [[5, 2, 7], [1, 0, 0], [3, 4, 0]]
+
+
+@pytest.mark.parametrize(
+    "case_id, why",
+    [
+        ("extend/b2-q8-pre16-h4x2-d64-p16-custom-bf16", "custom mask"),
+        ("extend/b2-q8-pre16-h4x2-d64-p16-kvattend-bf16", "from the cache"),
+        ("decode/b2-l64-h4x2-d64-p16-fp8_e4m3-bf16", "fp8"),
+        ("decode/b2-l64-h4x2-d64x32-p16-bf16", "one head size"),
+    ],
+)
+def test_vllm_limits_name_what_unified_attention_cannot_say(case_id, why):
+    assert why in get_backend("vllm").limits(Case.from_id(case_id, "cuda"))
+
+
+def test_vllm_limits_let_the_rest_run_and_cpu_cases_skip():
+    b = get_backend("vllm")
+    for case_id in ("extend/b2-q8-pre16-h4x2-d64-p16-swa7-cap30-sink-kvshared-bf16", "decode/b2-l64-h4x2-d64-p16-bf16"):
+        assert b.limits(Case.from_id(case_id, "cuda")) is None
+    assert "CUDA only" in b.limits(Case.from_id("decode/b2-l64-h4x2-d64-p16-bf16", "cpu"))
