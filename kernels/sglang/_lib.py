@@ -71,10 +71,3 @@ def missing_cute() -> str | None:
 def module(name: str):
     """One of MODULES, by its last part (e.g. "decode_attention")."""
     return importlib.import_module(next(m for m in MODULES if m.rsplit(".", 1)[1] == name))
-
-
-def version() -> str | None:
-    try:
-        return importlib.metadata.version("sglang")
-    except Exception:
-        return None
