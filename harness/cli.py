@@ -278,6 +278,9 @@ def report(
     baseline: Annotated[
         str | None, typer.Option(help="Backend that speedups are relative to (default: torch).")
     ] = None,
+    against: Annotated[
+        Path | None, typer.Option(help="A baseline run: its comparison (what changed) joins the first screen.")
+    ] = None,
 ) -> None:
     """Re-render report.html, results.csv, junit.xml and summary.md from a run's results.jsonl."""
     from attnbench.report import render_all
@@ -292,7 +295,9 @@ def report(
                 raise AttnbenchError(
                     f"--baseline {baseline!r} is not a backend of this run; it has: {', '.join(names)}"
                 )
-        render_all(run_dir, baseline)
+        if against is not None and not (against / "results.jsonl").is_file():
+            raise AttnbenchError(f"--against {against}: no results.jsonl here")
+        render_all(run_dir, baseline, against)
     except AttnbenchError as e:  # an unreadable results.jsonl or run.json: file:line and what is wrong
         _fail(e)
     out_console.print(f"{run_dir / 'report.html'}")

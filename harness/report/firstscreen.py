@@ -106,6 +106,12 @@ def _md(text: str) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _pct(x: float | None) -> str:
+    if x is None:
+        return ""
+    return "<1%" if x < 1 else f"{x:.0f}%"
+
+
 def fastest_cells(f: dict) -> dict:
     """One fastest-table row as text: shared by the HTML and Markdown renderers."""
     if f["margin"] is None:
@@ -117,7 +123,7 @@ def fastest_cells(f: dict) -> dict:
         "best": f["best"],
         "wins": f"{f['wins']}/{f['ranked']}",
         "margin": margin,
-        "roof": "" if f["roofline_pct"] is None else f"{f['roofline_pct']:.0f}%",
+        "roof": _pct(f["roofline_pct"]),
         "others": f["others"],
         "failed": f["failed"],
     }

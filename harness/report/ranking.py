@@ -54,6 +54,15 @@ def shape_class(r) -> str:
     return " · ".join(parts)
 
 
+_REGIMES = {"b=1": 0, "b≤16": 1, "b>16": 2}
+
+
+def _class_order(cls: str) -> tuple:
+    """Classes by op and layout, then batch regimes small to large."""
+    head, _, last = cls.rpartition(" · ")
+    return (head, _REGIMES[last], "") if last in _REGIMES else (cls, -1, "")
+
+
 @dataclass
 class CaseWinner:
     case_id: str
@@ -105,7 +114,7 @@ def class_summary(rows) -> list[dict]:
     for w in winners.values():
         by_cls.setdefault(w.cls, []).append(w)
     out = []
-    for cls, ws in sorted(by_cls.items()):
+    for cls, ws in sorted(by_cls.items(), key=lambda kv: _class_order(kv[0])):
         wins = Counter(w.best for w in ws)
         top, n = wins.most_common(1)[0]
         mine = [w for w in ws if w.best == top]

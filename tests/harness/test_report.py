@@ -189,3 +189,25 @@ def test_a_large_run_stays_under_2_mb(tmp_path):
     d = synthetic.write_run(tmp_path / "run", rows)
     render_all(d)
     assert (d / "report.html").stat().st_size < 2_000_000
+
+
+def test_report_against_a_baseline_run_says_what_changed(tmp_path):
+    rows = synthetic.mixed_rows()
+    base = synthetic.write_run(tmp_path / "base", rows)
+    slower = [
+        synthetic.row(r.case_id, r.backend, median_us=r.timing["median_us"] * 1.2)
+        if r.backend == "triton" and r.timing and r.case_id.startswith("decode/b64")
+        else r
+        for r in rows
+    ]
+    new = synthetic.write_run(tmp_path / "new", slower)
+    res = CliRunner().invoke(app, ["report", str(new), "--against", str(base)])
+    assert res.exit_code == 0, res.output
+    md = (new / "summary.md").read_text()
+    changed = md.split("### What changed", 1)[1].split("###", 1)[0]
+    assert "slower: 3" in changed and "- **slower** `decode/b64-l1024-h32x8-d128-bf16` [triton]" in changed
+    assert md.index("### What changed") < md.index("### What broke")
+    html = (new / "report.html").read_text()
+    assert "What changed" in html and 'href="#case/decode/b64-l1024-h32x8-d128-bf16"' in html
+    bad = CliRunner().invoke(app, ["report", str(new), "--against", str(tmp_path / "nope")])
+    assert bad.exit_code == 2 and "no results.jsonl" in bad.output
