@@ -1,7 +1,8 @@
 """The `attnbench` command line: thin Typer commands over the services in sweep.py, report/ and suite.py.
 
-Exit codes: 0 every row passed or skipped; 1 a row failed or errored; 2 bad usage or an invalid suite
-(the message names file:line and what is wrong; nothing is written).
+Exit codes: 0 every row passed, skipped or failed as expected (xfail); 1 a row failed, errored or
+passed against an expectation (xpass); 2 bad usage or an invalid suite or expectations file (the
+message names file:line and what is wrong; nothing is written).
 """
 
 from __future__ import annotations
@@ -142,6 +143,14 @@ def sweep(
     sanitize_max: Annotated[
         int, typer.Option(help="With --sanitize: at most this many cases per op, spread over the suite (0: all).")
     ] = 4,
+    expect: Annotated[
+        list[Path] | None,
+        typer.Option(help="Expected failures (YAML, repeatable): covered fails become xfail, passes xpass."),
+    ] = None,
+    no_expect: Annotated[
+        bool,
+        typer.Option("--no-expect", help="Apply no expectations (built-in, suites', --expect): every fail counts."),
+    ] = False,
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print what would run (counts, then every case id) and exit.")
     ] = False,
@@ -152,7 +161,11 @@ def sweep(
         int, typer.Option(help="Refuse a suite that expands into more cases than this (before expanding it).")
     ] = 10_000,
 ) -> None:
-    """Run suites: check every backend against float64 references, time it, write results and a report."""
+    """Run suites: check every backend against float64 references, time it, write results and a report.
+
+    Known failures (the built-in expectations, a suite's `expect:`, --expect files) become xfail and
+    do not fail the run; an expected failure that passes is xpass and does (exit 1).
+    """
     from attnbench.report import render_all
     from attnbench.results import read_results
     from attnbench.rundir import planned, prepare_run_dir
@@ -165,8 +178,11 @@ def sweep(
             raise AttnbenchError(f"--timeout must be a positive number of seconds, got {timeout:g}")
         if max_cases < 1:
             raise AttnbenchError(f"--max-cases must be at least 1, got {max_cases}")
+        if expect and no_expect:
+            raise AttnbenchError("--expect and --no-expect contradict each other")
         _load_backends(plugin)
-        p = plan(suites or [], device, backend, op, keyword, case, parse_shard(shard), max_cases=max_cases)
+        p = plan(suites or [], device, backend, op, keyword, case, parse_shard(shard), max_cases=max_cases,
+                 expect_files=expect, expect=not no_expect)  # fmt: skip
         devices = tuple(parse_gpus(gpus, p.device))
         if resume and out is None:
             raise AttnbenchError("--resume needs --out, the run directory to resume")
@@ -405,6 +421,40 @@ def compare(
         console.print(f"[bold red]gate failed:[/] {esc(reason)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
     raise typer.Exit(1 if cmp.regressions else 0)
+
+
+@app.command()
+def gate(
+    run: Annotated[Path, typer.Argument(help="The run directory to judge.")],
+    baseline: Annotated[
+        list[Path] | None,
+        typer.Option(help="A baseline run (repeatable; several are pooled). None: the run's own rows decide."),
+    ] = None,
+    out: Annotated[Path | None, typer.Option(help="Where gate.md/.json (and compare.*) go. Default: RUN/gate.")] = None,
+    min_change: Annotated[float, typer.Option(help="Smallest relative speed change that counts.")] = 0.03,
+    cv_multiple: Annotated[float, typer.Option(help="A change must also exceed this many CVs.")] = 3.0,
+    allow_missing: Annotated[
+        bool, typer.Option("--allow-missing", help="Rows missing or newly skipped against the baseline do not fail.")
+    ] = False,
+) -> None:
+    """The CI verdict: exit 1 on an unfinished sweep, an xpass, or (against baselines) a row that broke
+    or got slower; without a baseline on any fail or error. Writes gate.md for a job summary or PR comment."""
+    from attnbench import gate as gate_mod
+    from attnbench.compare import GateRule
+
+    try:
+        g = gate_mod.decide(run, list(baseline or []), GateRule(min_change, cv_multiple, allow_missing))
+    except AttnbenchError as e:
+        _fail(e)
+    out = out or run / "gate"
+    gate_mod.write(g, out)
+    for reason in g.reasons:
+        console.print(f"[red]gate:[/] {esc(reason)}", highlight=False)
+    for c in (g.comparison.regressions if g.comparison else [])[:30]:
+        what = f"{100 * c.change:+.1f}% (threshold {100 * c.threshold:.1f}%)" if c.verdict == "slower" else c.note
+        console.print(f"[red]{c.verdict}[/] {c.case_id} {esc(f'[{c.backend}]: {what}')}", highlight=False)
+    out_console.print(f"gate: {g.verdict} ({out / 'gate.md'})", highlight=False)
+    raise typer.Exit(0 if g.passed else 1)
 
 
 @app.command()

@@ -1,7 +1,10 @@
 """Compare two runs row by row: the regression gate behind `attnbench compare BASE NEW`.
 
 Rows match on (case id, backend). Correctness: a row that passed in BASE and fails or errors in NEW
-is always a regression ("broke"). Speed: NEW is slower only when the 95% confidence intervals of the
+is always a regression ("broke"), and so is an expected failure (xfail) that now fails uncovered (the
+expectation no longer applies, or another output fails too); a row that newly fails but an
+expectation covers (xfail) is "expected", a failing row that still fails (covered or not) "still
+failing", and an expected failure that passes (xpass) a regression: its expectation must go. Speed: NEW is slower only when the 95% confidence intervals of the
 two medians do not overlap AND the change exceeds max(3%, 3 x CV), CV being the larger coefficient
 of variation of the two; the same rule in the other direction marks "faster" (so that a baseline
 gets updated). CV is the robust coefficient of variation of the samples (1.4826 x MAD / median: the
@@ -33,17 +36,19 @@ from pathlib import Path
 from attnbench.errors import AttnbenchError
 from attnbench.results import Result, read_results
 
-REGRESSIONS = ("broke", "slower")
+REGRESSIONS = ("broke", "slower", "xpass")
 COVERAGE_LOSS = ("missing", "now skipped")
 ORDER = (
     "broke",
     "slower",
+    "xpass",
     "noisy",
     "not comparable",
     "missing",
     "now skipped",
     "faster",
     "fixed",
+    "expected",
     "still failing",
     "new",
     "same",
@@ -217,12 +222,18 @@ def _verdict(base: Result | None, new: Result | None, rule: GateRule) -> Change:
     if new is None:
         ch.verdict = "missing"
         return ch
-    ok, bad = base.status == "pass", new.status in ("fail", "error")
-    if ok and bad:
+    # xfail: a failure an expectation covers; xpass: a pass where one was expected (attnbench.expectations)
+    ok, bad = base.status in ("pass", "xpass"), new.status in ("fail", "error")
+    was_bad = base.status in ("fail", "error", "xfail")
+    if new.status == "xpass":
+        ch.verdict, ch.note = "xpass", new.reason
+    elif (ok or base.status == "xfail") and bad:
         ch.verdict, ch.note = "broke", new.reason
-    elif base.status in ("fail", "error") and new.status == "pass":
+    elif ok and new.status == "xfail":
+        ch.verdict, ch.note = "expected", new.reason
+    elif was_bad and new.status == "pass":
         ch.verdict = "fixed"
-    elif base.status in ("fail", "error") and bad:
+    elif was_bad and (bad or new.status == "xfail"):
         ch.verdict, ch.note = "still failing", new.reason
     elif base.status != "skip" and new.status == "skip":
         ch.verdict, ch.note = "now skipped", new.reason

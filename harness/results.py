@@ -175,6 +175,8 @@ class Result(BaseModel):
     batch_invariant: bool | None = None  # a request's outputs were bitwise the same alone and in a reordered batch
     sanitizer: dict[str, Any] | None = None  # --sanitize: tool, findings (count), log (path in the run directory)
     env: RowEnv = {}
+    failed: list[str] = []  # what failed a check: output names, or the problem (expectations.subjects)
+    expected: dict[str, str] | None = None  # xfail/xpass: the expectation (why, where, link)
 
     def to_json(self) -> str:
         d = self.model_dump()

@@ -22,6 +22,7 @@ from attnbench.buffers import bitwise_equal, clone_tensors
 from attnbench.case import Case
 from attnbench.checks import Verdict, check, outputs_changed, outputs_contract, stale_check
 from attnbench.errors import Unsupported, describe
+from attnbench.expectations import subjects
 from attnbench.peaks import roofline
 from attnbench.results import Result
 from attnbench.timing import Rotation, TimingConfig, time_closures
@@ -200,9 +201,11 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
             stale_check(op, p, pristine, expected, again, work, outputs, verdict, lambda: _sync(case))
             check_s = time.perf_counter() - t0
             status = "pass" if verdict.ok else "fail"
+            failed = subjects(verdict.problems, [*op.outputs, *op.writes_for(p)])
             rows[b.name] = _row(
                 case, b.name, status, verdict.reason, metrics=verdict.metrics, prepare_s=prep, reference_s=ref_s,
-                check_s=check_s, prepare_info=_info(fn, absent), env=env, **determinism,
+                check_s=check_s, prepare_info=_info(fn, absent), env=env, failed=failed,
+                **determinism,
             )  # fmt: skip
             closures[b.name] = fn
         except Unsupported as e:

@@ -15,6 +15,8 @@
           head_dim_v: [64, 128]
         tolerance: {factor: 3, why: "soft cap: tanh amplifies rounding"}
         require: [deterministic, batch_invariant]   # a backend without them fails here
+    expect:                          # known failures: xfail, not failures (attnbench.expectations)
+      - {backend: flashinfer, cases: "decode/*", outputs: [lse], why: "..."}
 
 Every error (YAML syntax, unknown key, wrong type, impossible shape) is a SuiteError `file:line: ...`.
 A suite whose sweeps would expand into more than `max_cases` cases (default `MAX_CASES`; `sweep
@@ -42,7 +44,7 @@ from pydantic import (
     field_validator,
 )
 
-from attnbench import yamlines
+from attnbench import expectations, yamlines
 from attnbench.case import Case, Tolerance
 from attnbench.dtypes import DTYPES
 from attnbench.errors import SuiteError
@@ -140,6 +142,7 @@ class SuiteSpec(_Strict):
     seeds: list[int] = [0]
     require: list[Literal["deterministic", "batch_invariant"]] = []
     cases: list[Entry] = Field(min_length=1)
+    expect: list[Any] = Field([], description="expected failures (attnbench.expectations), validated there")
 
     _check_dtypes = field_validator("dtypes")(Entry._dtypes.__func__)
 
@@ -147,8 +150,9 @@ class SuiteSpec(_Strict):
 class Suite:
     """A loaded, validated suite: its spec and its expanded cases (deduplicated by id)."""
 
-    def __init__(self, path: Path, spec: SuiteSpec, cases: list[Case]):
+    def __init__(self, path: Path, spec: SuiteSpec, cases: list[Case], expectations: list | None = None):
         self.path, self.spec, self.cases = path, spec, cases
+        self.expectations = expectations or []  # its `expect:` entries (attnbench.expectations.Expectation)
 
     @property
     def name(self) -> str:
@@ -202,6 +206,7 @@ def load(name_or_path: str, device: str = "cpu", max_cases: int = MAX_CASES) -> 
         loc = tuple(x for x in err["loc"] if not (isinstance(x, str) and ("[" in x or "(" in x)))
         raise SuiteError(path, yamlines.line_of(lines, loc), f"{_dotted(loc)}: {_msg(err)}") from None
     _check_backends(spec, path, lines)
+    expect = expectations.parse(spec.expect, path, lines) if spec.expect else []
     if spec.device == "cuda" and not device.startswith("cuda"):
         raise SuiteError(
             path, yamlines.line_of(lines, ("device",)),
@@ -214,7 +219,7 @@ def load(name_or_path: str, device: str = "cpu", max_cases: int = MAX_CASES) -> 
     for i, entry in enumerate(spec.cases):
         for case in _expand(entry, i, spec, known, path, lines, device):
             cases.setdefault(case.id, case)
-    return Suite(path, spec, list(cases.values()))
+    return Suite(path, spec, list(cases.values()), expect)
 
 
 def entry_size(entry: Entry, spec: SuiteSpec) -> tuple[int, str]:

@@ -19,10 +19,12 @@ from typing import Any
 import torch
 
 from attnbench import env as envmod
+from attnbench import expectations
 from attnbench.backend import Backend, all_backends, get_backend
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError, describe
 from attnbench.executor import Execution, choose
+from attnbench.expectations import Expectation
 from attnbench.results import SCHEMA_VERSION, Result, ResultWriter, read_results
 from attnbench.runinfo import RunInfo, Shard, Source, git_info, read_run, write_run
 from attnbench.runner import RunOptions
@@ -56,9 +58,11 @@ class Plan:
     cases: tuple[Case, ...]
     backends: tuple[Backend, ...]
     filters: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
+    expectations: tuple[Expectation, ...] = ()  # those that apply (their versions match)
+    expectations_off: int = 0  # loaded, but their versions do not match the installed libraries
 
     def __post_init__(self):
-        for name in ("suites", "cases", "backends"):
+        for name in ("suites", "cases", "backends", "expectations"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "filters", MappingProxyType(dict(self.filters)))
 
@@ -116,10 +120,15 @@ def plan(
     case_ids: list[str] | None = None,
     shard: tuple[int, int] | None = None,
     max_cases: int = MAX_CASES,
+    expect_files: list[str] | None = None,
+    expect: bool = True,
 ) -> Plan:
-    """Validate everything before anything is written: suites, backend names, filters.
+    """Validate everything before anything is written: suites, backend names, filters, expectations.
 
-    A suite expanding into more than `max_cases` cases is refused before it is expanded."""
+    A suite expanding into more than `max_cases` cases is refused before it is expanded. Expectations:
+    the built-in ones, the suites' `expect:` entries and `expect_files` (none with `expect=False`);
+    only those whose library versions match the installed ones apply.
+    """
     device = resolve_device(device)
     names = suite_names or ([] if case_ids else default_suites(device))
     suites = [load(n, device, max_cases) for n in names]
@@ -138,7 +147,10 @@ def plan(
     allowed = {b for s in suites if s.spec.backends for b in s.spec.backends}
     if allowed and not backends:
         chosen = [b for b in chosen if b.name in allowed]
-    return Plan(device, suites, cases, chosen, {"backends": backends, "ops": ops, "k": keywords, "shard": shard})
+    loaded = expectations.gather(suites, expect_files or (), builtin_too=True) if expect else []
+    applying = expectations.applicable(loaded)
+    filters = {"backends": backends, "ops": ops, "k": keywords, "shard": shard}
+    return Plan(device, suites, cases, chosen, filters, applying, len(loaded) - len(applying))
 
 
 def _case_from_id(case_id: str, device: str) -> Case:
@@ -222,6 +234,7 @@ def execute(
         executor=how.mode,
         isolated=how.isolate,
         started=time.strftime("%Y-%m-%dT%H:%M:%S"),
+        expectations={"applied": sorted({e.where for e in p.expectations}), "not_applying": p.expectations_off},
     )
     if earlier:
         old = read_run(out)
@@ -246,6 +259,7 @@ def execute(
         with ResultWriter(results) as writer:
 
             def record(case: Case, case_rows: list[Result]) -> None:
+                case_rows = expectations.apply(case_rows, p.expectations)
                 for r in case_rows:
                     writer.append(r)
                 rows.extend(case_rows)

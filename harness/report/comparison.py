@@ -7,8 +7,8 @@ from attnbench.report import plots
 from attnbench.report.common import asset, fmt, template
 
 _SECTIONS = (
-    ("Regressions", ("broke", "slower")),
-    ("Needs a look", ("noisy", "not comparable", "missing", "now skipped")),
+    ("Regressions", ("broke", "slower", "xpass")),
+    ("Needs a look", ("noisy", "not comparable", "missing", "now skipped", "expected")),
     ("Improvements", ("faster", "fixed", "new")),
 )
 
