@@ -163,3 +163,29 @@ def test_builtin_expectations_are_pinned_and_name_real_cases():
         assert len(e.why) > 20, e.where
         for g in e.cases:
             assert any(ex.fnmatch.fnmatchcase(i, g) for i in ids), f"{e.where}: {g} matches no built-in case"
+
+
+@pytest.mark.parametrize(
+    "base, new, verdict",
+    [
+        ("pass", "fail", "broke"),
+        ("pass", "xfail", "expected"),  # newly failing, but an expectation covers it
+        ("xfail", "fail", "broke"),  # the expectation no longer covers it (versions moved, another output fails)
+        ("xfail", "xfail", "still failing"),
+        ("fail", "xfail", "still failing"),
+        ("xfail", "error", "broke"),
+        ("fail", "fail", "still failing"),
+        ("xfail", "xpass", "xpass"),
+        ("pass", "xpass", "xpass"),
+        ("xfail", "pass", "fixed"),
+        ("xpass", "pass", "same"),
+    ],
+)
+def test_compare_treats_expectations_consistently(base, new, verdict):
+    from attnbench.compare import GateRule, compare_pair
+
+    cid = "decode/b8-l1024-h32x8-d128-bf16"
+    ch = compare_pair(synthetic.row(cid, "flashinfer", status=base, median_us=None),
+                      synthetic.row(cid, "flashinfer", status=new, median_us=None), GateRule())  # fmt: skip
+    assert ch.verdict == verdict
+    assert ch.regression == (verdict in ("broke", "xpass"))
