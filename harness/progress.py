@@ -101,8 +101,9 @@ class SweepProgress:
             self.counts.update(r.status for r in case_rows)
             self.done += len(case_rows)
         for r in case_rows:
-            if r.status in ("fail", "error", "xpass"):
-                self.print(f"[red]{r.status}[/] {r.case_id} {esc(f'[{r.backend}]: {r.reason}')}")
+            if r.status in ("fail", "error", "xpass", "xfail"):  # xfail: shown with the expectation's why
+                color = "yellow" if r.status == "xfail" else "red"
+                self.print(f"[{color}]{r.status}[/] {r.case_id} {esc(f'[{r.backend}]: {r.reason}')}")
         if self._progress is not None:
             self._progress.update(self._task, completed=self.done, description=description[:60], tally=self._tally())
 
