@@ -189,3 +189,32 @@ def test_compare_treats_expectations_consistently(base, new, verdict):
                       synthetic.row(cid, "flashinfer", status=new, median_us=None), GateRule())  # fmt: skip
     assert ch.verdict == verdict
     assert ch.regression == (verdict in ("broke", "xpass"))
+
+
+def test_suite_expect_entries(tmp_path):
+    """`expect:` in a suite: loaded with the suite, and its errors name the suite's file and line."""
+    from attnbench.suite import load
+
+    body = "name: mine\ncases:\n  - op: merge_state\n    params: {tokens: 5, heads: 2, head_dim: 16}\n"
+    good = _write(
+        tmp_path, body + "expect:\n  - {backend: torch, cases: 'merge_state/*', why: a known one}\n", "s.yaml"
+    )
+    (e,) = load(str(good)).expectations
+    assert e.backend == "torch" and e.where.endswith("s.yaml:6")
+    bad = _write(tmp_path, body + "expect:\n  - backend: torch\n    cases: '*'\n", "bad.yaml")
+    with pytest.raises(SuiteError, match=r"bad\.yaml:6: expect\[0\]\.why: required key missing"):
+        load(str(bad))
+
+
+def test_cli_expect_errors_exit_2(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from attnbench.cli import app
+
+    bad = _write(tmp_path, "expect:\n  - backend: torch\n    cases: '*'\n    why: ok ok\n    outputs: lse\n")
+    monkeypatch.chdir(tmp_path)  # nothing may be written (the default run directory is under ./reports)
+    r = CliRunner().invoke(app, ["sweep", "smoke", "--op", "merge_state", "-b", "torch", "--expect", str(bad)])
+    assert r.exit_code == 2 and f"{bad}:5" in r.output and "Traceback" not in r.output
+    r = CliRunner().invoke(app, ["sweep", "smoke", "--expect", str(bad), "--no-expect"])
+    assert r.exit_code == 2 and "contradict" in r.output
+    assert not (tmp_path / "reports").exists()

@@ -24,6 +24,7 @@ import time
 
 import attnbench
 from attnbench.backend import get_backend
+from attnbench.buffers import clone_tensors
 
 _SPIN: dict[str, int] = {}  # case id -> spin cycles, measured once (rotation prepares many copies)
 
@@ -32,11 +33,14 @@ def _hit(var: str, case_id: str) -> bool:
     return any(g and fnmatch.fnmatchcase(case_id, g) for g in os.environ.get(var, "").split(","))
 
 
-def _spin_cycles(case, inner, fraction: float) -> int:
-    """Cycles of torch.cuda._sleep that take `fraction` of one call of `inner` (CUDA events, 20 calls)."""
+def _spin_cycles(case, make_probe, fraction: float) -> int:
+    """Cycles of torch.cuda._sleep that take `fraction` of one kernel call (CUDA events, median of 20 calls),
+    measured on a closure over a copy of the inputs (`make_probe()`), so ops that write their inputs
+    (caches, states) are checked from untouched ones."""
     import torch
 
     if case.id not in _SPIN:
+        inner = make_probe()
         start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
 
         def ms(fn) -> float:
@@ -77,7 +81,8 @@ class _Planted(attnbench.Backend):
         slow, wrong = "slow" in self.faults, "wrong" in self.faults
         wait = float(os.environ.get("ATTNBENCH_PLANTED_SLEEP_S", "0") or 0) if slow else 0.0
         fraction = float(os.environ.get("ATTNBENCH_PLANTED_SLOWDOWN", "0") or 0) if slow else 0.0
-        spin = _spin_cycles(case, inner, fraction) if fraction and case.on_cuda else 0
+        probe = lambda: self.base.prepare(case, clone_tensors(inputs))
+        spin = _spin_cycles(case, probe, fraction) if fraction and case.on_cuda else 0
         shift = {"lse": 1e-2 if wrong and _hit("ATTNBENCH_PLANTED_LSE", case.id) else 0.0}
         shift["o"] = 0.1 if wrong and _hit("ATTNBENCH_PLANTED_O", case.id) else 0.0
 
@@ -97,7 +102,7 @@ class _Planted(attnbench.Backend):
                 pass
             return out
 
-        run.info = getattr(inner, "info", {})
+        run.__dict__.update(getattr(inner, "__dict__", {}))  # the closure's hooks (info, finalize, absent)
         return run
 
 
