@@ -22,6 +22,7 @@ from attnbench.report import ranking  # noqa: E402
 
 _COLORS = [*plt.rcParams["axes.prop_cycle"].by_key()["color"], "#000000", "#b8860b", "#00a0a0", "#e7298a", "#66a61e"]
 _AXES = ("kv_len", "q_len", "prefix_len", "tokens", "batch")
+_RASTER = 60  # scatters with more points than this are drawn as an image inside the SVG (axes and text stay vector)
 _STYLE = {"svg.fonttype": "none", "font.size": 8, "axes.titlesize": 9, "svg.hashsalt": "attnbench"}
 
 
@@ -43,7 +44,7 @@ def _uri(fig) -> str:
     into a double-quoted HTML attribute unescaped: it holds no `"` and no `&`."""
     buf = io.StringIO()
     with plt.rc_context(_STYLE):
-        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+        fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None}, dpi=130)
     plt.close(fig)
     return "data:image/svg+xml," + quote(minify_svg(buf.getvalue()), safe=" <>/=:;,.'()-_!*~+?[]{}@$")
 
@@ -71,7 +72,9 @@ def _axis(rows) -> str | None:
 
 def latency_panels(rows, op: str, max_panels: int = 12, names: list[str] | None = None) -> tuple[str | None, str]:
     """Small multiples: latency against the op's swept length, one panel per setting of every other
-    parameter that varies, one labelled line per backend (passing GPU-timed rows only)."""
+    parameter that varies, one labelled line per backend (passing GPU-timed rows only). Each line is the
+    backend's time over the best time at that length (log), so close backends stay apart; the best
+    time in µs is written under each length."""
     ok = [r for r in rows if r.op == op and ranking.rankable(r)]
     axis = _axis(ok)
     if not axis:
@@ -96,14 +99,24 @@ def latency_panels(rows, op: str, max_panels: int = 12, names: list[str] | None 
     nrow = math.ceil(len(chosen) / ncol)
     fig, axs = plt.subplots(nrow, ncol, figsize=(3.1 * ncol, 2.3 * nrow + 0.4), squeeze=False, sharey=True)
     for ax, key in zip(axs.flat, chosen, strict=False):
+        best: dict[float, float] = {}
+        for pts in panels[key].values():
+            for x, t in pts:
+                best[x] = min(best.get(x, t), t)
         for b, pts in sorted(panels[key].items()):
             pts.sort()
-            xs, ys = [p[0] for p in pts], [p[1] for p in pts]
+            xs, ys = [p[0] for p in pts], [p[1] / best[p[0]] for p in pts]
             ax.plot(xs, ys, "-o", ms=3, lw=1.2, color=_color(names, b))
             ax.annotate(b, (xs[-1], ys[-1]), xytext=(3, 0), textcoords="offset points", fontsize=7,
                         color=_color(names, b), va="center")  # fmt: skip
+        for x, t in best.items():  # the absolute scale: the best time at each length
+            ax.annotate(f"{t:.3g}", (x, 1), xytext=(0, -3), textcoords="offset points", fontsize=6, color="0.4",
+                        ha="center", va="top")  # fmt: skip
         ax.set_xscale("log", base=2)
         ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}×"))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
+        ax.set_ylim(bottom=0.8)
         ax.margins(x=0.25)
         ax.grid(which="major", alpha=0.25)
         ax.set_title(panel_label(ids[key]) or op, fontsize=7)
@@ -111,7 +124,7 @@ def latency_panels(rows, op: str, max_panels: int = 12, names: list[str] | None 
     for ax in axs.flat[len(chosen) :]:
         ax.set_visible(False)
     for ax in axs[:, 0]:
-        ax.set_ylabel("median µs (log)")
+        ax.set_ylabel("time / best (log)")
     _legend_outside(fig, backends, names)
     fig.tight_layout()
     note = f"{len(chosen)} of {len(panels)} panels" if len(panels) > len(chosen) else ""
@@ -157,7 +170,7 @@ def roofline(rows, op: str, peaks: dict | None, names: list[str] | None = None) 
     for b in backends:
         mine = [r for r in pts if r.backend == b]
         ax.scatter([r.derived["intensity"] for r in mine], [r.derived["tflops"] for r in mine], s=14,
-                   color=_color(names, b), alpha=0.85, zorder=3)  # fmt: skip
+                   color=_color(names, b), alpha=0.85, zorder=3, rasterized=len(pts) > _RASTER)  # fmt: skip
     ax.set_xscale("log")
     ax.set_yscale("log")
     ax.xaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
@@ -192,9 +205,10 @@ def error_vs_length(rows, op: str, names: list[str] | None = None) -> str | None
     names = names or backends
     dists = sorted({d for _, d in pts})
     markers = "os^vD<>xP*"
+    many = sum(map(len, pts.values())) > _RASTER
     for (b, d), v in sorted(pts.items()):
         ax.plot([x for x, _ in v], [y for _, y in v], marker=markers[dists.index(d) % len(markers)], ls="", ms=4,
-                alpha=0.75, color=_color(names, b))  # fmt: skip
+                alpha=0.75, color=_color(names, b), rasterized=many)  # fmt: skip
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_xlabel("sequence length (keys per request)")
@@ -243,7 +257,8 @@ def change_plot(changes) -> str | None:
     colors = {"slower": "#cf222e", "faster": "#1a7f37", "noisy": "#9a6700"}
     ax.fill_between(x, [1 / (1 + c.threshold) for c in timed], [1 + c.threshold for c in timed], color="0.9",
                     step="mid", label="threshold max(3%, 3 CV)")  # fmt: skip
-    ax.scatter(x, [1 + c.change for c in timed], s=10, zorder=3, c=[colors.get(c.verdict, "#57606a") for c in timed])
+    ax.scatter(x, [1 + c.change for c in timed], s=10, zorder=3, c=[colors.get(c.verdict, "#57606a") for c in timed],
+               rasterized=len(timed) > _RASTER)  # fmt: skip
     ax.axhline(1, color="0.5", lw=0.8)
     ax.set_yscale("log")
     ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:.2g}×"))

@@ -22,6 +22,9 @@
   var repro = function (r) {
     return D.repro[0] + " " + caseOf(r).id + " --backend " + D.backends[r.b] + " " + D.repro[1];
   };
+  var errLine = function (r) { // "o 2.24e-04/7.31e-04; k_cache exact" from the detail rows
+    return (r.d || []).map(function (d) { return d[1] === "bitwise" ? d[0] + " " + d[2] : d[0] + " " + d[1] + "/" + d[2]; }).join("; ");
+  };
   var pinfo = function (r) {
     if (!r.pi) return "";
     var t = r.pi.length > 160 ? r.pi.slice(0, 160) + "…" : r.pi;
@@ -45,7 +48,7 @@
     { k: "op", h: "op", on: 0, v: function (r) { return caseOf(r).op; } },
     { k: "backend", h: "backend", on: 1, v: function (r) { return D.backends[r.b]; } },
     { k: "status", h: "status", on: 1, v: function (r) { return r.s; }, f: function (r) { return "<span class='st st-" + r.s + "'>" + r.s + "</span>"; } },
-    { k: "err", h: "error / bound", on: 1, v: function (r) { return r.q == null ? "" : r.q; }, f: function (r) { return esc(r.e || "") + (r.w ? "<div class='warn small'>tolerance: " + esc(r.w) + "</div>" : ""); }, cls: "mono small" },
+    { k: "err", h: "error / bound", on: 1, v: function (r) { return r.q == null ? "" : r.q; }, f: function (r) { return esc(errLine(r)) + (r.w ? "<div class='warn small'>tolerance: " + esc(r.w) + "</div>" : ""); }, cls: "mono small" },
     { k: "median", h: "median µs", on: 1, v: function (r) { return r.m == null ? "" : r.m; }, f: timeCell, cls: "num" },
     { k: "spread", h: "p10–p90", on: 1, v: function (r) { return r.lo == null ? "" : r.lo; }, f: function (r) { return r.lo == null ? "" : num(r.lo) + "–" + num(r.hi); }, cls: "num" },
     { k: "cv", h: "CV", on: 1, v: function (r) { return r.cv == null ? "" : r.cv; }, f: function (r) { return r.cv == null ? "" : (100 * r.cv).toFixed(1) + "%"; }, cls: "num" },

@@ -31,19 +31,18 @@ def _flags(t: dict) -> str:
     return out
 
 
-def _errors(m: dict) -> tuple[str, list, float | None]:
-    """A one-line error summary, the per-output detail rows and the worst error / bound ratio."""
-    short, detail, worst = [], [], None
+def _errors(m: dict) -> tuple[list, float | None]:
+    """The per-output detail rows (the page's script makes the one-line summary from them) and the
+    worst error / bound ratio."""
+    detail, worst = [], None
     for name, mm in m.items():
         if mm.get("exact"):
             wrong = mm.get("wrong", 0)
-            short.append(f"{name} {'exact' if not wrong else f'{wrong} wrong'}")
             detail.append([name, "bitwise", f"{wrong} wrong" if wrong else "exact"])
         elif "max_abs" in mm:
             ratio = mm["max_abs"] / mm["bound"] if mm.get("bound") else None
             if ratio is not None and (worst is None or not ratio <= worst):
                 worst = ratio
-            short.append(f"{name} {fmt(mm['max_abs'])}/{fmt(mm.get('bound'))}")
             detail.append(
                 [
                     name,
@@ -59,7 +58,7 @@ def _errors(m: dict) -> tuple[str, list, float | None]:
                     fmt(mm.get("twin_max_abs")),
                 ]
             )
-    return "; ".join(short), detail, worst
+    return detail, worst
 
 
 def _num(x, digits: int = 4):
@@ -83,9 +82,9 @@ def payload(rows, run: dict) -> dict:
         d: dict = {"c": cases[r.case_id], "b": backends.index(r.backend), "s": st}
         if r.reason:
             d["r"] = reasons.setdefault(r.reason, len(reasons))
-        short, detail, worst = _errors(r.metrics or {})
-        if short:
-            d["e"], d["d"] = short, detail
+        detail, worst = _errors(r.metrics or {})
+        if detail:
+            d["d"] = detail
         if worst is not None:
             d["q"] = _num(worst, 3)
         if r.tolerance_why:
