@@ -39,9 +39,10 @@ def test_rows_written_before_versioning_read_and_round_trip_unchanged():
     rows = read_results(path)
     assert len(rows) == len(lines) and all(isinstance(r.status, Status) for r in rows)
     for line, r in zip(lines, rows, strict=True):
-        written = json.loads(r.to_json())
+        written, before = json.loads(r.to_json()), json.loads(line)
         assert written.pop("schema_version") == SCHEMA_VERSION
-        assert written == json.loads(line)  # every field name and value as before
+        assert {k: written[k] for k in before} == before  # every field name and value as before
+        assert set(written) - set(before) <= set(Result.model_fields)  # plus fields added since, at defaults
 
 
 def test_every_row_written_carries_the_schema_version(tmp_path):
