@@ -23,7 +23,7 @@ def _limits(backend, case) -> str | None:
 
 @register_backend("vllm")
 class VllmBackend(Backend):
-    description = f"vLLM {_lib.PINNED} Triton unified attention: paged decode and extend"
+    description = f"vLLM {_lib.PINNED} Triton unified attention: paged decode, extend, tree verify (qq_bias)"
     backend_limits = _cuda
 
     def available(self) -> str | None:
@@ -42,4 +42,8 @@ class VllmBackend(Backend):
 
     @implements("extend", limits=_limits)
     def prepare_extend(self, case, x):
+        return attention.prepare_attention(case, x)
+
+    @implements("tree_verify", limits=_limits)
+    def prepare_tree_verify(self, case, x):
         return attention.prepare_attention(case, x)

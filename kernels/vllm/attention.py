@@ -8,7 +8,8 @@ Window: vLLM keeps keys with `q_pos - k_pos < 1 + window_size[0]`, i.e. `window_
 the canonical W (keys `[p - W, p]`); none is `(-1, -1)`. Soft cap and sinks (logits, `[Hq]` fp32) as
 canonical. The kernel reads every key, new tokens included, from the cache: `new_kv: save` stores them
 first (timed, as vLLM's `reshape_and_cache_flash` runs before attention), `shared` reads the cache as
-it is, `attend` (new K/V outside the cache) cannot be said. It returns no LSE (`absent`).
+it is, `attend` (new K/V outside the cache) cannot be said. It returns no LSE (`absent`). tree_verify: the
+tree mask as `qq_bias` (vLLM's tree attention: one tree per batch, `tree_bias`), causal.
 
 Called with no split-K scratch (`seq_threshold_3D=None`), the single-pass 2D kernel runs; vLLM's
 backend adds a 3D split-K path for small decode batches, not driven here (the variant says so).
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import torch
 
+from attnbench.errors import Unsupported
 from attnbench.kernels.torch.attention import save_new_kv
 from attnbench.kernels.vllm import _lib
 
@@ -44,6 +46,8 @@ def attention_unsupported(case) -> str | None:
         return "vLLM's unified attention: one head size for K and V (no MLA, no Dk != Dv)"
     if p.kv_dtype != "auto":
         return "vllm adapter: fp8 KV caches are not wired"
+    if case.op_name == "tree_verify":
+        return None  # the tree mask becomes qq_bias (prepare refuses batches of different trees)
     if case.op_name == "extend":
         if p.mask == "custom":
             return "vLLM's unified attention has no custom mask (a tree takes qq_bias: tree_verify)"
@@ -52,8 +56,25 @@ def attention_unsupported(case) -> str | None:
     return None
 
 
+def tree_bias(tree_mask: torch.Tensor) -> torch.Tensor:
+    """Per-request tree masks `[B, n, n]` (True = visible) -> vLLM's `qq_bias [n, n]` fp32 (0 visible,
+    -inf hidden), one tree for the whole batch as vLLM's tree attention has it; ValueError when the
+    requests' trees differ. The kernel adds `qq_bias[i, k - context_len]` over the tree's keys, on top
+    of causality (a node's ancestors precede it), and sees the whole prefix."""
+    first = tree_mask[0]
+    if not bool((tree_mask == first).all()):
+        raise ValueError("vLLM's tree attention takes one tree (qq_bias) for the batch: these requests' trees differ")
+    return torch.zeros(first.shape, dtype=torch.float32, device=first.device).masked_fill(~first, float("-inf"))
+
+
 def prepare_attention(case, x):
     unified_attention = _lib.unified_attention()
+    bias = None
+    if case.op_name == "tree_verify":
+        try:
+            bias = tree_bias(x.tree_mask)
+        except ValueError as e:
+            raise Unsupported(str(e)) from e
     B, Hkv = len(x.seq_lens_host), x.k_cache.shape[2]
     table = block_table(x.kv_indptr, x.kv_page_indices)
     descale = torch.ones(B, Hkv, dtype=torch.float32, device=x.q.device)
@@ -65,10 +86,10 @@ def prepare_attention(case, x):
             save_new_kv(x)
         unified_attention(
             x.q, x.k_cache, x.v_cache, x.o, x.qo_indptr, max_q, x.seq_lens, max_k, x.sm_scale, x.causal, win,
-            table, x.soft_cap, None, descale, descale, sinks=x.sinks,
+            table, x.soft_cap, None, descale, descale, sinks=x.sinks, qq_bias=bias,
         )  # fmt: skip
         return {"o": x.o}
 
     run.absent = {"lse": "vLLM's unified_attention returns no LSE"}
-    run.info = {"variant": "unified_attention 2D (no split-K scratch)"}
+    run.info = {"variant": "unified_attention 2D (no split-K scratch)" + (", tree qq_bias" if bias is not None else "")}
     return run

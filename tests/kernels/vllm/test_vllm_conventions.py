@@ -44,3 +44,13 @@ def test_vllm_limits_let_the_rest_run_and_cpu_cases_skip():
     for case_id in ("extend/b2-q8-pre16-h4x2-d64-p16-swa7-cap30-sink-kvshared-bf16", "decode/b2-l64-h4x2-d64-p16-bf16"):
         assert b.limits(Case.from_id(case_id, "cuda")) is None
     assert "CUDA only" in b.limits(Case.from_id("decode/b2-l64-h4x2-d64-p16-bf16", "cpu"))
+
+
+def test_tree_bias_is_zero_where_visible_and_refuses_different_trees():
+    chain = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 1, 1]], dtype=torch.bool)
+    bias = conv.tree_bias(torch.stack([chain, chain]))
+    assert bias.dtype == torch.float32
+    assert bias[2].tolist() == [0.0, 0.0, 0.0] and bias[0, 1] == float("-inf")
+    fork = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
+    with pytest.raises(ValueError, match="trees differ"):
+        conv.tree_bias(torch.stack([chain, fork]))
