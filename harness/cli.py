@@ -419,6 +419,8 @@ def compare(
     from attnbench.compare import GateRule, compare_runs, write_comparison
 
     try:
+        if not (min_change >= 0 and cv_multiple >= 0):
+            raise AttnbenchError(f"--min-change and --cv-multiple must be >= 0, got {min_change:g} and {cv_multiple:g}")
         cmp = compare_runs([base, *(also or [])], new, GateRule(min_change, cv_multiple, allow_missing))
     except AttnbenchError as e:
         _fail(e)

@@ -71,6 +71,13 @@ def test_missing_and_newly_skipped_rows_fail_the_gate_unless_allowed(tmp_path):
     assert not compare_runs(base, new, GateRule(allow_missing=True)).regressions
 
 
+def test_compare_refuses_a_negative_threshold(tmp_path):
+    rows = [_timed(c) for c in CASES]
+    base, new = _run(tmp_path / "a", rows), _run(tmp_path / "b", rows)
+    res = invoke("compare", base, new, "--min-change", "-0.1")
+    assert res.exit_code == 2 and "--min-change" in res.output and "Traceback" not in res.output
+
+
 def test_identical_runs_still_pass_the_gate(tmp_path):
     rows = [_timed(c) for c in CASES]
     base, new = _run(tmp_path / "a", rows), _run(tmp_path / "b", rows)
