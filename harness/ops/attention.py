@@ -439,10 +439,14 @@ class DecodeOp(_PagedAttentionOp):
     Params = DecodeParams
     id_fields = tuple(f for f in _ATTN_ID if f.fields[0] in DecodeParams.model_fields)
 
+    def request_lengths(self, p: DecodeParams, seed: int) -> tuple[list[int], list[int]]:
+        """(keys, queries) per request, as `build_inputs` draws them; no tensors (backends' limits read them)."""
+        host, _ = _generators(seed, None)
+        return _lengths(p.batch, p.kv_len, p.lens, host), [1] * p.batch
+
     def build_inputs(self, p: DecodeParams, dtype, seed, device) -> AttentionInputs:
-        host, _ = _generators(seed, device)
-        kv_lens = _lengths(p.batch, p.kv_len, p.lens, host)
-        return self._build(p, dtype, seed, device, kv_lens, [1] * p.batch, "shared")
+        kv_lens, q_lens = self.request_lengths(p, seed)
+        return self._build(p, dtype, seed, device, kv_lens, q_lens, "shared")
 
 
 class ExtendOp(_PagedAttentionOp):
@@ -464,11 +468,15 @@ class ExtendOp(_PagedAttentionOp):
         extra += {"save": ["save-kv"], "attend": [], "shared": ["cross-layer-kv"]}[p.new_kv]
         return super().features(p) + tuple(extra) + (("prefix",) if p.prefix_len else ())
 
-    def build_inputs(self, p: ExtendParams, dtype, seed, device) -> AttentionInputs:
-        host, _ = _generators(seed, device)
+    def request_lengths(self, p: ExtendParams, seed: int) -> tuple[list[int], list[int]]:
+        """(keys, new tokens) per request, as `build_inputs` draws them; no tensors (backends' limits read them)."""
+        host, _ = _generators(seed, None)
         q_lens = _lengths(p.batch, p.q_len, p.lens, host)
         prefix = _lengths(p.batch, p.prefix_len, p.lens, host, least=0) if p.prefix_len else [0] * p.batch
-        kv_lens = [a + b for a, b in zip(prefix, q_lens)]
+        return [a + b for a, b in zip(prefix, q_lens)], q_lens
+
+    def build_inputs(self, p: ExtendParams, dtype, seed, device) -> AttentionInputs:
+        kv_lens, q_lens = self.request_lengths(p, seed)
         return self._build(p, dtype, seed, device, kv_lens, q_lens, p.new_kv)
 
 

@@ -52,14 +52,32 @@ class OutputSpec:
     floor_units: str | None = None
 
 
+_REQUIRED_ATTRIBUTES = ("family", "Params", "id_fields", "outputs")
+_REQUIRED_METHODS = ("build_inputs", "expected", "perturb")
+
+
 class Op:
-    """Base class of op contracts. Subclasses set the class attributes and implement the methods."""
+    """Base class of op contracts. Subclasses set the class attributes and implement the methods.
+
+    A class that sets `name` is a concrete op: defining it without `family`, `Params`, `id_fields`,
+    `outputs` or its own `build_inputs`, `expected` and `perturb` is a TypeError at import (classes
+    without a `name` are shared bases and are not checked).
+    """
 
     name: ClassVar[str]
     family: ClassVar[str]
     Params: ClassVar[type[Params]]
     id_fields: ClassVar[tuple[IdField, ...]]
     outputs: ClassVar[dict[str, OutputSpec]]
+
+    def __init_subclass__(cls, **kwargs):
+        super().__init_subclass__(**kwargs)
+        if "name" not in vars(cls):
+            return
+        missing = [a for a in _REQUIRED_ATTRIBUTES if not hasattr(cls, a)]
+        missing += [f"{m}()" for m in _REQUIRED_METHODS if getattr(cls, m) is getattr(Op, m)]
+        if missing:
+            raise TypeError(f"op {cls.name!r} ({cls.__module__}.{cls.__qualname__}) lacks {', '.join(missing)}")
 
     # ---- parameters -------------------------------------------------------------------------
     def features(self, p: Params) -> tuple[str, ...]:

@@ -158,13 +158,40 @@ def _on_cuda(backend, case) -> str | None:
     return None
 
 
+def _partial_pages_text(page_size: int) -> str:
+    return (
+        f"FA4 loads pages of {page_size} tokens (its key tile) by TMA and reads the rows past "
+        "seqused_k of a partial last page, which must then be finite (flash_attn_varlen_func "
+        "docstring); attnbench poisons them with NaN and checks they stay untouched"
+    )
+
+
+def partial_pages(case) -> str | None:
+    """Paged cases whose pages FA4 loads by TMA (page_size == its key tile) with a partial last page.
+
+    The tile is FA4's choice for the head dims and mask on the GPU's architecture (SM90 where no GPU
+    is visible); without flash_attn installed there is no tile to ask for (the backend is unavailable).
+    """
+    p = case.params
+    if case.op_name == "extend" and p.new_kv == "attend":
+        return None  # ragged: K/V from k_new through cu_seqlens_k, no pages
+    try:
+        causal = getattr(p, "mask", "causal") != "bidirectional"
+        tile_n = _tile_n(p.head_dim, p.dv, causal=causal and p.window < 0, local=p.window >= 0)
+    except ImportError:
+        return None
+    seq_lens, _ = case.op.request_lengths(p, case.seed)
+    return _partial_pages_text(p.page_size) if reads_partial_pages_by_tma(seq_lens, p.page_size, tile_n) else None
+
+
 def _limits(backend, case) -> str | None:
-    return case_reason(case)
+    return case_reason(case) or partial_pages(case)
 
 
 # ---- the backend ----------------------------------------------------------------------------------
 def _arch_major() -> int:
-    return torch.cuda.get_device_capability()[0]
+    """The GPU's major architecture; 9 (SM90, where attnbench runs FA4) when no GPU is visible."""
+    return torch.cuda.get_device_capability()[0] if torch.cuda.is_available() else 9
 
 
 def _tile_n(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> int:
@@ -232,12 +259,8 @@ class FlashAttention4(Backend):
         )
         if not ragged:
             tile_n = _tile_n(D, Dv, causal=x.causal and x.window < 0, local=x.window >= 0)
-            if reads_partial_pages_by_tma(list(x.seq_lens_host), x.page_size, tile_n):
-                raise Unsupported(
-                    f"FA4 loads pages of {x.page_size} tokens (its key tile) by TMA and reads the rows past "
-                    "seqused_k of a partial last page, which must then be finite (flash_attn_varlen_func "
-                    "docstring); attnbench poisons them with NaN and checks they stay untouched"
-                )
+            if reads_partial_pages_by_tma(list(x.seq_lens_host), x.page_size, tile_n):  # partial_pages() refused
+                raise Unsupported(_partial_pages_text(x.page_size))
             table = page_table_from_csr(x.kv_indptr, x.kv_page_indices)
             paged = dict(page_table=table, seqused_k=x.seq_lens, max_seqlen_k=max(x.seq_lens_host), **common)
 

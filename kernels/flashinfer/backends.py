@@ -174,7 +174,7 @@ def paged_extend_limits(backend, case) -> str | None:
     if p.sinks:
         reason = limits.sinks(p, extend=True)
     elif p.new_kv == "attend":
-        return limits.cascade(p, fam)
+        return limits.cascade(p, fam) or limits.cascade_prefixes(case)
     else:
         reason = None
     if reason is None and fam == "fa3":
@@ -225,7 +225,7 @@ def ragged_extend_limits(backend, case) -> str | None:
         return "FlashInfer MLA runs through BatchMLAPagedAttentionWrapper (flashinfer, flashinfer-fa3)"
     if p.new_kv == "shared":
         return "the ragged kernel reads the new tokens' K/V, which new_kv=shared keeps only in the cache"
-    return limits.head_dims(fam, p.head_dim, p.dv) or limits.cascade(p, fam)
+    return limits.head_dims(fam, p.head_dim, p.dv) or limits.cascade(p, fam) or limits.cascade_prefixes(case)
 
 
 def ragged_extend_jit(backend, case) -> list[JitKey]:

@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import torch
 
-from attnbench.errors import Unsupported
 from attnbench.kernels.flashinfer import _lib
 from attnbench.kernels.flashinfer import conventions as conv
 from attnbench.kernels.torch.attention import save_new_kv
@@ -99,17 +98,13 @@ def prepare_paged(case, x, *, backend: str):
 
 
 def prepare_cascade(case, x, *, backend: str):
-    """Extend as ragged (new tokens) + paged (prefix) + merge_state, or ragged alone without prefixes."""
-    if x.k_new is None:
-        raise Unsupported("the ragged kernel needs the new tokens' K/V; new_kv=shared has them in the cache")
+    """Extend as ragged (new tokens) + paged (prefix) + merge_state, or ragged alone without prefixes.
+
+    Needs the new tokens' K/V (`new_kv` save or attend) and a prefix on every request or on none
+    (the declared limits `ragged_extend_limits` / `paged_extend_limits` say so before `prepare`)."""
     fi = _lib.flashinfer()
     Hq, Hkv, Dk, Dv = x.q.shape[1], x.k_cache.shape[2], x.q.shape[2], x.v_cache.shape[3]
     prefix = [L - n for L, n in zip(x.seq_lens_host, x.q_lens_host, strict=True)]
-    if any(prefix) and not all(prefix):
-        raise Unsupported(
-            "some requests have no prefix: the paged half of the cascade needs at least one cached "
-            "token per request (FlashInfer's last_page_len is 1..page_size)"
-        )
     ws = _lib.float_workspace(x.q.device)
     ragged = fi.BatchPrefillWithRaggedKVCacheWrapper(ws, "NHD", backend=backend)
     paged = fi.BatchPrefillWithPagedKVCacheWrapper(ws, "NHD", backend=backend) if all(prefix) else None

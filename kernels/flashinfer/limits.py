@@ -153,6 +153,19 @@ def cascade(p, backend: str) -> str | None:
     return None
 
 
+def cascade_prefixes(case) -> str | None:
+    """The paged half of the cascade runs over every request's prefix, so either all requests have
+    one or none has (FlashInfer's last_page_len is 1..page_size: an empty prefix cannot be paged)."""
+    kv_lens, q_lens = case.op.request_lengths(case.params, case.seed)
+    prefix = [L - n for L, n in zip(kv_lens, q_lens, strict=True)]
+    if any(prefix) and not all(prefix):
+        return (
+            "some requests have no prefix: the paged half of the cascade needs at least one cached "
+            "token per request (FlashInfer's last_page_len is 1..page_size)"
+        )
+    return None
+
+
 def merge_threads(head_dim: int, heads: int, elem_bytes: int = 2) -> int:
     """Threads per block of FlashInfer's merge kernels: head_dim / vec_size lanes x heads."""
     vec = max(16 // elem_bytes, head_dim // 32)
