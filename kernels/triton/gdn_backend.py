@@ -19,7 +19,12 @@ def extend_head_dims(backend, case) -> str | None:
 
 
 class TritonGDN:
-    """Mixin: gdn_gating, causal_conv1d, gdn_decode (plain and packed), gdn_extend, gdn_verify."""
+    """Mixin: gdn_gating, causal_conv1d, gdn_decode (plain and packed), gdn_extend, gdn_verify.
+
+    `gdn_tri`: the T kernel's frozen knobs (`gdn_chunk.TriConfig`; None: the default), which variant
+    backends set (tools/bench/gdn_tri_variants.py)."""
+
+    gdn_tri = None
 
     @implements("gdn_gating")
     def prepare_gdn_gating(self, case, x):
@@ -82,17 +87,24 @@ class TritonGDN:
 
     @implements("gdn_extend", limits=extend_head_dims)
     def prepare_gdn_extend(self, case, x):
-        from attnbench.kernels.triton.gdn_chunk import chunk_gated_delta_rule, plan
+        return prepare_gdn_extend(case, x, self.gdn_tri)
 
-        K, V = x.q.shape[2], x.v.shape[2]
-        p = plan(list(x.lens_host), x.q.shape[1], x.v.shape[1], K, V, x.q.dtype, x.q.device)
 
-        def run():
-            chunk_gated_delta_rule(
-                x.q, x.k, x.v, x.g, x.beta, x.state_pool, x.state_indices, x.has_initial_state, x.cu_seqlens,
-                x.o, p, scale=x.scale,
-            )  # fmt: skip
-            return {"o": x.o}
+def prepare_gdn_extend(case, x, tri=None):
+    """The chunked prefill: the chunk plan and workspaces are built here, the closure launches the
+    kernels of gdn_chunk.py. `tri`: a frozen `gdn_chunk.TriConfig` for bf16/fp16 (None: `gdn_chunk.TRI`)."""
+    from attnbench.kernels.triton.gdn_chunk import TRI, chunk_gated_delta_rule, plan
 
-        run.info = {"chunk": 64, "chunks": int(p.chunks.shape[0])}
-        return run
+    tri = tri or TRI
+    K, V = x.q.shape[2], x.v.shape[2]
+    p = plan(list(x.lens_host), x.q.shape[1], x.v.shape[1], K, V, x.q.dtype, x.q.device)
+
+    def run():
+        chunk_gated_delta_rule(
+            x.q, x.k, x.v, x.g, x.beta, x.state_pool, x.state_indices, x.has_initial_state, x.cu_seqlens,
+            x.o, p, scale=x.scale, tri=tri,
+        )  # fmt: skip
+        return {"o": x.o}
+
+    run.info = {"chunk": 64, "chunks": int(p.chunks.shape[0])}
+    return run

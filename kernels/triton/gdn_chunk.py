@@ -29,14 +29,26 @@ from attnbench.kernels.triton.gdn_common import INTERPRET, L2_EPS, TL_DTYPES, au
 CHUNK = 64
 SUB = 16  # the diagonal blocks of the triangular inverse
 
-# Launch knobs of the T kernel (tools/bench/gdn_tri_bench.py times the alternatives on a GPU): `batched`
-# picks _chunk_tri_batched_kernel (11 dependent dots) over _chunk_tri_kernel (44); the precisions are
-# tl.dot input_precision for the Neumann product, the Newton step and the off-diagonal merge.
-# 16-bit inputs: "tf32x3" (three TF32 tensor-core products) is float32-accurate for this algebra
-# (tools/probes/gdn_tri_numerics.py); plain "tf32" is not (merge: 8e-4 relative, a third of the bf16 T
-# entries round differently from the float32 twin). Float32 inputs always take TRI_IEEE.
-TRI = dict(batched=True, num_warps=4, neumann="tf32x3", newton="tf32x3", merge="tf32x3")
-TRI_IEEE = dict(batched=True, num_warps=4, neumann="ieee", newton="ieee", merge="ieee")
+
+@dataclass(frozen=True)
+class TriConfig:
+    """Launch knobs of the T kernel (`_chunk_tri_batched_kernel`): `num_warps`, and the tl.dot
+    input_precision of the Neumann product, the Newton step and the off-diagonal merge.
+
+    16-bit inputs: "tf32x3" (three TF32 tensor-core products) is float32-accurate for this algebra;
+    plain "tf32" is not (merge: 8e-4 relative, a third of the bf16 T entries round differently from
+    the float32 twin). Float32 inputs always take `TRI_IEEE` (their twin is float32). Measurements and
+    the numerics of each precision: kernels/triton/NOTES.md.
+    """
+
+    num_warps: int = 4
+    neumann: str = "tf32x3"
+    newton: str = "tf32x3"
+    merge: str = "tf32x3"
+
+
+TRI = TriConfig()  # the default for bf16/fp16
+TRI_IEEE = TriConfig(neumann="ieee", newton="ieee", merge="ieee")  # float32 inputs
 
 
 @triton.jit
@@ -71,22 +83,6 @@ def _chunk_cumsum_kernel(g, gcum, chunks, cu_seqlens, HV: tl.constexpr, C: tl.co
 
 # ---- T = (I + L)^-1 -------------------------------------------------------------------------------
 @triton.jit
-def _l_block(k_i, k_j, gam_i, gam_j, beta_i, m_i, m_j, S: tl.constexpr, DIAG: tl.constexpr,
-             EMULATE: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
-    """Block (i, j) of L: beta_t exp(gamma_t - gamma_s) k_t . k_s (strictly lower inside a diagonal block).
-
-    k_i, k_j are normalised keys already rounded to the input dtype: a tensor-core dot, fp32 accumulation.
-    """
-    b_kk = mm(k_i, tl.trans(k_j), EMULATE, IEEE)
-    keep = m_i[:, None] & m_j[None, :]
-    if DIAG:
-        r = tl.arange(0, S)
-        keep = keep & (r[:, None] > r[None, :])
-    diff = tl.where(keep, gam_i[:, None] - gam_j[None, :], 0.0)
-    return tl.where(keep, beta_i[:, None] * tl.exp(diff) * b_kk, 0.0)
-
-
-@triton.jit
 def _unit_lower_inverse(L, S: tl.constexpr, P_NEU: tl.constexpr, P_NEWTON: tl.constexpr):
     """(I + L)^-1 of 16 x 16 strictly lower L (nilpotent: L^16 = 0), with matmuls only; L is one
     block `[S, S]` or a batch `[B, S, S]`.
@@ -95,7 +91,7 @@ def _unit_lower_inverse(L, S: tl.constexpr, P_NEU: tl.constexpr, P_NEWTON: tl.co
     P_NEU, then one Newton step X += X (I - (I + L) X) in P_NEWTON, which squares its error: float32
     error ~3e-7 relative even for strongly correlated keys (|L| entries near 1), where the product
     alone loses ~6e-4. TF32 ("tf32") products lose ~3e-2 there and one Newton step leaves ~8e-4;
-    "tf32x3" (three TF32 tensor-core products, ~fp32 accurate) keeps ~3e-7 (tools/probes/gdn_tri_numerics.py).
+    "tf32x3" (three TF32 tensor-core products, ~fp32 accurate) keeps ~3e-7 (kernels/triton/NOTES.md).
     """
     r = tl.arange(0, S)
     eye = tl.where(r[:, None] == r[None, :], 1.0, 0.0)
@@ -108,96 +104,6 @@ def _unit_lower_inverse(L, S: tl.constexpr, P_NEU: tl.constexpr, P_NEWTON: tl.co
     X = tl.dot(X, eye + N8, input_precision=P_NEU)
     R = eye - tl.dot(eye + L, X, input_precision=P_NEWTON)
     return X + tl.dot(X, R, input_precision=P_NEWTON)
-
-
-@triton.jit
-def _chunk_tri_kernel(
-    # Pointers
-    k, beta, gcum, tmat, khat, chunks, cu_seqlens,
-    # Sizes and strides
-    stride_kt, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
-    # Meta-parameters
-    C: tl.constexpr, S: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
-    IEEE: tl.constexpr, P_NEU: tl.constexpr, P_NEWTON: tl.constexpr, P_MERGE: tl.constexpr,
-):  # fmt: skip
-    """T per (chunk, v-head) as sixteen 16 x 16 blocks, one dot at a time (TRI["batched"] = False)."""
-    i_c, i_hv = tl.program_id(0), tl.program_id(1)
-    i_h = i_hv // (HV // H)
-    bos, n = _chunk_bounds(chunks, cu_seqlens, i_c, C)
-    o_k = tl.arange(0, BK)
-    m_k = o_k < K
-    r = tl.arange(0, S)
-    p_k = k + bos * stride_kt + i_h * K
-    # the four 16-row sub-blocks: normalised k (rounded like every matmul operand), gamma, beta
-    k0 = _load_norm_rows(p_k, r, r < n, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
-    k1 = _load_norm_rows(p_k, S + r, S + r < n, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
-    k2 = _load_norm_rows(p_k, 2 * S + r, 2 * S + r < n, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
-    k3 = _load_norm_rows(p_k, 3 * S + r, 3 * S + r < n, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
-    m0, m1, m2, m3 = r < n, S + r < n, 2 * S + r < n, 3 * S + r < n
-    if i_hv % (HV // H) == 0:  # one program per q/k head keeps the normalised keys for the later kernels
-        p_kh = khat + ((bos + r) * H + i_h)[:, None] * K + o_k[None, :]
-        m_kk = m_k[None, :]
-        tl.store(p_kh, k0, mask=m0[:, None] & m_kk)
-        tl.store(p_kh + S * H * K, k1, mask=m1[:, None] & m_kk)
-        tl.store(p_kh + 2 * S * H * K, k2, mask=m2[:, None] & m_kk)
-        tl.store(p_kh + 3 * S * H * K, k3, mask=m3[:, None] & m_kk)
-    p_g = gcum + bos * HV + i_hv
-    p_b = beta + bos * HV + i_hv
-    g0 = tl.load(p_g + r * HV, mask=m0, other=0)
-    g1 = tl.load(p_g + (S + r) * HV, mask=m1, other=0)
-    g2 = tl.load(p_g + (2 * S + r) * HV, mask=m2, other=0)
-    g3 = tl.load(p_g + (3 * S + r) * HV, mask=m3, other=0)
-    b0 = tl.load(p_b + r * HV, mask=m0, other=0)
-    b1 = tl.load(p_b + (S + r) * HV, mask=m1, other=0)
-    b2 = tl.load(p_b + (2 * S + r) * HV, mask=m2, other=0)
-    b3 = tl.load(p_b + (3 * S + r) * HV, mask=m3, other=0)
-
-    X00 = _unit_lower_inverse(_l_block(k0, k0, g0, g0, b0, m0, m0, S, True, EMULATE, IEEE), S, P_NEU, P_NEWTON)
-    X11 = _unit_lower_inverse(_l_block(k1, k1, g1, g1, b1, m1, m1, S, True, EMULATE, IEEE), S, P_NEU, P_NEWTON)
-    X22 = _unit_lower_inverse(_l_block(k2, k2, g2, g2, b2, m2, m2, S, True, EMULATE, IEEE), S, P_NEU, P_NEWTON)
-    X33 = _unit_lower_inverse(_l_block(k3, k3, g3, g3, b3, m3, m3, S, True, EMULATE, IEEE), S, P_NEU, P_NEWTON)
-    L10 = _l_block(k1, k0, g1, g0, b1, m1, m0, S, False, EMULATE, IEEE)
-    L20 = _l_block(k2, k0, g2, g0, b2, m2, m0, S, False, EMULATE, IEEE)
-    L21 = _l_block(k2, k1, g2, g1, b2, m2, m1, S, False, EMULATE, IEEE)
-    L30 = _l_block(k3, k0, g3, g0, b3, m3, m0, S, False, EMULATE, IEEE)
-    L31 = _l_block(k3, k1, g3, g1, b3, m3, m1, S, False, EMULATE, IEEE)
-    L32 = _l_block(k3, k2, g3, g2, b3, m3, m2, S, False, EMULATE, IEEE)
-    # block forward substitution: X_ij = -X_ii sum_{j <= l < i} L_il X_lj
-    X10 = -tl.dot(X11, tl.dot(L10, X00, input_precision=P_MERGE), input_precision=P_MERGE)
-    X21 = -tl.dot(X22, tl.dot(L21, X11, input_precision=P_MERGE), input_precision=P_MERGE)
-    X32 = -tl.dot(X33, tl.dot(L32, X22, input_precision=P_MERGE), input_precision=P_MERGE)
-    acc = tl.dot(L20, X00, input_precision=P_MERGE)
-    acc = tl.dot(L21, X10, acc, input_precision=P_MERGE)
-    X20 = -tl.dot(X22, acc, input_precision=P_MERGE)
-    acc = tl.dot(L31, X11, input_precision=P_MERGE)
-    acc = tl.dot(L32, X21, acc, input_precision=P_MERGE)
-    X31 = -tl.dot(X33, acc, input_precision=P_MERGE)
-    acc = tl.dot(L30, X00, input_precision=P_MERGE)
-    acc = tl.dot(L31, X10, acc, input_precision=P_MERGE)
-    acc = tl.dot(L32, X20, acc, input_precision=P_MERGE)
-    X30 = -tl.dot(X33, acc, input_precision=P_MERGE)
-
-    # T rows of this chunk: [n, 64] in the input dtype; blocks above the diagonal are zero
-    p_t = tmat + ((bos + r) * HV + i_hv)[:, None] * C + r[None, :]
-    zero = tl.zeros([S, S], dtype=tl.float32)
-    m0, m1, m2, m3 = m0[:, None], m1[:, None], m2[:, None], m3[:, None]
-    p1, p2, p3 = p_t + S * HV * C, p_t + 2 * S * HV * C, p_t + 3 * S * HV * C
-    tl.store(p_t, round_to(X00, DT, EMULATE), mask=m0)
-    tl.store(p_t + S, zero, mask=m0)
-    tl.store(p_t + 2 * S, zero, mask=m0)
-    tl.store(p_t + 3 * S, zero, mask=m0)
-    tl.store(p1, round_to(X10, DT, EMULATE), mask=m1)
-    tl.store(p1 + S, round_to(X11, DT, EMULATE), mask=m1)
-    tl.store(p1 + 2 * S, zero, mask=m1)
-    tl.store(p1 + 3 * S, zero, mask=m1)
-    tl.store(p2, round_to(X20, DT, EMULATE), mask=m2)
-    tl.store(p2 + S, round_to(X21, DT, EMULATE), mask=m2)
-    tl.store(p2 + 2 * S, round_to(X22, DT, EMULATE), mask=m2)
-    tl.store(p2 + 3 * S, zero, mask=m2)
-    tl.store(p3, round_to(X30, DT, EMULATE), mask=m3)
-    tl.store(p3 + S, round_to(X31, DT, EMULATE), mask=m3)
-    tl.store(p3 + 2 * S, round_to(X32, DT, EMULATE), mask=m3)
-    tl.store(p3 + 3 * S, round_to(X33, DT, EMULATE), mask=m3)
 
 
 @triton.jit
@@ -504,17 +410,15 @@ def plan(lens: list[int], H: int, HV: int, K: int, V: int, dtype: torch.dtype, d
     )
 
 
-def launch_tri(k: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor, p: ChunkPlan, tri: dict | None = None):
-    """The T kernel alone (p.tmat, p.khat from k, beta, p.gcum), with the knobs `tri` (default TRI / TRI_IEEE)."""
+def launch_tri(k: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor, p: ChunkPlan, tri: TriConfig):
+    """The T kernel (p.tmat, p.khat from k, beta, p.gcum) with the knobs `tri`."""
     T, H, K = k.shape
     HV = beta.shape[1]
-    ieee = k.dtype == torch.float32
-    tri = tri or (TRI_IEEE if ieee else TRI)
-    kernel = _chunk_tri_batched_kernel if tri["batched"] else _chunk_tri_kernel
-    kernel[(p.chunks.shape[0], HV)](
+    _chunk_tri_batched_kernel[(p.chunks.shape[0], HV)](
         k, beta, p.gcum, p.tmat, p.khat, p.chunks, cu_seqlens, k.stride(0), H=H, HV=HV, K=K, C=CHUNK, S=SUB,
-        BK=max(16, triton.next_power_of_2(K)), DT=TL_DTYPES[k.dtype], EMULATE=INTERPRET, IEEE=ieee,
-        P_NEU=tri["neumann"], P_NEWTON=tri["newton"], P_MERGE=tri["merge"], num_warps=tri["num_warps"],
+        BK=max(16, triton.next_power_of_2(K)), DT=TL_DTYPES[k.dtype], EMULATE=INTERPRET,
+        IEEE=k.dtype == torch.float32, P_NEU=tri.neumann, P_NEWTON=tri.newton, P_MERGE=tri.merge,
+        num_warps=tri.num_warps,
     )  # fmt: skip
 
 
@@ -532,6 +436,7 @@ def chunk_gated_delta_rule(
     p: ChunkPlan,
     *,
     scale: float,
+    tri: TriConfig = TRI,
 ) -> None:
     """Varlen chunked prefill: writes `o [T, HV, V]` and every request's final state into `pool`.
 
@@ -539,6 +444,7 @@ def chunk_gated_delta_rule(
         q, k: `[T, H, K]` raw (normalised here); v: `[T, HV, V]`; g, beta: `[T, HV]` fp32 gates.
         pool: `[N, HV, K, V]` fp32; indices: `[B]` slots; has_initial_state: `[B]` bool.
         cu_seqlens: `[B+1]` int32; p: the plan from `plan()` for these lengths.
+        tri: the T kernel's knobs for bf16/fp16 inputs (float32 inputs take `TRI_IEEE`).
     """
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
@@ -554,7 +460,7 @@ def chunk_gated_delta_rule(
     BK = max(16, triton.next_power_of_2(K))
     common = dict(DT=DT, EMULATE=INTERPRET)
     _chunk_cumsum_kernel[(NC, HV)](g, p.gcum, p.chunks, cu_seqlens, HV=HV, C=CHUNK)
-    launch_tri(k, beta, cu_seqlens, p)
+    launch_tri(k, beta, cu_seqlens, p, TRI_IEEE if ieee else tri)
     _chunk_wu_kernel[(NC, HV)](
         p.khat, v, beta, p.gcum, p.tmat, p.w, p.u, p.chunks, cu_seqlens, v.stride(0), H=H, HV=HV, K=K, V=V,
         C=CHUNK, BK=BK, BV=min(64, max(16, triton.next_power_of_2(V))), IEEE=ieee, num_warps=8, **common,

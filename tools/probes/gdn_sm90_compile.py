@@ -112,14 +112,13 @@ def main() -> None:
         chunked = dict(chunks=i32, cu_seqlens=i32)
         build(gdn_chunk._chunk_cumsum_kernel, dict(g=f32, gcum=f32, **chunked), dict(HV=32, C=64))
         tri = gdn_chunk.TRI_IEEE if ieee else gdn_chunk.TRI
-        for kernel in (gdn_chunk._chunk_tri_kernel, gdn_chunk._chunk_tri_batched_kernel):
-            build(
-                kernel,
-                dict(k=p, beta=f32, gcum=f32, tmat=p, khat=p, stride_kt="i32", **chunked),
-                {k: v for k, v in common.items() if k != "V"}
-                | dict(S=16, P_NEU=tri["neumann"], P_NEWTON=tri["newton"], P_MERGE=tri["merge"]),
-                num_warps=tri["num_warps"],
-            )
+        build(
+            gdn_chunk._chunk_tri_batched_kernel,
+            dict(k=p, beta=f32, gcum=f32, tmat=p, khat=p, stride_kt="i32", **chunked),
+            {k: v for k, v in common.items() if k != "V"}
+            | dict(S=16, P_NEU=tri.neumann, P_NEWTON=tri.newton, P_MERGE=tri.merge),
+            num_warps=tri.num_warps,
+        )
         build(
             gdn_chunk._chunk_wu_kernel,
             dict(khat=p, v=p, beta=f32, gcum=f32, tmat=p, w=p, u=p, stride_vt="i32", **chunked),

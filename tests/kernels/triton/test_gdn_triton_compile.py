@@ -17,7 +17,6 @@ import pytest
 SCRIPT = Path(__file__).resolve().parents[3] / "tools" / "probes" / "gdn_sm90_compile.py"
 CHUNK = [
     "_chunk_cumsum_kernel",
-    "_chunk_tri_kernel",
     "_chunk_tri_batched_kernel",
     "_chunk_wu_kernel",
     "_chunk_state_kernel",

@@ -1,0 +1,53 @@
+"""Variants of our Triton GDN T kernel (`gdn_chunk.TriConfig`) as plugin backends, for `attnbench sweep`.
+
+Each variant registers `triton-gdn-tri:<variant>`, a gdn_extend-only backend whose knob reaches the
+kernel as a frozen config through `prepare` (bf16/fp16 inputs; float32 always takes `TRI_IEEE`). The
+default configuration is the `triton` backend itself. Timing, correctness against float64 and the
+error size all come from the sweep (one timer, docs/measurement.md):
+
+    attnbench sweep gdn --op gdn_extend --plugin tools/bench/gdn_tri_variants.py \
+        -b triton -b triton-gdn-tri:ieee -b triton-gdn-tri:tf32x3-8w -k t32768
+
+On the CPU (TRITON_INTERPRET=1) the same command runs them on the smoke cases (`sweep smoke`).
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar
+
+import attnbench
+from attnbench.backend import implements
+from attnbench.kernels.triton import TritonBackend, on_device
+from attnbench.kernels.triton.gdn_backend import extend_head_dims, prepare_gdn_extend
+from attnbench.kernels.triton.gdn_chunk import TriConfig
+
+X3, IEEE = "tf32x3", "ieee"
+VARIANTS = {
+    "ieee": TriConfig(neumann=IEEE, newton=IEEE, merge=IEEE),
+    "ieee-8w": TriConfig(num_warps=8, neumann=IEEE, newton=IEEE, merge=IEEE),
+    "tf32x3-8w": TriConfig(num_warps=8),
+    "tf32x3-2w": TriConfig(num_warps=2),
+    "neumann-tf32": TriConfig(neumann="tf32"),
+    # less accurate than the float32 twin (kernels/triton/NOTES.md): for the record, not a candidate
+    "tf32": TriConfig(neumann="tf32", newton="tf32", merge="tf32"),
+}
+
+
+class TriVariant(attnbench.Backend):
+    """gdn_extend on our Triton kernels with the T kernel's knobs `tri`."""
+
+    tri: ClassVar[TriConfig]
+    backend_limits = on_device
+
+    def available(self) -> str | None:
+        return TritonBackend.available(self)
+
+    @implements("gdn_extend", limits=extend_head_dims)
+    def prepare_gdn_extend(self, case, x):
+        return prepare_gdn_extend(case, x, self.tri)
+
+
+for _label, _tri in VARIANTS.items():
+    attnbench.register_backend(f"triton-gdn-tri:{_label}")(
+        type(f"TriVariant_{_label.replace('-', '_')}", (TriVariant,), {"tri": _tri, "description": f"T kernel {_tri}"})
+    )
