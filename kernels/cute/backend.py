@@ -13,7 +13,7 @@ def on_cuda(backend, case) -> str | None:
 
 
 def decode_limits(backend, case) -> str | None:
-    from attnbench.kernels.cute.decode import case_reason
+    from attnbench.kernels.cute.decode_plan import case_reason
 
     return case_reason(case)
 
@@ -25,23 +25,29 @@ def gdn_decode_limits(backend, case) -> str | None:
 
 
 class CuteDecode:
-    """Mixin: paged decode (kernels/cute/decode.py)."""
+    """Mixin: paged decode (kernels/cute/decode.py). `decode_config`: a frozen `decode.DecodeConfig`
+    (None: its DEFAULT), set by variant backends (plugins)."""
+
+    decode_config = None
 
     @implements("decode", limits=decode_limits)
     def prepare_decode(self, case, x):
         from attnbench.kernels.cute import decode
 
-        return decode.prepare(case, x)
+        return decode.prepare(case, x, self.decode_config)
 
 
 class CuteGDN:
-    """Mixin: GDN decode over the state pool (kernels/cute/gdn_decode.py)."""
+    """Mixin: GDN decode over the state pool (kernels/cute/gdn_decode.py). `gdn_bv`: value columns a
+    CTA (None: gdn_decode.BV), set by variant backends."""
+
+    gdn_bv = None
 
     @implements("gdn_decode", limits=gdn_decode_limits)
     def prepare_gdn_decode(self, case, x):
         from attnbench.kernels.cute import gdn_decode
 
-        return gdn_decode.prepare(case, x)
+        return gdn_decode.prepare(case, x, self.gdn_bv or gdn_decode.BV)
 
 
 @register_backend("cute")

@@ -6,8 +6,8 @@ Contract (attnbench.ops.attention, `decode`): q `[B, Hq, D]`, the canonical page
 log. GQA/MQA/MHA (q head h reads kv head h // (Hq / Hkv)), head dims 64 and 128, bf16/fp16, any
 page size, sliding window (keys [L-1-W, L)), soft cap, sinks.
 
-Schedule (host, `plan_splits`, pure Python): each request's visible keys are cut into splits so that
-about `WAVES` waves of CTAs fill the GPU; a work item is (request, first key, end key, final flag).
+Schedule (host, `plan_splits` in decode_plan.py, pure Python): each request's visible keys are cut into splits so that
+about `waves` waves of CTAs fill the GPU (`DecodeConfig`); a work item is (request, first key, end key, final flag).
 
 Stage 1 (`decode_split_kernel`): one CTA of 128 threads (4 warps) per (work item, kv head, block of
 HB query heads sharing that kv head). Each warp walks a contiguous quarter of the split's keys. A key
@@ -30,143 +30,24 @@ Stage 2 (`decode_merge_kernel`): one CTA of D threads per (split request, q head
 partials by their LSEs, adds the sink, writes o and the natural-log lse.
 """
 
-import math
-from dataclasses import dataclass
-
 import torch
 
 from attnbench.kernels.cute.common import cached_compile, check_rows_aligned, compact, dynamic, stream_of
-
-THREADS = 128
-WARPS = THREADS // 32
-MAX_HB = 8  # query heads per CTA (register budget: HB * VEC accumulators and HB * VEC q values a thread)
-VEC = 8  # elements of a 128-bit load of bf16/fp16
-VECS_PER_LANE = 2  # 128-bit loads a lane per K/V row (1 or 2; 8 heads a CTA always take 1)
-UNROLL = None  # keys a lane group loads per iteration (None: schedule decides)
-MIN_CTAS = 0  # > 0: ask ptxas to fit that many CTAs an SM (caps registers)
-ASYNC_STAGES = 4  # cp.async stages a warp in shared memory (0: K/V loads straight into registers)
-PIPELINE = (
-    True  # (without ASYNC_STAGES) load the next iteration's K/V rows into a second register buffer before computing
+from attnbench.kernels.cute.decode_plan import (
+    DEFAULT,
+    LAZY,
+    LN2,
+    LOG2E,
+    NEG,
+    THREADS,
+    VEC,
+    WARPS,
+    DecodeConfig,
+    heads_per_cta,
+    make_plan,
+    schedule,
+    score_multipliers,
 )
-HEAD_DIMS = (64, 128)
-WAVES = 4
-CTAS_PER_SM = 8
-MIN_SPLIT = 256  # keys
-LOG2E = 1.0 / math.log(2.0)
-LN2 = math.log(2.0)
-NEG = -1.0e30  # a finite "minus infinity" for running maxima (no inf - inf anywhere)
-LAZY = 8.0  # log2 units a score may exceed the running max before the accumulators are rescaled
-
-
-# ---- pure-PyTorch / Python helpers (CPU-testable) ---------------------------------------------------
-def heads_per_cta(group: int) -> int:
-    """The largest divisor of the GQA group size that is at most MAX_HB."""
-    return max(d for d in range(1, min(group, MAX_HB) + 1) if group % d == 0)
-
-
-def visible_range(seq_len: int, window: int) -> tuple[int, int]:
-    """Keys a decode query at position seq_len - 1 sees: [L - 1 - W, L) under window W, else [0, L)."""
-    return (max(0, seq_len - 1 - window) if window >= 0 else 0, seq_len)
-
-
-def plan_splits(
-    lens: list[int], window: int, units: int, num_sms: int, *, min_split: int = MIN_SPLIT
-) -> list[tuple[int, int, int, int]]:
-    """Work items `(request, start, end, final)`: each request's visible keys cut into equal splits.
-
-    `units` CTAs run per split (kv heads x head blocks). The split length balances the key tokens
-    over WAVES x num_sms x CTAS_PER_SM CTAs, is at least `min_split` keys and is evened out over the
-    longest request; `final` is 1 where a request has a single split (it writes o and lse itself).
-    """
-    ranges = [visible_range(L, window) for L in lens]
-    longest = max(e - s for s, e in ranges)
-    total = sum(e - s for s, e in ranges) * units
-    chunk = max(min_split, -(-total // max(1, WAVES * num_sms * CTAS_PER_SM)))
-    splits = max(1, round(longest / chunk))
-    chunk = -(-longest // splits)
-    items = []
-    for b, (s, e) in enumerate(ranges):
-        cuts = list(range(s, e, chunk))
-        for a in cuts:
-            items.append((b, a, min(e, a + chunk), int(len(cuts) == 1)))
-    return items
-
-
-def merge_list(items: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int]]:
-    """`(request, first item, end item)` for every request with more than one split (items grouped)."""
-    out, w = [], 0
-    while w < len(items):
-        b, e = items[w][0], w
-        while e < len(items) and items[e][0] == b:
-            e += 1
-        if e - w > 1:
-            out.append((b, w, e))
-        w = e
-    return out
-
-
-def score_multipliers(sm_scale: float, soft_cap: float) -> tuple[float, float]:
-    """(q multiplier, post multiplier): scores in log2 units are `post * tanh(q_mul q.k)` (soft cap)
-    or `q_mul q.k` (post unused)."""
-    if soft_cap > 0:
-        return sm_scale / soft_cap, soft_cap * LOG2E
-    return sm_scale * LOG2E, 1.0
-
-
-def case_reason(case) -> str | None:
-    """Why our CuTe decode cannot run `case` (None: it can)."""
-    p = case.params
-    if p.mla:
-        return "our CuTe decode has no absorbed-MLA path (head dims 576/512, one latent cache)"
-    if case.dtype not in ("bf16", "fp16"):
-        return f"our CuTe decode runs bf16/fp16 (fp32 accumulation); not {case.dtype}"
-    if getattr(p, "kv_dtype", "auto") != "auto":
-        return f"our CuTe decode reads the KV cache in the query dtype; fp8 KV ({p.kv_dtype}) is not implemented"
-    if p.dv != p.head_dim:
-        return f"our CuTe decode needs head_dim_v == head_dim, got {p.head_dim}/{p.dv}"
-    if p.head_dim not in HEAD_DIMS:
-        return f"our CuTe decode supports head dims {HEAD_DIMS} (lanes split D by 32), got {p.head_dim}"
-    return None
-
-
-@dataclass
-class DecodePlan:
-    work: torch.Tensor  # [W, 4] int32
-    merge: torch.Tensor | None  # [M, 3] int32
-    part_o: torch.Tensor  # [W, Hq, D] fp32
-    part_lse: torch.Tensor  # [W, Hq] fp32 (log2 units)
-    splits: int  # the most splits of a request
-
-
-def make_plan(x, num_sms: int) -> DecodePlan:
-    device = x.q.device
-    _, Hq, D = x.q.shape
-    Hkv = x.k_cache.shape[2]
-    hb = heads_per_cta(Hq // Hkv)
-    items = plan_splits(list(x.seq_lens_host), x.window, Hkv * (Hq // Hkv // hb), num_sms)
-    merges = merge_list(items)
-    W = len(items)
-    work = torch.tensor(items, dtype=torch.int32).to(device)
-    merge = torch.tensor(merges, dtype=torch.int32).to(device) if merges else None
-    n = W if merges else 1
-    part_o = torch.empty(n, Hq, D, dtype=torch.float32, device=device)
-    part_lse = torch.empty(n, Hq, dtype=torch.float32, device=device)
-    most = max(e - w for _, w, e in merges) if merges else 1
-    return DecodePlan(work, merge, part_o, part_lse, most)
-
-
-# ---- the kernels -----------------------------------------------------------------------------------
-def schedule(HB: int) -> tuple[int, int, bool, int]:
-    """(VPL, U, PIPE, S) for HB q heads a CTA: 128-bit loads a lane per key row (VPL), keys a lane
-    group takes an iteration (U), whether the next iteration's K/V rows go to a second register
-    buffer (PIPE), cp.async stages in shared memory (S; 0: loads straight into registers).
-
-    q and the accumulators take 2 * HB * 8 * VPL registers a thread, so 8 heads get VPL = 1.
-    VECS_PER_LANE, UNROLL, PIPELINE and ASYNC_STAGES override the defaults.
-    """
-    vpl = VECS_PER_LANE if HB <= 4 else 1
-    u = UNROLL or (2 if vpl == 2 or HB > 4 else 4)
-    return vpl, u, PIPELINE and HB <= 4 and not ASYNC_STAGES, ASYNC_STAGES
 
 
 def _build(
@@ -526,9 +407,12 @@ def _build(
     return split_launch, merge_launch
 
 
-def prepare(case, x):
-    """The timed closure of our CuTe decode on `x`: plan, scratch and compilation happen here."""
+def prepare(case, x, config: DecodeConfig | None = None):
+    """The timed closure of our CuTe decode on `x` with the schedule `config` (None: DEFAULT): plan,
+    scratch and compilation happen here."""
     import cutlass.cute as cute
+
+    config = config or DEFAULT
 
     device = x.q.device
     B, Hq, D = x.q.shape
@@ -537,12 +421,12 @@ def prepare(case, x):
     Hkv, PAGE = x.k_cache.shape[2], x.k_cache.shape[1]
     G = Hq // Hkv
     HB = heads_per_cta(G)
-    plan = make_plan(x, torch.cuda.get_device_properties(device).multi_processor_count)
+    plan = make_plan(x, torch.cuda.get_device_properties(device).multi_processor_count, config)
     q_mul, post_mul = score_multipliers(x.sm_scale, x.soft_cap)
     has_sinks = x.sinks is not None
     sinks = x.sinks if has_sinks else torch.zeros(1, dtype=torch.float32, device=device)
-    vpl, U, pipe, stages = schedule(HB)
-    static = (HB, G, D, PAGE, Hkv, q_mul, post_mul, x.soft_cap > 0, has_sinks, U, pipe, MIN_CTAS, vpl, stages)
+    vpl, U, pipe, stages = schedule(HB, config)
+    static = (HB, G, D, PAGE, Hkv, q_mul, post_mul, x.soft_cap > 0, has_sinks, U, pipe, config.min_ctas, vpl, stages)
     cache_compact = x.k_cache.is_contiguous() and x.v_cache.is_contiguous()
     key = ("decode", x.q.dtype, cache_compact, *static)
     stream = stream_of(device)

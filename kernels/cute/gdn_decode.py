@@ -238,11 +238,11 @@ def _build(BV: int = BV):
     return gdn_decode_launch
 
 
-def compile_gdn_decode(x):
-    """(compiled function, compile seconds) for the static configuration of `x` (cached in-process)."""
+def compile_gdn_decode(x, bv: int = BV):
+    """(compiled function, compile seconds) for the static configuration of `x` and `bv` value columns
+    a CTA (cached in-process)."""
     H, K = x.q.shape[1], x.q.shape[2]
     HV, V = x.v.shape[1], x.v.shape[2]
-    bv = BV
     key = ("gdn_decode", x.q.dtype, x.a.dtype, x.dt_bias.dtype, x.o.dtype, float(x.scale), H, HV, K, V, bv)
     check_rows_aligned(x.state_pool, 16)
 
@@ -260,9 +260,10 @@ def compile_gdn_decode(x):
     return cached_compile(key, build)
 
 
-def prepare(case, x):
-    """The timed closure of our CuTe GDN decode on `x` (compiles in here, timed as compile_s)."""
-    fn, compile_s = compile_gdn_decode(x)
+def prepare(case, x, bv: int = BV):
+    """The timed closure of our CuTe GDN decode on `x` with `bv` value columns a CTA (a divisor of V;
+    variants are plugin backends); compiles in here, timed as compile_s."""
+    fn, compile_s = compile_gdn_decode(x, bv)
     args = (x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, x.state_pool, x.state_indices, x.o)
     device = x.q.device
     out = {"o": x.o}
@@ -274,7 +275,7 @@ def prepare(case, x):
     run.info = {
         "compile_s": compile_s,
         "jit_s": compile_s,
-        "variant": f"SIMT, 128-bit state rows: CTA per ({BV} columns, request, v-head), state slice in registers"
+        "variant": f"SIMT, 128-bit state rows: CTA per ({bv} columns, request, v-head), state slice in registers"
         + (" (q/k/v read in place from mixed_qkv)" if x.mixed_qkv is not None else ""),
     }
     return run

@@ -10,7 +10,7 @@ Two registered names:
   `triton` splits extend's keys or packs its GQA heads depends on the whole batch), and merge_state
   is the same kernel. It runs the attention ops only (the spec and GDN kernels have no split to fix).
 
-Kernels live in decode.py, extend.py, merge.py, spec.py and gdn*.py (kernel -> launcher -> public function); the
+Kernels live in decode.py, extend.py (its plan: extend_plan.py), merge.py, spec.py and gdn*.py (kernel -> launcher -> public function); the
 schedule (splits, query tiles) and scratch buffers are built in `prepare`, never in the timed call.
 Triton is imported lazily, so this package imports without it. Design notes: NOTES.md.
 
@@ -106,17 +106,18 @@ class _TritonAttention(Backend):
     @implements("extend", limits=attention_head_dims)
     def prepare_extend(self, case, x):
         from attnbench.kernels.triton import extend as e
+        from attnbench.kernels.triton import extend_plan as ep
         from attnbench.kernels.triton.common import first_that_fits
 
         config, tuned = (None, {}) if self.deterministic else e.tuned_extend_config(x)
         plans = {}
 
         def build(cfg):
-            plans[cfg] = e.plan_extend(x, config=cfg, deterministic=self.deterministic)
+            plans[cfg] = ep.plan_extend(x, config=cfg, deterministic=self.deterministic)
             return e.bind_extend(x, plans[cfg])
 
         run, config, shrunk = first_that_fits(
-            config or e.default_extend_config(x, self.deterministic), e.shrink_extend_config, build, x.q.device
+            config or ep.default_extend_config(x, self.deterministic), ep.shrink_extend_config, build, x.q.device
         )
         plan = plans[config]
         run.info = {

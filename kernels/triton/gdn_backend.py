@@ -22,7 +22,7 @@ class TritonGDN:
     """Mixin: gdn_gating, causal_conv1d, gdn_decode (plain and packed), gdn_extend, gdn_verify.
 
     `gdn_tri`: the T kernel's frozen knobs (`gdn_chunk.TriConfig`; None: the default), which variant
-    backends set (tools/bench/gdn_tri_variants.py)."""
+    backends (plugins) set; kernels/triton/NOTES.md."""
 
     gdn_tri = None
 

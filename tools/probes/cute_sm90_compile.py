@@ -32,7 +32,7 @@ import cutlass.cute as cute  # noqa: E402
 from cutlass.cute.runtime import make_fake_compact_tensor, make_fake_tensor  # noqa: E402
 from cutlass.cute.typing import sym_int32, sym_int64  # noqa: E402
 
-from attnbench.kernels.cute import decode, gdn_decode  # noqa: E402
+from attnbench.kernels.cute import decode, decode_plan, gdn_decode  # noqa: E402
 
 F32, I32, BF16 = cutlass.Float32, cutlass.Int32, cutlass.BFloat16
 
@@ -56,10 +56,10 @@ def fake(dtype, shape, align=None):
 
 def compile_decode(cfg) -> None:
     HB, G, D, PAGE, HKV, scale, cap, sinks = cfg
-    q_mul, post_mul = decode.score_multipliers(scale, cap)
-    vpl, U, pipe, stages = decode.schedule(HB)
+    q_mul, post_mul = decode_plan.score_multipliers(scale, cap)
+    vpl, U, pipe, stages = decode_plan.schedule(HB)
     split_launch, merge_launch = decode._build(
-        HB, G, D, PAGE, HKV, q_mul, post_mul, cap > 0, sinks, U, pipe, decode.MIN_CTAS, vpl, stages
+        HB, G, D, PAGE, HKV, q_mul, post_mul, cap > 0, sinks, U, pipe, decode_plan.DEFAULT.min_ctas, vpl, stages
     )
     # the fake cache's stride order counts from the innermost mode: (3, 2, 1, 0) is row-major
     kv = [make_fake_compact_tensor(BF16, (sym_int32(), PAGE, HKV, D), stride_order=(3, 2, 1, 0), assumed_align=16)

@@ -65,7 +65,7 @@ def _launches(case_id: str):
     """The launches of a case; extend takes `plan_extend` options after the id: `ID@splits=N` (N forced
     key splits: the split path), `ID@pack=0` or `@pack=1` (GQA packing forced off or on)."""
     from attnbench.case import Case
-    from attnbench.kernels.triton import decode, extend, merge
+    from attnbench.kernels.triton import decode, extend, extend_plan, merge
 
     case_id, *opts = case_id.split("@")
     kw = {k: int(v) for k, v in (o.split("=") for o in opts)}
@@ -76,7 +76,7 @@ def _launches(case_id: str):
     if case.op_name == "decode":
         return decode._launches(x, decode.plan_decode(x))
     if case.op_name == "extend":
-        return extend._launches(x, extend.plan_extend(x, **kw))
+        return extend._launches(x, extend_plan.plan_extend(x, **kw))
     return [merge._launch(x.v_a, x.s_a, x.v_b, x.s_b, x.o, x.lse)]
 
 

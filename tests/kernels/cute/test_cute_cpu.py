@@ -9,7 +9,7 @@ import torch
 
 from attnbench.backend import get_backend
 from attnbench.case import Case
-from attnbench.kernels.cute import common, decode, gdn_decode
+from attnbench.kernels.cute import common, decode_plan, gdn_decode
 from attnbench.references import gdn as ref_gdn
 from helpers import run_one
 
@@ -66,21 +66,21 @@ def test_case_limits(case_id, expect):
 
 
 def test_heads_per_cta():
-    assert [decode.heads_per_cta(g) for g in (1, 2, 4, 8, 16, 32, 6, 7)] == [1, 2, 4, 8, 8, 8, 6, 7]
+    assert [decode_plan.heads_per_cta(g) for g in (1, 2, 4, 8, 16, 32, 6, 7)] == [1, 2, 4, 8, 8, 8, 6, 7]
 
 
 def test_visible_range_window():
-    assert decode.visible_range(10, -1) == (0, 10)
-    assert decode.visible_range(10, 3) == (6, 10)  # W + 1 keys including the query's own
-    assert decode.visible_range(3, 100) == (0, 3)
+    assert decode_plan.visible_range(10, -1) == (0, 10)
+    assert decode_plan.visible_range(10, 3) == (6, 10)  # W + 1 keys including the query's own
+    assert decode_plan.visible_range(3, 100) == (0, 3)
 
 
 def test_plan_splits_cover_every_visible_key_once():
     lens, window = [5000, 17, 300, 4096], 1000
-    items = decode.plan_splits(lens, window, units=8, num_sms=132)
+    items = decode_plan.plan_splits(lens, window, units=8, num_sms=132)
     for b, L in enumerate(lens):
         mine = [(s, e, f) for bb, s, e, f in items if bb == b]
-        s0, e0 = decode.visible_range(L, window)
+        s0, e0 = decode_plan.visible_range(L, window)
         assert mine[0][0] == s0 and mine[-1][1] == e0
         assert all(a[1] == c[0] for a, c in zip(mine, mine[1:]))  # contiguous, no overlap
         assert all(s < e for s, e, _ in mine)
@@ -88,23 +88,23 @@ def test_plan_splits_cover_every_visible_key_once():
 
 
 def test_plan_splits_small_batch_splits_long_requests():
-    items = decode.plan_splits([8192], -1, units=8, num_sms=132)
-    assert len(items) > 1 and all(e - s >= decode.MIN_SPLIT for _, s, e, _ in items)
-    big = decode.plan_splits([4096] * 64, -1, units=8, num_sms=132)
+    items = decode_plan.plan_splits([8192], -1, units=8, num_sms=132)
+    assert len(items) > 1 and all(e - s >= decode_plan.DEFAULT.min_split for _, s, e, _ in items)
+    big = decode_plan.plan_splits([4096] * 64, -1, units=8, num_sms=132)
     assert len(big) >= 64
 
 
 def test_merge_list():
     items = [(0, 0, 5, 0), (0, 5, 9, 0), (1, 0, 3, 1), (2, 0, 4, 0), (2, 4, 8, 0), (2, 8, 9, 0)]
-    assert decode.merge_list(items) == [(0, 0, 2), (2, 3, 6)]
-    assert decode.merge_list([(0, 0, 5, 1)]) == []
+    assert decode_plan.merge_list(items) == [(0, 0, 2), (2, 3, 6)]
+    assert decode_plan.merge_list([(0, 0, 5, 1)]) == []
 
 
 def test_score_multipliers_match_the_canonical_scores():
     qk, scale, cap = torch.tensor([3.0, -7.5, 20.0]), 0.125, 5.0
-    q_mul, _ = decode.score_multipliers(scale, 0.0)
+    q_mul, _ = decode_plan.score_multipliers(scale, 0.0)
     assert torch.allclose(qk * q_mul, qk * scale / math.log(2.0))  # log2 units
-    q_mul, post = decode.score_multipliers(scale, cap)
+    q_mul, post = decode_plan.score_multipliers(scale, cap)
     capped = cap * torch.tanh(qk * scale / cap)
     assert torch.allclose(post * torch.tanh(qk * q_mul), capped / math.log(2.0))
 
@@ -138,6 +138,6 @@ def test_rows_aligned_check_names_the_problem():
 
 def test_decode_lane_layout():
     # 128-bit loads (8 elements): D / (8 VPL) lanes per key row, the rest of the warp reads other keys
-    assert decode.VEC == 8
-    assert decode.schedule(4) == (2, 2, False, decode.ASYNC_STAGES)
-    assert decode.schedule(8)[:2] == (1, 2)  # registers: q and accumulators of 8 heads
+    assert decode_plan.VEC == 8
+    assert decode_plan.schedule(4) == (2, 2, False, decode_plan.DEFAULT.async_stages)
+    assert decode_plan.schedule(8)[:2] == (1, 2)  # registers: q and accumulators of 8 heads

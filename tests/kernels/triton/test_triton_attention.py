@@ -173,7 +173,8 @@ def test_triton_det_backend_on_long_requests():
     ],
 )
 def test_extend_focused(case_id):
-    from attnbench.kernels.triton.extend import ExtendConfig, extend, plan_extend
+    from attnbench.kernels.triton.extend import extend
+    from attnbench.kernels.triton.extend_plan import ExtendConfig, plan_extend
 
     _triton()
     case = Case.from_id(case_id)
@@ -186,7 +187,8 @@ def test_extend_focused(case_id):
 
 
 def test_extend_empty_custom_mask_rows():
-    from attnbench.kernels.triton.extend import ExtendConfig, extend, plan_extend
+    from attnbench.kernels.triton.extend import extend
+    from attnbench.kernels.triton.extend_plan import ExtendConfig, plan_extend
 
     _triton()
     case = Case.from_id("extend/b2-q9-pre21-h4x2-d64-p16-custom-sink-bf16")
@@ -248,7 +250,7 @@ def test_configs_shrink_until_they_fit():
 
     from attnbench.kernels.triton.common import first_that_fits
     from attnbench.kernels.triton.decode import DecodeConfig, shrink_decode_config
-    from attnbench.kernels.triton.extend import ExtendConfig, shrink_extend_config
+    from attnbench.kernels.triton.extend_plan import ExtendConfig, shrink_extend_config
 
     def build_needing(limit_kib, smem_of):
         def build(cfg):
@@ -292,7 +294,8 @@ SPLIT_EXTEND_CASES = [
 
 def _split_extend(case_id: str, splits: int):
     """(case, pristine inputs, forced-split outputs + inputs, unsplit outputs + inputs)."""
-    from attnbench.kernels.triton.extend import ExtendConfig, extend, plan_extend
+    from attnbench.kernels.triton.extend import extend
+    from attnbench.kernels.triton.extend_plan import ExtendConfig, plan_extend
 
     case = Case.from_id(case_id)
     pristine = case.make_inputs()
@@ -334,6 +337,7 @@ def test_split_kv_through_the_harness(case_id, monkeypatch):
     import functools
 
     from attnbench.kernels.triton import extend as e
+    from attnbench.kernels.triton import extend_plan as ep
 
     plans = []
 
@@ -341,7 +345,7 @@ def test_split_kv_through_the_harness(case_id, monkeypatch):
         plans.append(plan_extend(x, **kw, splits=2))
         return plans[-1]
 
-    plan_extend = e.plan_extend
+    plan_extend = ep.plan_extend
     monkeypatch.setattr(e, "plan_extend", functools.wraps(plan_extend)(forced))
     row = run_one(case_id, _triton())
     assert row.status == "pass", row.reason
@@ -352,7 +356,8 @@ def test_split_kv_through_the_harness(case_id, monkeypatch):
 def test_extend_split_fully_masked_ranges(sink):
     """A custom mask hides a whole split's keys from every row of request 0 (that split contributes
     lse -inf everywhere) and every key from two rows (o = 0; lse -inf, or the sink alone)."""
-    from attnbench.kernels.triton.extend import ExtendConfig, extend, plan_extend
+    from attnbench.kernels.triton.extend import extend
+    from attnbench.kernels.triton.extend_plan import ExtendConfig, plan_extend
 
     _triton()
     case = Case.from_id("extend/b2-q9-pre40-h4x2-d64-p16-custom" + ("-sink" if sink else "") + "-bf16")
@@ -385,7 +390,7 @@ def test_extend_split_fully_masked_ranges(sink):
 def test_extend_split_regime():
     """Automatic plans (host only, nothing launched): split only for a starved grid over a long prefix;
     everything else is the unsplit plan exactly, and triton-det never splits."""
-    from attnbench.kernels.triton.extend import MIN_SPLIT, plan_extend
+    from attnbench.kernels.triton.extend_plan import MIN_SPLIT, plan_extend
 
     def plans(case_id, **kw):
         x = Case.from_id(case_id).make_inputs()
@@ -477,7 +482,8 @@ FP8_EXTEND_CASES = [
 @pytest.mark.parametrize("case_id", FP8_EXTEND_CASES)
 @pytest.mark.parametrize("splits", [1, 3])
 def test_fp8_extend(case_id, splits):
-    from attnbench.kernels.triton.extend import ExtendConfig, extend, plan_extend
+    from attnbench.kernels.triton.extend import extend
+    from attnbench.kernels.triton.extend_plan import ExtendConfig, plan_extend
     from attnbench.ops.attention import quantize
 
     _triton()
@@ -500,7 +506,8 @@ def test_fp8_extend(case_id, splits):
 
 def test_fp8_save_rounds_ties_to_even():
     """New tokens exactly halfway between two fp8 values: stored rounded to the even one (as torch)."""
-    from attnbench.kernels.triton.extend import ExtendConfig, extend, plan_extend
+    from attnbench.kernels.triton.extend import extend
+    from attnbench.kernels.triton.extend_plan import ExtendConfig, plan_extend
     from attnbench.ops.attention import quantize
 
     _triton()
@@ -542,7 +549,8 @@ PACKED_EXTEND_CASES = [  # (case, tile rows); the tile holds rows // G tokens of
 
 def _packed_extend(case_id: str, rows: int, splits: int = 1):
     """(case, pristine inputs, packed outputs + inputs, unpacked unsplit outputs)."""
-    from attnbench.kernels.triton.extend import ExtendConfig, extend, plan_extend
+    from attnbench.kernels.triton.extend import extend
+    from attnbench.kernels.triton.extend_plan import ExtendConfig, plan_extend
 
     case = Case.from_id(case_id)
     pristine = case.make_inputs()
@@ -595,6 +603,7 @@ def test_tree_verify_packed_through_the_harness(case_id, forced, monkeypatch):
     import functools
 
     from attnbench.kernels.triton import extend as e
+    from attnbench.kernels.triton import extend_plan as ep
 
     plans = []
 
@@ -602,7 +611,7 @@ def test_tree_verify_packed_through_the_harness(case_id, forced, monkeypatch):
         plans.append(plan_extend(x, **(kw | forced)))
         return plans[-1]
 
-    plan_extend = e.plan_extend
+    plan_extend = ep.plan_extend
     monkeypatch.setattr(e, "plan_extend", functools.wraps(plan_extend)(forcing))
     row = run_one(case_id, _triton())
     assert row.status == "pass", row.reason
@@ -613,7 +622,7 @@ def test_tree_verify_packed_through_the_harness(case_id, forced, monkeypatch):
 def test_gqa_pack_rule():
     """Automatic plans (host only): packed when next_pow2(q x heads) fits PACK_MAX_ROWS (or one token of
     a group taller than that), with tiles of that many rows; never for longer requests, MHA, or triton-det."""
-    from attnbench.kernels.triton.extend import PACK_MAX_ROWS, default_extend_config, plan_extend
+    from attnbench.kernels.triton.extend_plan import PACK_MAX_ROWS, default_extend_config, plan_extend
 
     assert PACK_MAX_ROWS == 32  # the cases below are sized for it
 

@@ -63,7 +63,7 @@ def test_target_shapes(case_id):
     "case_id", ["decode/b1-l8192-h32x8-d128-p16-bf16", "extend/b2-q300-pre200-h8x2-d128-p16-custom-bf16"]
 )
 def test_bound_launch_equals_plain_launch(case_id):
-    from attnbench.kernels.triton import decode, extend
+    from attnbench.kernels.triton import decode, extend, extend_plan
 
     x = Case.from_id(case_id, "cuda").make_inputs()
     y = clone_tensors(x)
@@ -71,8 +71,8 @@ def test_bound_launch_equals_plain_launch(case_id):
         bound = decode.bind_decode(x, decode.plan_decode(x))()
         plain = decode.decode(y, decode.plan_decode(y))
     else:
-        bound = extend.bind_extend(x, extend.plan_extend(x))()
-        plain = extend.extend(y, extend.plan_extend(y))
+        bound = extend.bind_extend(x, extend_plan.plan_extend(x))()
+        plain = extend.extend(y, extend_plan.plan_extend(y))
     torch.cuda.synchronize()
     for name in ("o", "lse"):
         assert torch.equal(bits(bound[name]), bits(plain[name])), name
@@ -111,11 +111,11 @@ def test_a_case_on_the_second_gpu_while_the_first_is_current(case_id, backend):
 )
 def test_gqa_packed_extend_matches_unpacked(case_id):
     """The planner's GQA-packed tiles against one head per tile, compiled (wgmma shapes differ)."""
-    from attnbench.kernels.triton import extend
+    from attnbench.kernels.triton import extend, extend_plan
 
     x = Case.from_id(case_id, "cuda").make_inputs()
     y = clone_tensors(x)
-    packed, unpacked = extend.plan_extend(x), extend.plan_extend(y, pack=False)
+    packed, unpacked = extend_plan.plan_extend(x), extend_plan.plan_extend(y, pack=False)
     assert packed.meta["HEADS"] == 4 and unpacked.meta["HEADS"] == 1
     a, b = extend.extend(x, packed), extend.extend(y, unpacked)
     torch.cuda.synchronize()

@@ -47,6 +47,7 @@ def test_extend_tunes_per_length_bucket_and_offers_tall_tiles_only_to_long_prefi
     import torch
 
     from attnbench.kernels.triton import extend as e
+    from attnbench.kernels.triton import extend_plan as ep
 
     keys = []
     monkeypatch.setattr(e.tune, "enabled", lambda device: True)
@@ -64,5 +65,5 @@ def test_extend_tunes_per_length_bucket_and_offers_tall_tiles_only_to_long_prefi
     (k4, c4), (k8, c8), (k8b, _) = keys
     assert k4 != k8 and k8 == k8b  # 8000 and 8192 share a bucket
     assert any(c.block_m == 256 for c in c8)
-    assert all(c.block_m <= 128 for c in e.extend_candidates(128, 128, 100, 90))
+    assert all(c.block_m <= 128 for c in ep.extend_candidates(128, 128, 100, 90))
     assert e.tuned_extend_config(inputs(512)) == (None, {})  # short prefills keep the heuristic
