@@ -1,7 +1,9 @@
 """The capability matrix: per op and per (op, feature), which backend runs how many cases, and why not.
 
 Built from (case, backend, skip reason or None) observations: live from `supports()` for
-`attnbench list backends`, or from result rows for the report (skip rows carry their reason).
+`attnbench list backends` (which reads each backend's declared implementation: `available()`, then
+the declared limits; harness/backend.py), or from result rows for the report (skip rows carry their
+reason). The two agree: tests/kernels/test_declared_support_agrees.py.
 """
 
 from __future__ import annotations

@@ -336,7 +336,6 @@ def test_split_kv_through_the_harness(case_id, monkeypatch):
     with the split path forced into its plan."""
     import functools
 
-    from attnbench.kernels.triton import extend as e
     from attnbench.kernels.triton import extend_plan as ep
 
     plans = []
@@ -346,7 +345,7 @@ def test_split_kv_through_the_harness(case_id, monkeypatch):
         return plans[-1]
 
     plan_extend = ep.plan_extend
-    monkeypatch.setattr(e, "plan_extend", functools.wraps(plan_extend)(forced))
+    monkeypatch.setattr(ep, "plan_extend", functools.wraps(plan_extend)(forced))
     row = run_one(case_id, _triton())
     assert row.status == "pass", row.reason
     assert plans and all(p.meta["SPLIT"] for p in plans)
@@ -602,7 +601,6 @@ def test_tree_verify_packed_through_the_harness(case_id, forced, monkeypatch):
     and off: bound launches, NaN-poisoned buffers, canaries, stale-output check."""
     import functools
 
-    from attnbench.kernels.triton import extend as e
     from attnbench.kernels.triton import extend_plan as ep
 
     plans = []
@@ -612,7 +610,7 @@ def test_tree_verify_packed_through_the_harness(case_id, forced, monkeypatch):
         return plans[-1]
 
     plan_extend = ep.plan_extend
-    monkeypatch.setattr(e, "plan_extend", functools.wraps(plan_extend)(forcing))
+    monkeypatch.setattr(ep, "plan_extend", functools.wraps(plan_extend)(forcing))
     row = run_one(case_id, _triton())
     assert row.status == "pass", row.reason
     assert plans and all((p.meta["HEADS"] > 1) == forced["pack"] for p in plans)
