@@ -154,6 +154,10 @@ def sweep(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Print what would run (counts, then every case id) and exit.")
     ] = False,
+    require: Annotated[
+        str | None,
+        typer.Option(help="Comma list of deterministic, batch_invariant: a backend lacking one fails its rows."),
+    ] = None,
     overwrite: Annotated[
         bool, typer.Option("--overwrite", help="Replace the run already in --out (default: refuse).")
     ] = False,
@@ -188,7 +192,7 @@ def sweep(
             raise AttnbenchError("--expect and --no-expect contradict each other")
         _load_backends(plugin)
         p = plan(suites or [], device, backend, op, keyword, case, parse_shard(shard), max_cases=max_cases,
-                 expect_files=expect, expect=not no_expect)  # fmt: skip
+                 expect_files=expect, expect=not no_expect, require=_parse_require(require))  # fmt: skip
         devices = tuple(parse_gpus(gpus, p.device))
         if resume and out is None:
             raise AttnbenchError("--resume needs --out, the run directory to resume")
@@ -275,6 +279,14 @@ def _sanitize_setup(p, tool: str, per_op: int):
     return p, exe
 
 
+def _parse_require(text: str | None) -> list[str]:
+    names = [t.strip() for t in (text or "").split(",") if t.strip()]
+    bad = [n for n in names if n not in ("deterministic", "batch_invariant")]
+    if bad:
+        raise AttnbenchError(f"--require {', '.join(bad)}: expected deterministic and/or batch_invariant")
+    return names
+
+
 def _print_summary(rows, complete: bool = True) -> None:
     """Counts per backend and the verdict: the same numbers as summary.md and junit.xml (attnbench.counts)."""
     from attnbench.counts import STATUSES, count
@@ -287,6 +299,10 @@ def _print_summary(rows, complete: bool = True) -> None:
         table.add_row(name, *(str(c[s]) for s in STATUSES))
     console.print(table)
     console.print(counts.verdict(complete), highlight=False)
+    from attnbench.report.exports import determinism_warnings
+
+    for line in determinism_warnings(rows):
+        console.print(f"[yellow]warning[/] {esc(line)}", highlight=False)
 
 
 def _print_notes(rows, named: list[str]) -> None:
@@ -369,26 +385,31 @@ def merge(
 
 @app.command()
 def selftest(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "cpu") -> None:
-    """Run the built-in broken backends: every one must be flagged, while the torch backend passes."""
+    """Run the built-in broken backends over the default suites: each must be caught, torch must pass."""
     from attnbench import selftest as st
     from attnbench.sweep import resolve_device
 
     backend_mod.load_builtin()
     try:
-        outcomes = st.run(resolve_device(device))
+        rep = st.run(resolve_device(device))
     except AttnbenchError as e:
         _fail(e)
-    table = Table(title="attnbench selftest: mutants must fail, torch must pass", show_edge=False)
-    for col in ("mutant", "bug", "case", "mutant", "torch", "why it was flagged"):
+    table = Table(title=f"attnbench selftest: mutants over {', '.join(rep.suites)}", show_edge=False)
+    for col in ("mutant", "bug", "first case that caught it", "why it was flagged"):
         table.add_column(col)
-    for o in outcomes:
-        mark = "[green]caught[/]" if o.mutant_status == "fail" else f"[red]{o.mutant_status}[/]"
-        ref = "[green]pass[/]" if o.reference_status == "pass" else f"[red]{o.reference_status}[/]"
-        table.add_row(o.mutant, o.bug, o.case_id, mark, ref, esc(o.mutant_reason[:110]))
+    for o in rep.outcomes:
+        where = o.case_id if o.caught else f"[red]not caught[/] {'; '.join(o.named_misses)}"
+        table.add_row(o.mutant, o.bug, esc(where), esc(o.reason[:110]))
     out_console.print(table)
-    missed = [o for o in outcomes if not o.ok]
-    out_console.print(f"{len(outcomes) - len(missed)}/{len(outcomes)} ok", highlight=False)
-    raise typer.Exit(1 if missed else 0)
+    for cid, status, reason in rep.reference_failures:
+        out_console.print(f"{rep.reference_backend} {status} on {cid}: {esc(reason[:200])}", highlight=False)
+    out_console.print(
+        f"mutation score {rep.caught}/{len(rep.outcomes)} = {rep.score:.2f} "
+        f"({rep.cases_run} cases run; {rep.reference_backend} passed "
+        f"{'all' if not rep.reference_failures else f'all but {len(rep.reference_failures)}'})",
+        highlight=False,
+    )
+    raise typer.Exit(0 if rep.ok else 1)
 
 
 @app.command()

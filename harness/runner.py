@@ -20,7 +20,7 @@ import torch
 from attnbench.backend import Backend
 from attnbench.buffers import bitwise_equal, clone_tensors
 from attnbench.case import Case
-from attnbench.checks import Verdict, check, outputs_changed, outputs_contract, stale_check
+from attnbench.checks import DETERMINISM_REPEATS, Verdict, check, outputs_changed, outputs_contract, stale_check
 from attnbench.errors import Unsupported, describe
 from attnbench.expectations import subjects
 from attnbench.peaks import roofline
@@ -253,16 +253,24 @@ def _info(fn: Callable, absent: dict[str, str]) -> dict:
 
 
 def _determinism(case: Case, b: Backend, fn: Callable, pristine, outputs: dict, verdict: Verdict, opts) -> dict:
-    """Run-to-run determinism (always) and batch invariance (when asked); required ones fail the row."""
+    """Run-to-run determinism (always: `DETERMINISM_REPEATS` more calls, see harness/checks.py) and batch
+    invariance (when asked); required ones, and determinism a backend declares, fail the row."""
     first = {k: v.clone() for k, v in outputs.items()}
-    if case.op.writes_for(case.params):  # the call moved its inputs on (states, caches): again from pristine
-        again = call_untimed(b.prepare(case, clone_tensors(pristine)))
-    else:
-        again = call_untimed(fn)
-    _sync(case)
-    out = {"deterministic": not outputs_changed(first, again)}
-    if not out["deterministic"] and "deterministic" in case.require:
-        verdict.problems.append("not deterministic: two calls on the same inputs gave different bits")
+    same = True
+    for _ in range(DETERMINISM_REPEATS):
+        if case.op.writes_for(case.params):  # the call moved its inputs on (states, caches): again from pristine
+            again = call_untimed(b.prepare(case, clone_tensors(pristine)))
+        else:
+            again = call_untimed(fn)
+        _sync(case)
+        if outputs_changed(first, again):
+            same = False
+            break
+    out = {"deterministic": same}
+    promised = "deterministic" in case.require or getattr(b, "deterministic", False) is True
+    if not same and promised:
+        why = "required here" if "deterministic" in case.require else f"{b.name} declares itself deterministic"
+        verdict.problems.append(f"not deterministic ({why}): calls on the same inputs gave different bits")
     if opts.invariance or case.invariance or "batch_invariant" in case.require:
         out["batch_invariant"] = _batch_invariant(case, b, pristine, first)
         if out["batch_invariant"] is False and "batch_invariant" in case.require:

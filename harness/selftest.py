@@ -1,41 +1,106 @@
-"""`attnbench selftest`: the checks must flag every built-in mutant and pass the correct backends.
+"""`attnbench selftest`: the default suites must catch every built-in mutant, and the torch backend pass.
 
-Each mutant (kernels/mutants) carries the cases where its bug must show. A mutant that passes any of
-them, or a correct backend that fails one, makes the self-test fail.
+The mutants (kernels/mutants) are broken backends, one realistic bug each. The self-test walks the
+cases of the default CPU suite (`smoke`) in order; on each case it runs the torch backend and every
+mutant that supports the op and is not caught yet (the reference is computed once per case), and
+records, per mutant, the first case whose row failed while the reference passed. Mutants caught this way had no case written
+for them: the suite found them. A mutant that also names `cases` (where its bug must show) is run on
+those too, so a regression of a named case is seen even when the suite catches the mutant elsewhere.
+
+The mutation score is caught / total. The self-test passes when it is 1 and torch passed every case
+it ran.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from attnbench.backend import get_backend
 from attnbench.case import Case
 from attnbench.runner import RunOptions, run_case
+
+DEFAULT_SUITES = ("smoke",)
 
 
 @dataclass
 class Outcome:
     mutant: str
     bug: str
-    case_id: str
-    mutant_status: str
-    mutant_reason: str
+    case_id: str = ""  # the first case that caught it ("" when none did)
+    reason: str = ""  # why that row failed
+    cases_run: int = 0  # cases it ran before (and including) the one that caught it
+    named_misses: list[str] = field(default_factory=list)  # named cases where it was not caught
+
+    @property
+    def caught(self) -> bool:
+        return bool(self.case_id) and not self.named_misses
+
+
+@dataclass
+class Report:
+    outcomes: list[Outcome]
     reference_backend: str
-    reference_status: str
+    reference_failures: list[tuple[str, str, str]]  # (case id, status, reason) where the reference did not pass
+    cases_run: int
+    suites: tuple[str, ...]
+
+    @property
+    def caught(self) -> int:
+        return sum(o.caught for o in self.outcomes)
+
+    @property
+    def score(self) -> float:
+        return self.caught / len(self.outcomes) if self.outcomes else 1.0
 
     @property
     def ok(self) -> bool:
-        return self.mutant_status == "fail" and self.reference_status == "pass"
+        return self.caught == len(self.outcomes) and not self.reference_failures
 
 
-def run(device: str = "cpu", reference: str = "torch") -> list[Outcome]:
+def _supports(backend, case: Case) -> bool:
+    try:
+        return not backend.supports(case)
+    except Exception:
+        return False
+
+
+def run(device: str = "cpu", reference: str = "torch", suites: tuple[str, ...] = DEFAULT_SUITES) -> Report:
     from attnbench.kernels.mutants import MUTANTS
+    from attnbench.suite import load
 
     good = get_backend(reference)
-    out = []
-    for m in MUTANTS:
+    outcomes = {m.name: Outcome(m.name, m.bug) for m in MUTANTS}
+    mutants = {m.name: m.backend() for m in MUTANTS}
+    failures: list[tuple[str, str, str]] = []
+    cases = [c for s in suites for c in load(s, device).cases]
+    n_run = 0
+    for case in cases:
+        todo = [n for n, o in outcomes.items() if not o.case_id and _supports(mutants[n], case)]
+        if not todo:
+            continue
+        n_run += 1
+        rows = run_case(case, [good, *(mutants[n] for n in todo)], RunOptions(timing=False))
+        if rows[0].status != "pass":  # a case the reference fails proves nothing about the mutants
+            failures.append((case.id, rows[0].status, rows[0].reason))
+            continue
+        for name, row in zip(todo, rows[1:]):
+            o = outcomes[name]
+            o.cases_run += 1
+            if row.status == "fail":
+                o.case_id, o.reason = case.id, row.reason
+                mutants[name] = _fresh(MUTANTS, name)  # stateful mutants start clean on named cases
+        if all(o.case_id for o in outcomes.values()):
+            break
+    for m in MUTANTS:  # named cases: each must still catch its mutant
         for cid in m.cases:
             case = Case.from_id(cid, device)
-            bad_row, good_row = run_case(case, [m.backend(), good], RunOptions(timing=False))
-            out.append(Outcome(m.name, m.bug, cid, bad_row.status, bad_row.reason, reference, good_row.status))
-    return out
+            ref_row, bad_row = run_case(case, [good, m.backend()], RunOptions(timing=False))
+            if ref_row.status != "pass":
+                failures.append((cid, ref_row.status, ref_row.reason))
+            if bad_row.status != "fail":
+                outcomes[m.name].named_misses.append(f"{cid} ({bad_row.status})")
+    return Report(list(outcomes.values()), reference, failures, n_run, tuple(suites))
+
+
+def _fresh(mutants, name: str):
+    return next(m for m in mutants if m.name == name).backend()

@@ -122,6 +122,7 @@ def plan(
     max_cases: int = MAX_CASES,
     expect_files: list[str] | None = None,
     expect: bool = True,
+    require: list[str] | None = None,
 ) -> Plan:
     """Validate everything before anything is written: suites, backend names, filters, expectations.
 
@@ -142,6 +143,8 @@ def plan(
     if shard:  # deterministic: every N-th case of the full, ordered selection
         k, n = shard
         cases = cases[k - 1 :: n]
+    if require:  # --require: properties every backend must have on every case (else its row fails)
+        cases = [replace(c, require=c.require | frozenset(require)) for c in cases]
     registered = all_backends()
     chosen = [get_backend(b) for b in backends] if backends else list(registered.values())
     allowed = {b for s in suites if s.spec.backends for b in s.spec.backends}
@@ -151,6 +154,7 @@ def plan(
     applying = expectations.applicable(loaded)
     filters = {"backends": backends, "ops": ops, "k": keywords, "shard": shard}
     return Plan(device, suites, cases, chosen, filters, applying, len(loaded) - len(applying))
+    require: list[str] | None = (None,)
 
 
 def _case_from_id(case_id: str, device: str) -> Case:

@@ -11,9 +11,13 @@ A numeric output passes when
 - `scale` is max |ref| over finite elements (1 when that is 0), and `floor` (default 1) catches the
   case where the twin happens to be exact: one unit of the output's roundoff, plus the float32
   rounding of the dot products of length n the output is computed through (OutputSpec.floor_units:
-  head_dim for attention scores), which grows like sqrt(n). Two faithful float32 computations that
+  for attention outputs head_dim + keys: the head_dim-long score dot products and the keys-long P.V
+  and denominator sums), which grows like sqrt(n). Two faithful float32 computations that
   sum in different orders differ by that much, and the twin's own error is one random sample of it;
   for bf16/fp16 outputs the first term dominates.
+
+The rule is applied per (request, head) slice of each output (harness/checks.py `compare_numeric`):
+the twin's error and `scale` are taken over the slice, so no slice's bound exceeds the per-tensor one.
 
 Non-finite expectations (-inf LSE of an empty row) must be matched exactly. A suite may override
 `factor` and `floor` per sweep entry, only with a written `why` that the report shows.

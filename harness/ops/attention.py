@@ -59,6 +59,8 @@ class AttentionParams(Params):
                 f"mla needs heads_kv 1, head_dim {MLA_DK}, head_dim_v {MLA_DV} "
                 f"(got {self.heads_kv}, {self.head_dim}, {self.dv}); the deepseek-v3 preset sets them"
             )
+        if self.kv_scale == "head" and self.kv_dtype == "auto":
+            raise ValueError("kv_scale head needs an fp8 kv_dtype (an unquantised cache has no scales)")
         return self
 
     @property
@@ -75,6 +77,11 @@ class AttentionParams(Params):
 class DecodeParams(AttentionParams):
     kv_len: int = Field(1024, ge=1, description="keys per request (the longest, for mixed/skewed)")
 
+    @property
+    def keys(self) -> int:
+        """Keys of the longest request (the length of its P.V sums)."""
+        return self.kv_len
+
 
 class ExtendParams(AttentionParams):
     q_len: int = Field(128, ge=1, description="new tokens per request (the most, for mixed)")
@@ -86,6 +93,11 @@ class ExtendParams(AttentionParams):
         description="save: write k_new/v_new into their slots, then attend (save_kv_cache); attend: use "
         "k_new/v_new, leave the slots alone; shared: cross-layer KV, the cache holds every token (k = v = None)",
     )
+
+    @property
+    def keys(self) -> int:
+        """Keys of the longest request (the length of its P.V sums)."""
+        return self.prefix_len + self.q_len
 
     @model_validator(mode="after")
     def _lens(self):
@@ -198,8 +210,9 @@ _ATTN_ID = (
 class _PagedAttentionOp(Op):
     family = "attention"
     outputs = {
-        "o": OutputSpec(("token", "head", "dim"), floor_units="head_dim"),
-        "lse": OutputSpec(("token", "head"), floor_units="head_dim"),
+        # scores are head_dim-long float32 sums, then P.V and the denominator sum over the keys
+        "o": OutputSpec(("token", "head", "dim"), floor_units=("head_dim", "keys")),
+        "lse": OutputSpec(("token", "head"), floor_units=("head_dim", "keys")),
     }
 
     def features(self, p: AttentionParams) -> tuple[str, ...]:
@@ -229,7 +242,7 @@ class _PagedAttentionOp(Op):
         k_scale = v_scale = None
         if p.kv_dtype != "auto":
             k_scale = _fp8_scale(keys, cache_dtype, p.kv_scale)
-            v_scale = k_scale if p.mla else _fp8_scale(values, cache_dtype, p.kv_scale)
+            v_scale = k_scale if p.mla else _fp8_scale(values, cache_dtype, p.kv_scale, spread=1)
         k_cache = poisoned_cache(layout, Hkv, Dk, cache_dtype, device)
         v_cache = k_cache[..., :Dv] if p.mla else poisoned_cache(layout, Hkv, Dv, cache_dtype, device)
         new_slots = []
@@ -343,6 +356,9 @@ class _PagedAttentionOp(Op):
         if x.v_new is not None:
             negate(x.v_new)
 
+    def row_requests(self, p, x: AttentionInputs):
+        return torch.repeat_interleave(torch.arange(len(x.q_lens_host)), torch.tensor(x.q_lens_host))
+
     def must_change(self, p, x: AttentionInputs, expected):
         # o -> -o: every nonzero output element flips; rows without a visible key stay 0, LSEs stay
         return {"o": expected["o"] != 0}
@@ -385,14 +401,18 @@ class _PagedAttentionOp(Op):
 FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}
 
 
-def _fp8_scale(tensors: list[torch.Tensor], fp8: torch.dtype, per: str) -> torch.Tensor:
+def _fp8_scale(tensors: list[torch.Tensor], fp8: torch.dtype, per: str, spread: int = 0) -> torch.Tensor:
     """Power-of-two scales (so x / scale is exact) putting each tensor's (or kv head's) amax within fp8 range.
 
-    Returns `[1]` (per tensor) or `[Hkv]` (per head) float32; real value = stored * scale.
+    Returns `[1]` (per tensor) or `[Hkv]` (per head) float32; real value = stored * scale. The scales
+    are made to differ on purpose (a larger scale only costs precision): head h's is multiplied by
+    2^((h + spread) % 3), and `spread` differs between K and V, so a kernel that swaps k_scale and
+    v_scale, or collapses per-head scales to one, gets different numbers.
     """
     every = torch.cat(tensors).abs()  # [tokens, H, D]
     amax = (every.amax(dim=(0, 2)) if per == "head" else every.amax().reshape(1)).clamp_min(1e-30)
-    return torch.exp2(torch.ceil(torch.log2(amax / torch.finfo(fp8).max))).float()
+    bump = torch.exp2((torch.arange(amax.numel()) + spread) % 3)
+    return (torch.exp2(torch.ceil(torch.log2(amax / torch.finfo(fp8).max))) * bump).float()
 
 
 def quantize(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) -> torch.Tensor:
@@ -528,6 +548,9 @@ class MergeStateOp(Op):
     def perturb(self, x: MergeStateInputs) -> None:
         x.v_a.neg_()
         x.v_b.neg_()
+
+    def row_requests(self, p, x: MergeStateInputs):
+        return torch.arange(x.v_a.shape[0])  # every token is its own pair of partial states
 
     def must_change(self, p, x: MergeStateInputs, expected):
         return {"o": expected["o"] != 0}  # o -> -o; two empty states merge to 0 whatever the values

@@ -43,13 +43,14 @@ class OutputSpec:
     """An output the check compares: its dim names (to locate the worst element) and how it compares.
 
     `exact`: compared bit for bit (integer outputs, cache writes); otherwise with the tolerance rule.
-    `floor_units`: name of the op parameter n (a dot-product length, e.g. head_dim) whose float32
-    rounding, sqrt(n) * u(fp32), joins the rule's floor (harness/tolerance.py); None: none.
+    `floor_units`: name(s) of the op parameters whose sum n is the length of the float32 sums the
+    output is computed through (dot products: head_dim for scores, the keys for P.V); their rounding,
+    sqrt(n) * u(fp32), joins the rule's floor (harness/tolerance.py); None: none.
     """
 
     dims: tuple[str, ...]
     exact: bool = False
-    floor_units: str | None = None
+    floor_units: str | tuple[str, ...] | None = None
 
 
 _REQUIRED_ATTRIBUTES = ("family", "Params", "id_fields", "outputs")
@@ -92,6 +93,11 @@ class Op:
         """Output elements the contract leaves open, by output name: bool masks broadcastable to the
         output, True where any value is fine (e.g. rows of padding requests). They are not compared."""
         return {}
+
+    def row_requests(self, p: Params, inputs: Any) -> torch.Tensor | None:
+        """The request of each row of outputs whose first dim is `token` (`[T]` int), so tolerance bounds
+        apply per (request, head) slice; None when rows are not grouped into requests (per head only)."""
+        return None
 
     # ---- inputs and expectations -------------------------------------------------------------
     def make_inputs(self, p: Params, dtype: torch.dtype, seed: int, device: torch.device) -> Any:

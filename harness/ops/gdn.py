@@ -22,7 +22,8 @@ Canonical semantics (ARCHITECTURE.md "GDN"; the math is in `attnbench.references
   (`x [B, dim]`). Both write the new states (the last W-1 raw inputs, bit-exact copies).
 
 Inputs are realistic: pool slots hold random states, slots are shuffled, spare slots exist (and must
-stay bitwise untouched), gates span strong and weak decay (`exp(g)` from ~0.02 to ~1).
+stay bitwise untouched), gates span strong and weak decay (`exp(g)` from ~0.02 to ~1), and some raw
+gates `a` sit beyond the softplus threshold (20) and beyond float32 `exp` overflow (88.7).
 
 Cost model (what `flops()` and `bytes()` count; per v-head, summed over heads and requests):
 
@@ -264,8 +265,10 @@ class GDNGatingOp(Op):
         T, HV = p.tokens, p.heads_v
         A_log, dt_bias = _gate_params(HV, dtype, gen, device)
         a = _randn((T, HV), torch.float32, gen, device, std=2.0)
-        # every 16th element far above the softplus threshold, so the linear branch is exercised
+        # every 16th element above the softplus threshold (20), so the linear branch is exercised, and
+        # every 16th from the 8th beyond float32 exp overflow (88.7), where log(1 + exp(x)) is inf
         a.view(-1)[::16] = _rand((a.view(-1)[::16].numel(),), 28.0, 48.0, gen, device)
+        a.view(-1)[8::16] = _rand((a.view(-1)[8::16].numel(),), 90.0, 130.0, gen, device)
         b = _randn((T, HV), dtype, gen, device, std=2.0)
         g = alloc_output((T, HV), torch.float32, device)
         beta = alloc_output((T, HV), torch.float32, device)
@@ -350,6 +353,9 @@ class CausalConv1dOp(Op):
     def perturb(self, x: ConvInputs) -> None:
         x.x.neg_()
 
+    def row_requests(self, p, x: ConvInputs):
+        return torch.repeat_interleave(torch.arange(len(x.lens_host)), torch.tensor(x.lens_host))
+
     def flops(self, p: ConvParams, x: ConvInputs) -> float:
         return 2.0 * p.width * p.dim * x.x.shape[0]
 
@@ -398,14 +404,22 @@ class _GDNOp(Op):
     def _pool(self, p: GDNParams, N: int, gen, device) -> torch.Tensor:
         return _randn((N, p.heads_v, p.head_dim_k, p.head_dim_v), torch.float32, gen, device, std=0.5)
 
-    def _raw_gates(self, p: GDNParams, T: int, dtype, gen, device):
+    def _raw_gates(self, p: GDNParams, T: int, dtype, gen, device, edges: bool = True):
+        """Raw gates; with `edges`, every 16th `a` (from the 5th) in 20..120: softplus's linear branch and
+        beyond float32 exp overflow (the recurrent ops, which fuse the gating; the chunked extend gets its
+        g from typical gates)."""
         A_log, dt_bias = _gate_params(p.heads_v, dtype, gen, device)
-        a = _randn((T, p.heads_v), dtype, gen, device)
+        a = _randn((T, p.heads_v), torch.float32, gen, device)
+        if edges:
+            a.view(-1)[5::16] = _rand((a.view(-1)[5::16].numel(),), 20.0, 120.0, gen, device)
         b = _randn((T, p.heads_v), dtype, gen, device, std=1.5)
-        return a, b, A_log, dt_bias
+        return a.to(dtype), b, A_log, dt_bias
 
     def perturb(self, x: GDNInputs) -> None:
         x.v.neg_()
+
+    def row_requests(self, p, x: GDNInputs):
+        return torch.repeat_interleave(torch.arange(len(x.lens_host)), torch.tensor(x.lens_host))
 
     def _io_bytes(self, x: GDNInputs) -> int:
         el = x.q.element_size()
@@ -504,7 +518,7 @@ class GDNExtendOp(_GDNOp):
         N, slots = _slots(B, 0, host)
         T = sum(lens)
         q, k, v = self._qkv(p, T, dtype, gen, device)
-        a, b, A_log, dt_bias = self._raw_gates(p, T, dtype, gen, device)
+        a, b, A_log, dt_bias = self._raw_gates(p, T, dtype, gen, device, edges=False)
         g, beta = ref.gating(A_log, a, dt_bias, b)  # the fp32 gates gdn_gating makes, from raw inputs
         cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
         return GDNInputs(

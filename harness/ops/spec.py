@@ -86,6 +86,10 @@ class TreeVerifyParams(TreeFields, AttentionParams):
         return self.nodes
 
     @property
+    def keys(self) -> int:
+        return self.prefix_len + self.nodes
+
+    @property
     def empty_rows(self) -> bool:
         return False
 

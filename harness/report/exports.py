@@ -180,6 +180,7 @@ def write_summary_md(
               "|---|" + "---:|" * len(STATUSES)]  # fmt: skip
     for name, c in fs.counts.by_backend.items():
         lines.append(f"| {name} | " + " | ".join(str(c[s]) for s in STATUSES) + " |")
+    lines += [f"\n**warning** {_md(w)}" for w in determinism_warnings(rows)]  # (detect: determinism)
     sp = speedups(rows, baseline) if baseline else []
     if sp:
         lines += [
@@ -220,3 +221,18 @@ def write_summary_md(
         if len(bad) > 200:
             lines.append(f"| ... | | | {len(bad) - 200} more in results.jsonl |")
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
+
+
+# ---- determinism warnings (console and summary.md; owned by the determinism check, harness/checks.py) ----
+def determinism_warnings(rows: list[Result]) -> list[str]:
+    """One line per backend with rows whose repeated calls gave different bits, or that changed with the
+    batch around a request (a warning unless required or declared, when the row itself fails)."""
+    out = []
+    for name in sorted({r.backend for r in rows}):
+        nondet = [r.case_id for r in rows if r.backend == name and r.deterministic is False]
+        variant = [r.case_id for r in rows if r.backend == name and r.batch_invariant is False]
+        for what, ids in (("not deterministic", nondet), ("not batch invariant", variant)):
+            if ids:
+                more = f" and {len(ids) - 1} more" if len(ids) > 1 else ""
+                out.append(f"{name}: {len(ids)} row(s) {what}, e.g. {ids[0]}{more}")
+    return out

@@ -1,0 +1,365 @@
+"""Broken kernels whose bugs live where two features meet, or at a numerical edge.
+
+Each is modelled on a class of bug fixed in a serving library (SGLang, vLLM, FlashInfer, FLA): a soft
+cap applied after the mask, a window that forgets the cached prefix, sinks dropped on rows with no
+visible key, fp8 scales swapped or collapsed, a last page of length 0, a page-table walk one page too
+far, a split-KV merge with a stale LSE, accumulation in bf16, GQA mapped wrong for one group size,
+softplus without its threshold, dt_bias of head 0 for every head, conv states not saved for short
+requests, padding rows written into slot -1. None has a case written for it: `attnbench selftest`
+runs them over the default suites and reports the first case that caught each.
+
+Attention mutants run `attend`, a plain per-request float32 implementation with one switch per bug
+(`Bugs`); the GDN ones wrap the torch backend's functions.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import torch
+import torch.nn.functional as F
+
+from attnbench.backend import Backend
+from attnbench.kernels.torch import gdn as tgdn
+from attnbench.kernels.torch.attention import save_new_kv
+
+SPLIT = 256  # keys per split of the split-KV path of the mutants that have one
+
+
+@dataclasses.dataclass(frozen=True)
+class Bugs:
+    cap_after_mask: bool = False  # soft cap applied to masked (-inf) scores: they become -cap, visible
+    window_skips_prefix: bool = False  # extend: the window is applied to the new keys only
+    sink_skipped_on_empty_rows: bool = False  # a row with no visible key returns lse -inf (sink ignored)
+    unstabilised: bool = False  # exp(s) without subtracting the row max
+    base2_lse_split: bool = False  # the split-KV path (> SPLIT keys) returns a base-2 LSE
+    gqa_mod_for_group4: bool = False  # q head h reads kv head h % Hkv when the group size is 4
+    last_page_empty: bool = False  # last page length = L % page_size (0 for a full last page)
+    page_past_end: bool = False  # a full last page is read from the next page-table entry (another request's)
+    stale_split_lse: bool = False  # split-KV: the merged LSE is the first split's
+    bf16_accumulate: bool = False  # P.V accumulated in the case dtype, 16 keys at a time
+    sink_per_kv_head: bool = False  # sinks indexed by kv head instead of q head
+    swapped_scales: bool = False  # K dequantised with v_scale, V with k_scale
+    scale_head0: bool = False  # per-head fp8 scales collapsed to head 0's
+    causal_top_left: bool = False  # causal mask j <= i (top-left) instead of bottom-right
+    window_dropped_unless_causal: bool = False  # bidirectional and custom masks ignore the window
+    mla_rope_dropped: bool = False  # MLA scores from the 512 latent dims only
+
+
+def _keys(x, b: int, bugs: Bugs):
+    """float32 K `[L, Hkv, Dk]`, V `[L, Hkv, Dv]` of request b, as the (buggy) page walk reads them."""
+    L, n, ps = x.seq_lens_host[b], x.q_lens_host[b], x.page_size
+    lo, hi = int(x.kv_indptr[b]), int(x.kv_indptr[b + 1])
+    entries = x.kv_page_indices.long()
+    pos = torch.arange(L, device=x.q.device)
+    if bugs.last_page_empty and L % ps == 0:
+        pos = pos[: L - ps]  # the last page counted as holding L % ps = 0 tokens
+    page = lo + pos // ps
+    if bugs.page_past_end and L % ps == 0 and hi < entries.numel():
+        page = torch.where(page == hi - 1, page + 1, page)  # a full last page read from the entry after it
+    slots = entries[page] * ps + pos % ps
+    k_scale, v_scale = x.k_scale, x.v_scale
+    if bugs.swapped_scales:
+        k_scale, v_scale = v_scale, k_scale
+    if bugs.scale_head0 and k_scale is not None:
+        k_scale, v_scale = k_scale[:1], v_scale[:1]
+    K = x.k_cache.view(-1, *x.k_cache.shape[2:])[slots].float()
+    V = x.v_cache.reshape(-1, *x.v_cache.shape[2:])[slots].float()
+    if k_scale is not None:
+        K, V = K * k_scale.view(-1, 1), V * v_scale.view(-1, 1)
+    if x.k_new is not None and not x.save_kv:
+        start = int(x.qo_indptr[b])
+        K[L - n : L] = x.k_new[start : start + n].float()
+        V[L - n : L] = x.v_new[start : start + n].float()
+    return K, V
+
+
+def attend(x, bugs: Bugs) -> dict[str, torch.Tensor]:
+    """Decode/extend attention, one request at a time, float32, with the bugs switched on."""
+    if x.save_kv:
+        save_new_kv(x)
+    Hq, Hkv = x.q.shape[1], x.k_cache.shape[2]
+    G = Hq // Hkv
+    h = torch.arange(Hq, device=x.q.device)
+    kv_of = (h % Hkv) if (bugs.gqa_mod_for_group4 and G == 4) else h // G
+    for b in range(len(x.seq_lens_host)):
+        L, n = x.seq_lens_host[b], x.q_lens_host[b]
+        K, V = _keys(x, b, bugs)
+        Lr = K.shape[0]
+        r0 = int(x.qo_indptr[b])
+        q = x.q[r0 : r0 + n].float()  # [n, Hq, Dk]
+        k = K[:, kv_of]  # [Lr, Hq, Dk]
+        if bugs.mla_rope_dropped and q.shape[-1] == 576:
+            q, k = q[..., :512], k[..., :512]
+        s = torch.einsum("nhd,lhd->hnl", q, k) * x.sm_scale
+        i = torch.arange(n, device=q.device)[:, None]
+        j = torch.arange(Lr, device=q.device)[None, :]
+        pos = L - n + i
+        vis = j < L
+        if x.custom_mask is not None:
+            m0 = int(x.mask_indptr[b])
+            cm = x.custom_mask[m0 : m0 + n * L].view(n, L)
+            vis = torch.zeros(n, Lr, dtype=torch.bool, device=q.device)
+            vis[:, : min(L, Lr)] = cm[:, : min(L, Lr)]
+        elif x.causal:
+            vis = vis & (j <= (i if bugs.causal_top_left else pos))
+        if x.window >= 0 and not (bugs.window_dropped_unless_causal and (x.custom_mask is not None or not x.causal)):
+            inside = j >= pos - x.window
+            if bugs.window_skips_prefix and n > 1:
+                inside = inside | (j < L - n)
+            vis = vis & inside
+        if x.soft_cap > 0 and not bugs.cap_after_mask:
+            s = torch.tanh(s / x.soft_cap) * x.soft_cap
+        s = s.masked_fill(~vis[None], -math.inf)
+        if x.soft_cap > 0 and bugs.cap_after_mask:
+            s = torch.tanh(s / x.soft_cap) * x.soft_cap
+        sinks = None
+        if x.sinks is not None:
+            sinks = x.sinks.float()[(h // G) * G if bugs.sink_per_kv_head else h][:, None]  # [Hq, 1]
+        o, lse = _softmax_v(s, V[:, kv_of], sinks, bugs, x.o.dtype)
+        x.o[r0 : r0 + n] = o.to(x.o.dtype)
+        x.lse[r0 : r0 + n] = lse
+    return {"o": x.o, "lse": x.lse}
+
+
+def _softmax_v(s, V, sinks, bugs: Bugs, dtype):
+    """s `[Hq, n, L]`, V `[L, Hq, Dv]` -> o `[n, Hq, Dv]`, lse `[n, Hq]` (natural log)."""
+    m = s.amax(-1)
+    if sinks is not None:
+        m = torch.maximum(m, sinks)
+    m = torch.nan_to_num(m, neginf=0.0)
+    if bugs.unstabilised:
+        m = torch.zeros_like(m)
+    p = torch.exp(s - m[..., None])
+    l = p.sum(-1)
+    empty = l == 0
+    if sinks is not None:
+        l = l + torch.exp(sinks - m)
+    pv = p.to(dtype).float()
+    Vh = V.permute(1, 0, 2)  # [Hq, L, Dv]
+    if bugs.bf16_accumulate and dtype != torch.float32:
+        acc = torch.zeros(*pv.shape[:2], Vh.shape[-1], dtype=dtype, device=s.device)
+        for k0 in range(0, pv.shape[-1], 16):
+            acc = (acc.float() + pv[..., k0 : k0 + 16] @ Vh[:, k0 : k0 + 16]).to(dtype)
+        o = acc.float()
+    else:
+        o = pv @ Vh
+    o = o / torch.where(l > 0, l, torch.ones_like(l))[..., None]
+    lse = torch.where(l > 0, m + torch.log(l), torch.full_like(l, -math.inf))
+    if bugs.sink_skipped_on_empty_rows and sinks is not None:
+        lse = torch.where(empty, torch.full_like(lse, -math.inf), lse)
+    L = s.shape[-1]
+    if L > SPLIT and bugs.base2_lse_split:
+        lse = lse / math.log(2)
+    if L > SPLIT and bugs.stale_split_lse:
+        first = s[..., :SPLIT]
+        m1 = torch.nan_to_num(first.amax(-1), neginf=0.0)
+        l1 = torch.exp(first - m1[..., None]).sum(-1)
+        lse = torch.where(l1 > 0, m1 + torch.log(l1), lse)
+    return o.permute(1, 0, 2), lse.permute(1, 0)
+
+
+def attention_mutant(name: str, bugs: Bugs) -> Backend:
+    def prepare(self, case, x):
+        return lambda: attend(x, bugs)
+
+    return type(f"Mutant_{name}", (Backend,), {
+        "name": name, "prepare_decode": prepare, "prepare_extend": prepare, "prepare_tree_verify": prepare,
+    })()  # fmt: skip
+
+
+# ---- GDN and merge mutants ------------------------------------------------------------------------
+def _gates_head0_dt_bias(A_log, a, dt_bias, b):
+    return _right_gates(A_log, a, dt_bias[:1].expand_as(dt_bias), b)
+
+
+def _gates_no_threshold(A_log, a, dt_bias, b):
+    x = a.float() + dt_bias.float()
+    return -torch.exp(A_log.float()) * torch.log(1 + torch.exp(x)), torch.sigmoid(b.float())
+
+
+def _gates_threshold_2(A_log, a, dt_bias, b):
+    sp = F.softplus(a.float() + dt_bias.float(), beta=1.0, threshold=2.0)
+    return -torch.exp(A_log.float()) * sp, torch.sigmoid(b.float())
+
+
+_right_gates = tgdn._gates
+
+
+def _patched_gdn(name: str, attr: str, replacement, ops: tuple[str, ...]) -> Backend:
+    """The torch GDN backend with its function `attr` replaced while the closure runs."""
+
+    def prepare_for(fn):
+        def prepare(self, case, x):
+            def run():
+                old = getattr(tgdn, attr)
+                setattr(tgdn, attr, replacement)
+                try:
+                    return fn(x)
+                finally:
+                    setattr(tgdn, attr, old)
+
+            return run
+
+        return prepare
+
+    methods = {f"prepare_{op}": prepare_for(getattr(tgdn, op)) for op in ops}
+    return type(f"Mutant_{name}", (Backend,), {"name": name, **methods})()
+
+
+class _ConvShortNotSaved(Backend):
+    """causal_conv1d that does not write back the state of requests shorter than the width - 1."""
+
+    name = "conv-state-short-not-saved"
+
+    def prepare_causal_conv1d(self, case, x):
+        def run():
+            before = x.conv_states.clone()
+            out = tgdn.causal_conv1d(x)
+            qsl = x.query_start_loc.tolist()
+            W = x.weight.shape[1]
+            for b, slot in enumerate(x.cache_indices.tolist()):
+                if qsl[b + 1] - qsl[b] < W - 1:
+                    x.conv_states[slot] = before[slot]
+            return out
+
+        return run
+
+
+class _PaddedSlotWritten(Backend):
+    """gdn_decode that stores the state of padding rows too: index -1 lands in the pool's last slot."""
+
+    name = "gdn-padded-slot-written"
+
+    def prepare_gdn_decode(self, case, x):
+        def run():
+            HV = x.v.shape[1]
+            g, beta = tgdn._gates(x.A_log, x.a, x.dt_bias, x.b)
+            qh, kh = tgdn._norm_qk(x.q, x.k, HV, x.scale)
+            S, _ = tgdn._load_states(x.state_pool, x.state_indices)
+            S, o = tgdn._step(S, qh, kh, x.v.float(), g, beta)
+            x.o.copy_(o)
+            x.state_pool[x.state_indices.long()] = S  # -1 wraps to the last slot
+            return {"o": x.o}
+
+        return run
+
+
+def _scale_ignored() -> Backend:
+    """GDN that scales q by K**-0.5 whatever the model's scale."""
+
+    def prepare_for(fn):
+        def prepare(self, case, x):
+            y = dataclasses.replace(x, scale=x.q.shape[-1] ** -0.5)
+            return lambda: fn(y)
+
+        return prepare
+
+    methods = {f"prepare_{op}": prepare_for(getattr(tgdn, op)) for op in ("gdn_decode", "gdn_extend", "gdn_verify")}
+    return type("Mutant_gdn_scale_ignored", (Backend,), {"name": "gdn-scale-ignored", **methods})()
+
+
+class _MergeUnguarded(Backend):
+    """merge_state without the guard for two empty sides: exp(-inf - -inf) = NaN."""
+
+    name = "merge-unguarded-empty"
+
+    def prepare_merge_state(self, case, x):
+        def run():
+            m = torch.maximum(x.s_a, x.s_b)
+            wa, wb = torch.exp(x.s_a - m), torch.exp(x.s_b - m)
+            total = wa + wb
+            o = x.v_a.float() * (wa / total)[..., None] + x.v_b.float() * (wb / total)[..., None]
+            x.o.copy_(o)
+            x.lse.copy_(m + torch.log(total))
+            return {"o": x.o, "lse": x.lse}
+
+        return run
+
+
+class _RandomOrderPromisedDeterministic(Backend):
+    """Declares itself deterministic, but sums each row's softmax denominator in a random key order
+    (as split-KV with atomics does): the LSE's float32 bits change from call to call."""
+
+    name = "random-order-but-deterministic"
+    deterministic = True
+
+    def prepare_decode(self, case, x):
+        def run():
+            out = attend(x, Bugs())
+            for b in range(len(x.seq_lens_host)):  # recompute the LSE of row b with a shuffled sum
+                r0, n = int(x.qo_indptr[b]), x.q_lens_host[b]
+                lse = x.lse[r0 : r0 + n]
+                fin = torch.isfinite(lse)
+                order = torch.randperm(8)  # unseeded: a different order on every call
+                parts = [lse * 0 + torch.exp(lse - lse.detach()) / 8 for _ in range(8)]
+                total = torch.zeros_like(lse)
+                for k in order.tolist():
+                    total = total + parts[k] * (1 + k * 2**-23)
+                x.lse[r0 : r0 + n] = torch.where(fin, lse + torch.log(total) - math.log1p(3.5 * 2**-23), lse)
+            return out
+
+        return run
+
+    prepare_extend = prepare_decode
+
+
+def _a(name: str, **bugs) -> Backend:
+    return attention_mutant(name, Bugs(**bugs))
+
+
+# (name, the bug as a reviewer would describe it, backend factory)
+INTERACTION_MUTANTS = (
+    ("soft-cap-after-mask", "soft cap applied after masking: masked keys score -cap and become visible",
+     lambda: _a("soft-cap-after-mask", cap_after_mask=True)),
+    ("window-skips-prefix", "extend: the sliding window is applied to the new keys only, the cached prefix stays visible",
+     lambda: _a("window-skips-prefix", window_skips_prefix=True)),
+    ("sink-ignored-on-empty-rows", "a row with no visible key returns LSE -inf, forgetting the sink",
+     lambda: _a("sink-ignored-on-empty-rows", sink_skipped_on_empty_rows=True)),
+    ("unstabilised-softmax", "exp(s) without subtracting the row max: overflows for large logits",
+     lambda: _a("unstabilised-softmax", unstabilised=True)),
+    ("base2-lse-on-split-path", "the split-KV path (more than 256 keys) returns a base-2 LSE",
+     lambda: _a("base2-lse-on-split-path", base2_lse_split=True)),
+    ("gqa-mismap-group4", "q head h reads kv head h % Hkv, only when 4 q heads share a kv head",
+     lambda: _a("gqa-mismap-group4", gqa_mod_for_group4=True)),
+    ("last-page-length-zero", "last page length L % page_size: a full last page counts as empty",
+     lambda: _a("last-page-length-zero", last_page_empty=True)),
+    ("reads-one-page-past", "a full last page is read one page-table entry too far (the next request's page: real data, no NaN)",
+     lambda: _a("reads-one-page-past", page_past_end=True)),
+    ("stale-split-merge-lse", "split-KV merge keeps the first split's LSE",
+     lambda: _a("stale-split-merge-lse", stale_split_lse=True)),
+    ("accumulates-in-bf16", "P.V accumulated in the case dtype (bf16/fp16) 16 keys at a time",
+     lambda: _a("accumulates-in-bf16", bf16_accumulate=True)),
+    ("sink-per-kv-head", "sink logits indexed by kv head instead of q head",
+     lambda: _a("sink-per-kv-head", sink_per_kv_head=True)),
+    ("swapped-kv-scales", "fp8 K dequantised with v_scale and V with k_scale",
+     lambda: _a("swapped-kv-scales", swapped_scales=True)),
+    ("per-head-scale-collapsed", "per-head fp8 scales collapsed to head 0's",
+     lambda: _a("per-head-scale-collapsed", scale_head0=True)),
+    ("causal-top-left", "causal mask aligned top-left (j <= i) instead of bottom-right",
+     lambda: _a("causal-top-left", causal_top_left=True)),
+    ("window-dropped-unless-causal", "the window is ignored with bidirectional or custom masks",
+     lambda: _a("window-dropped-unless-causal", window_dropped_unless_causal=True)),
+    ("mla-rope-dropped", "MLA scores from the 512 latent dims only, rope part ignored",
+     lambda: _a("mla-rope-dropped", mla_rope_dropped=True)),
+    ("dt-bias-head0", "GDN gating adds dt_bias of head 0 to every head",
+     lambda: _patched_gdn("dt-bias-head0", "_gates", _gates_head0_dt_bias,
+                         ("gdn_gating", "gdn_decode", "gdn_verify"))),
+    ("softplus-no-threshold", "softplus as log(1 + exp(x)) without the linear branch: inf beyond exp overflow",
+     lambda: _patched_gdn("softplus-no-threshold", "_gates", _gates_no_threshold,
+                         ("gdn_gating", "gdn_decode", "gdn_verify"))),
+    ("softplus-threshold-2", "softplus switches to its linear branch above 2 instead of 20",
+     lambda: _patched_gdn("softplus-threshold-2", "_gates", _gates_threshold_2,
+                         ("gdn_gating", "gdn_decode", "gdn_verify"))),
+    ("conv-state-short-not-saved", "causal_conv1d leaves the state of requests shorter than width - 1 unwritten",
+     lambda: _ConvShortNotSaved()),
+    ("gdn-padded-slot-written", "gdn_decode stores padding rows' states: index -1 writes the pool's last slot",
+     lambda: _PaddedSlotWritten()),
+    ("gdn-scale-ignored", "GDN scales q by K**-0.5 whatever the model's scale",
+     _scale_ignored),
+    ("merge-unguarded-empty", "merge_state without the guard for two empty sides (NaN)",
+     lambda: _MergeUnguarded()),
+    ("random-order-but-deterministic", "declares itself deterministic, sums in a random order (atomics)",
+     lambda: _RandomOrderPromisedDeterministic()),
+)  # fmt: skip
