@@ -121,6 +121,8 @@ def compare_numeric(
         twin_s = _slice_max(twin_abs, idx, count)
         scale_s = _slice_max(torch.where(finite, r.abs(), zero), idx, count)
         scale_s = torch.where(scale_s > 0, scale_s, torch.full_like(scale_s, scale_t))
+        if not spec.slice_scale:
+            scale_s = torch.full_like(scale_s, scale_t)
         bound_s = rule.factor * twin_s + rule.floor_abs(actual.dtype, 1.0, units) * scale_s
         bound_e = bound_s[idx]
         ratio = err / bound_e

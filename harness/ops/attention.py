@@ -212,7 +212,7 @@ class _PagedAttentionOp(Op):
     outputs = {
         # scores are head_dim-long float32 sums, then P.V and the denominator sum over the keys
         "o": OutputSpec(("token", "head", "dim"), floor_units=("head_dim", "keys")),
-        "lse": OutputSpec(("token", "head"), floor_units=("head_dim", "keys")),
+        "lse": OutputSpec(("token", "head"), floor_units=("head_dim", "keys"), slice_scale=False),
     }
 
     def features(self, p: AttentionParams) -> tuple[str, ...]:

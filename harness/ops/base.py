@@ -46,11 +46,15 @@ class OutputSpec:
     `floor_units`: name(s) of the op parameters whose sum n is the length of the float32 sums the
     output is computed through (dot products: head_dim for scores, the keys for P.V); their rounding,
     sqrt(n) * u(fp32), joins the rule's floor (harness/tolerance.py); None: none.
+    `slice_scale`: False for an output whose rounding its own magnitude does not bound (an LSE: the
+    error of its score dot products follows sum |q_i k_i|, and cancellation can make |lse| small),
+    so its floor keeps the tensor's scale while its twin term is still per slice.
     """
 
     dims: tuple[str, ...]
     exact: bool = False
     floor_units: str | tuple[str, ...] | None = None
+    slice_scale: bool = True  # the floor scales with each slice's max |ref| (False: with the tensor's)
 
 
 _REQUIRED_ATTRIBUTES = ("family", "Params", "id_fields", "outputs")
