@@ -153,8 +153,8 @@ def plan(
     loaded = expectations.gather(suites, expect_files or (), builtin_too=True) if expect else []
     applying = expectations.applicable(loaded)
     filters = {"backends": backends, "ops": ops, "k": keywords, "shard": shard}
+    filters |= {"require": sorted(require)} if require else {}
     return Plan(device, suites, cases, chosen, filters, applying, len(loaded) - len(applying))
-    require: list[str] | None = (None,)
 
 
 def _case_from_id(case_id: str, device: str) -> Case:
