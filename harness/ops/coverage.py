@@ -77,6 +77,16 @@ SPACE: dict[str, dict[str, list[Value]]] = {
 # Fields held at one value in smoke, with the reason (anything else must be an axis).
 HELD: dict[str, dict[str, tuple[Value, str]]] = {}
 
+# Cases every plan starts from (their pairs count as covered): ids that other tests and CI gates name
+# stay in smoke. Axes they leave out take their first value.
+SEEDS: dict[str, list[dict[str, Value]]] = {
+    "merge_state": [
+        {"tokens": 33, "heads": 4, "head_dim": 64, "dtype": "fp32"},
+        {"tokens": 33, "heads": 4, "head_dim": 64, "dtype": "bf16"},
+        {"tokens": 17, "heads": 2, "head_dim": 32, "distribution": "peaked", "dtype": "bf16"},
+    ],
+}
+
 # Pairs the contract allows but smoke leaves out, each with the reason (an open finding, never silent):
 # no smoke case holds them, and `describe` lists them apart from the forbidden ones.
 EXCLUDED: dict[str, dict[tuple, str]] = {
@@ -188,6 +198,13 @@ def generate(op_name: str) -> Coverage:
     axes = axes_for(op_name)
     cov = Coverage(op_name, axes)
     uncovered = dict.fromkeys(cov.pairs())  # ordered set
+    for seed in SEEDS.get(op_name, []):
+        case = {ax.name: seed.get(ax.name, ax.values[0]) for ax in axes}
+        if why := _valid(op_name, case):
+            raise ValueError(f"{op_name}: seed case {seed} is invalid: {why}")
+        cov.cases.append(case)
+        for pair in itertools.combinations([(ax.name, _key(case[ax.name])) for ax in axes], 2):
+            uncovered.pop(pair, None)
     while uncovered:
         seed_pair = next(iter(uncovered))
         case = _complete(op_name, axes, seed_pair, uncovered)
