@@ -553,9 +553,20 @@ def list_suites() -> None:
 
 
 @list_app.command("ops")
-def list_ops() -> None:
+def list_ops(
+    coverage: Annotated[
+        bool, typer.Option("--coverage", help="The smoke suite's pairwise coverage: axes, pairs, forbidden pairs.")
+    ] = False,
+) -> None:
     """Ops and their parameters."""
     from attnbench.ops import OPS
+
+    if coverage:
+        from attnbench.ops.coverage import describe
+
+        for name in OPS:
+            out_console.print(esc(describe(name)), highlight=False, soft_wrap=True)
+        return
 
     table = Table(show_edge=False)
     for col in ("op", "family", "parameters (default)"):

@@ -74,3 +74,13 @@ def test_a_new_parameter_is_an_axis_by_construction(monkeypatch):
 def test_coverage_report_names_pairs_and_forbidden(plans):
     text = coverage.describe("extend")
     assert "allowed pairs covered" in text and "forbidden mask=causal with empty_rows=True" in text
+
+
+def test_list_ops_coverage_on_the_command_line():
+    from typer.testing import CliRunner
+
+    from attnbench.cli import app
+
+    res = CliRunner().invoke(app, ["list", "ops", "--coverage"])
+    assert res.exit_code == 0 and "decode:" in res.output and "allowed pairs covered" in res.output
+    assert "forbidden mask=causal with empty_rows=True: empty_rows needs mask: custom" in res.output
