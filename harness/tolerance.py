@@ -17,7 +17,8 @@ A numeric output passes when
   for bf16/fp16 outputs the first term dominates.
 
 The rule is applied per (request, head) slice of each output (harness/checks.py `compare_numeric`):
-the twin's error and `scale` are taken over the slice, so no slice's bound exceeds the per-tensor one.
+the twin's error and `scale` are taken over the slice (the floor doubled to one ulp: a slice's twin
+error is a small sample), capped by the per-tensor bound.
 
 Non-finite expectations (-inf LSE of an empty row) must be matched exactly. A suite may override
 `factor` and `floor` per sweep entry, only with a written `why` that the report shows.
