@@ -80,12 +80,42 @@ HELD: dict[str, dict[str, tuple[Value, str]]] = {}
 # Cases every plan starts from (their pairs count as covered): ids that other tests and CI gates name
 # stay in smoke. Axes they leave out take their first value.
 SEEDS: dict[str, list[dict[str, Value]]] = {
+    "decode": [
+        {"batch": 2, "kv_len": 45, "heads_q,heads_kv": (4, 2), "head_dim,head_dim_v": (dim, None), "page_size": 16}
+        for dim in (13, 64, 80, 96, 128, 256)
+    ],
     "merge_state": [
         {"tokens": 33, "heads": 4, "head_dim": 64, "dtype": "fp32"},
         {"tokens": 33, "heads": 4, "head_dim": 64, "dtype": "bf16"},
         {"tokens": 17, "heads": 2, "head_dim": 32, "distribution": "peaked", "dtype": "bf16"},
     ],
 }
+
+# Case ids that CI expectations (suites/expectations/findings.yaml) name: kept in smoke as seeds.
+SEED_IDS: list[str] = [
+    *(
+        f"decode/b3-l{n}-mixed-h{h}-d128-p{p}-bf16"
+        for n in (37, 80)
+        for h in ("4x4", "8x1", "8x2")
+        for p in (1, 16, 64)
+    ),
+    "decode/b3-l70-skewed-h8x2-d64-p16-cap5-bf16",
+    "decode/b3-l70-skewed-h8x2-d64-p16-swa7-cap5-sink-bf16",
+    "extend/b2-q8-pre30-h8x2-d64-p1-cap5-bf16",
+    "extend/b2-q8-pre30-h8x2-d64-p1-swa5-cap5-sink-bf16",
+    "gdn_extend/b2-t70-h1x2-d32x16-fp32",
+    "gdn_extend/b2-t70-h1x2-d32x16-initnone-fp32",
+    "gdn_decode/b5-h2x4-d16x16-packed-bf16",
+]
+
+
+def _seed_from_id(case_id: str, axes: list[Axis]) -> dict[str, Value]:
+    from attnbench.case import Case
+
+    case = Case.from_id(case_id)
+    values = case.params.model_dump() | {"dtype": case.dtype}
+    return {ax.name: tuple(values[f] for f in ax.fields) if len(ax.fields) > 1 else values[ax.name] for ax in axes}
+
 
 # Pairs the contract allows but smoke leaves out, each with the reason (an open finding, never silent):
 # no smoke case holds them, and `describe` lists them apart from the forbidden ones.
@@ -198,7 +228,7 @@ def generate(op_name: str) -> Coverage:
     axes = axes_for(op_name)
     cov = Coverage(op_name, axes)
     uncovered = dict.fromkeys(cov.pairs())  # ordered set
-    for seed in SEEDS.get(op_name, []):
+    for seed in SEEDS.get(op_name, []) + [_seed_from_id(i, axes) for i in SEED_IDS if i.startswith(op_name + "/")]:
         case = {ax.name: seed.get(ax.name, ax.values[0]) for ax in axes}
         if why := _valid(op_name, case):
             raise ValueError(f"{op_name}: seed case {seed} is invalid: {why}")

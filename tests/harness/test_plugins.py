@@ -22,7 +22,7 @@ def test_example_plugin_by_file_passes_or_skips_with_reasons(tmp_path):
     assert res.exit_code == 0, res.output
     rows = read_results(out / "results.jsonl")
     assert {r.status for r in rows} == {"pass", "skip"}
-    assert sum(r.status == "pass" for r in rows) >= 10
+    assert sum(r.status == "pass" for r in rows) >= 6  # smoke is generated: at least its six plain seed cases
     assert all("sdpa example" in r.reason for r in rows if r.status == "skip")
 
 
