@@ -147,10 +147,13 @@ def test_findings_fail_their_own_row_through_a_stand_in_sanitizer(tmp_path):
         assert r.timing is None, "sanitize mode never times"
         if name == "leaky":
             assert r.status == "fail", r.reason
-            # the closure ran three times (checked call, determinism, stale-output call): a bounded count
-            assert r.reason.startswith("memcheck: 3 findings, first: Invalid __global__ read of size 4 bytes")
+            # the closure ran a bounded number of times: checked call, determinism repeats, stale-output call
+            from attnbench.checks import DETERMINISM_REPEATS
+
+            calls = 2 + DETERMINISM_REPEATS
+            assert r.reason.startswith(f"memcheck: {calls} findings, first: Invalid __global__ read of size 4 bytes")
             assert "in leaky_merge_kernel" in r.reason and "block (2,0,0)" in r.reason and "logs/worker-" in r.reason
-            assert r.sanitizer["findings"] == 3
+            assert r.sanitizer["findings"] == calls
         else:
             assert r.status == "pass", (name, r.reason)
             assert r.sanitizer == {"tool": "memcheck", "findings": 0, "log": r.sanitizer["log"]}
