@@ -202,7 +202,9 @@ def test_cpu_run(browser, cpu_run, tmp_path):
     assert "OK: nothing failing" in text
     assert "rows were timed with a host clock" in text and "not GPU timings" in text  # (under TRITON_INTERPRET=1 here)
     assert "No case has a passing GPU-timed row: nothing is ranked." in text
-    assert browser.evaluate("document.querySelectorAll('#t-results .kind').length") == 7  # every time says "host"
+    timed = sum(1 for line in (cpu_run / "results.jsonl").read_text().splitlines() if '"status": "pass"' in line)
+    assert timed > 0
+    assert browser.evaluate("document.querySelectorAll('#t-results .kind').length") == timed  # every time says "host"
 
 
 def test_committed_gpu_run(browser, gpu_run, tmp_path):
