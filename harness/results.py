@@ -16,7 +16,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-from collections import Counter
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
@@ -251,14 +250,6 @@ def _set_aside_torn_tail(path: Path) -> None:
         f.truncate(cut)
         f.flush()
         os.fsync(f.fileno())
-
-
-def status_counts(rows: list[Result]) -> dict[str, Counter]:
-    """Per backend, how many rows have each status."""
-    by: dict[str, Counter] = {}
-    for r in rows:
-        by.setdefault(r.backend, Counter())[r.status] += 1
-    return by
 
 
 _warned: set[str] = set()
