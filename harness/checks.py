@@ -20,7 +20,7 @@ from typing import Any
 import torch
 
 from attnbench.buffers import bitwise_equal, canary_intact, tensor_fields
-from attnbench.ops.base import OutputSpec
+from attnbench.ops.base import OutputSpec, magnitude_key
 from attnbench.tolerance import Rule
 
 # Calls after the checked one that must reproduce its bits (the runner's determinism check; it stops
@@ -94,6 +94,7 @@ def compare_numeric(
     v: Verdict,
     units: float = 0.0,
     rows: torch.Tensor | None = None,
+    magnitude: torch.Tensor | None = None,
 ) -> None:
     """Error metrics of `actual` against `ref` (float64) and the pass/fail bound from `twin`, per slice.
 
@@ -102,37 +103,46 @@ def compare_numeric(
     slice (floor: one ulp, 2 u, of the slice's scale), so a short request's loose bound never covers a
     long request's error. Each slice's bound is capped by the per-tensor bound
     (`bound_tensor` in the metrics, for comparison). The worst slice (largest error / bound) is reported.
+    `magnitude` (same shape, `OutputSpec.magnitude`): the size of each element's summands; the floor
+    scales with it in place of |ref| (it is >= |ref|, and equal where nothing cancels).
     """
     a, r, t = actual.double(), ref.double(), twin.double()
     finite = torch.isfinite(r)
     nonfinite_ok = bool(torch.equal(a[~finite], r[~finite])) if (~finite).any() else True
     bad = ~torch.isfinite(a) & finite
     zero = torch.zeros_like(r)
-    scale_t = float(r[finite].abs().max()) if finite.any() else 0.0
+    size = torch.where(finite, r.abs(), zero)
+    mag = None if magnitude is None else torch.where(finite, torch.maximum(size, magnitude.double()), zero)
+    scale_t = float(size.max()) if r.numel() else 0.0
     scale_t = scale_t if scale_t > 0 else 1.0
+    mag_t = None if mag is None else max(float(mag.max()), scale_t)
     err = torch.where(finite, (a - r).abs(), zero)
     err = torch.where(bad, torch.full_like(err, math.inf), err)
     twin_abs = torch.where(finite, (t - r).abs(), zero)
     twin_t = float(twin_abs.max()) if r.numel() else 0.0
-    bound_t = rule.bound(twin_t, actual.dtype, scale_t, units)
+    bound_t = rule.bound(twin_t, actual.dtype, scale_t, units, mag_t)
     m: dict[str, Any] = {"bound": bound_t, "twin_max_abs": twin_t, "scale": scale_t, "bound_tensor": bound_t}
+    if mag_t is not None:
+        m["magnitude"] = mag_t
     if r.numel():
         idx, count = slice_index(tuple(r.shape), spec.dims, rows, r.device)
         twin_s = _slice_max(twin_abs, idx, count)
-        scale_s = _slice_max(torch.where(finite, r.abs(), zero), idx, count)
+        scale_s = _slice_max(size, idx, count)
         scale_s = torch.where(scale_s > 0, scale_s, torch.full_like(scale_s, scale_t))
         if not spec.slice_scale:
             scale_s = torch.full_like(scale_s, scale_t)
+        mag_s = None if mag is None else torch.maximum(_slice_max(mag, idx, count), scale_s)
         # A slice's twin error is a small sample: it may not reach the half ulp a faithful kernel's output
         # rounding can take the other way, so a slice's floor is one ulp (2 u) of its scale; capped by the
         # per-tensor bound, so no slice is ever looser than the tensor
-        bound_s = rule.factor * twin_s + 2 * rule.floor_abs(actual.dtype, 1.0, units) * scale_s
-        bound_s = bound_s.clamp(max=bound_t)
+        bound_s = rule.bound(twin_s, actual.dtype, scale_s, units, mag_s, ulps=2).clamp(max=bound_t)
         bound_e = bound_s[idx]
         ratio = err / bound_e
         worst = int(ratio.flatten().argmax()) if bool((err > bound_e).any()) else int(err.flatten().argmax())
         ws = int(idx.flatten()[worst])
         m["bound"], m["twin_max_abs"], m["scale"] = float(bound_s[ws]), float(twin_s[ws]), float(scale_s[ws])
+        if mag_s is not None:
+            m["magnitude"] = float(mag_s[ws])
         m["slices"] = count
         fa, fr = torch.where(finite & ~bad, a, 0.0), torch.where(finite, r, 0.0)
         m["max_abs"] = float(err.max())
@@ -156,9 +166,16 @@ def compare_numeric(
     elif over:
         v.problems.append(
             f"{name}: abs error {m['worst_abs']:.3g} > bound {m['bound']:.3g} of its (request, head) slice "
-            f"({rule.describe(m['twin_max_abs'], actual.dtype, m['scale'], units)}) at {_fmt_where(m['worst'])}; "
+            f"({_describe_bound(rule, m, actual.dtype, units)}) at {_fmt_where(m['worst'])}; "
             f"{100 * m['mismatch']:.3g}% of elements over"
         )
+
+
+def _describe_bound(rule: Rule, m: dict[str, Any], dtype: torch.dtype, units: float) -> str:
+    """How the worst slice's bound is made up; "capped" when the per-tensor bound is the tighter one."""
+    if m["bound"] >= m["bound_tensor"] and m.get("slices", 1) > 1:
+        return f"capped by the tensor's bound {m['bound_tensor']:.2e}"
+    return rule.describe(m["twin_max_abs"], dtype, m["scale"], units, m.get("magnitude"), ulps=2)
 
 
 _MINUS_INF_WHY = {"lse": "no visible key seen where the reference has one, or the sink ignored?"}
@@ -293,7 +310,10 @@ def check(
             compare_exact(name, got, expected[name], want, v)
         else:
             tw = _fill_unspecified(twin[name], mask, expected[name])
-            compare_numeric(name, got, expected[name], tw, spec, rule, v, _units(spec, params), _rows(spec, rows, got))
+            mag = expected.get(magnitude_key(name)) if spec.magnitude else None
+            compare_numeric(
+                name, got, expected[name], tw, spec, rule, v, _units(spec, params), _rows(spec, rows, got), mag
+            )
         if mask is not None:
             v.metrics[name]["unspecified"] = int(mask.expand_as(got).sum())
     writes = op.writes_for(params)

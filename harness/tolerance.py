@@ -16,6 +16,12 @@ A numeric output passes when
   sum in different orders differ by that much, and the twin's own error is one random sample of it;
   for bf16/fp16 outputs the first term dominates.
 
+An output computed as a weighted sum whose terms can cancel (attention's P.V, merge_state) declares
+a `magnitude` (OutputSpec): the float64 reference's first-order size of its float32 rounding (the
+summands sum w|v|, and the score rounding that exp amplifies); the float32 part of the floor then
+follows it, `(1 + sqrt(n)) * u(fp32) * magnitude`, while the output's own rounding stays
+`u(dtype) * scale`.
+
 The rule is applied per (request, head) slice of each output (harness/checks.py `compare_numeric`):
 the twin's error and `scale` are taken over the slice (the floor doubled to one ulp: a slice's twin
 error is a small sample), capped by the per-tensor bound.
@@ -42,17 +48,29 @@ class Rule:
     floor: float = DEFAULT_FLOOR
     why: str = ""
 
-    def floor_abs(self, dtype: torch.dtype, scale: float, sqrt_n: float = 0.0) -> float:
-        return self.floor * (unit_roundoff(dtype) + sqrt_n * unit_roundoff(torch.float32)) * scale
+    def floor_abs(self, dtype: torch.dtype, scale, sqrt_n: float = 0.0, magnitude=None, ulps: float = 1.0):
+        """`ulps * floor * (u(dtype) + sqrt_n * u(fp32)) * scale`; with `magnitude` (the size of the
+        summands, OutputSpec.magnitude) the float32 part follows it instead: `ulps * floor * (u(dtype) *
+        scale + (1 + sqrt_n) * u(fp32) * magnitude)`. Floats or tensors (per slice)."""
+        u, u32 = unit_roundoff(dtype), unit_roundoff(torch.float32)
+        if magnitude is None:
+            return ulps * self.floor * (u + sqrt_n * u32) * scale
+        return ulps * self.floor * (u * scale + (1 + sqrt_n) * u32 * magnitude)
 
-    def bound(self, native_err: float, dtype: torch.dtype, scale: float, sqrt_n: float = 0.0) -> float:
-        return self.factor * native_err + self.floor_abs(dtype, scale, sqrt_n)
+    def bound(self, native_err, dtype: torch.dtype, scale, sqrt_n: float = 0.0, magnitude=None, ulps: float = 1.0):
+        return self.factor * native_err + self.floor_abs(dtype, scale, sqrt_n, magnitude, ulps)
 
-    def describe(self, native_err: float, dtype: torch.dtype, scale: float, sqrt_n: float = 0.0) -> str:
-        return (
-            f"{self.factor:g}x twin {native_err:.2e} + floor {self.floor_abs(dtype, scale, sqrt_n):.2e} = "
-            f"{self.bound(native_err, dtype, scale, sqrt_n):.2e}"
-        )
+    def describe(
+        self,
+        native_err: float,
+        dtype: torch.dtype,
+        scale: float,
+        sqrt_n: float = 0.0,
+        magnitude=None,
+        ulps: float = 1.0,
+    ) -> str:
+        floor = self.floor_abs(dtype, scale, sqrt_n, magnitude, ulps)
+        return f"{self.factor:g}x twin {native_err:.2e} + floor {floor:.2e} = {self.factor * native_err + floor:.2e}"
 
 
 def rule_for(case) -> Rule:

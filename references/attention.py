@@ -61,7 +61,8 @@ def paged_attention(
     custom_mask: torch.Tensor | None = None,
     mask_indptr: torch.Tensor | None = None,
     precision: torch.dtype = torch.float64,
-) -> tuple[torch.Tensor, torch.Tensor]:
+    magnitude: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """Attention of packed queries over paged keys/values.
 
     Args:
@@ -73,14 +74,21 @@ def paged_attention(
             cache holds at positions `L - n .. L - 1` (the cache is not read there).
         custom_mask, mask_indptr: flattened bool `[n_b, L_b]` blocks and their offsets `[B+1]`.
         sinks: `[Hq]` logits that only add `exp(sink - m)` to the denominator.
+        magnitude: also return `[T, Hq, Dv]` (float64 only) the size float32 rounding of each output
+            element follows, to first order: `sum_j w_j |v_j|` (the P.V summands, w = p / l) plus
+            `sum_j w_j a_j (|v_j| + |o|)`, `a_j = sm_scale sum_i |q_i k_ji|` (a score's rounding,
+            relative to a_j, moves w_j by w_j (v_j - o) per unit). |o| itself can be far smaller:
+            values of both signs cancel, and large logits amplify score rounding through exp.
     Returns:
-        o `[T, Hq, Dv]` (float64, or the case dtype for the twin) and lse `[T, Hq]` (float64 / float32).
+        o `[T, Hq, Dv]` (float64, or the case dtype for the twin) and lse `[T, Hq]` (float64 / float32),
+        then the magnitude when asked.
     """
     T, Hq, _ = q.shape
     Dv = v_cache.shape[-1]
     low = precision != torch.float64
     o = torch.zeros(T, Hq, Dv, dtype=q.dtype if low else torch.float64, device=q.device)
     lse = torch.full((T, Hq), -math.inf, dtype=torch.float32 if low else torch.float64, device=q.device)
+    mag = torch.zeros(T, Hq, Dv, dtype=torch.float64, device=q.device) if magnitude and not low else None
     indptr, qo, lens = kv_indptr.tolist(), qo_indptr.tolist(), seq_lens.tolist()
     for b in range(len(lens)):
         L, qs, qe = lens[b], qo[b], qo[b + 1]
@@ -100,9 +108,13 @@ def paged_attention(
             i1 = min(n, i0 + step)
             rows = torch.arange(L - n + i0, L - n + i1, device=q.device)
             visible = _visible(rows, L, causal, window, None if mask is None else mask[i0:i1])
-            ob, lb = _attend(q[qs + i0 : qs + i1], K, V, visible, sm_scale, soft_cap, sinks, precision)
+            ob, lb, mb = _attend(
+                q[qs + i0 : qs + i1], K, V, visible, sm_scale, soft_cap, sinks, precision, mag is not None
+            )
             o[qs + i0 : qs + i1], lse[qs + i0 : qs + i1] = ob, lb
-    return o, lse
+            if mag is not None:
+                mag[qs + i0 : qs + i1] = mb
+    return (o, lse) if mag is None else (o, lse, mag)
 
 
 def _visible(pos: torch.Tensor, L: int, causal: bool, window: int, mask: torch.Tensor | None) -> torch.Tensor:
@@ -120,8 +132,8 @@ def _visible(pos: torch.Tensor, L: int, causal: bool, window: int, mask: torch.T
     return vis
 
 
-def _attend(q, K, V, visible, sm_scale, soft_cap, sinks, precision):
-    """Softmax attention of `q [n, Hq, Dk]` over `K [L, Hkv, Dk]`, `V [L, Hkv, Dv]`."""
+def _attend(q, K, V, visible, sm_scale, soft_cap, sinks, precision, magnitude=False):
+    """Softmax attention of `q [n, Hq, Dk]` over `K [L, Hkv, Dk]`, `V [L, Hkv, Dv]` -> o, lse, magnitude or None."""
     Hq, Hkv = q.shape[1], K.shape[1]
     group = Hq // Hkv
     low = precision != torch.float64
@@ -145,19 +157,33 @@ def _attend(q, K, V, visible, sm_scale, soft_cap, sinks, precision):
         p = p.to(q.dtype).to(acc)  # a flash kernel feeds rounded probabilities to the value product
     num = torch.einsum("hnl,lhd->nhd", p, Vh)
     d = denom.transpose(0, 1)[..., None]
-    o = torch.where(d > 0, num / torch.where(d > 0, d, torch.ones_like(d)), torch.zeros_like(num))
+    d_safe = torch.where(d > 0, d, torch.ones_like(d))
+    o = torch.where(d > 0, num / d_safe, torch.zeros_like(num))
     lse = torch.where(denom > 0, m_safe + torch.log(denom), torch.full_like(denom, -math.inf)).transpose(0, 1)
-    return (o.to(q.dtype) if low else o), lse
+    mag = None
+    if magnitude:  # first-order size of float32 rounding: the P.V summands, and the scores' through exp
+        w = p / denom.clamp(min=torch.finfo(acc).tiny)[..., None]  # [Hq, n, L], normalised
+        a = torch.einsum("nhd,lhd->hnl", q.to(acc).abs(), Kh.abs()) * sm_scale  # sum_i |q_i k_ji|
+        wa = w * a  # |d o / d s_j| <= w_j |v_j - o| <= w_j (|v_j| + |o|)
+        mag = torch.einsum("hnl,lhd->nhd", w + wa, Vh.abs()) + o.abs() * wa.sum(-1).transpose(0, 1)[..., None]
+    return (o.to(q.dtype) if low else o), lse, mag
 
 
 def merge_state(
-    v_a: torch.Tensor, s_a: torch.Tensor, v_b: torch.Tensor, s_b: torch.Tensor, precision: torch.dtype = torch.float64
-) -> tuple[torch.Tensor, torch.Tensor]:
+    v_a: torch.Tensor,
+    s_a: torch.Tensor,
+    v_b: torch.Tensor,
+    s_b: torch.Tensor,
+    precision: torch.dtype = torch.float64,
+    magnitude: bool = False,
+) -> tuple[torch.Tensor, ...]:
     """Merge two partial attention states over disjoint key sets.
 
     `v_* [T, H, D]` are normalised partial outputs, `s_* [T, H]` their natural-log LSEs (-inf: empty).
     Returns `v = (v_a e^{s_a} + v_b e^{s_b}) / (e^{s_a} + e^{s_b})` and `s = log(e^{s_a} + e^{s_b})`;
-    two empty states merge to `v = 0`, `s = -inf`.
+    two empty states merge to `v = 0`, `s = -inf`. `magnitude` (float64 only) also returns
+    `(|v_a| e^{s_a} + |v_b| e^{s_b}) / (e^{s_a} + e^{s_b})`, the size of the summands float32 rounds at
+    (|v| can be far smaller where they cancel; see paged_attention).
     """
     low = precision != torch.float64
     acc = torch.float32 if low else torch.float64
@@ -169,4 +195,9 @@ def merge_state(
     safe = torch.where(total > 0, total, torch.ones_like(total))
     v = (v_a.to(acc) * (wa / safe)[..., None] + v_b.to(acc) * (wb / safe)[..., None]) * (total > 0)[..., None]
     s = torch.where(total > 0, m_safe + torch.log(safe), torch.full_like(total, -math.inf))
+    if magnitude and not low:
+        mag = (v_a.to(acc).abs() * (wa / safe)[..., None] + v_b.to(acc).abs() * (wb / safe)[..., None]) * (total > 0)[
+            ..., None
+        ]
+        return v, s, mag
     return (v.to(v_a.dtype) if low else v), s

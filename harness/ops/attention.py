@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 
 from attnbench.buffers import alloc_output
 from attnbench.ops import rng
-from attnbench.ops.base import IdField, Op, OutputSpec, Params
+from attnbench.ops.base import IdField, Op, OutputSpec, Params, magnitude_key
 from attnbench.ops.distributions import Distribution, Sampler, lse_like
 from attnbench.ops.paged import fill, make_layout, poisoned_cache
 from attnbench.references import attention as ref
@@ -211,7 +211,7 @@ class _PagedAttentionOp(Op):
     family = "attention"
     outputs = {
         # scores are head_dim-long float32 sums, then P.V and the denominator sum over the keys
-        "o": OutputSpec(("token", "head", "dim"), floor_units=("head_dim", "keys")),
+        "o": OutputSpec(("token", "head", "dim"), floor_units=("head_dim", "keys"), magnitude=True),
         "lse": OutputSpec(("token", "head"), floor_units=("head_dim", "keys"), slice_scale=False),
     }
 
@@ -303,13 +303,13 @@ class _PagedAttentionOp(Op):
             if x.save_kv:  # saved new tokens are attended as stored in the cache
                 k_new = dequantize(quantize(k_new, x.k_scale, x.k_cache.dtype), x.k_scale)
                 v_new = dequantize(quantize(v_new, x.v_scale, x.v_cache.dtype), x.v_scale)
-        o, lse = ref.paged_attention(
+        o, lse, *mag = ref.paged_attention(
             x.q, k_cache, v_cache, x.kv_indptr, x.kv_page_indices, x.seq_lens, x.qo_indptr,
             sm_scale=x.sm_scale, causal=x.causal, window=x.window, soft_cap=x.soft_cap, sinks=x.sinks,
             k_new=k_new, v_new=v_new, custom_mask=x.custom_mask, mask_indptr=x.mask_indptr,
-            precision=precision,
+            precision=precision, magnitude=precision == torch.float64,
         )  # fmt: skip
-        out = {"o": o, "lse": lse}
+        out = {"o": o, "lse": lse} | {magnitude_key("o"): m for m in mag}
         if x.save_kv:
             stored_k = quantize(x.k_new, x.k_scale, x.k_cache.dtype)
             out["k_cache"] = ref.saved_cache(x.k_cache, stored_k, x.slot_mapping)
@@ -513,7 +513,7 @@ class MergeStateOp(Op):
         IdField("empty", ("empty",)),
         IdField("", ("distribution",)),
     )
-    outputs = {"o": OutputSpec(("token", "head", "dim")), "lse": OutputSpec(("token", "head"))}
+    outputs = {"o": OutputSpec(("token", "head", "dim"), magnitude=True), "lse": OutputSpec(("token", "head"))}
 
     def features(self, p: MergeStateParams) -> tuple[str, ...]:
         return (("empty-states",) if p.empty else ()) + (
@@ -536,8 +536,8 @@ class MergeStateOp(Op):
         )
 
     def expected(self, p, x: MergeStateInputs, precision):
-        o, lse = ref.merge_state(x.v_a, x.s_a, x.v_b, x.s_b, precision=precision)
-        return {"o": o, "lse": lse}
+        o, lse, *mag = ref.merge_state(x.v_a, x.s_a, x.v_b, x.s_b, precision, magnitude=precision == torch.float64)
+        return {"o": o, "lse": lse} | {magnitude_key("o"): m for m in mag}
 
     def subset(self, p, x: MergeStateInputs, order: list[int]):
         rows = torch.tensor(order, device=x.v_a.device)

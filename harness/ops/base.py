@@ -49,12 +49,21 @@ class OutputSpec:
     `slice_scale`: False for an output whose rounding its own magnitude does not bound (an LSE: the
     error of its score dot products follows sum |q_i k_i|, and cancellation can make |lse| small),
     so its floor keeps the tensor's scale while its twin term is still per slice.
+    `magnitude`: the float64 expectation also holds `expected[magnitude_key(name)]`, the same shape,
+    the size of the summands each element is a weighted sum of (`sum_j w_j |v_j|`); the floor scales
+    with it instead of |ref|, since a sum whose terms cancel is rounded at the size of its terms.
     """
 
     dims: tuple[str, ...]
     exact: bool = False
     floor_units: str | tuple[str, ...] | None = None
     slice_scale: bool = True  # the floor scales with each slice's max |ref| (False: with the tensor's)
+    magnitude: bool = False
+
+
+def magnitude_key(name: str) -> str:
+    """The key of an output's summand magnitude in the float64 expectation (`OutputSpec.magnitude`)."""
+    return f"{name}.magnitude"
 
 
 _REQUIRED_ATTRIBUTES = ("family", "Params", "id_fields", "outputs")

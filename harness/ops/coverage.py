@@ -119,14 +119,7 @@ def _seed_from_id(case_id: str, axes: list[Axis]) -> dict[str, Value]:
 
 # Pairs the contract allows but smoke leaves out, each with the reason (an open finding, never silent):
 # no smoke case holds them, and `describe` lists them apart from the forbidden ones.
-EXCLUDED: dict[str, dict[tuple, str]] = {
-    "tree_verify": {
-        (("distribution", "long_tail"), ("dtype", "fp32")): "open finding (docs/findings.md): with long-tailed values "
-        "the P.V sums cancel, the floor's scale max|o| underestimates their float32 rounding, and the torch "
-        "backend exceeds 2x the twin (tree_verify/b2-pre100-h8x2-d64-p1-long_tail-fp8_e4m3-kvscalehead-"
-        "treechain-depth0-fp32, per tensor and per slice alike)",
-    },
-}
+EXCLUDED: dict[str, dict[tuple, str]] = {}
 
 CASE_LIMIT = 400
 RANDOM_TRIES = 400  # seeded random completions tried when the greedy one is invalid  # a generator that needs more cases than this for one op has a bug

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -81,3 +82,10 @@ def test_long_sequences_are_chunked_without_changing_results(monkeypatch):
     monkeypatch.setattr(impl, "_budget", lambda device: 2048)  # forces one request per group, row chunks
     assert_pass(Case.from_id("extend/b3-q40-pre50-mixed-h4x2-d16-p16-custom-swa20-bf16"))
     assert_pass(Case.from_id("decode/b5-l200-mixed-h4x1-d16-p16-bf16"))
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_merge_state_floor_follows_cancelling_summands(seed):
+    """d=1 makes a (token, head) slice one element: where v_a e^{s_a} and v_b e^{s_b} cancel, |o| is far
+    below the summands that float32 rounds at; the floor scales with them (OutputSpec.magnitude)."""
+    assert_pass(Case("merge_state", MergeStateParams(tokens=40, heads=3, head_dim=1), "fp32", seed))
