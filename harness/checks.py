@@ -165,7 +165,7 @@ def compare_numeric(
         v.problems.append(f"{name}: wrong where the reference is ±inf (e.g. an empty row's LSE must be -inf)")
     elif over:
         v.problems.append(
-            f"{name}: abs error {m['worst_abs']:.3g} > bound {m['bound']:.3g} of its (request, head) slice "
+            f"{name}: abs error {m['worst_abs']:.3g} > bound {m['bound']:.3g} of its request/head slice "
             f"({_describe_bound(rule, m, actual.dtype, units)}) at {_fmt_where(m['worst'])}; "
             f"{100 * m['mismatch']:.3g}% of elements over"
         )
