@@ -201,11 +201,8 @@ def sweep(
         _fail(e)
     if precompile_only:
         _precompile_only(p)
-    if dry_run:  # the count breakdown, then every case id (one a line, whole)
-        out_console.print(p.breakdown(), highlight=False, markup=False)
-        for c in p.cases:
-            out_console.print(f"  {c.id}", highlight=False, markup=False)
-        raise typer.Exit(0)
+    if dry_run:
+        _dry_run(p)
     if not p.cases:
         _fail(AttnbenchError("no cases selected (check --op / -k)"))
     run_dir = out or default_out(p)
@@ -243,6 +240,30 @@ def sweep(
         console.print("[yellow]interrupted: the report covers the cases that finished[/]")
         raise typer.Exit(130)
     raise typer.Exit(exit_code(rows))
+
+
+def _dry_run(p) -> None:
+    """The count breakdown, then every case id (one a line, whole) with its input size and least peak
+    (harness/footprint.py), flagging cases that cannot fit the device's free memory; exit 0."""
+    from attnbench.footprint import available, footprint, human
+
+    out_console.print(p.breakdown(), highlight=False, markup=False)
+    free = available(str(p.device))
+    too_big = 0
+    for c in p.cases:
+        f = footprint(c, p.backends)
+        flag = ""
+        if free is not None and f.peak > free[0]:
+            too_big += 1
+            flag = f"  DOES NOT FIT ({human(free[0])} free on {free[1]})"
+        sizes = f"{human(f.inputs)} inputs, >= {human(f.peak)} with the {f.runs} backend(s) that run it"
+        out_console.print(f"  {c.id}  {sizes}{flag}", highlight=False, markup=False)
+    if too_big:
+        out_console.print(f"{too_big} of {len(p.cases)} cases do not fit: they would error out of memory",
+                          highlight=False, markup=False)  # fmt: skip
+    elif free is None:
+        out_console.print(f"free memory on {p.device} unknown: no case checked against it", highlight=False)
+    raise typer.Exit(0)
 
 
 def _precompile_only(p) -> None:

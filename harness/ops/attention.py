@@ -18,7 +18,7 @@ from pydantic import Field, model_validator
 
 from attnbench.buffers import alloc_output
 from attnbench.ops import rng
-from attnbench.ops.base import IdField, Op, OutputSpec, Params, magnitude_key
+from attnbench.ops.base import IdField, Op, OutputSpec, Params, magnitude_key, output_bytes, tensor_bytes
 from attnbench.ops.distributions import Distribution, Sampler, lse_like
 from attnbench.ops.paged import fill, make_layout, poisoned_cache
 from attnbench.references import attention as ref
@@ -296,6 +296,33 @@ class _PagedAttentionOp(Op):
             q_lens_host=tuple(q_lens),
         )
 
+    def _bytes_for(self, p: AttentionParams, dtype, kv_lens, q_lens, new_kv: str, mask: bool) -> int:
+        """`input_bytes` of `_build` with these lengths (`mask`: a custom mask over every request)."""
+        B, T, Hq, Hkv, Dk, Dv = len(kv_lens), sum(q_lens), p.heads_q, p.heads_kv, p.head_dim, p.dv
+        need = sum(-(-n // p.page_size) for n in kv_lens)
+        slots = (need + max(2, need // 8)) * p.page_size * Hkv  # make_layout's pool: ~12% spare pages
+        cache = FP8.get(p.kv_dtype, dtype)
+        total = tensor_bytes((slots, Dk), cache) + (0 if p.mla else tensor_bytes((slots, Dv), cache))
+        total += (
+            tensor_bytes((T, Hq, Dk), dtype) + output_bytes((T, Hq, Dv), dtype) + output_bytes((T, Hq), torch.float32)
+        )
+        total += 4 * (need + 3 * B + 2)  # page indices, kv_indptr, seq_lens, qo_indptr (int32)
+        if new_kv in ("save", "attend"):
+            total += tensor_bytes((T, Hkv, Dk), dtype) + (0 if p.mla else tensor_bytes((T, Hkv, Dv), dtype))
+            total += 8 * T if new_kv == "save" else 0  # slot_mapping
+        if p.kv_dtype != "auto":
+            total += 4 * (Hkv if p.kv_scale == "head" else 1) * (1 if p.mla else 2)
+        if p.sinks:
+            total += 4 * Hq
+        if mask:
+            total += sum(n * L for n, L in zip(q_lens, kv_lens)) + 8 * (B + 1)
+        return total
+
+    def input_bytes(self, p, dtype, seed: int) -> int:
+        kv_lens, q_lens = self.request_lengths(p, seed)
+        new_kv = getattr(p, "new_kv", "shared")
+        return self._bytes_for(p, dtype, kv_lens, q_lens, new_kv, getattr(p, "mask", "causal") == "custom")
+
     def expected(self, p, x: AttentionInputs, precision):
         k_cache, v_cache, k_new, v_new = x.k_cache, x.v_cache, x.k_new, x.v_new
         if x.k_scale is not None:  # the reference reads exactly what the kernel reads: dequantised fp8
@@ -534,6 +561,11 @@ class MergeStateOp(Op):
         return MergeStateInputs(
             v_a, s_a, v_b, s_b, alloc_output((T, H, D), dtype, device), alloc_output((T, H), torch.float32, device)
         )
+
+    def input_bytes(self, p: MergeStateParams, dtype, seed: int) -> int:
+        T, H, D = p.tokens, p.heads, p.head_dim
+        values = 2 * tensor_bytes((T, H, D), dtype) + 2 * tensor_bytes((T, H), torch.float32)
+        return values + output_bytes((T, H, D), dtype) + output_bytes((T, H), torch.float32)
 
     def expected(self, p, x: MergeStateInputs, precision):
         o, lse, *mag = ref.merge_state(x.v_a, x.s_a, x.v_b, x.s_b, precision, magnitude=precision == torch.float64)

@@ -8,6 +8,7 @@ tensors beyond what this contract declares.
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, get_args, get_origin, get_type_hints
@@ -15,6 +16,7 @@ from typing import Any, ClassVar, Literal, get_args, get_origin, get_type_hints
 import torch
 from pydantic import BaseModel, ConfigDict
 
+from attnbench.buffers import CANARY_ELEMENTS
 from attnbench.ops.rng import to_device
 
 
@@ -61,13 +63,23 @@ class OutputSpec:
     magnitude: bool = False
 
 
+def tensor_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """Bytes of a dense tensor of `shape` and `dtype`."""
+    return math.prod(shape) * dtype.itemsize
+
+
+def output_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """Bytes of an output buffer from `attnbench.buffers.alloc_output`: the tensor and its canary padding."""
+    return (math.prod(shape) + 2 * CANARY_ELEMENTS) * dtype.itemsize
+
+
 def magnitude_key(name: str) -> str:
     """The key of an output's summand magnitude in the float64 expectation (`OutputSpec.magnitude`)."""
     return f"{name}.magnitude"
 
 
 _REQUIRED_ATTRIBUTES = ("family", "Params", "id_fields", "outputs")
-_REQUIRED_METHODS = ("build_inputs", "expected", "perturb")
+_REQUIRED_METHODS = ("build_inputs", "input_bytes", "expected", "perturb")
 
 
 class Op:
@@ -124,6 +136,12 @@ class Op:
         Draw data with CPU generators (`attnbench.ops.rng.randn` for anything large); outputs are
         allocated NaN-filled and canary-padded (`attnbench.buffers.alloc_output`).
         """
+        raise NotImplementedError
+
+    def input_bytes(self, p: Params, dtype: torch.dtype, seed: int) -> int:
+        """Bytes of the tensors `build_inputs` returns (outputs and their canary padding included),
+        from the parameters alone: no tensor is built (`--dry-run` sizes cases and flags those that
+        cannot fit the device). Sum `tensor_bytes` / `output_bytes` over the fields."""
         raise NotImplementedError
 
     def expected(self, p: Params, inputs: Any, precision: torch.dtype) -> dict[str, torch.Tensor]:

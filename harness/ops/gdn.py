@@ -51,7 +51,7 @@ from pydantic import Field, model_validator
 
 from attnbench.buffers import alloc_output
 from attnbench.ops import rng
-from attnbench.ops.base import IdField, Op, OutputSpec, Params
+from attnbench.ops.base import IdField, Op, OutputSpec, Params, output_bytes, tensor_bytes
 from attnbench.references import gdn as ref
 
 CHUNK = 64  # the chunk size the gdn_extend cost model counts
@@ -260,6 +260,11 @@ class GDNGatingOp(Op):
     id_fields = (IdField("t", ("tokens",), always=True), IdField("h", ("heads_v",), always=True))
     outputs = {"g": OutputSpec(("token", "head")), "beta": OutputSpec(("token", "head"))}
 
+    def input_bytes(self, p: GatingParams, dtype, seed: int) -> int:
+        T, HV = p.tokens, p.heads_v
+        params = tensor_bytes((HV,), torch.float32) + tensor_bytes((HV,), dtype)  # A_log, dt_bias
+        return params + 2 * tensor_bytes((T, HV), dtype) + 2 * output_bytes((T, HV), torch.float32)
+
     def build_inputs(self, p: GatingParams, dtype, seed, device) -> GatingInputs:
         _, gen = _generators(seed, device)
         T, HV = p.tokens, p.heads_v
@@ -321,6 +326,13 @@ class CausalConv1dOp(Op):
 
     def writes_for(self, p: ConvParams):
         return {"conv_states": OutputSpec(("slot", "channel", "tap"), exact=True)}
+
+    def input_bytes(self, p: ConvParams, dtype, seed: int) -> int:
+        host, _ = _generators(seed, None)
+        B, D, W = p.batch, p.dim, p.width
+        T, N = sum(_lengths(B, p.seq_len, p.lens, host)), B + max(2, B // 8)  # _slots' pool
+        data = tensor_bytes((T, D), dtype) + tensor_bytes((D, W + 1), dtype) + tensor_bytes((N, D, W - 1), dtype)
+        return data + 4 * B + B + 4 * (B + 1) + output_bytes((T, D), dtype)  # slots, has_initial, starts, y
 
     def build_inputs(self, p: ConvParams, dtype, seed, device) -> ConvInputs:
         host, gen = _generators(seed, device)
@@ -393,6 +405,17 @@ class _GDNOp(Op):
     # o and states go through head_dim_k-long dot products (S^T k, S^T q): fp32 rounding floor (tolerance.py)
     outputs = {"o": OutputSpec(("token", "head", "dim"), floor_units="head_dim_k")}
 
+    def _bytes_for(self, p: GDNParams, dtype, T: int, B: int, raw_gates: bool) -> int:
+        """Bytes of q, k, v (or mixed_qkv, the same), the state pool, slots, o and the gates of T tokens."""
+        H, HV, K, V = p.heads_qk, p.heads_v, p.head_dim_k, p.head_dim_v
+        pool = tensor_bytes((B + max(2, B // 8), HV, K, V), torch.float32)  # _slots' pool
+        total = 2 * tensor_bytes((T, H, K), dtype) + tensor_bytes((T, HV, V), dtype) + pool + 4 * B
+        if raw_gates:  # a, b; A_log, dt_bias
+            total += 2 * tensor_bytes((T, HV), dtype) + tensor_bytes((HV,), torch.float32) + tensor_bytes((HV,), dtype)
+        else:  # g, beta
+            total += 2 * tensor_bytes((T, HV), torch.float32)
+        return total + output_bytes((T, HV, V), dtype)
+
     def _qkv(self, p: GDNParams, T: int, dtype, gen, device):
         H, HV, K, V = p.heads_qk, p.heads_v, p.head_dim_k, p.head_dim_v
         return (
@@ -450,6 +473,9 @@ class GDNDecodeOp(_GDNOp):
 
     def unspecified(self, p, x: GDNInputs):
         return {"o": (x.state_indices < 0)[:, None, None]} if p.pad else {}
+
+    def input_bytes(self, p: GDNDecodeParams, dtype, seed: int) -> int:
+        return self._bytes_for(p, dtype, p.batch, p.batch, raw_gates=True)
 
     def build_inputs(self, p: GDNDecodeParams, dtype, seed, device) -> GDNInputs:
         host, gen = _generators(seed, device)
@@ -509,6 +535,11 @@ class GDNExtendOp(_GDNOp):
 
     def writes_for(self, p):
         return {"state_pool": OutputSpec(("slot", "head", "k", "v"), floor_units="head_dim_k")}
+
+    def input_bytes(self, p: GDNExtendParams, dtype, seed: int) -> int:
+        host, _ = _generators(seed, None)
+        B, T = p.batch, sum(_lengths(p.batch, p.seq_len, p.lens, host))
+        return self._bytes_for(p, dtype, T, B, raw_gates=False) + 4 * (B + 1) + B  # cu_seqlens, has_initial
 
     def build_inputs(self, p: GDNExtendParams, dtype, seed, device) -> GDNInputs:
         host, gen = _generators(seed, device)
@@ -579,6 +610,11 @@ class GDNVerifyOp(_GDNOp):
             "o": pad.repeat_interleave(p.draft)[:, None, None],
             "inter_states": pad[:, None, None, None, None],
         }
+
+    def input_bytes(self, p: GDNVerifyParams, dtype, seed: int) -> int:
+        B, T = p.batch, p.draft
+        states = output_bytes((B, T, p.heads_v, p.head_dim_k, p.head_dim_v), torch.float32)
+        return self._bytes_for(p, dtype, B * T, B, raw_gates=True) + states + (4 * B * T if p.tree else 0)
 
     def build_inputs(self, p: GDNVerifyParams, dtype, seed, device) -> GDNInputs:
         host, gen = _generators(seed, device)

@@ -29,7 +29,7 @@ from attnbench.ops.attention import (
     _generators,
     _lengths,
 )
-from attnbench.ops.base import IdField, Op, OutputSpec, Params
+from attnbench.ops.base import IdField, Op, OutputSpec, Params, output_bytes, tensor_bytes
 from attnbench.ops.trees import DRAFT_VOCAB, NAMED, TreeFields, request_parents, simulate_eagle_draft
 from attnbench.references import spec as ref
 
@@ -118,6 +118,12 @@ class TreeVerifyOp(ExtendOp):
     def features(self, p: TreeVerifyParams) -> tuple[str, ...]:
         shape = p.tree if p.tree in NAMED else "choices"
         return super().features(p) + ("tree", f"tree-{shape}")
+
+    def input_bytes(self, p: TreeVerifyParams, dtype, seed: int) -> int:
+        host, _ = _generators(seed, None)
+        prefix, n, B = _lengths(p.batch, p.prefix_len, p.lens, host), p.nodes, p.batch
+        extend = self._bytes_for(p, dtype, [a + n for a in prefix], [n] * B, "save", mask=True)
+        return extend + B * n * n + 8 * B * n  # tree_mask (bool), tree_positions (int64)
 
     def build_inputs(self, p: TreeVerifyParams, dtype, seed, device) -> TreeVerifyInputs:
         host, _ = _generators(seed, device)
@@ -222,6 +228,18 @@ class EagleBuildTreeOp(Op):
     def features(self, p: EagleBuildTreeParams) -> tuple[str, ...]:
         return (f"mask-{p.mask_mode}",) + (("topk1-chain",) if p.topk == 1 else ())
 
+    def input_bytes(self, p: EagleBuildTreeParams, dtype, seed: int) -> int:
+        host, _ = _generators(seed, None)
+        B, n, i64 = p.batch, p.draft_tokens, torch.int64
+        lens = _lengths(B, p.prefix_len, p.lens, host)
+        mask = {
+            "full": ((sum(lens) * n + B * n * n,), torch.bool),
+            "qlen": ((B * n * n,), torch.bool),
+            "qlen_packed": ((B * n, ref.packed_mask_bytes(n)), torch.uint8),
+        }[p.mask_mode]
+        draft = tensor_bytes((B, p.topk * (p.depth - 1) + 1), i64) + tensor_bytes((B, n), i64)  # parents, selected
+        return draft + output_bytes(*mask) + output_bytes((B * n,), i64) + 3 * output_bytes((B, n), i64)
+
     def build_inputs(self, p: EagleBuildTreeParams, dtype, seed, device) -> EagleBuildTreeInputs:
         host, _ = _generators(seed, device)
         lens = _lengths(p.batch, p.prefix_len, p.lens, host)
@@ -301,6 +319,16 @@ class VerifyGreedyOp(Op):
 
     def features(self, p: VerifyGreedyParams) -> tuple[str, ...]:
         return (f"tree-{p.tree if p.tree in NAMED else 'choices'}",)
+
+    def input_bytes(self, p: VerifyGreedyParams, dtype, seed: int) -> int:
+        B, n = p.batch, p.nodes
+        if p.tree == "eagle":
+            steps = p.depth + 1
+        else:  # one accept_index column per tree level; a named or choices tree is the same for every request
+            steps = max(ref.depths_from_parents(request_parents(p, 1, _tree_seed(seed))[0][0])) + 1
+        outputs = output_bytes((B * n,), torch.int32) + output_bytes((B, steps), torch.int32)
+        outputs += output_bytes((B,), torch.int32)
+        return 5 * tensor_bytes((B, n), torch.int64) + outputs
 
     def build_inputs(self, p: VerifyGreedyParams, dtype, seed, device) -> VerifyGreedyInputs:
         gen = _tree_seed(seed)

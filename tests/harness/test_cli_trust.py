@@ -369,5 +369,20 @@ def test_dry_run_lists_every_case_id(tmp_path):
     res = invoke("sweep", "smoke", "--op", "merge_state", "--dry-run", "--device", "cpu")
     assert res.exit_code == 0, res.output
     ids = [c.id for c in load("smoke").cases if c.op_name == "merge_state"]
-    listed = [line.strip() for line in res.output.splitlines() if line.startswith("  merge_state/")]
+    listed = [line.split()[0] for line in res.output.splitlines() if line.startswith("  merge_state/")]
     assert listed == ids
+
+
+def test_dry_run_sizes_each_case_and_flags_what_cannot_fit(monkeypatch):
+    """Each case line carries its input size and least peak; a case over the device's free memory is
+    flagged, with a count at the end (sizes from `Op.input_bytes`, tests/harness/test_input_bytes.py)."""
+    import attnbench.footprint as fp
+
+    small, big = "decode/b2-l33-h4x2-d64-p16-bf16", "decode/b64-l65536-h32x8-d128-p16-bf16"
+    monkeypatch.setattr(fp, "available", lambda device: (8 * 2**30, "test device"))
+    res = invoke("sweep", "--case", small, "--case", big, "-b", "torch", "--dry-run", "--device", "cpu")
+    assert res.exit_code == 0, res.output
+    lines = {line.split()[0]: line for line in res.output.splitlines() if line.startswith("  decode/")}
+    assert "69.1 KiB inputs, >= 138.2 KiB with the 1 backend(s)" in lines[small] and "NOT FIT" not in lines[small]
+    assert "18.0 GiB inputs" in lines[big] and "DOES NOT FIT (8.0 GiB free on test device)" in lines[big]
+    assert "1 of 2 cases do not fit" in res.output

@@ -16,7 +16,7 @@ def test_every_registered_op_defines_every_hook():
 
 
 def test_a_missing_method_is_an_error_at_class_definition():
-    with pytest.raises(TypeError, match=r"op 'half' .* lacks perturb\(\)"):
+    with pytest.raises(TypeError, match=r"op 'half' .* lacks input_bytes\(\), perturb\(\)"):
 
         class Half(Op):
             name = "half"
