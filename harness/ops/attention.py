@@ -84,6 +84,12 @@ class DecodeParams(AttentionParams):
 
 
 class ExtendParams(AttentionParams):
+    lens: Literal["equal", "mixed", "skewed", "serving"] = Field(
+        "equal",
+        description="equal: every request at the max; mixed: uniform below it; serving: a chunked-prefill "
+        "scheduler's batch: request 0 a long prefill chunk (q_len), then decodes (q 1) and short chunks "
+        "(q_len / 8) in turn over mixed prefixes",
+    )
     q_len: int = Field(128, ge=1, description="new tokens per request (the most, for mixed)")
     prefix_len: int = Field(0, ge=0, description="cached tokens before them (the most, for mixed)")
     mask: Literal["causal", "bidirectional", "custom"] = "causal"
@@ -102,7 +108,7 @@ class ExtendParams(AttentionParams):
     @model_validator(mode="after")
     def _lens(self):
         if self.lens == "skewed":
-            raise ValueError("extend supports lens equal or mixed")
+            raise ValueError("extend supports lens equal, mixed or serving")
         if self.empty_rows and self.mask != "custom":
             raise ValueError("empty_rows needs mask: custom")
         return self
@@ -180,6 +186,8 @@ def _lengths(n: int, most: int, kind: str, host: torch.Generator, least: int = 1
         return [most] * n
     if kind == "skewed":
         return [most] + [max(least, most // 16)] * (n - 1)
+    if kind == "serving":  # one long chunk, then decodes (1) and short chunks in turn
+        return [most] + [max(least, most // 8) if i % 3 == 2 else max(least, 1) for i in range(1, n)]
     rest = torch.randint(least, most + 1, (n - 1,), generator=host).tolist()
     return [most] + rest
 
@@ -512,6 +520,7 @@ class ExtendOp(_PagedAttentionOp):
     def features(self, p: ExtendParams) -> tuple[str, ...]:
         extra = [] if p.mask == "causal" else [p.mask]
         extra += ["empty-rows"] if p.empty_rows else []
+        extra += ["serving-mix"] if p.lens == "serving" else []
         extra += {"save": ["save-kv"], "attend": [], "shared": ["cross-layer-kv"]}[p.new_kv]
         return super().features(p) + tuple(extra) + (("prefix",) if p.prefix_len else ())
 
@@ -519,7 +528,8 @@ class ExtendOp(_PagedAttentionOp):
         """(keys, new tokens) per request, as `build_inputs` draws them; no tensors (backends' limits read them)."""
         host, _ = _generators(seed, None)
         q_lens = _lengths(p.batch, p.q_len, p.lens, host)
-        prefix = _lengths(p.batch, p.prefix_len, p.lens, host, least=0) if p.prefix_len else [0] * p.batch
+        pre = "mixed" if p.lens == "serving" else p.lens
+        prefix = _lengths(p.batch, p.prefix_len, pre, host, least=0) if p.prefix_len else [0] * p.batch
         return [a + b for a, b in zip(prefix, q_lens)], q_lens
 
     def build_inputs(self, p: ExtendParams, dtype, seed, device) -> AttentionInputs:

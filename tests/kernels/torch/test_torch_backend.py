@@ -89,3 +89,14 @@ def test_merge_state_floor_follows_cancelling_summands(seed):
     """d=1 makes a (token, head) slice one element: where v_a e^{s_a} and v_b e^{s_b} cancel, |o| is far
     below the summands that float32 rounds at; the floor scales with them (OutputSpec.magnitude)."""
     assert_pass(Case("merge_state", MergeStateParams(tokens=40, heads=3, head_dim=1), "fp32", seed))
+
+
+def test_serving_mix_batches_one_long_chunk_decodes_and_short_chunks():
+    """`lens: serving` is a chunked-prefill scheduler's extend batch: request 0 a long prefill chunk,
+    then decodes (q 1) and short chunks (q_len / 8) in turn, over mixed prefixes."""
+    case = Case.from_id("extend/b7-q64-pre300-serving-h4x2-d16-p16-bf16")
+    kv, q = case.op.request_lengths(case.params, case.seed)
+    assert q == [64, 1, 8, 1, 1, 8, 1] and kv[0] == 364 and len(set(kv)) > 3
+    assert "serving-mix" in case.op.features(case.params)
+    assert_pass(case)
+    assert_pass(Case.from_id("extend/b5-q40-pre50-serving-h4x1-d32-p1-custom-swa20-sink-fp16"))
