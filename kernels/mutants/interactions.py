@@ -260,6 +260,46 @@ def _scale_ignored() -> Backend:
     return type("Mutant_gdn_scale_ignored", (Backend,), {"name": "gdn-scale-ignored", **methods})()
 
 
+def _initial_state_ignored(name: str, op: str) -> Backend:
+    """`op` (causal_conv1d or gdn_extend) reads every request's pool slot as its initial state, whatever
+    `has_initial_state` says: a slot freed and handed to a new request still holds its previous owner's
+    state, which the new request then continues from.
+
+    Real bugs of this class: SGLang PR #24717 (LFM2 called causal_conv1d_fn with has_initial_state None
+    for prefill, so a reused Mamba slot leaked the previous request's conv state into a new one), and a
+    review of vllm-ascend PR #10558 (its causal_conv1d ignored has_initial_state altogether).
+    """
+    fn = getattr(tgdn, op)
+
+    def prepare(self, case, x):
+        y = dataclasses.replace(x, has_initial_state=torch.ones_like(x.has_initial_state))
+        return lambda: fn(y)  # y shares every other tensor with x: outputs and pools land in x
+
+    return type(f"Mutant_{name}", (Backend,), {"name": name, f"prepare_{op}": prepare})()
+
+
+class _MergeReadsBase2(Backend):
+    """merge_state built for base-2 LSEs (FlashInfer's convention) fed natural-log ones: weights
+    2^(s - m) instead of e^(s - m), and a base-2 LSE back. The mirror image of SGLang issue #40903 / PR
+    #35045 (DeepSeek chunked-prefix prefill fed FlashInfer's base-2 LSEs into the natural-log
+    merge_state_v2; max error 0.1 at a 4k prefix) and of vLLM PR #28840 (context-parallel merge)."""
+
+    name = "merge-reads-base2-lse"
+
+    def prepare_merge_state(self, case, x):
+        def run():
+            m = torch.maximum(x.s_a, x.s_b)
+            m = torch.where(torch.isinf(m), torch.zeros_like(m), m)
+            wa, wb = torch.exp2(x.s_a - m), torch.exp2(x.s_b - m)
+            total = wa + wb
+            inv = torch.where(total > 0, 1.0 / total, torch.zeros_like(total))
+            x.o.copy_(x.v_a.float() * (wa * inv)[..., None] + x.v_b.float() * (wb * inv)[..., None])
+            x.lse.copy_(torch.where(total > 0, m + torch.log2(total), torch.full_like(total, -math.inf)))
+            return {"o": x.o, "lse": x.lse}
+
+        return run
+
+
 class _MergeUnguarded(Backend):
     """merge_state without the guard for two empty sides: exp(-inf - -inf) = NaN."""
 
@@ -360,6 +400,13 @@ INTERACTION_MUTANTS = (
      _scale_ignored),
     ("merge-unguarded-empty", "merge_state without the guard for two empty sides (NaN)",
      lambda: _MergeUnguarded()),
+    # from upstream bug trackers (each docstring names its source)
+    ("conv-ignores-has-initial-state", "causal_conv1d continues from a reused slot's stale state (has_initial_state ignored)",
+     lambda: _initial_state_ignored("conv-ignores-has-initial-state", "causal_conv1d")),
+    ("gdn-extend-ignores-has-initial-state", "gdn_extend continues from a reused slot's stale state (has_initial_state ignored)",
+     lambda: _initial_state_ignored("gdn-extend-ignores-has-initial-state", "gdn_extend")),
+    ("merge-reads-base2-lse", "merge_state weights natural-log LSEs as base 2 (FlashInfer's convention)",
+     lambda: _MergeReadsBase2()),
     ("random-order-but-deterministic", "declares itself deterministic, sums in a random order (atomics)",
      lambda: _RandomOrderPromisedDeterministic()),
 )  # fmt: skip
