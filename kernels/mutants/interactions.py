@@ -45,6 +45,7 @@ class Bugs:
     causal_top_left: bool = False  # causal mask j <= i (top-left) instead of bottom-right
     window_dropped_unless_causal: bool = False  # bidirectional and custom masks ignore the window
     mla_rope_dropped: bool = False  # MLA scores from the 512 latent dims only
+    sink_every_split: bool = False  # split-KV: every split's partial state carries the sink term
 
 
 def _keys(x, b: int, bugs: Bugs):
@@ -135,7 +136,8 @@ def _softmax_v(s, V, sinks, bugs: Bugs, dtype):
     l = p.sum(-1)
     empty = l == 0
     if sinks is not None:
-        l = l + torch.exp(sinks - m)
+        splits = -(-s.shape[-1] // SPLIT) if bugs.sink_every_split else 1
+        l = l + splits * torch.exp(sinks - m)
     pv = p.to(dtype).float()
     Vh = V.permute(1, 0, 2)  # [Hq, L, Dv]
     if bugs.bf16_accumulate and dtype != torch.float32:
@@ -351,6 +353,7 @@ def _a(name: str, **bugs) -> Backend:
 
 # (name, the bug as a reviewer would describe it, backend factory)
 INTERACTION_MUTANTS = (
+    # FlashInfer PR #350 fixed exactly this in its decode kernel ("soft cap should be applied before masking")
     ("soft-cap-after-mask", "soft cap applied after masking: masked keys score -cap and become visible",
      lambda: _a("soft-cap-after-mask", cap_after_mask=True)),
     ("window-skips-prefix", "extend: the sliding window is applied to the new keys only, the cached prefix stays visible",
@@ -383,6 +386,10 @@ INTERACTION_MUTANTS = (
      lambda: _a("window-dropped-unless-causal", window_dropped_unless_causal=True)),
     ("mla-rope-dropped", "MLA scores from the 512 latent dims only, rope part ignored",
      lambda: _a("mla-rope-dropped", mla_rope_dropped=True)),
+    # the class of ROCm composable_kernel issue #12227 / PR #12229: split-KV attention let the sink logit
+    # into the merged softmax denominator more than once (and not at all on an empty key range)
+    ("sink-every-split", "split-KV: every split's partial state carries the sink, so it counts once per split",
+     lambda: _a("sink-every-split", sink_every_split=True)),
     ("dt-bias-head0", "GDN gating adds dt_bias of head 0 to every head",
      lambda: _patched_gdn("dt-bias-head0", "_gates", _gates_head0_dt_bias,
                          ("gdn_gating", "gdn_decode", "gdn_verify"))),
