@@ -521,6 +521,9 @@ class ExtendOp(_PagedAttentionOp):
         extra = [] if p.mask == "causal" else [p.mask]
         extra += ["empty-rows"] if p.empty_rows else []
         extra += ["serving-mix"] if p.lens == "serving" else []
+        # cross-attention (RadixAttention is_cross_attention): every query sees the encoder's cached K/V
+        # (prefix_len + q_len keys), no causal mask, nothing written
+        extra += ["cross-attention"] if p.mask == "bidirectional" and p.new_kv == "shared" else []
         extra += {"save": ["save-kv"], "attend": [], "shared": ["cross-layer-kv"]}[p.new_kv]
         return super().features(p) + tuple(extra) + (("prefix",) if p.prefix_len else ())
 
