@@ -58,6 +58,7 @@ written that way keep working, and may refine `supports(case)` themselves.
 
 from __future__ import annotations
 
+import copy
 import importlib
 import importlib.metadata
 import importlib.util
@@ -148,6 +149,23 @@ def _declared(cls: type) -> dict[str, Implementation]:
     return found
 
 
+@dataclass(frozen=True)
+class Knob:
+    """One of a backend's own tunables, declared once on its class (`knobs = {"name": Knob(...)}`) and
+    chosen per run with `-b NAME:knob=value[,knob=value]`: the variant's label, `NAME[knob=value]`, is its
+    backend name everywhere (rows, summaries, reports, compare keys). `choices`: the allowed values."""
+
+    help: str
+    choices: tuple[Any, ...]
+
+    def parse(self, backend: str, name: str, text: str) -> Any:
+        for value in self.choices:
+            if str(value) == text:
+                return value
+        allowed = ", ".join(str(c) for c in self.choices)
+        raise AttnbenchError(f"backend {backend!r}: knob {name}={text!r} is not allowed; choose one of {allowed}")
+
+
 class Backend:
     """Base class of every backend (built-in or plugin).
 
@@ -160,6 +178,8 @@ class Backend:
     description: ClassVar[str] = ""
     implementations: ClassVar[dict[str, Implementation]] = {}
     backend_limits: ClassVar[Limits | None] = None  # called as backend_limits(self, case) before the op's limits
+    knobs: ClassVar[dict[str, Knob]] = {}  # the backend's own tunables (`-b NAME:knob=value`)
+    settings: dict[str, Any] = {}  # the knob values of this variant ({}: the backend's defaults); read in prepare
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -276,8 +296,45 @@ def all_backends() -> dict[str, Backend]:
     return {name: _INSTANCES[name] for name in sorted(_REGISTRY)}
 
 
+_VARIANTS: dict[str, Backend] = {}
+
+
+def parse_backend(spec: str) -> tuple[str, dict[str, str]]:
+    """`NAME`, `NAME:k=v,k2=v2` or the label form `NAME[k=v,k2=v2]` -> (NAME, {k: v} as text)."""
+    if spec.endswith("]") and "[" in spec:
+        base, _, rest = spec[:-1].partition("[")
+    else:
+        base, _, rest = spec.partition(":")
+    pairs = {}
+    for item in filter(None, rest.split(",")):
+        key, eq, value = item.partition("=")
+        if not eq or not key.strip() or not value.strip():
+            raise AttnbenchError(f"backend {spec!r}: knob settings are k=v pairs separated by commas, got {item!r}")
+        pairs[key.strip()] = value.strip()
+    return base.strip(), pairs
+
+
 def get_backend(name: str) -> Backend:
+    """The registered backend `name`, or its variant with knob settings (`NAME:k=v` or `NAME[k=v]`)."""
     found = all_backends()
-    if name not in found:
-        raise AttnbenchError(f"unknown backend {name!r}; available: {', '.join(found) or 'none'}")
-    return found[name]
+    if name in found:  # a registered name, `:` and all (plugin variants such as `cute-decode:wide`)
+        return found[name]
+    base, raw = parse_backend(name)
+    if base not in found:
+        raise AttnbenchError(f"unknown backend {base!r}; available: {', '.join(found) or 'none'}")
+    b = found[base]
+    if not raw:
+        return b
+    settings = {}
+    for key, text in raw.items():
+        knob = b.knobs.get(key)
+        if knob is None:
+            valid = ", ".join(f"{k} ({', '.join(map(str, v.choices))})" for k, v in b.knobs.items()) or "none"
+            raise AttnbenchError(f"backend {base!r} has no knob {key!r}; its knobs: {valid}")
+        settings[key] = knob.parse(base, key, text)
+    label = f"{base}[{','.join(f'{k}={settings[k]}' for k in sorted(settings))}]"
+    if label not in _VARIANTS:
+        variant = copy.copy(b)
+        variant.name, variant.settings = label, settings
+        _VARIANTS[label] = variant
+    return _VARIANTS[label]

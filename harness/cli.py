@@ -317,7 +317,7 @@ def _print_summary(rows, complete: bool = True) -> None:
     for col in ("backend", *STATUSES):
         table.add_column(col, justify="right" if col != "backend" else "left")
     for name, c in counts.by_backend.items():
-        table.add_row(name, *(str(c[s]) for s in STATUSES))
+        table.add_row(esc(name), *(str(c[s]) for s in STATUSES))
     console.print(table)
     console.print(counts.verdict(complete), highlight=False)
     from attnbench.report.exports import determinism_warnings

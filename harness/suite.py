@@ -47,7 +47,7 @@ from pydantic import (
 from attnbench import expectations, yamlines
 from attnbench.case import Case, Tolerance
 from attnbench.dtypes import DTYPES
-from attnbench.errors import SuiteError
+from attnbench.errors import AttnbenchError, SuiteError
 from attnbench.ops import OPS
 
 Scalar = StrictInt | StrictFloat | StrictStr | bool | None
@@ -248,14 +248,16 @@ def _check_size(spec: SuiteSpec, path, lines, max_cases: int) -> None:
 
 
 def _check_backends(spec: SuiteSpec, path, lines) -> None:
-    from attnbench.backend import all_backends
+    """Every `backends:` entry names a registered backend, or a knob variant of one (`NAME:k=v`)."""
+    from attnbench.backend import all_backends, get_backend
 
-    names = all_backends()
+    if not all_backends():
+        return
     for i, b in enumerate(spec.backends or ()):
-        if names and b not in names:
-            raise SuiteError(
-                path, yamlines.line_of(lines, ("backends", i)), f"unknown backend {b!r}; available: {', '.join(names)}"
-            )
+        try:
+            get_backend(b)
+        except AttnbenchError as e:
+            raise SuiteError(path, yamlines.line_of(lines, ("backends", i)), str(e)) from None
 
 
 def _dotted(loc) -> str:

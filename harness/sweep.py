@@ -147,9 +147,9 @@ def plan(
         cases = [replace(c, require=c.require | frozenset(require)) for c in cases]
     registered = all_backends()
     chosen = [get_backend(b) for b in backends] if backends else list(registered.values())
-    allowed = {b for s in suites if s.spec.backends for b in s.spec.backends}
-    if allowed and not backends:
-        chosen = [b for b in chosen if b.name in allowed]
+    allowed = list(dict.fromkeys(b for s in suites if s.spec.backends for b in s.spec.backends))
+    if allowed and not backends:  # the suites' backends, knob variants (`NAME:k=v`) included
+        chosen = [get_backend(b) for b in allowed]
     loaded = expectations.gather(suites, expect_files or (), builtin_too=True) if expect else []
     applying = expectations.applicable(loaded)
     filters = {"backends": backends, "ops": ops, "k": keywords, "shard": shard}

@@ -22,8 +22,9 @@ from __future__ import annotations
 
 import importlib.util
 import os
+from dataclasses import replace
 
-from attnbench.backend import Backend, implements, register_backend
+from attnbench.backend import Backend, Knob, implements, register_backend
 from attnbench.kernels.triton.gdn_backend import TritonGDN
 from attnbench.kernels.triton.spec_backend import TritonSpec
 
@@ -64,6 +65,11 @@ def attention_head_dims(backend, case) -> str | None:
 class _TritonAttention(Backend):
     deterministic = False
     backend_limits = on_device
+    knobs = {
+        "split_keys": Knob("decode: fixed keys per KV split (default: planned from the SM count)",
+                           (64, 128, 256, 512, 1024, 2048, 4096)),
+        "block_n": Knob("decode: keys per stage-1 step (default: by head dims)", (16, 32, 64, 128)),
+    }  # fmt: skip
 
     def available(self) -> str | None:
         missing = _triton_missing()
@@ -81,12 +87,16 @@ class _TritonAttention(Backend):
         from attnbench.kernels.triton.common import first_that_fits
 
         # the deterministic variant keeps the fixed heuristic: a timing-dependent choice would make
-        # its results depend on the process
-        config, tuned = (None, {}) if self.deterministic else d.tuned_decode_config(x)
+        # its results depend on the process; knob settings (split_keys, block_n) replace the tuning
+        knobs = self.settings
+        config, tuned = (None, {}) if self.deterministic or knobs else d.tuned_decode_config(x)
+        if "block_n" in knobs:
+            config = replace(d.default_decode_config(x), block_n=knobs["block_n"])
         plans = {}
 
         def build(cfg):
-            det = dict(deterministic=self.deterministic, split_tile=DETERMINISTIC_SPLIT_TILE)
+            fixed = self.deterministic or "split_keys" in knobs
+            det = dict(deterministic=fixed, split_tile=knobs.get("split_keys", DETERMINISTIC_SPLIT_TILE))
             plans[cfg] = d.plan_decode(x, config=cfg, **det)
             return d.bind_decode(x, plans[cfg])
 
