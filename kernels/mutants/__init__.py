@@ -16,6 +16,7 @@ import torch
 
 from attnbench.backend import Backend
 from attnbench.kernels.mutants.interactions import INTERACTION_MUTANTS
+from attnbench.kernels.mutants.upstream import UPSTREAM_MUTANTS
 from attnbench.kernels.torch.attention import paged_attention
 from attnbench.kernels.torch.merge import merge_state
 
@@ -26,6 +27,7 @@ class Mutant:
     bug: str  # what the bug is, as a reviewer would describe it
     cases: tuple[str, ...]  # case ids where it must be caught
     backend: Callable[[], Backend]
+    source: str = ""  # the upstream issue / pull request whose bug it reproduces, where there is one
 
 
 def _attention_mutant(name: str, run: Callable) -> type[Backend]:
@@ -211,4 +213,6 @@ MUTANTS: tuple[Mutant, ...] = (
         "tree_verify/b3-pre21-mixed-h8x2-d64-p16-treebinary-depth2-bf16",), lambda: _SiblingLeak()),
     # bugs where features meet and at numeric edges: no case written for them (selftest finds the first)
     *(Mutant(name, bug, (), factory) for name, bug, factory in INTERACTION_MUTANTS),
+    # real bugs from upstream trackers (kernels/mutants/upstream.py): no case written for them either
+    *(Mutant(u.name, u.bug, (), u.backend, u.source) for u in UPSTREAM_MUTANTS),
 )  # fmt: skip

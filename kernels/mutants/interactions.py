@@ -46,6 +46,10 @@ class Bugs:
     window_dropped_unless_causal: bool = False  # bidirectional and custom masks ignore the window
     mla_rope_dropped: bool = False  # MLA scores from the 512 latent dims only
     sink_every_split: bool = False  # split-KV: every split's partial state carries the sink term
+    sink_dropped_on_extend: bool = False  # requests with more than one query (the prefill path) ignore the sinks
+    prefix_fp8_unscaled: bool = False  # extend: the cached prefix of an fp8 cache is read without its scales
+    window_tile_granular: bool = False  # extend: the window only skips whole 16-key tiles before its start
+    empty_lse_plus_inf: bool = False  # a row with no visible key (and no sink) reports LSE +inf
 
 
 def _keys(x, b: int, bugs: Bugs):
@@ -68,7 +72,11 @@ def _keys(x, b: int, bugs: Bugs):
     K = x.k_cache.view(-1, *x.k_cache.shape[2:])[slots].float()
     V = x.v_cache.reshape(-1, *x.v_cache.shape[2:])[slots].float()
     if k_scale is not None:
+        raw_k, raw_v = K, V
         K, V = K * k_scale.view(-1, 1), V * v_scale.view(-1, 1)
+        if bugs.prefix_fp8_unscaled and n > 1:
+            K = torch.cat([raw_k[: L - n], K[L - n :]])  # the paged prefix pass got no scales
+            V = torch.cat([raw_v[: L - n], V[L - n :]])
     if x.k_new is not None and not x.save_kv:
         start = int(x.qo_indptr[b])
         K[L - n : L] = x.k_new[start : start + n].float()
@@ -106,7 +114,10 @@ def attend(x, bugs: Bugs) -> dict[str, torch.Tensor]:
         elif x.causal:
             vis = vis & (j <= (i if bugs.causal_top_left else pos))
         if x.window >= 0 and not (bugs.window_dropped_unless_causal and (x.custom_mask is not None or not x.causal)):
-            inside = j >= pos - x.window
+            start = pos - x.window
+            if bugs.window_tile_granular and n > 1:
+                start = torch.div(start, 16, rounding_mode="floor") * 16  # a partial first tile stays visible
+            inside = j >= start
             if bugs.window_skips_prefix and n > 1:
                 inside = inside | (j < L - n)
             vis = vis & inside
@@ -116,7 +127,7 @@ def attend(x, bugs: Bugs) -> dict[str, torch.Tensor]:
         if x.soft_cap > 0 and bugs.cap_after_mask:
             s = torch.tanh(s / x.soft_cap) * x.soft_cap
         sinks = None
-        if x.sinks is not None:
+        if x.sinks is not None and not (bugs.sink_dropped_on_extend and n > 1):
             sinks = x.sinks.float()[(h // G) * G if bugs.sink_per_kv_head else h][:, None]  # [Hq, 1]
         o, lse = _softmax_v(s, V[:, kv_of], sinks, bugs, x.o.dtype)
         x.o[r0 : r0 + n] = o.to(x.o.dtype)
@@ -149,6 +160,8 @@ def _softmax_v(s, V, sinks, bugs: Bugs, dtype):
         o = pv @ Vh
     o = o / torch.where(l > 0, l, torch.ones_like(l))[..., None]
     lse = torch.where(l > 0, m + torch.log(l), torch.full_like(l, -math.inf))
+    if bugs.empty_lse_plus_inf:
+        lse = torch.where(l > 0, lse, torch.full_like(lse, math.inf))
     if bugs.sink_skipped_on_empty_rows and sinks is not None:
         lse = torch.where(empty, torch.full_like(lse, -math.inf), lse)
     L = s.shape[-1]

@@ -51,6 +51,19 @@ def test_at_least_15_mutants_have_no_case_written_for_them():
     assert len({m.name for m in MUTANTS}) == len(MUTANTS)
 
 
+def test_upstream_mutants_cite_a_real_bug_and_have_no_case_written_for_them():
+    """kernels/mutants/upstream.py: each names an upstream issue or PR; the suites must find it unaided."""
+    import re
+
+    from attnbench.kernels.mutants.upstream import UPSTREAM_MUTANTS
+
+    assert len(UPSTREAM_MUTANTS) >= 8
+    by = {m.name: m for m in MUTANTS}
+    for u in UPSTREAM_MUTANTS:
+        assert re.match(r"[\w.-]+/[\w.-]+ (PR|issue) #\d+", u.source), u.source
+        assert by[u.name].source == u.source and by[u.name].cases == ()
+
+
 def test_selftest_reports_a_mutant_the_suites_miss(monkeypatch):
     """A mutant no default case can catch (a correct backend in disguise) lowers the score and fails."""
     from attnbench import selftest
