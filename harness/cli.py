@@ -420,12 +420,19 @@ def selftest(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N
         table.add_column(col)
     for o in rep.outcomes:
         where = o.case_id if o.caught else f"[red]not caught[/] {'; '.join(o.named_misses)}"
+        if o.known_escape:
+            where = (
+                f"{o.case_id} (a known escape now caught: remove the mark)"
+                if o.caught
+                else f"known escape: {o.known_escape}"
+            )
         table.add_row(o.mutant, o.bug, esc(where), esc(o.reason[:110]))
     out_console.print(table)
     for cid, status, reason in rep.reference_failures:
         out_console.print(f"{rep.reference_backend} {status} on {cid}: {esc(reason[:200])}", highlight=False)
     out_console.print(
         f"mutation score {rep.caught}/{len(rep.outcomes)} = {rep.score:.2f} "
+        f"{f'({rep.known_escapes} known escape(s), shown above) ' if rep.known_escapes else ''}"
         f"({rep.cases_run} cases run; {rep.reference_backend} passed "
         f"{'all' if not rep.reference_failures else f'all but {len(rep.reference_failures)}'})",
         highlight=False,

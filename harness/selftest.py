@@ -7,8 +7,9 @@ records, per mutant, the first case whose row failed while the reference passed.
 for them: the suite found them. A mutant that also names `cases` (where its bug must show) is run on
 those too, so a regression of a named case is seen even when the suite catches the mutant elsewhere.
 
-The mutation score is caught / total. The self-test passes when it is 1 and torch passed every case
-it ran.
+The mutation score is caught / total. The self-test passes when every mutant is caught, except those
+marked as a known escape (a detection gap, named with its cause and shown as such), and torch passed
+every case it ran. A known escape that is caught fails the self-test, like an xpass: remove the mark.
 """
 
 from __future__ import annotations
@@ -30,10 +31,16 @@ class Outcome:
     reason: str = ""  # why that row failed
     cases_run: int = 0  # cases it ran before (and including) the one that caught it
     named_misses: list[str] = field(default_factory=list)  # named cases where it was not caught
+    known_escape: str = ""  # why the default suites are known to miss it
 
     @property
     def caught(self) -> bool:
         return bool(self.case_id) and not self.named_misses
+
+    @property
+    def as_expected(self) -> bool:
+        """Caught, or a known escape that is still not caught."""
+        return self.caught != bool(self.known_escape)
 
 
 @dataclass
@@ -53,8 +60,12 @@ class Report:
         return self.caught / len(self.outcomes) if self.outcomes else 1.0
 
     @property
+    def known_escapes(self) -> int:
+        return sum(bool(o.known_escape) and not o.caught for o in self.outcomes)
+
+    @property
     def ok(self) -> bool:
-        return self.caught == len(self.outcomes) and not self.reference_failures
+        return all(o.as_expected for o in self.outcomes) and not self.reference_failures
 
 
 def _supports(backend, case: Case) -> bool:
@@ -69,7 +80,7 @@ def run(device: str = "cpu", reference: str = "torch", suites: tuple[str, ...] =
     from attnbench.suite import load
 
     good = get_backend(reference)
-    outcomes = {m.name: Outcome(m.name, m.bug) for m in MUTANTS}
+    outcomes = {m.name: Outcome(m.name, m.bug, known_escape=m.known_escape) for m in MUTANTS}
     mutants = {m.name: m.backend() for m in MUTANTS}
     failures: list[tuple[str, str, str]] = []
     cases = [c for s in suites for c in load(s, device).cases]

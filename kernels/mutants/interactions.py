@@ -50,6 +50,7 @@ class Bugs:
     prefix_fp8_unscaled: bool = False  # extend: the cached prefix of an fp8 cache is read without its scales
     window_tile_granular: bool = False  # extend: the window only skips whole 16-key tiles before its start
     empty_lse_plus_inf: bool = False  # a row with no visible key (and no sink) reports LSE +inf
+    uniform_q_offset: bool = False  # request b's query/output rows taken at b * (request 0's query count)
 
 
 def _keys(x, b: int, bugs: Bugs):
@@ -97,6 +98,8 @@ def attend(x, bugs: Bugs) -> dict[str, torch.Tensor]:
         K, V = _keys(x, b, bugs)
         Lr = K.shape[0]
         r0 = int(x.qo_indptr[b])
+        if bugs.uniform_q_offset:
+            r0 = min(b * x.q_lens_host[0], x.q.shape[0] - n)  # as if every request had request 0's count
         q = x.q[r0 : r0 + n].float()  # [n, Hq, Dk]
         k = K[:, kv_of]  # [Lr, Hq, Dk]
         if bugs.mla_rope_dropped and q.shape[-1] == 576:

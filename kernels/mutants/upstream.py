@@ -27,6 +27,7 @@ class Upstream:
     bug: str  # the bug as a reviewer would describe it (in attnbench's terms)
     source: str  # the upstream issue / pull request it is modelled on
     backend: object  # () -> Backend
+    known_escape: str = ""  # why the default suites miss it, when they do (shown by `attnbench selftest`)
 
 
 # ---- GDN ------------------------------------------------------------------------------------------
@@ -124,6 +125,15 @@ UPSTREAM_MUTANTS: tuple[Upstream, ...] = (
         "length 0), which breaks LSE-based merging; vllm-project/vllm PR #28181 had to special-case such "
         "states in merge_attn_states",
         lambda: _a("empty-row-lse-plus-inf", empty_lse_plus_inf=True),
+    ),
+    Upstream(
+        "query-rows-uniform-offset",
+        "multi-query attention reads and writes request b's rows at b x (request 0's query count), not at its packed offset",
+        "flashinfer-ai/flashinfer PR #4382: trtllm-gen multi-token decode indexed Q/O by request index times "
+        "q_len instead of the packed request offset, so with batch > 1 the requests after the first were corrupt",
+        lambda: _a("query-rows-uniform-offset", uniform_q_offset=True),
+        "every generated batch puts its longest request first (ops/attention.py _lengths), so request 0's "
+        "query count is the largest and the wrong offsets land on the right rows (clamped to the buffer)",
     ),
     Upstream(
         "gdn-beta-rounded-to-input-dtype",
