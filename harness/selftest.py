@@ -28,7 +28,7 @@ class Outcome:
     mutant: str
     bug: str
     case_id: str = ""  # the first case that caught it ("" when none did)
-    reason: str = ""  # why that row failed
+    reason: str = ""  # why that row failed (not caught: the first error it raised, if any)
     cases_run: int = 0  # cases it ran before (and including) the one that caught it
     named_misses: list[str] = field(default_factory=list)  # named cases where it was not caught
     known_escape: str = ""  # why the default suites are known to miss it
@@ -100,6 +100,8 @@ def run(device: str = "cpu", reference: str = "torch", suites: tuple[str, ...] =
             if row.status == "fail":
                 o.case_id, o.reason = case.id, row.reason
                 mutants[name] = _fresh(MUTANTS, name)  # stateful mutants start clean on named cases
+            elif row.status == "error" and not o.reason:  # an error is not a catch; say why it was missed
+                o.reason = f"{row.status} (not a catch) on {case.id}: {row.reason}"
         if all(o.case_id for o in outcomes.values()):
             break
     for m in MUTANTS:  # named cases: each must still catch its mutant

@@ -108,3 +108,28 @@ def test_a_known_escape_is_shown_and_fails_once_caught(monkeypatch):
     monkeypatch.setattr(mutants, "MUTANTS", (found,))
     rep = selftest.run()
     assert rep.caught == 1 and rep.known_escapes == 0 and not rep.ok
+
+
+def test_a_mutant_that_only_raises_is_not_caught_and_says_why(monkeypatch):
+    """An error row proves nothing about the checks: the mutant stays uncaught, with the error as the reason."""
+    from attnbench import selftest
+    from attnbench.backend import Backend
+    from attnbench.kernels import mutants
+    from attnbench.suite import load
+
+    small = load("smoke")
+    small.cases = [c for c in small.cases if c.op_name == "gdn_gating"][:1]
+    monkeypatch.setattr("attnbench.suite.load", lambda name, device="cpu": small)
+
+    def prepare(self, case, x):
+        def run():
+            raise RuntimeError("kernel crashed")
+
+        return run
+
+    raising = type("Raising", (Backend,), {"name": "raising", "prepare_gdn_gating": prepare})
+    monkeypatch.setattr(mutants, "MUTANTS", (mutants.Mutant("raising", "raises", (), raising),))
+    rep = selftest.run()
+    o = rep.outcomes[0]
+    assert not o.caught and not rep.ok
+    assert o.reason.startswith("error (not a catch) on gdn_gating/") and "kernel crashed" in o.reason, o.reason
