@@ -189,7 +189,7 @@ def attention_mutant(name: str, bugs: Bugs) -> Backend:
 
 # ---- GDN and merge mutants ------------------------------------------------------------------------
 def _gates_head0_dt_bias(A_log, a, dt_bias, b):
-    return _right_gates(A_log, a, dt_bias[:1].expand_as(dt_bias), b)
+    return right_gates(A_log, a, dt_bias[:1].expand_as(dt_bias), b)
 
 
 def _gates_no_threshold(A_log, a, dt_bias, b):
@@ -202,11 +202,11 @@ def _gates_threshold_2(A_log, a, dt_bias, b):
     return -torch.exp(A_log.float()) * sp, torch.sigmoid(b.float())
 
 
-_right_gates = tgdn._gates
+right_gates = tgdn._gates  # the original gates: replacements call it, not themselves
 
 
-def _patched_gdn(name: str, attr: str, replacement, ops: tuple[str, ...]) -> Backend:
-    """The torch GDN backend with its function `attr` replaced while the closure runs."""
+def patched_gdn(name: str, attr: str, replacement, ops: tuple[str, ...]) -> Backend:
+    """The torch GDN backend with its function `attr` replaced while the closure of each op in `ops` runs."""
 
     def prepare_for(fn):
         def prepare(self, case, x):
@@ -407,13 +407,13 @@ INTERACTION_MUTANTS = (
     ("sink-every-split", "split-KV: every split's partial state carries the sink, so it counts once per split",
      lambda: _a("sink-every-split", sink_every_split=True)),
     ("dt-bias-head0", "GDN gating adds dt_bias of head 0 to every head",
-     lambda: _patched_gdn("dt-bias-head0", "_gates", _gates_head0_dt_bias,
+     lambda: patched_gdn("dt-bias-head0", "_gates", _gates_head0_dt_bias,
                          ("gdn_gating", "gdn_decode", "gdn_verify"))),
     ("softplus-no-threshold", "softplus as log(1 + exp(x)) without the linear branch: inf beyond exp overflow",
-     lambda: _patched_gdn("softplus-no-threshold", "_gates", _gates_no_threshold,
+     lambda: patched_gdn("softplus-no-threshold", "_gates", _gates_no_threshold,
                          ("gdn_gating", "gdn_decode", "gdn_verify"))),
     ("softplus-threshold-2", "softplus switches to its linear branch above 2 instead of 20",
-     lambda: _patched_gdn("softplus-threshold-2", "_gates", _gates_threshold_2,
+     lambda: patched_gdn("softplus-threshold-2", "_gates", _gates_threshold_2,
                          ("gdn_gating", "gdn_decode", "gdn_verify"))),
     ("conv-state-short-not-saved", "causal_conv1d leaves the state of requests shorter than width - 1 unwritten",
      lambda: _ConvShortNotSaved()),

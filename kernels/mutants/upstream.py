@@ -16,8 +16,7 @@ import dataclasses
 import torch
 
 from attnbench.backend import Backend
-from attnbench.kernels.mutants.interactions import Bugs, attention_mutant
-from attnbench.kernels.torch import gdn as tgdn
+from attnbench.kernels.mutants.interactions import Bugs, attention_mutant, patched_gdn, right_gates
 from attnbench.kernels.torch import spec as tspec
 
 
@@ -31,18 +30,15 @@ class Upstream:
 
 
 # ---- GDN ------------------------------------------------------------------------------------------
-_right_gates = tgdn._gates  # the replacements below call the original, not themselves
-
-
 def _beta_rounded(A_log, a, dt_bias, b):
     """The right gates, but sigmoid(b) rounded to b's dtype (bf16/fp16) before it is stored as fp32."""
-    g, beta = _right_gates(A_log, a, dt_bias, b)
+    g, beta = right_gates(A_log, a, dt_bias, b)
     return g, beta.to(b.dtype).float()
 
 
 def _beta_sigmoid_twice(A_log, a, dt_bias, b):
     """The right gates, but beta = sigmoid(sigmoid(b)): a second sigmoid on an already gated beta."""
-    g, beta = _right_gates(A_log, a, dt_bias, b)
+    g, beta = right_gates(A_log, a, dt_bias, b)
     return g, torch.sigmoid(beta)
 
 
@@ -50,27 +46,6 @@ def _no_l2norm(q, k, HV, scale):
     """`_norm_qk` without the L2 normalisation: q and k are only scaled and expanded to the value heads."""
     group = HV // q.shape[-2]
     return (q.float() * scale).repeat_interleave(group, dim=-2), k.float().repeat_interleave(group, dim=-2)
-
-
-def _patched(name: str, attr: str, replacement, ops: tuple[str, ...]) -> Backend:
-    """The torch GDN backend with its helper `attr` replaced while the closure of each op in `ops` runs."""
-
-    def prepare_for(fn):
-        def prepare(self, case, x):
-            def run():
-                old = getattr(tgdn, attr)
-                setattr(tgdn, attr, replacement)
-                try:
-                    return fn(x)
-                finally:
-                    setattr(tgdn, attr, old)
-
-            return run
-
-        return prepare
-
-    methods = {f"prepare_{op}": prepare_for(getattr(tgdn, op)) for op in ops}
-    return type(f"Mutant_{name}", (Backend,), {"name": name, **methods})()
 
 
 # ---- spec -----------------------------------------------------------------------------------------
@@ -140,7 +115,7 @@ UPSTREAM_MUTANTS: tuple[Upstream, ...] = (
         "beta = sigmoid(b) computed in fp32, rounded to b's dtype (bf16/fp16), stored back as fp32",
         "vllm-project/vllm PR #53877 (packed GDN decode) and sgl-project/sglang PR #40362 (fused_gdn_gating on "
         "the extend path) both rounded the fp32 sigmoid to the input dtype before use",
-        lambda: _patched(
+        lambda: patched_gdn(
             "gdn-beta-rounded-to-input-dtype", "_gates", _beta_rounded, ("gdn_gating", "gdn_decode", "gdn_verify")
         ),
     ),
@@ -149,14 +124,14 @@ UPSTREAM_MUTANTS: tuple[Upstream, ...] = (
         "GDN decode applies sigmoid to an already gated beta",
         "sgl-project/sglang PR #17508: after a conflict resolution (PR #17108) the KDA decode path applied an "
         "extra sigmoid to beta",
-        lambda: _patched("gdn-decode-beta-sigmoid-twice", "_gates", _beta_sigmoid_twice, ("gdn_decode",)),
+        lambda: patched_gdn("gdn-decode-beta-sigmoid-twice", "_gates", _beta_sigmoid_twice, ("gdn_decode",)),
     ),
     Upstream(
         "gdn-extend-no-qk-l2norm",
         "gdn_extend skips the q/k L2 normalisation (decode and verify keep it)",
         "flashinfer-ai/flashinfer PR #5255: chunk_gated_delta_rule ignored use_qk_l2norm_in_kernel=True on its "
         "native prefill paths, so unnormalised q/k went into the delta rule",
-        lambda: _patched("gdn-extend-no-qk-l2norm", "_norm_qk", _no_l2norm, ("gdn_extend",)),
+        lambda: patched_gdn("gdn-extend-no-qk-l2norm", "_norm_qk", _no_l2norm, ("gdn_extend",)),
     ),
     Upstream(
         "retrive-index-wrong-stride",
