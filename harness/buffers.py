@@ -17,6 +17,11 @@ CANARY_ELEMENTS = 256  # elements of padding on each side of every output
 _CANARY_VALUE = -31337.0
 
 
+def output_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
+    """Bytes `alloc_output(shape, dtype)` allocates: the tensor and its canary padding."""
+    return (math.prod(shape) + 2 * CANARY_ELEMENTS) * dtype.itemsize
+
+
 def alloc_output(shape: tuple[int, ...], dtype: torch.dtype, device: torch.device | str) -> torch.Tensor:
     """An output buffer: NaN-filled (signed ints -1, unsigned all bits set), canary padding on both sides."""
     n = math.prod(shape)

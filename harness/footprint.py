@@ -47,8 +47,10 @@ def available(device: str) -> tuple[int, str] | None:
 
 
 def human(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+    """Bytes in B, KiB, MiB or GiB (the largest unit it reaches; GiB above that)."""
+    if n < 1024:
+        return f"{n:.0f} B"
+    for unit in ("KiB", "MiB", "GiB"):
         n /= 1024
-    return f"{n:.1f} TiB"
+        if n < 1024 or unit == "GiB":
+            return f"{n:.1f} {unit}"

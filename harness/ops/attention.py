@@ -16,11 +16,11 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
-from attnbench.buffers import alloc_output
+from attnbench.buffers import alloc_output, output_bytes
 from attnbench.ops import rng
-from attnbench.ops.base import IdField, Op, OutputSpec, Params, magnitude_key, output_bytes, tensor_bytes
+from attnbench.ops.base import IdField, Op, OutputSpec, Params, magnitude_key, tensor_bytes
 from attnbench.ops.distributions import Distribution, Sampler, lse_like
-from attnbench.ops.paged import fill, make_layout, poisoned_cache
+from attnbench.ops.paged import fill, make_layout, poisoned_cache, pool_pages
 from attnbench.references import attention as ref
 
 MLA_DK, MLA_DV = 576, 512
@@ -308,7 +308,7 @@ class _PagedAttentionOp(Op):
         """`input_bytes` of `_build` with these lengths (`mask`: a custom mask over every request)."""
         B, T, Hq, Hkv, Dk, Dv = len(kv_lens), sum(q_lens), p.heads_q, p.heads_kv, p.head_dim, p.dv
         need = sum(-(-n // p.page_size) for n in kv_lens)
-        slots = (need + max(2, need // 8)) * p.page_size * Hkv  # make_layout's pool: ~12% spare pages
+        slots = pool_pages(need) * p.page_size * Hkv
         cache = FP8.get(p.kv_dtype, dtype)
         total = tensor_bytes((slots, Dk), cache) + (0 if p.mla else tensor_bytes((slots, Dv), cache))
         total += (

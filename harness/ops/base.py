@@ -16,7 +16,6 @@ from typing import Any, ClassVar, Literal, get_args, get_origin, get_type_hints
 import torch
 from pydantic import BaseModel, ConfigDict
 
-from attnbench.buffers import CANARY_ELEMENTS
 from attnbench.ops.rng import to_device
 
 
@@ -66,11 +65,6 @@ class OutputSpec:
 def tensor_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     """Bytes of a dense tensor of `shape` and `dtype`."""
     return math.prod(shape) * dtype.itemsize
-
-
-def output_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
-    """Bytes of an output buffer from `attnbench.buffers.alloc_output`: the tensor and its canary padding."""
-    return (math.prod(shape) + 2 * CANARY_ELEMENTS) * dtype.itemsize
 
 
 def magnitude_key(name: str) -> str:
@@ -141,7 +135,7 @@ class Op:
     def input_bytes(self, p: Params, dtype: torch.dtype, seed: int) -> int:
         """Bytes of the tensors `build_inputs` returns (outputs and their canary padding included),
         from the parameters alone: no tensor is built (`--dry-run` sizes cases and flags those that
-        cannot fit the device). Sum `tensor_bytes` / `output_bytes` over the fields."""
+        cannot fit the device). Sum `tensor_bytes` / `attnbench.buffers.output_bytes` over the fields."""
         raise NotImplementedError
 
     def expected(self, p: Params, inputs: Any, precision: torch.dtype) -> dict[str, torch.Tensor]:

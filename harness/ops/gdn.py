@@ -49,9 +49,9 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
-from attnbench.buffers import alloc_output
+from attnbench.buffers import alloc_output, output_bytes
 from attnbench.ops import rng
-from attnbench.ops.base import IdField, Op, OutputSpec, Params, output_bytes, tensor_bytes
+from attnbench.ops.base import IdField, Op, OutputSpec, Params, tensor_bytes
 from attnbench.references import gdn as ref
 
 CHUNK = 64  # the chunk size the gdn_extend cost model counts
@@ -219,9 +219,14 @@ def _initial(n: int, kind: str, host: torch.Generator) -> list[bool]:
     return [True] + (torch.rand(n - 1, generator=host) < 0.5).tolist()
 
 
+def _pool_slots(batch: int) -> int:
+    """State-pool slots for `batch` requests: ~12% spare (at least 2)."""
+    return batch + max(2, batch // 8)
+
+
 def _slots(batch: int, pad: int, host: torch.Generator) -> tuple[int, list[int]]:
     """(pool size, slot per request): shuffled distinct slots, ~12% spare, `pad` random rows at -1."""
-    pool = batch + max(2, batch // 8)
+    pool = _pool_slots(batch)
     slots = torch.randperm(pool, generator=host)[:batch].tolist()
     for i in torch.randperm(batch, generator=host)[:pad].tolist():
         slots[i] = -1
@@ -330,7 +335,7 @@ class CausalConv1dOp(Op):
     def input_bytes(self, p: ConvParams, dtype, seed: int) -> int:
         host, _ = _generators(seed, None)
         B, D, W = p.batch, p.dim, p.width
-        T, N = sum(_lengths(B, p.seq_len, p.lens, host)), B + max(2, B // 8)  # _slots' pool
+        T, N = sum(_lengths(B, p.seq_len, p.lens, host)), _pool_slots(B)
         data = tensor_bytes((T, D), dtype) + tensor_bytes((D, W + 1), dtype) + tensor_bytes((N, D, W - 1), dtype)
         return data + 4 * B + B + 4 * (B + 1) + output_bytes((T, D), dtype)  # slots, has_initial, starts, y
 
@@ -408,7 +413,7 @@ class _GDNOp(Op):
     def _bytes_for(self, p: GDNParams, dtype, T: int, B: int, raw_gates: bool) -> int:
         """Bytes of q, k, v (or mixed_qkv, the same), the state pool, slots, o and the gates of T tokens."""
         H, HV, K, V = p.heads_qk, p.heads_v, p.head_dim_k, p.head_dim_v
-        pool = tensor_bytes((B + max(2, B // 8), HV, K, V), torch.float32)  # _slots' pool
+        pool = tensor_bytes((_pool_slots(B), HV, K, V), torch.float32)
         total = 2 * tensor_bytes((T, H, K), dtype) + tensor_bytes((T, HV, V), dtype) + pool + 4 * B
         if raw_gates:  # a, b; A_log, dt_bias
             total += 2 * tensor_bytes((T, HV), dtype) + tensor_bytes((HV,), torch.float32) + tensor_bytes((HV,), dtype)

@@ -29,11 +29,16 @@ class PagedLayout:
         return pages[pos // self.page_size] * self.page_size + pos % self.page_size
 
 
+def pool_pages(needed: int) -> int:
+    """Pages in a pool that holds `needed` pages: ~12% spare (at least 2), never handed to a request."""
+    return needed + max(2, needed // 8)
+
+
 def make_layout(seq_lens: list[int], page_size: int, generator: torch.Generator, device) -> PagedLayout:
     """A page table with pages drawn at random, without repetition, from a pool with ~12% spare pages."""
     need = [-(-n // page_size) for n in seq_lens]
     total = sum(need)
-    num_pages = total + max(2, total // 8)
+    num_pages = pool_pages(total)
     perm = torch.randperm(num_pages, generator=generator, device="cpu")[:total].to(torch.int32)
     indptr = torch.tensor([0] + need, dtype=torch.int64).cumsum(0).to(torch.int32)
     return PagedLayout(page_size, num_pages, list(seq_lens), indptr.to(device), perm.to(device))

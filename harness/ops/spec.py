@@ -20,7 +20,7 @@ from typing import Literal
 import torch
 from pydantic import Field, model_validator
 
-from attnbench.buffers import alloc_output
+from attnbench.buffers import alloc_output, output_bytes
 from attnbench.ops.attention import (
     _ATTN_ID,
     AttentionInputs,
@@ -29,7 +29,7 @@ from attnbench.ops.attention import (
     _generators,
     _lengths,
 )
-from attnbench.ops.base import IdField, Op, OutputSpec, Params, output_bytes, tensor_bytes
+from attnbench.ops.base import IdField, Op, OutputSpec, Params, tensor_bytes
 from attnbench.ops.trees import DRAFT_VOCAB, NAMED, TreeFields, request_parents, simulate_eagle_draft
 from attnbench.references import spec as ref
 
