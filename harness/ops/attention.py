@@ -181,15 +181,23 @@ def _randn(shape, dtype, gen: torch.Generator, device) -> torch.Tensor:
 
 
 def _lengths(n: int, most: int, kind: str, host: torch.Generator, least: int = 1) -> list[int]:
-    """Per-request lengths; the first request always has `most`, so ids name the longest."""
+    """Per-request lengths whose maximum is `most`, so ids name the longest.
+
+    `mixed` (random in least..most) and `skewed` (one long, the rest most/16) put the longest request
+    at a seeded position, not always first: a kernel that derives every request's offsets from
+    request 0 must not meet a batch where that happens to be right. `serving` keeps its order (one
+    long chunk, then decodes and short chunks in turn, as a mixed prefill/decode batch is laid out).
+    """
     if kind == "equal" or n == 1:
         return [most] * n
-    if kind == "skewed":
-        return [most] + [max(least, most // 16)] * (n - 1)
-    if kind == "serving":  # one long chunk, then decodes (1) and short chunks in turn
+    if kind == "serving":
         return [most] + [max(least, most // 8) if i % 3 == 2 else max(least, 1) for i in range(1, n)]
-    rest = torch.randint(least, most + 1, (n - 1,), generator=host).tolist()
-    return [most] + rest
+    if kind == "skewed":
+        rest = [max(least, most // 16)] * (n - 1)
+    else:
+        rest = torch.randint(least, most + 1, (n - 1,), generator=host).tolist()
+    at = int(torch.randint(0, n, (1,), generator=host))
+    return rest[:at] + [most] + rest[at:]
 
 
 _ATTN_ID = (

@@ -54,14 +54,17 @@ _TREE = {"tree,depth,topk,draft_tokens": [("chain", 4, None, None), ("binary", 2
                                           ("eagle", 3, 2, 6), ("eagle", 5, 4, 32), ("chain", 0, None, None)]}  # fmt: skip
 
 # Values of the fields that are not Literal/bool (those are axes over all their values automatically).
+# Batches of variable-length requests reach 5: with 3 or fewer, every request is the first, the second
+# (whose offset is request 0's length) or the last (whose offset is total minus its own length), so a
+# kernel that derives offsets from request 0 or from the end lands on the right rows by accident.
 SPACE: dict[str, dict[str, list[Value]]] = {
-    "decode": _ATTN | {"batch": [2, 3], "kv_len": [1, 45, 300, 1000]},
-    "extend": _ATTN | {"batch": [2, 3], "q_len": [1, 7, 24], "prefix_len": [0, 21, 120]},
+    "decode": _ATTN | {"batch": [2, 5], "kv_len": [1, 45, 300, 4000]},
+    "extend": _ATTN | {"batch": [2, 5], "q_len": [1, 7, 24], "prefix_len": [0, 21, 120]},
     "tree_verify": _ATTN | {
         "heads_q,heads_kv": [(8, 2), (16, 1)], "head_dim,head_dim_v": [(64, None), (576, 512)],
         "tree,depth,topk,draft_tokens": [("chain", 4, None, None), ("0_1_0.0_0.1_1.0", 2, None, None),
                                          ("eagle", 3, 2, 6), ("chain", 0, None, None)],
-        "batch": [2, 3], "prefix_len": [1, 21, 100], "window": [-1], "page_size": [1, 16]},
+        "batch": [2, 5], "prefix_len": [1, 21, 100], "window": [-1], "page_size": [1, 16]},
     "merge_state": {"tokens": [17, 33], "heads": [2, 4], "head_dim": [32, 64], "dtype": ["bf16", "fp16", "fp32"]},
     "eagle_build_tree": {"batch": [1, 3], "prefix_len": [1, 40],
                          "topk,depth,draft_tokens": [(1, 5, 6), (2, 3, 6), (4, 4, 16), (8, 2, 8)]},
@@ -70,8 +73,8 @@ SPACE: dict[str, dict[str, list[Value]]] = {
     "causal_conv1d": {"batch": [1, 3, 5], "seq_len": [1, 2, 3, 9, 40], "dim": [40, 48],
                       "width": [2, 3, 4], "dtype": ["bf16", "fp16", "fp32"]},
     "gdn_decode": _GDN | {"batch": [3, 6], "pad": [0, 1, 2]},
-    "gdn_extend": _GDN | {"batch": [1, 3], "seq_len": [1, 3, 64, 150]},
-    "gdn_verify": _GDN | {"batch": [2, 3], "draft": [1, 3, 8], "pad": [0, 1]},
+    "gdn_extend": _GDN | {"batch": [1, 5], "seq_len": [1, 3, 64, 150]},
+    "gdn_verify": _GDN | {"batch": [2, 5], "draft": [1, 3, 8], "pad": [0, 1]},
 }  # fmt: skip
 
 # Fields held at one value in smoke, with the reason (anything else must be an axis).
@@ -81,8 +84,17 @@ HELD: dict[str, dict[str, tuple[Value, str]]] = {}
 # stay in smoke. Axes they leave out take their first value.
 SEEDS: dict[str, list[dict[str, Value]]] = {
     "decode": [
-        {"batch": 2, "kv_len": 45, "heads_q,heads_kv": (4, 2), "head_dim,head_dim_v": (dim, None), "page_size": 16}
-        for dim in (13, 64, 80, 96, 128, 256)
+        *(
+            {"batch": 2, "kv_len": 45, "heads_q,heads_kv": (4, 2), "head_dim,head_dim_v": (dim, None), "page_size": 16}
+            for dim in (13, 64, 80, 96, 128, 256)
+        ),
+        # Long dense sums in 16-bit: thousands of visible keys (no window), diffuse scores (normal), a
+        # 16-bit cache and output. Low-precision accumulation shows only where all of these meet, which
+        # pairwise coverage does not promise (it may pair the long length with a window or fp8 only).
+        *(
+            {"batch": 5, "kv_len": 4000, "lens": "mixed", "heads_q,heads_kv": (8, 2), "page_size": 16, "dtype": dt}
+            for dt in ("bf16", "fp16")
+        ),
     ],
     "merge_state": [
         {"tokens": 33, "heads": 4, "head_dim": 64, "dtype": "fp32"},
@@ -311,7 +323,7 @@ _HEADER = """\
 name: smoke
 description: >
   Pairwise coverage of every op's parameters and features on small shapes (numeric edges included:
-  decode over 1000 keys, logits that overflow an unstabilised softmax, GDN gates beyond exp overflow).
+  decode over 4000 keys, logits that overflow an unstabilised softmax, GDN gates beyond exp overflow).
   Runs on a CPU in under a minute with the torch backend; on a GPU a fast correctness pass.
 device: any
 cases:

@@ -205,10 +205,12 @@ def _rand(shape, lo, hi, gen, device) -> torch.Tensor:
 
 
 def _lengths(n: int, most: int, kind: str, host: torch.Generator) -> list[int]:
-    """Per-request lengths; the first request always has `most`, so ids name the longest."""
+    """Per-request lengths whose maximum is `most` (ids name the longest), at a seeded position."""
     if kind == "equal" or n == 1:
         return [most] * n
-    return [most] + torch.randint(1, most + 1, (n - 1,), generator=host).tolist()
+    rest = torch.randint(1, most + 1, (n - 1,), generator=host).tolist()
+    at = int(torch.randint(0, n, (1,), generator=host))
+    return rest[:at] + [most] + rest[at:]
 
 
 def _initial(n: int, kind: str, host: torch.Generator) -> list[bool]:

@@ -107,8 +107,6 @@ UPSTREAM_MUTANTS: tuple[Upstream, ...] = (
         "flashinfer-ai/flashinfer PR #4382: trtllm-gen multi-token decode indexed Q/O by request index times "
         "q_len instead of the packed request offset, so with batch > 1 the requests after the first were corrupt",
         lambda: _a("query-rows-uniform-offset", uniform_q_offset=True),
-        "every generated batch puts its longest request first (ops/attention.py _lengths), so request 0's "
-        "query count is the largest and the wrong offsets land on the right rows (clamped to the buffer)",
     ),
     Upstream(
         "gdn-beta-rounded-to-input-dtype",

@@ -111,7 +111,9 @@ class _BatchDependent(attnbench.Backend):
 
 
 def test_determinism_and_batch_invariance_are_reported_and_can_be_required():
-    base = Case.from_id("decode/b3-l37-mixed-h8x2-d64-p16-bf16")
+    # equal lengths: the torch backend pads a group of requests to its longest, so on mixed lengths a
+    # request alone reduces over fewer keys than in its batch and its bits may differ (docs/findings.md)
+    base = Case.from_id("decode/b3-l37-h8x2-d64-p16-bf16")
     for backend, det, inv in (
         (get_backend("torch"), True, True),
         (_Noisy(), False, None),

@@ -48,7 +48,7 @@ def test_forbidden_pairs_are_rejected_by_validation_with_a_reason(plans):
 
 def test_numeric_edges_and_features_are_in_smoke():
     ids = [c.id for c in load("smoke").cases]
-    assert any(i.startswith("decode/") and "-l1000-" in i for i in ids)
+    assert any(i.startswith("decode/") and "-l4000-" in i for i in ids)
     assert any("kvscalehead" in i for i in ids) and any("emptyrows" in i and "sink" in i for i in ids)
     assert any("-mla-" in i and "swa" in i for i in ids)
 
