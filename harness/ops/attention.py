@@ -9,9 +9,10 @@ denominator only, absorbed MLA (Dk = 576 = 512 latent + 64 rope, Dv = 512, Hkv =
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import math
 from dataclasses import dataclass
-from typing import Literal
+from typing import Annotated, Literal
 
 import torch
 from pydantic import Field, model_validator
@@ -74,13 +75,24 @@ class AttentionParams(Params):
         return MLA_SCALE if self.mla else self.head_dim**-0.5
 
 
+Lengths = tuple[Annotated[int, Field(ge=0)], ...]
+
+
 class DecodeParams(AttentionParams):
     kv_len: int = Field(1024, ge=1, description="keys per request (the longest, for mixed/skewed)")
+    kv_lens: Lengths | None = Field(
+        None, description="explicit keys per request (replayed batches, docs/trace.md): sets batch and kv_len"
+    )
 
     @property
     def keys(self) -> int:
         """Keys of the longest request (the length of its P.V sums)."""
         return self.kv_len
+
+    @model_validator(mode="before")
+    @classmethod
+    def _explicit(cls, data):
+        return _derive(data, {"kv_lens": ("kv_len", 1)})
 
 
 class ExtendParams(AttentionParams):
@@ -100,10 +112,28 @@ class ExtendParams(AttentionParams):
         "k_new/v_new, leave the slots alone; shared: cross-layer KV, the cache holds every token (k = v = None)",
     )
 
+    q_lens: Lengths | None = Field(
+        None, description="explicit new tokens per request (replayed batches, docs/trace.md): sets batch and q_len"
+    )
+    prefix_lens: Lengths | None = Field(
+        None, description="explicit cached tokens per request (with q_lens): sets prefix_len"
+    )
+
     @property
     def keys(self) -> int:
         """Keys of the longest request (the length of its P.V sums)."""
+        if self.q_lens is not None:
+            return max(q + pre for q, pre in zip(self.q_lens, self.prefix_lens))
         return self.prefix_len + self.q_len
+
+    @model_validator(mode="before")
+    @classmethod
+    def _explicit(cls, data):
+        if isinstance(data, dict) and data.get("prefix_lens") is not None and data.get("q_lens") is None:
+            raise ValueError("prefix_lens needs q_lens (the new tokens of each request)")
+        if isinstance(data, dict) and data.get("q_lens") is not None and data.get("prefix_lens") is None:
+            data = {**data, "prefix_lens": (0,) * len(data["q_lens"]) if hasattr(data["q_lens"], "__len__") else None}
+        return _derive(data, {"q_lens": ("q_len", 1), "prefix_lens": ("prefix_len", 0)})
 
     @model_validator(mode="after")
     def _lens(self):
@@ -176,6 +206,46 @@ def _generators(seed: int, device: torch.device) -> tuple[torch.Generator, torch
     return host, data
 
 
+def _derive(data, lists: dict[str, tuple[str, int]]):
+    """Explicit per-request lengths (`{list field: (its max field, least length)}`) set `batch` and the max
+    fields; given as well, those must agree. `lens` stays at its default: the lists replace it."""
+    if not isinstance(data, dict):
+        return data
+    data = dict(data)
+    given = [
+        n for n in lists if data.get(n) is not None and hasattr(data[n], "__len__") and not isinstance(data[n], str)
+    ]
+    if len({len(data[n]) for n in given}) > 1:
+        raise ValueError(f"{' and '.join(given)} differ in length ({', '.join(str(len(data[n])) for n in given)})")
+    sizes = set()
+    for name, (most, least) in lists.items():
+        values = data.get(name)
+        if values is None:
+            continue
+        if isinstance(values, str) or not hasattr(values, "__len__"):
+            raise ValueError(f"{name} is a list of per-request lengths, got {values!r}")
+        values = data[name] = tuple(values)
+        if not values:
+            raise ValueError(f"{name} is empty: a batch has at least one request")
+        if not all(isinstance(v, int) and not isinstance(v, bool) and v >= least for v in values):
+            raise ValueError(f"{name} holds integers >= {least}, got {list(values)}")
+        sizes.add(len(values))
+        for field, want in ((most, max(values)), ("batch", len(values))):
+            if data.get(field) not in (None, want):
+                raise ValueError(f"{field} {data[field]} contradicts {name} (which sets it to {want})")
+            data[field] = want
+    if sizes and data.get("lens", "equal") != "equal":
+        raise ValueError(f"lens {data['lens']} and explicit lengths contradict: the lists replace lens")
+    return data
+
+
+def lengths_digest(*lists: tuple[int, ...] | None) -> str:
+    """8 hex digits naming explicit per-request lengths in a case id (`lens3fa2c1d0`); the lengths are in
+    the row's params and the trace, never in the id (docs/trace.md)."""
+    text = ";".join(",".join(map(str, v)) for v in lists if v is not None)
+    return hashlib.sha1(text.encode()).hexdigest()[:8]
+
+
 def _randn(shape, dtype, gen: torch.Generator, device) -> torch.Tensor:
     return rng.randn(shape, gen).to(device=device, dtype=dtype)
 
@@ -223,8 +293,34 @@ _ATTN_ID = (
 )
 
 
+EXPLICIT = "lens"  # id token prefix of explicit lengths' digest: `lens3fa2c1d0`
+
+
 class _PagedAttentionOp(Op):
     family = "attention"
+    explicit: tuple[str, ...] = ()  # the params holding explicit per-request lengths
+
+    def id_tokens(self, p) -> list[str]:
+        """Explicit lengths read as one digest token where `lens` would be (after b, q/l, pre)."""
+        tokens = super().id_tokens(p)
+        lists = [getattr(p, n, None) for n in self.explicit]
+        if any(v is not None for v in lists):
+            at = sum(
+                1 for f in self.id_fields if f.always and f.fields[0] in ("batch", "q_len", "kv_len", "prefix_len")
+            )
+            tokens.insert(at, EXPLICIT + lengths_digest(*lists))
+        return tokens
+
+    def parse_id_tokens(self, tokens: list[str]) -> dict:
+        for t in tokens:
+            rest = t.removeprefix(EXPLICIT)
+            if rest != t and len(rest) == 8 and all(c in "0123456789abcdef" for c in rest):
+                raise ValueError(
+                    f"{t} names explicit per-request lengths by digest; they are in the trace the case came "
+                    "from: attnbench sweep --trace FILE --case ID (docs/trace.md)"
+                )
+        return super().parse_id_tokens(tokens)
+
     outputs = {
         # scores are head_dim-long float32 sums, then P.V and the denominator sum over the keys
         "o": OutputSpec(("token", "head", "dim"), floor_units=("head_dim", "keys"), magnitude=True),
@@ -500,11 +596,14 @@ class DecodeOp(_PagedAttentionOp):
 
     name = "decode"
     Params = DecodeParams
+    explicit = ("kv_lens",)
     id_fields = tuple(f for f in _ATTN_ID if f.fields[0] in DecodeParams.model_fields)
 
     def request_lengths(self, p: DecodeParams, seed: int) -> tuple[list[int], list[int]]:
         """(keys, queries) per request, as `build_inputs` draws them; no tensors (backends' limits read them)."""
         host, _ = _generators(seed, None)
+        if p.kv_lens is not None:
+            return list(p.kv_lens), [1] * p.batch
         return _lengths(p.batch, p.kv_len, p.lens, host), [1] * p.batch
 
     def build_inputs(self, p: DecodeParams, dtype, seed, device) -> AttentionInputs:
@@ -517,6 +616,7 @@ class ExtendOp(_PagedAttentionOp):
 
     name = "extend"
     Params = ExtendParams
+    explicit = ("q_lens", "prefix_lens")
     id_fields = tuple(f for f in _ATTN_ID if f.fields[0] in ExtendParams.model_fields)
 
     def writes_for(self, p: ExtendParams):
@@ -537,6 +637,8 @@ class ExtendOp(_PagedAttentionOp):
 
     def request_lengths(self, p: ExtendParams, seed: int) -> tuple[list[int], list[int]]:
         """(keys, new tokens) per request, as `build_inputs` draws them; no tensors (backends' limits read them)."""
+        if p.q_lens is not None:
+            return [a + b for a, b in zip(p.prefix_lens, p.q_lens)], list(p.q_lens)
         host, _ = _generators(seed, None)
         q_lens = _lengths(p.batch, p.q_len, p.lens, host)
         pre = "mixed" if p.lens == "serving" else p.lens
