@@ -12,6 +12,8 @@ Query i of a request with n new tokens over L keys sits at absolute position p =
 key j is visible iff j <= p (bottom-right aligned). Window W >= 0: additionally j >= p - W (W + 1
 keys including itself). A custom mask (bool, [n, L] per request, flattened, True = visible) replaces
 causality; the window still applies. A row with no visible key and no sink has o = 0, lse = -inf.
+A key no query sees contributes nothing whatever the cache holds there (a sliding-window pool's freed
+pages hold NaN poison): it is read as zero.
 
 `precision=torch.float64` is the reference. `precision=<the case dtype>` is the native-precision
 twin the tolerance rule scales from: scores from the low-precision inputs with float32 accumulation,
@@ -138,8 +140,9 @@ def _attend(q, K, V, visible, sm_scale, soft_cap, sinks, precision, magnitude=Fa
     group = Hq // Hkv
     low = precision != torch.float64
     acc = torch.float32 if low else torch.float64
-    Kh = K.to(acc).repeat_interleave(group, dim=1)  # [L, Hq, Dk]
-    Vh = V.to(acc).repeat_interleave(group, dim=1)
+    seen = visible.any(0)[:, None, None]  # keys some query sees; the others may hold poison (0 * NaN = NaN)
+    Kh = torch.where(seen, K.to(acc), 0.0).repeat_interleave(group, dim=1)  # [L, Hq, Dk]
+    Vh = torch.where(seen, V.to(acc), 0.0).repeat_interleave(group, dim=1)
     s = torch.einsum("nhd,lhd->hnl", q.to(acc), Kh) * sm_scale
     if soft_cap > 0:
         s = soft_cap * torch.tanh(s / soft_cap)

@@ -21,7 +21,7 @@ from attnbench.buffers import alloc_output, output_bytes
 from attnbench.ops import rng
 from attnbench.ops.base import IdField, Op, OutputSpec, Params, magnitude_key, tensor_bytes
 from attnbench.ops.distributions import Distribution, Sampler, lse_like
-from attnbench.ops.paged import fill, make_layout, poisoned_cache, pool_pages
+from attnbench.ops.paged import fill, make_layout, poisoned_cache, pool_pages, swa_pool, window_start_page
 from attnbench.references import attention as ref
 
 MLA_DK, MLA_DV = 576, 512
@@ -77,12 +77,30 @@ class AttentionParams(Params):
 
 Lengths = tuple[Annotated[int, Field(ge=0)], ...]
 
+_KV_POOL = Field(
+    "full",
+    description="full: the cache is the layer's whole pool; swa: a sliding-window layer's own pool (gpt-oss, "
+    "Gemma 3): pages before each request's window are freed and reused by other requests (poisoned), and "
+    "full_to_swa maps the full pool's pages to the SWA pool's (needs a window)",
+)
+
+
+def _pool_needs_window(p) -> None:
+    if p.kv_pool == "swa" and p.window < 0:
+        raise ValueError("kv_pool swa needs a window (window >= 0): the SWA pool frees the pages before it")
+
 
 class DecodeParams(AttentionParams):
     kv_len: int = Field(1024, ge=1, description="keys per request (the longest, for mixed/skewed)")
     kv_lens: Lengths | None = Field(
         None, description="explicit keys per request (replayed batches, docs/trace.md): sets batch and kv_len"
     )
+    kv_pool: Literal["full", "swa"] = _KV_POOL
+
+    @model_validator(mode="after")
+    def _pool(self):
+        _pool_needs_window(self)
+        return self
 
     @property
     def keys(self) -> int:
@@ -103,6 +121,7 @@ class ExtendParams(AttentionParams):
         "(q_len / 8) in turn over mixed prefixes",
     )
     q_len: int = Field(128, ge=1, description="new tokens per request (the most, for mixed)")
+    kv_pool: Literal["full", "swa"] = _KV_POOL
     prefix_len: int = Field(0, ge=0, description="cached tokens before them (the most, for mixed)")
     mask: Literal["causal", "bidirectional", "custom"] = "causal"
     empty_rows: bool = Field(False, description="custom mask: each request's first query sees no key (o 0, lse -inf)")
@@ -141,6 +160,7 @@ class ExtendParams(AttentionParams):
             raise ValueError("extend supports lens equal, mixed or serving")
         if self.empty_rows and self.mask != "custom":
             raise ValueError("empty_rows needs mask: custom")
+        _pool_needs_window(self)
         return self
 
 
@@ -183,6 +203,11 @@ class AttentionInputs:
     mask_indptr: torch.Tensor | None = None  # [B+1] int64 offsets into custom_mask
     seq_lens_host: tuple[int, ...] = ()
     q_lens_host: tuple[int, ...] = ()
+    # kv_pool swa: k_cache/v_cache are the sliding-window layer's own pool and kv_page_indices its page
+    # table (= full_to_swa[full_page_indices]); pages before each request's window belong to other
+    # requests (poisoned). A backend may take kv_page_indices, or translate the full table itself.
+    full_page_indices: torch.Tensor | None = None  # [nnz] int32, the full pool's pages (same kv_indptr)
+    full_to_swa: torch.Tensor | None = None  # [P] int32, full pool page -> SWA pool page
 
     @property
     def page_size(self) -> int:
@@ -284,6 +309,7 @@ _ATTN_ID = (
     IdField("kv", ("new_kv",)),
     IdField("mla", ("mla",)),
     IdField("swa", ("window",)),
+    IdField("pool", ("kv_pool",)),
     IdField("cap", ("soft_cap",)),
     IdField("sink", ("sinks",)),
     IdField("scale", ("sm_scale",)),
@@ -335,6 +361,8 @@ class _PagedAttentionOp(Op):
         if p.head_dim not in (64, 128, 256) and not p.mla:
             f.append("odd-dim")
         f += [name for name, on in (("swa", p.window >= 0), ("softcap", p.soft_cap > 0), ("sinks", p.sinks)) if on]
+        if getattr(p, "kv_pool", "full") == "swa":
+            f.append("swa-pool")
         if p.kv_dtype != "auto":
             f.append(f"kv-{p.kv_dtype}" + ("-per-head" if p.kv_scale == "head" else ""))
         if p.distribution != "normal":
@@ -347,6 +375,11 @@ class _PagedAttentionOp(Op):
         T = sum(q_lens)
         Hkv, Dk, Dv = p.heads_kv, p.head_dim, p.dv
         layout = make_layout(kv_lens, p.page_size, host, device)
+        swa = getattr(p, "kv_pool", "full") == "swa"
+        full_pages = full_to_swa = None
+        if swa:
+            full_pages = layout.kv_page_indices
+            layout, full_to_swa = swa_pool(layout, host)
         # every request's keys/values in float32, new tokens included, shaped by the distribution
         keys = [draw.structure_keys(draw.draw("k", (L, Hkv, Dk))) for L in kv_lens]
         values = [k[..., :Dv] for k in keys] if p.mla else [draw.draw("v", (L, Hkv, Dv)) for L in kv_lens]
@@ -360,10 +393,11 @@ class _PagedAttentionOp(Op):
         new_slots = []
         for b, (L, n) in enumerate(zip(kv_lens, q_lens)):
             cached = L - n if new_kv != "shared" else L
-            slots = layout.slots(b, 0, cached)
-            fill(k_cache, slots, quantize(keys[b][:cached], k_scale, cache_dtype))
+            kept = min(cached, window_start_page(L - n, p.window, p.page_size)) if swa else 0  # freed: poisoned
+            slots = layout.slots(b, kept, cached)
+            fill(k_cache, slots, quantize(keys[b][kept:cached], k_scale, cache_dtype))
             if not p.mla:
-                fill(v_cache, slots, quantize(values[b][:cached], v_scale, cache_dtype))
+                fill(v_cache, slots, quantize(values[b][kept:cached], v_scale, cache_dtype))
             new_slots.append(layout.slots(b, L - n, L))
         k_new = v_new = slot_mapping = None
         if new_kv in ("save", "attend"):
@@ -406,6 +440,8 @@ class _PagedAttentionOp(Op):
             mask_indptr=mask_indptr,
             seq_lens_host=tuple(kv_lens),
             q_lens_host=tuple(q_lens),
+            full_page_indices=full_pages,
+            full_to_swa=full_to_swa,
         )
 
     def _bytes_for(self, p: AttentionParams, dtype, kv_lens, q_lens, new_kv: str, mask: bool) -> int:
@@ -428,6 +464,8 @@ class _PagedAttentionOp(Op):
             total += 4 * Hq
         if mask:
             total += sum(n * L for n, L in zip(q_lens, kv_lens)) + 8 * (B + 1)
+        if getattr(p, "kv_pool", "full") == "swa":
+            total += 4 * (need + pool_pages(need))  # full_page_indices, full_to_swa (int32)
         return total
 
     def input_bytes(self, p, dtype, seed: int) -> int:
@@ -482,6 +520,8 @@ class _PagedAttentionOp(Op):
             changes["v_new"] = changes["k_new"][..., : x.v_new.shape[-1]] if shared else x.v_new[rows]
         if x.slot_mapping is not None:
             changes["slot_mapping"] = x.slot_mapping[rows]
+        if x.full_page_indices is not None:
+            changes["full_page_indices"] = torch.cat([x.full_page_indices[kvp[b] : kvp[b + 1]] for b in order])
         if x.custom_mask is not None:
             mi = x.mask_indptr.tolist()
             changes["custom_mask"] = torch.cat([x.custom_mask[mi[b] : mi[b + 1]] for b in order])

@@ -3,6 +3,10 @@
 Every slot that no request owns (the tail of a partial last page, spare pages) and every slot a kernel
 is to write (new tokens of an extend with `save`) holds NaN, so a kernel that reads past a sequence
 produces NaN and fails its check.
+
+A sliding-window layer's own pool (`kv_pool: swa`, `swa_pool`): pages wholly before a request's window
+have been freed and handed to other requests, so they hold poison (NaN) for this batch, and a kernel
+that reads one key outside its window fails.
 """
 
 from __future__ import annotations
@@ -52,3 +56,28 @@ def poisoned_cache(layout: PagedLayout, heads: int, dim: int, dtype, device) -> 
 def fill(cache: torch.Tensor, slots: torch.Tensor, values: torch.Tensor) -> None:
     """Write `values [n, H, D]` into token `slots [n]` of `cache`."""
     cache.view(-1, *cache.shape[2:])[slots] = values.to(cache.dtype)
+
+
+def swa_pool(layout: PagedLayout, generator: torch.Generator) -> tuple[PagedLayout, torch.Tensor]:
+    """The sliding-window layer's pool for the requests of `layout` (whose page ids are the full pool's).
+
+    A request's in-window pages (from `window_start_page` on) hold its keys in the SWA pool; the pages
+    before them were freed and now belong to other requests. The SWA pool has as many pages as the full
+    one, and `full_to_swa [num_pages]` int32 (SGLang's `full_to_swa_index_mapping`, by page: with page
+    size 1 it is SGLang's token mapping) is a random bijection, so a kernel that indexes the SWA pool
+    with the full pool's page ids reads another request's page rather than out of bounds.
+
+    Returns (the layout over the SWA pool: `kv_page_indices = full_to_swa[full page ids]`, the same
+    `kv_indptr`; freed positions point to pages this batch does not own, which the caller leaves
+    poisoned), `full_to_swa`.
+    """
+    full_to_swa = torch.randperm(layout.num_pages, generator=generator, device="cpu").to(torch.int32)
+    table = full_to_swa[layout.kv_page_indices.cpu().long()].to(layout.kv_page_indices.device)
+    mapping = full_to_swa.to(layout.kv_page_indices.device)
+    return PagedLayout(layout.page_size, layout.num_pages, layout.seq_lens, layout.kv_indptr, table), mapping
+
+
+def window_start_page(first_query: int, window: int, page_size: int) -> int:
+    """First position of the page that holds `first_query - window` (0 before it): where a request's
+    in-window pages start in the SWA pool (SGLang frees whole pages only once every slot is out of window)."""
+    return max(0, first_query - window) // page_size * page_size

@@ -51,6 +51,7 @@ class Bugs:
     window_tile_granular: bool = False  # extend: the window only skips whole 16-key tiles before its start
     empty_lse_plus_inf: bool = False  # a row with no visible key (and no sink) reports LSE +inf
     uniform_q_offset: bool = False  # request b's query/output rows taken at b * (request 0's query count)
+    swa_pool_untranslated: bool = False  # SWA pool indexed with the full pool's page ids (full_to_swa skipped)
 
 
 def _keys(x, b: int, bugs: Bugs):
@@ -58,6 +59,8 @@ def _keys(x, b: int, bugs: Bugs):
     L, n, ps = x.seq_lens_host[b], x.q_lens_host[b], x.page_size
     lo, hi = int(x.kv_indptr[b]), int(x.kv_indptr[b + 1])
     entries = x.kv_page_indices.long()
+    if bugs.swa_pool_untranslated and x.full_page_indices is not None:
+        entries = x.full_page_indices.long()
     pos = torch.arange(L, device=x.q.device)
     if bugs.last_page_empty and L % ps == 0:
         pos = pos[: L - ps]  # the last page counted as holding L % ps = 0 tokens
@@ -104,7 +107,6 @@ def attend(x, bugs: Bugs) -> dict[str, torch.Tensor]:
         k = K[:, kv_of]  # [Lr, Hq, Dk]
         if bugs.mla_rope_dropped and q.shape[-1] == 576:
             q, k = q[..., :512], k[..., :512]
-        s = torch.einsum("nhd,lhd->hnl", q, k) * x.sm_scale
         i = torch.arange(n, device=q.device)[:, None]
         j = torch.arange(Lr, device=q.device)[None, :]
         pos = L - n + i
@@ -124,6 +126,10 @@ def attend(x, bugs: Bugs) -> dict[str, torch.Tensor]:
             if bugs.window_skips_prefix and n > 1:
                 inside = inside | (j < L - n)
             vis = vis & inside
+        if x.full_to_swa is not None:  # an SWA pool: keys no query sees (freed pages, NaN) are never loaded
+            seen = vis.any(0)[:, None, None]
+            k, V = torch.where(seen, k, 0.0), torch.where(seen, V, 0.0)
+        s = torch.einsum("nhd,lhd->hnl", q, k) * x.sm_scale
         if x.soft_cap > 0 and not bugs.cap_after_mask:
             s = torch.tanh(s / x.soft_cap) * x.soft_cap
         s = s.masked_fill(~vis[None], -math.inf)
@@ -406,6 +412,10 @@ INTERACTION_MUTANTS = (
     # into the merged softmax denominator more than once (and not at all on an empty key range)
     ("sink-every-split", "split-KV: every split's partial state carries the sink, so it counts once per split",
      lambda: _a("sink-every-split", sink_every_split=True)),
+    # hybrid SWA models keep the sliding-window layers' K/V in their own pool: the full pool's locations
+    # must go through full_to_swa (SGLang's full_to_swa_index_mapping) before they index it
+    ("swa-pool-untranslated", "a sliding-window layer indexes its own KV pool with the full pool's page ids",
+     lambda: _a("swa-pool-untranslated", swa_pool_untranslated=True)),
     ("dt-bias-head0", "GDN gating adds dt_bias of head 0 to every head",
      lambda: patched_gdn("dt-bias-head0", "_gates", _gates_head0_dt_bias,
                          ("gdn_gating", "gdn_decode", "gdn_verify"))),

@@ -7,6 +7,11 @@ queries in row chunks, so memory stays bounded for long prefills and large batch
 
 `prepare` turns the page tables and lengths into device index tensors once; the closure it returns
 only gathers and computes (no host synchronisation), so it can be captured in a CUDA graph.
+
+A sliding-window layer's own pool (`kv_pool: swa`): `prepare` translates each request's full-pool
+pages through `full_to_swa` (as SGLang's attention backends do once per batch), and keys before a
+request's first window start are never used (they are zeroed after the gather: their pages were freed
+and hold another request's data, NaN in the case).
 """
 
 from __future__ import annotations
@@ -91,6 +96,13 @@ def prepare_paged_attention(x):
     return run
 
 
+def _page_table(x) -> torch.Tensor:
+    """Pages of the cache that k_cache/v_cache are: an SWA pool's translated from the full pool's pages."""
+    if x.full_to_swa is None:
+        return x.kv_page_indices
+    return x.full_to_swa[x.full_page_indices.long()]
+
+
 def _plan_group(x, b0: int, b1: int, qo: list[int], budget: int) -> _Group:
     device = x.q.device
     lens = torch.tensor(x.seq_lens_host[b0:b1], device=device)
@@ -100,10 +112,12 @@ def _plan_group(x, b0: int, b1: int, qo: list[int], budget: int) -> _Group:
     npages = -(-Lpad // ps)
     starts, ends = x.kv_indptr[b0:b1].long(), x.kv_indptr[b0 + 1 : b1 + 1].long()
     idx = starts[:, None] + torch.arange(npages, device=device)[None, :]
-    pages = x.kv_page_indices[torch.where(idx < ends[:, None], idx, torch.zeros_like(idx))].long()
+    pages = _page_table(x)[torch.where(idx < ends[:, None], idx, torch.zeros_like(idx))].long()
     j = torch.arange(Lpad, device=device)
     key_ok = j[None, :] < lens[:, None]
     first_new = lens - qlens  # absolute position of each request's first query
+    if x.window >= 0:  # keys before the first query's window are seen by no query (freed in an SWA pool)
+        key_ok &= j[None, :] >= (first_new - x.window)[:, None]
     q_start = torch.tensor(qo[b0:b1], device=device)
     new_at = None
     if x.k_new is not None and not x.save_kv:  # attend: new tokens come from k_new/v_new, not the cache
