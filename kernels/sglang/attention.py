@@ -6,7 +6,8 @@ behind the canonical decode, extend and merge_state contracts.
   windowed table, as SGLang's backend builds it. Splits: SGLang's rule (conventions.num_kv_splits)
   with its server default `max_kv_splits = 8` and the device's SM count, recorded in prepare_info.
   Scratch (`attn_logits`, `attn_lse`) is allocated in prepare.
-- extend: `extend_attention_fwd` (prefix from the cache by token table, new tokens from
+- extend: `extend_attention_fwd` (prefix from the cache by token table, windowed as SGLang's backend
+  builds it for a sliding-window layer (`window_kv_offsets` = its start), new tokens from
   `k_new`/`v_new`, custom mask per request `[q_len, prefix + q_len]` with the prefix masked too,
   `sliding_window_size = W`, `logit_cap`, sinks). `new_kv: save` stores the new K/V first (timed, as
   SGLang's `forward_extend` calls `set_kv_buffer` before the kernel); `shared` (no new K/V tensors)
@@ -85,13 +86,15 @@ def prepare_extend(case, x):
         window = conv.sliding_window_size(x.window)
     except ValueError as e:
         raise Unsupported(str(e)) from e
-    B = len(x.seq_lens_host)
-    prefix = [L - n for L, n in zip(x.seq_lens_host, x.q_lens_host)]
-    kv_indptr, kv_indices = conv.token_slots(x.kv_indptr, x.kv_page_indices, x.page_size, [0] * B, prefix)
+    ranges = [conv.extend_prefix_range(L - n, x.window) for L, n in zip(x.seq_lens_host, x.q_lens_host)]
+    starts = [s for s, _ in ranges]
+    kv_indptr, kv_indices = conv.token_slots(
+        x.kv_indptr, x.kv_page_indices, x.page_size, starts, [e for _, e in ranges]
+    )
     k_buf, v_buf = conv.token_view(x.k_cache), conv.token_view(x.v_cache)
     qo_indptr = x.qo_indptr.to(torch.int64)
     custom = x.custom_mask is not None
-    offsets = torch.zeros(B, dtype=torch.int32, device=x.q.device)  # the whole prefix is indexed
+    offsets = torch.tensor(starts, dtype=torch.int32, device=x.q.device)  # custom mask columns before the table
     max_q = max(x.q_lens_host)
 
     def run():

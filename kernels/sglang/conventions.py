@@ -59,6 +59,20 @@ def decode_key_range(seq_len: int, window: int) -> tuple[int, int]:
     return (max(0, seq_len - 1 - window) if window >= 0 else 0, seq_len)
 
 
+def extend_prefix_range(prefix_len: int, window: int) -> tuple[int, int]:
+    """Cached prefix positions an extend's queries can see: `[prefix_len - W, prefix_len)` clipped at 0
+    under the canonical window W (the first query, at position `prefix_len`, sees back to
+    `prefix_len - W`; later ones see less), else the whole prefix `[0, prefix_len)`.
+
+    SGLang's Triton backend hands a sliding-window layer's extend this windowed prefix table
+    (`window_kv_indices`) with its start as `window_kv_offsets` (the custom mask keeps its full
+    `[q_len, prefix + q_len]` rows; the kernel offsets its columns). The kernel's window test is
+    relative (query index minus key index), so dropping the prefix before the start changes no score;
+    in a sliding-window layer's own pool those positions are freed pages and must not be read.
+    """
+    return (max(0, prefix_len - window) if window >= 0 else 0, prefix_len)
+
+
 def sliding_window_size(window: int) -> int:
     """Canonical window W -> `extend_attention_fwd(sliding_window_size=)`.
 

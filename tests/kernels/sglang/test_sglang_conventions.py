@@ -46,6 +46,13 @@ def test_token_view_is_a_view_of_the_paged_cache():
     assert torch.equal(mla_v[3], cache[1, 1, :, :2])
 
 
+def test_extend_prefix_range_starts_at_the_first_querys_window():
+    assert conv.extend_prefix_range(30, -1) == (0, 30)
+    assert conv.extend_prefix_range(30, 5) == (25, 30)  # the first query, at 30, sees keys 25..30
+    assert conv.extend_prefix_range(3, 8) == (0, 3)
+    assert conv.extend_prefix_range(0, 4) == (0, 0)
+
+
 def test_decode_key_range_keeps_w_plus_one_keys():
     assert conv.decode_key_range(10, -1) == (0, 10)
     assert conv.decode_key_range(10, 3) == (6, 10)  # positions 6..9: the query at 9 and 3 before it

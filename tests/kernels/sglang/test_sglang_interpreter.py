@@ -39,6 +39,11 @@ ATTENTION = [
     "extend/b2-q7-pre11-h2x2-d16-p4-swa5-cap5-sink-kvattend-fp16",
     "extend/b1-q8-pre0-h2x1-d16-p2-bidirectional-fp32",
     "merge_state/t16-h4-d32-bf16",
+    # a sliding-window layer's own pool (pages before each window freed, NaN): decode's windowed table,
+    # and extend's windowed prefix (window_kv_offsets), as SGLang's backend builds them
+    "decode/b3-l40-mixed-h4x2-d16-p4-swa9-poolswa-sink-fp16",
+    "extend/b3-q7-pre30-mixed-h4x2-d16-p4-swa5-poolswa-cap5-sink-fp16",
+    "extend/b2-q6-pre21-h4x2-d16-p1-custom-swa6-poolswa-kvattend-fp16",
 ]
 
 
