@@ -45,6 +45,7 @@ class Case:
     device: str = field(default="cpu", compare=False)  # where inputs are built and kernels run
     require: frozenset[str] = field(default=frozenset(), compare=False)  # deterministic, batch_invariant
     invariance: bool = field(default=False, compare=False)  # check (and report) batch invariance
+    count: int = field(default=1, compare=False)  # a replayed batch: how many times the server ran it
 
     def __post_init__(self):
         floats = {k: _short(v) for k, v in self.params if isinstance(v, float) and _short(v) != v}

@@ -117,6 +117,13 @@ def sweep(
         list[str] | None, typer.Option("-k", help="Only cases whose id contains this (repeatable).")
     ] = None,
     case: Annotated[list[str] | None, typer.Option("--case", help="Run this case id (repeatable).")] = None,
+    trace: Annotated[
+        list[str] | None,
+        typer.Option(
+            help="Replay the batches of this JSONL trace, a file or built-in name (repeatable; docs/trace.md). "
+            "With --case it only resolves the ids of its batches."
+        ),
+    ] = None,
     device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
     out: Annotated[Path | None, typer.Option(help="Run directory. Default: reports/<time>-<suites>.")] = None,
     plugin: Annotated[
@@ -192,7 +199,7 @@ def sweep(
             raise AttnbenchError("--expect and --no-expect contradict each other")
         _load_backends(plugin)
         p = plan(suites or [], device, backend, op, keyword, case, parse_shard(shard), max_cases=max_cases,
-                 expect_files=expect, expect=not no_expect, require=_parse_require(require))  # fmt: skip
+                 expect_files=expect, expect=not no_expect, require=_parse_require(require), traces=trace)  # fmt: skip
         devices = tuple(parse_gpus(gpus, p.device))
         if resume and out is None:
             raise AttnbenchError("--resume needs --out, the run directory to resume")

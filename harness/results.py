@@ -161,6 +161,7 @@ class Result(BaseModel):
     dtype: str = ""
     seed: int = 0
     suite: str = ""
+    count: int = 1  # a replayed batch (docs/trace.md): how many times the server ran it
     features: list[str] = []
     metrics: dict[str, OutputMetrics] = {}
     timing: Timing | None = None

@@ -22,7 +22,7 @@ from attnbench.errors import AttnbenchError
 from attnbench.results import check_version, read_results
 
 RUN_FILES = ("results.jsonl", "run.json", "env.json", "report.html", "results.csv", "junit.xml", "summary.md")
-PLAN_KEYS = ("device", "suites", "backends", "filters", "timing")
+PLAN_KEYS = ("device", "suites", "traces", "backends", "filters", "timing")
 
 
 def planned(p: Any, timing: bool) -> dict[str, Any]:
@@ -30,6 +30,7 @@ def planned(p: Any, timing: bool) -> dict[str, Any]:
     info = {
         "device": p.device,
         "suites": [str(s.path) for s in p.suites],
+        "traces": list(getattr(p, "traces", ())),
         "backends": [b.name for b in p.backends],
         "filters": dict(p.filters),
         "timing": timing,
@@ -47,7 +48,7 @@ def plan_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
                 fa, fb = (a or {}).get(k), (b or {}).get(k)
                 if fa != fb and (fa or fb):
                     out.append(f"filter {k}: {fa} -> {fb}")
-        elif a != b:
+        elif a != b and (a or b or key != "traces"):  # a run.json from before traces has none
             out.append(f"{key}: {a} -> {b}")
     return out
 

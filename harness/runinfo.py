@@ -62,6 +62,7 @@ class RunInfo(BaseModel):
     device: str | None = None  # where the kernels ran: the device every repro command names
     devices: list[str] = []  # worker devices (--gpus)
     suites: list[str] = []
+    traces: list[str] = []  # replayed traces (docs/trace.md): built-in by name, else the path given
     backends: list[str] = []
     plugins: list[str] = []
     filters: dict[str, Any] = {}

@@ -98,6 +98,7 @@ def _row(case: Case, backend: str, status: str, reason: str = "", **kw) -> Resul
         dtype=case.dtype,
         seed=case.seed,
         suite=case.suite,
+        count=case.count,
         features=list(case.features),
         tolerance_why=case.tolerance.why if case.tolerance else "",
         **kw,

@@ -15,6 +15,7 @@
           head_dim_v: [64, 128]
         tolerance: {factor: 3, why: "soft cap: tanh amplifies rounding"}
         require: [deterministic, batch_invariant]   # a backend without them fails here
+      - trace: traces/serving.jsonl  # replayed batches (attnbench.trace, docs/trace.md), beside the suite
     expect:                          # known failures: xfail, not failures (attnbench.expectations)
       - {backend: flashinfer, cases: "decode/*", outputs: [lse], why: "..."}
 
@@ -42,9 +43,10 @@ from pydantic import (
     ValidationError,
     ValidationInfo,
     field_validator,
+    model_validator,
 )
 
-from attnbench import expectations, yamlines
+from attnbench import expectations, trace, yamlines
 from attnbench.case import Case, Tolerance
 from attnbench.dtypes import DTYPES
 from attnbench.errors import AttnbenchError, SuiteError
@@ -104,7 +106,8 @@ class ToleranceSpec(_Strict):
 
 
 class Entry(_Strict):
-    op: str
+    op: str | None = None
+    trace: str | None = Field(None, description="a JSONL trace of batches (docs/trace.md), relative to the suite")
     model: str | None = None
     params: dict[str, Scalar] = {}
     sweep: dict[str, Axis] = {}
@@ -117,10 +120,22 @@ class Entry(_Strict):
     )
     invariance: bool = Field(False, description="also check (and report) batch invariance, without requiring it")
 
+    @model_validator(mode="after")
+    def _op_or_trace(self):
+        if (self.op is None) == (self.trace is None):
+            raise ValueError("an entry names an op (a sweep) or a trace (replayed batches), not both or neither")
+        if self.trace is not None:
+            given = [k for k in ("model", "params", "sweep", "zip", "dtypes", "seeds") if k in self.model_fields_set]
+            if given:
+                raise ValueError(
+                    f"a trace entry takes trace, tolerance, require, invariance; {', '.join(given)} belong in its lines"
+                )
+        return self
+
     @field_validator("op")
     @classmethod
-    def _op(cls, v: str) -> str:
-        if v not in OPS:
+    def _op(cls, v: str | None) -> str | None:
+        if v is not None and v not in OPS:
             raise ValueError(f"unknown op {v!r}; available: {', '.join(sorted(OPS))}")
         return v
 
@@ -153,6 +168,12 @@ class Suite:
     def __init__(self, path: Path, spec: SuiteSpec, cases: list[Case], expectations: list | None = None):
         self.path, self.spec, self.cases = path, spec, cases
         self.expectations = expectations or []  # its `expect:` entries (attnbench.expectations.Expectation)
+
+    @property
+    def traces(self) -> list[Path]:
+        """The trace files its `trace:` entries replay."""
+        base = Path(self.path).parent
+        return [trace.resolve(e.trace, base) for e in self.spec.cases if e.trace is not None]
 
     @property
     def name(self) -> str:
@@ -217,13 +238,22 @@ def load(name_or_path: str, device: str = "cpu", max_cases: int = MAX_CASES) -> 
     known = presets()
     cases: dict[str, Case] = {}
     for i, entry in enumerate(spec.cases):
-        for case in _expand(entry, i, spec, known, path, lines, device):
+        for case in _expand(entry, i, spec, known, path, lines, device, max_cases):
             cases.setdefault(case.id, case)
     return Suite(path, spec, list(cases.values()), expect)
 
 
-def entry_size(entry: Entry, spec: SuiteSpec) -> tuple[int, str]:
-    """How many cases an entry expands into (before deduplication), and the product spelled out."""
+def entry_size(entry: Entry, spec: SuiteSpec, base: Path | None = None) -> tuple[int, str]:
+    """How many cases an entry expands into (before deduplication), and the product spelled out.
+
+    A trace entry: the batches of its trace (`base`: the suite's folder), or 0 when it cannot be read
+    (loading says why)."""
+    if entry.trace is not None:
+        try:
+            n = trace.count_batches(trace.resolve(entry.trace, base))
+        except (AttnbenchError, OSError):
+            n = 0
+        return n, f"{n:,} batches of {entry.trace}"
     groups = entry.zip if isinstance(entry.zip, list) else ([entry.zip] if entry.zip else [])
     factors = [(len(v), k) for k, v in entry.sweep.items()]
     factors += [(max((len(v) for v in g.values()), default=0), "zip(" + ",".join(g) + ")") for g in groups]
@@ -235,7 +265,7 @@ def entry_size(entry: Entry, spec: SuiteSpec) -> tuple[int, str]:
 
 
 def _check_size(spec: SuiteSpec, path, lines, max_cases: int) -> None:
-    sizes = [entry_size(e, spec) for e in spec.cases]
+    sizes = [entry_size(e, spec, Path(path).parent) for e in spec.cases]
     total = sum(n for n, _ in sizes)
     if total > max_cases:
         i = max(range(len(sizes)), key=lambda j: sizes[j][0])
@@ -284,7 +314,21 @@ def _key_paths(at, key):
         yield at + ("zip", g, key)
 
 
-def _expand(entry: Entry, i: int, spec: SuiteSpec, known, path, lines, device) -> list[Case]:
+def _replay(entry: Entry, i: int, spec: SuiteSpec, path, lines, device, max_cases) -> list[Case]:
+    """A trace entry's batches, as cases of this suite (errors name the trace's file and line)."""
+    try:
+        found = trace.resolve(entry.trace, Path(path).parent)
+    except SuiteError as e:
+        raise SuiteError(path, yamlines.line_of(lines, ("cases", i, "trace")), e.message) from None
+    tol = entry.tolerance and Tolerance(entry.tolerance.factor, entry.tolerance.floor, entry.tolerance.why)
+    require = frozenset(entry.require) | frozenset(spec.require)
+    batches = trace.read(found, device, max_cases, spec.name or Path(path).stem, tol, require, entry.invariance)
+    return [b.case for b in batches]
+
+
+def _expand(entry: Entry, i: int, spec: SuiteSpec, known, path, lines, device, max_cases=MAX_CASES) -> list[Case]:
+    if entry.trace is not None:
+        return _replay(entry, i, spec, path, lines, device, max_cases)
     op = OPS[entry.op]
     at = ("cases", i)
     base: dict[str, Any] = {}

@@ -20,6 +20,7 @@ import torch
 
 from attnbench import env as envmod
 from attnbench import expectations
+from attnbench import trace as trace_mod
 from attnbench.backend import Backend, all_backends, get_backend
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError, describe
@@ -60,6 +61,7 @@ class Plan:
     filters: Mapping[str, Any] = field(default_factory=lambda: MappingProxyType({}))
     expectations: tuple[Expectation, ...] = ()  # those that apply (their versions match)
     expectations_off: int = 0  # loaded, but their versions do not match the installed libraries
+    traces: tuple[str, ...] = ()  # replayed traces (built-in by name, else path): repro commands name them
 
     def __post_init__(self):
         for name in ("suites", "cases", "backends", "expectations"):
@@ -123,19 +125,27 @@ def plan(
     expect_files: list[str] | None = None,
     expect: bool = True,
     require: list[str] | None = None,
+    traces: list[str] | None = None,
 ) -> Plan:
     """Validate everything before anything is written: suites, backend names, filters, expectations.
 
     A suite expanding into more than `max_cases` cases is refused before it is expanded. Expectations:
     the built-in ones, the suites' `expect:` entries and `expect_files` (none with `expect=False`);
     only those whose library versions match the installed ones apply.
+
+    `traces` (`--trace`) replay their batches as suites do; with `case_ids` they are not run but
+    resolve the ids of their cases (explicit lengths are named by digest: docs/trace.md).
     """
     device = resolve_device(device)
-    names = suite_names or ([] if case_ids else default_suites(device))
+    names = suite_names or ([] if case_ids or traces else default_suites(device))
     suites = [load(n, device, max_cases) for n in names]
+    replays = [trace_mod.as_suite(t, device, max_cases) for t in traces or ()]
+    if not case_ids:
+        suites += replays
     cases = [c for s in suites for c in s.cases]
+    trace_files = list(dict.fromkeys(p for s in [*suites, *replays] for p in s.traces))
     if case_ids:
-        cases += [_case_from_id(i, device) for i in case_ids]
+        cases += [_case_from_id(i, device, trace_files) for i in case_ids]
     if ops:
         cases = [c for c in cases if c.op_name in ops]
     if keywords:
@@ -154,10 +164,20 @@ def plan(
     applying = expectations.applicable(loaded)
     filters = {"backends": backends, "ops": ops, "k": keywords, "shard": shard}
     filters |= {"require": sorted(require)} if require else {}
-    return Plan(device, suites, cases, chosen, filters, applying, len(loaded) - len(applying))
+    labels = tuple(trace_mod.label(t) for t in trace_files)
+    return Plan(device, suites, cases, chosen, filters, applying, len(loaded) - len(applying), labels)
 
 
-def _case_from_id(case_id: str, device: str) -> Case:
+def _case_from_id(case_id: str, device: str, traces: list[Path] = ()) -> Case:
+    if trace_mod.EXPLICIT_TOKEN.search(case_id):  # explicit lengths: the case is in a trace
+        found = trace_mod.find_case(case_id, list(traces), device)
+        if found is not None:
+            return found
+        given = ", ".join(trace_mod.label(t) for t in traces) or "none given"
+        raise AttnbenchError(
+            f"case id {case_id!r} names explicit lengths by digest and no trace holds it (traces: {given}, and the "
+            "built-in ones); add the trace it came from: --trace FILE (docs/trace.md)"
+        )
     try:
         return Case.from_id(case_id, device)
     except (ValueError, AttnbenchError) as e:
@@ -230,6 +250,7 @@ def execute(
         device=p.device,
         devices=list(how.devices or (p.device,)),
         suites=[str(s.path) for s in p.suites],
+        traces=list(p.traces),
         backends=[b.name for b in p.backends],
         plugins=list(how.plugins),
         filters=dict(p.filters),

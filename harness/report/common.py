@@ -54,8 +54,10 @@ def repro(r, run: dict) -> str:
 
 def repro_tail(run: dict) -> list[str]:
     """What every repro command of a run ends with: its device (a run from before run.json named it:
-    env.json's) and its plugins."""
+    env.json's), its plugins and its traces (with --case, a trace only resolves ids: nothing else runs)."""
     parts = ["--device", run["device"]] if run.get("device") else []
     for p in run.get("plugins") or _plugins(run):
         parts += ["--plugin", p]
+    for t in run.get("traces") or ():  # ids of replayed batches name their lengths by digest: the trace has them
+        parts += ["--trace", t]
     return parts

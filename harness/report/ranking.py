@@ -44,10 +44,14 @@ def median_us(r) -> float | None:
 
 
 def shape_class(r) -> str:
-    """The class a case is summarised under: op, head layout (first feature), batch regime."""
+    """The class a case is summarised under: op, head layout (first feature), batch regime; a replayed
+    extend batch (explicit `q_lens`, docs/trace.md) also by its mix: decodes, prefill chunks or both."""
     parts = [r.op]
     if r.features:
         parts.append(r.features[0])
+    q = (r.params or {}).get("q_lens")
+    if r.op == "extend" and isinstance(q, list | tuple) and q:
+        parts.append("all q=1" if max(q) == 1 else ("all q>1" if min(q) > 1 else "mixed q"))
     b = (r.params or {}).get("batch")
     if isinstance(b, int):
         parts.append("b=1" if b == 1 else ("b≤16" if b <= 16 else "b>16"))
