@@ -8,6 +8,7 @@ message names file:line and what is wrong; nothing is written).
 from __future__ import annotations
 
 import faulthandler
+import json
 import signal
 import sys
 from collections import Counter
@@ -41,6 +42,8 @@ def _print_version(value: bool) -> None:
 
 list_app = typer.Typer(help="List suites, ops, backends (capability matrix) and model presets.")
 app.add_typer(list_app, name="list")
+trace_app = typer.Typer(help="Traces of served batches (docs/trace.md): import them from other tools.")
+app.add_typer(trace_app, name="trace")
 console = make_console(stderr=True)
 out_console = make_console(stderr=False)
 
@@ -568,6 +571,45 @@ def env(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] 
         out_console.print_json(json.dumps(capture(resolve_device(device))))
     except AttnbenchError as e:
         _fail(e)
+
+
+@trace_app.command("import")
+def trace_import(
+    files: Annotated[list[Path], typer.Argument(help="FlashInfer-Bench workload JSONL files.")],
+    output: Annotated[Path, typer.Option("--output", "-o", help="The attnbench trace to write (JSONL).")],
+    blobs: Annotated[
+        Path | None, typer.Option(help="The dataset root holding blob/ (default: the files' folders and above).")
+    ] = None,
+    dtype: Annotated[str, typer.Option(help="The dtype of the replayed cases.")] = "bf16",
+) -> None:
+    """Convert FlashInfer-Bench workloads (paged GQA/MLA decode and prefill) into an attnbench trace.
+
+    Per-request lengths come from the workloads' stored kv_indptr / qo_indptr / kv_last_page_len;
+    workloads of definitions attnbench has no op for are counted and left out. Nothing is written
+    unless every workload converts (else file:line, exit 2)."""
+    from attnbench.dtypes import DTYPES
+    from attnbench.trace_import import import_files
+
+    try:
+        if dtype not in DTYPES:
+            raise AttnbenchError(f"--dtype {dtype}: expected one of {', '.join(DTYPES)}")
+        got = import_files(files, blobs, dtype)
+        if not got.lines:
+            left = ", ".join(f"{d} ({n})" for d, n in got.skipped.items()) or "no workload at all"
+            raise AttnbenchError(f"nothing to write: no workload of a paged decode or prefill definition ({left})")
+        tmp = output.with_name(output.name + ".tmp")
+        tmp.write_text("".join(json.dumps(line) + "\n" for line in got.lines), encoding="utf-8")
+        tmp.replace(output)
+    except OSError as e:
+        _fail(AttnbenchError(f"{output}: {e.strerror or e}"))
+    except AttnbenchError as e:
+        _fail(e)
+    ops = Counter(line["op"] for line in got.lines)
+    out_console.print(f"wrote {len(got.lines)} batches ({', '.join(f'{o} {n}' for o, n in ops.items())}) to {output}",
+                      highlight=False)  # fmt: skip
+    if got.skipped:
+        left = ", ".join(f"{d} ({n})" for d, n in sorted(got.skipped.items()))
+        out_console.print(f"left out (no attnbench op): {left}", highlight=False)
 
 
 @list_app.command("suites")

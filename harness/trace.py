@@ -32,7 +32,7 @@ from attnbench.ops import OPS
 
 EXPLICIT_TOKEN = re.compile(r"(^|[/-])lens[0-9a-f]{8}(-|$)")  # a case id naming explicit lengths by digest
 OPS_REPLAYED = ("decode", "extend")  # ops whose batches are per-request lengths over a paged cache
-META = ("op", "model", "dtype", "count")
+META = ("op", "model", "dtype", "count", "source")  # the rest of a line: the op's parameters
 SUFFIX = ".jsonl"
 
 
@@ -114,7 +114,7 @@ def read(
         if not line.strip():
             continue
         try:
-            case, count = _parse(line, known)
+            case, count = parse_line(line, known)
         except ValueError as e:
             raise SuiteError(path, number, str(e)) from None
         case = Case(case.op_name, case.params, case.dtype, suite=suite or label(path), device=device,
@@ -129,7 +129,7 @@ def read(
     return [Batch(replace(b.case, count=b.count), b.count, b.line) for b in found.values()]
 
 
-def _parse(line: str, known: dict[str, Any]) -> tuple[Case, int]:
+def parse_line(line: str, known: dict[str, Any]) -> tuple[Case, int]:
     """One line -> (case, count); ValueError with what is wrong (the caller adds file:line)."""
     try:
         data = json.loads(line)
@@ -145,6 +145,8 @@ def _parse(line: str, known: dict[str, Any]) -> tuple[Case, int]:
     dtype = data.get("dtype", "bf16")
     if dtype not in DTYPES:
         raise ValueError(f"dtype {dtype!r}: expected one of {', '.join(DTYPES)}")
+    if not isinstance(data.get("source", ""), str):
+        raise ValueError("source is free text (where the batch came from), a string")
     count = data.get("count", 1)
     if not isinstance(count, int) or isinstance(count, bool) or count < 1:
         raise ValueError(f"count {count!r}: a positive integer (how many times the server ran this batch)")
