@@ -41,5 +41,6 @@ def test_wheel_maps_everything_under_attnbench(tmp_path):
     tops = {n.split("/")[0] for n in names}
     assert tops == {"attnbench", f"{wheel.name.split('-')[0]}-{wheel.name.split('-')[1]}.dist-info"}
     assert "attnbench/suites/smoke.yaml" in names and "attnbench/suites/models/presets.yaml" in names
+    assert "attnbench/suites/traces/serving.jsonl" in names  # the built-in trace the serving suite replays
     assert "attnbench/report/template.html.j2" in names
     assert "attnbench/kernels/torch/__init__.py" in names and "attnbench/references/attention.py" in names

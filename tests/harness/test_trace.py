@@ -181,3 +181,36 @@ def test_a_bad_line_in_a_suites_trace_names_the_trace_line(tmp_path):
     with pytest.raises(SuiteError, match="window") as e:
         load(str(suite))
     assert str(e.value).startswith(f"{tmp_path / 't.jsonl'}:7: ")
+
+
+def test_the_shipped_trace_is_what_its_generator_writes():
+    import subprocess
+    import sys
+
+    tool = Path(__file__).parents[2] / "tools" / "traces" / "make_serving_trace.py"
+    done = subprocess.run([sys.executable, str(tool), "--check"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stdout + done.stderr
+
+
+def test_the_serving_suite_replays_the_shipped_trace_in_sensible_classes():
+    from types import SimpleNamespace
+
+    s = load("serving", "cuda")
+    assert s.spec.device == "cuda" and 250 <= len(s.cases) <= 400
+    assert {c.suite for c in s.cases} == {"serving"} and {c.count for c in s.cases} == {5}
+    assert [trace.label(t) for t in s.traces] == ["serving"]
+    classes = {ranking.shape_class(SimpleNamespace(op=c.op_name, features=c.features, params=c.params.model_dump()))
+               for c in s.cases}  # fmt: skip
+    assert classes == {"decode · gqa · b≤16", "decode · gqa · b>16", "extend · gqa · mixed q · b≤16",
+                       "extend · gqa · mixed q · b>16"}  # fmt: skip
+    with pytest.raises(SuiteError, match="sized for a GPU"):
+        load("serving", "cpu")
+
+
+def test_ids_of_the_shipped_trace_resolve_without_naming_it():
+    from attnbench.sweep import plan
+
+    case = load("serving", "cuda").cases[7]
+    p = plan([], "cpu", ["torch"], case_ids=[case.id])
+    assert [c.id for c in p.cases] == [case.id] and p.cases[0].params == case.params
+    assert p.traces == ()  # only the traces named or replayed are recorded
