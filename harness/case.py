@@ -46,6 +46,7 @@ class Case:
     require: frozenset[str] = field(default=frozenset(), compare=False)  # deterministic, batch_invariant
     invariance: bool = field(default=False, compare=False)  # check (and report) batch invariance
     count: int = field(default=1, compare=False)  # a replayed batch: how many times the server ran it
+    trace: str = field(default="", compare=False)  # a replayed batch: its trace (a built-in name or a path)
 
     def __post_init__(self):
         floats = {k: _short(v) for k, v in self.params if isinstance(v, float) and _short(v) != v}

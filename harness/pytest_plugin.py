@@ -111,6 +111,8 @@ def rerun_command(case, backend: str, plugins: list[str]) -> str:
     args = ["attnbench", "sweep", "--case", case.id, "--backend", backend, "--device", case.device]
     for p in plugins:
         args += ["--plugin", p]
+    if case.trace:  # a replayed batch: its id names its lengths by digest, the trace holds them
+        args += ["--trace", case.trace]
     return shlex.join(args)
 
 

@@ -118,7 +118,7 @@ def read(
         except ValueError as e:
             raise SuiteError(path, number, str(e)) from None
         case = Case(case.op_name, case.params, case.dtype, suite=suite or label(path), device=device,
-                     tolerance=tolerance, require=require, invariance=invariance)  # fmt: skip
+                     tolerance=tolerance, require=require, invariance=invariance, trace=label(path))  # fmt: skip
         if case.id in found:
             old = found[case.id]
             found[case.id] = Batch(old.case, old.count + count, old.line)

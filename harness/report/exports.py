@@ -167,7 +167,7 @@ def write_summary_md(
     broke, who is fastest, what changed), then counts per backend, speedups, measurement, xfails, failures."""
     from attnbench.report.firstscreen import first_screen, first_screen_md
     from attnbench.report.measure import harness_cost, measurement
-    from attnbench.report.ranking import speedups, timing_kinds
+    from attnbench.report.ranking import replay_totals, speedups, timing_kinds
 
     run = run or {}
     fs = first_screen(rows, run, comparison)
@@ -191,6 +191,13 @@ def write_summary_md(
             "|---|---|---:|---:|",
         ]
         lines += [f"| {s['op']} | {s['backend']} | {s['speedup']:.3g}x | {s['wins']}/{s['cases']} |" for s in sp]
+    for t in replay_totals(rows):
+        lines += ["", f"### Replayed trace `{t['suite']}`: server time, sum of count x median (passing GPU-timed rows)",
+                  "", f"| backend | batches timed (of {t['batches']}) | total ms | ms on the {t['common']} batches all passed |",
+                  "|---|---:|---:|---:|"]  # fmt: skip
+        for b in t["backends"]:
+            common = f"{b['common_ms']:.3f}" if b["common_ms"] is not None else "-"
+            lines.append(f"| {b['backend']} | {b['batches']} | {b['total_ms']:.3f} | {common} |")
     m = measurement(rows)
     if m["timed"]:
         modes = ", ".join(f"{k}: {n}" for k, n in m["modes"])

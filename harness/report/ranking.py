@@ -177,3 +177,34 @@ def unranked_note(rows) -> str:
     if bad:
         notes.append(f"{bad} timed rows that did not pass: shown, marked, never ranked")
     return "; ".join(notes)
+
+
+def replay_totals(rows) -> list[dict]:
+    """Per replayed trace (rows of batches with explicit lengths, docs/trace.md, grouped by suite): each
+    backend's server time, sum of count x median over the batches it passed with a GPU timing, and the
+    same over the batches every listed backend passed (`common`), the one total that compares backends.
+    Backends with no such batch are left out; fastest on the common batches first."""
+    by_suite: dict[str, dict[str, dict]] = {}
+    for r in rows:
+        p = r.params or {}
+        if p.get("kv_lens") is None and p.get("q_lens") is None:
+            continue
+        by_suite.setdefault(r.suite, {}).setdefault(r.case_id, {})[r.backend] = r
+    out = []
+    for suite, cases in by_suite.items():
+        timed: dict[str, dict[str, float]] = {}
+        for cid, per in cases.items():
+            for b, r in per.items():
+                if rankable(r):
+                    timed.setdefault(b, {})[cid] = getattr(r, "count", 1) * median_us(r)
+        if not timed:
+            continue
+        common = set.intersection(*(set(t) for t in timed.values()))
+        backends = [
+            {"backend": b, "batches": len(t), "total_ms": sum(t.values()) / 1e3,
+             "common_ms": sum(t[c] for c in common) / 1e3 if common else None}
+            for b, t in timed.items()
+        ]  # fmt: skip
+        backends.sort(key=lambda d: (d["common_ms"] is None, d["common_ms"] or 0.0, d["backend"]))
+        out.append({"suite": suite, "batches": len(cases), "common": len(common), "backends": backends})
+    return out

@@ -214,3 +214,37 @@ def test_ids_of_the_shipped_trace_resolve_without_naming_it():
     p = plan([], "cpu", ["torch"], case_ids=[case.id])
     assert [c.id for c in p.cases] == [case.id] and p.cases[0].params == case.params
     assert p.traces == ()  # only the traces named or replayed are recorded
+
+
+def _row(case_id, backend, status, median_us, count, suite="tiny", lens=(3, 4)):
+    from attnbench.results import Result
+
+    timing = {"clock": "cuda-events", "median_us": median_us} if median_us else None
+    return Result(case_id=case_id, op="decode", backend=backend, status=status, params={"kv_lens": list(lens)} if lens else {"batch": 2},
+                  suite=suite, count=count, timing=timing)  # fmt: skip
+
+
+def test_summary_totals_a_replayed_trace_per_backend_over_common_batches(tmp_path):
+    from attnbench.report.exports import write_summary_md
+
+    rows = [
+        _row("a", "fast", "pass", 10.0, 5), _row("a", "slow", "pass", 30.0, 5),
+        _row("b", "fast", "pass", 100.0, 1), _row("b", "slow", "fail", 50.0, 1),  # a failing row is never summed
+        _row("c", "fast", "pass", 7.0, 2), _row("c", "slow", "skip", None, 2),
+        _row("g", "fast", "pass", 1.0, 1, suite="generated", lens=None),  # not replayed: no explicit lengths
+    ]  # fmt: skip
+    (t,) = ranking.replay_totals(rows)
+    assert (t["suite"], t["batches"], t["common"]) == ("tiny", 3, 1)
+    fast, slow = t["backends"]
+    assert fast == {"backend": "fast", "batches": 3, "total_ms": (50 + 100 + 14) / 1e3, "common_ms": 0.05}
+    assert slow == {"backend": "slow", "batches": 1, "total_ms": 0.15, "common_ms": 0.15}
+    write_summary_md(rows, tmp_path / "summary.md", {})
+    text = (tmp_path / "summary.md").read_text()
+    assert "### Replayed trace `tiny`" in text and "| fast | 3 | 0.164 | 0.050 |" in text
+
+
+def test_a_pytest_rerun_hint_names_the_trace(tmp_path):
+    from attnbench.pytest_plugin import rerun_command
+
+    case = trace.read(TINY)[0].case
+    assert rerun_command(case, "torch", []).endswith(f"--trace {TINY}")
