@@ -405,6 +405,7 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
         device=infos[0].device,
         devices=list(dict.fromkeys(d for i in infos for d in (i.devices or [i.device] if i.device else []))),
         suites=list(dict.fromkeys(s for i in infos for s in i.suites)),
+        traces=list(dict.fromkeys(t for i in infos for t in i.traces)),
         backends=list(dict.fromkeys(b for i in infos for b in i.backends)),
         plugins=list(dict.fromkeys(p for i in infos for p in i.plugins)),
         filters=infos[0].filters if all(i.filters == infos[0].filters for i in infos) else {},

@@ -248,3 +248,37 @@ def test_a_pytest_rerun_hint_names_the_trace(tmp_path):
 
     case = trace.read(TINY)[0].case
     assert rerun_command(case, "torch", []).endswith(f"--trace {TINY}")
+
+
+def test_every_backend_runs_or_declares_why_not_for_replayed_batches():
+    """No backend finds out in prepare what its declared limits could have said (a late Unsupported)."""
+    from attnbench.backend import all_backends, load_builtin
+    from attnbench.errors import Unsupported
+
+    load_builtin()
+    ran = []
+    for b in all_backends().values():
+        for batch in trace.read(TINY):
+            case = batch.case
+            if reason := b.supports(case):
+                assert reason.strip(), (b.name, case.id)
+                continue
+            try:
+                b.prepare(case, case.make_inputs())
+            except Unsupported as e:
+                pytest.fail(f"{b.name} declares it runs {case.id} but prepare skips it: {e}")
+            ran.append(b.name)
+    assert {"torch", "triton", "triton-det"} <= set(ran)
+
+
+def test_merged_shards_keep_the_traces_their_repro_commands_need(tmp_path):
+    runs = []
+    for k in (1, 2):
+        out = tmp_path / f"shard{k}"
+        res = invoke("sweep", "--trace", str(TINY), "--device", "cpu", "--out", str(out), "-b", "torch",
+                     "--shard", f"{k}/2", "--no-timing")  # fmt: skip
+        assert res.exit_code == 0, res.output
+        runs.append(str(out))
+    res = invoke("merge", *runs, "--out", str(tmp_path / "merged"))
+    assert res.exit_code == 0, res.output
+    assert read_run(tmp_path / "merged").traces == [str(TINY)]
