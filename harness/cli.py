@@ -139,7 +139,13 @@ def sweep(
         bool, typer.Option("--resume", help="Keep the rows already in --out; run only what has none.")
     ] = False,
     shard: Annotated[str | None, typer.Option(help="Run shard K of N (K/N, 1-based) of the selected cases.")] = None,
-    gpus: Annotated[str | None, typer.Option(help="One worker per GPU: all, or a list like 0,1.")] = None,
+    gpus: Annotated[
+        str | None,
+        typer.Option(
+            help="One worker per GPU: all, or a list like 0,1; a GPU named twice (0,0) gets two workers, "
+            "and a row that runs out of memory beside another worker runs again alone at the end."
+        ),
+    ] = None,
     isolate: Annotated[
         bool, typer.Option("--isolate/--no-isolate", help="Run cases in worker processes (crash isolation).")
     ] = True,

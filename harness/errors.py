@@ -22,13 +22,16 @@ class Unsupported(Exception):
     """Raised inside `prepare` when a backend finds out late that it cannot run a case (becomes a skip)."""
 
 
+OUT_OF_MEMORY = "out of memory: "  # starts the reason of a row whose backend or inputs ran out of memory
+
+
 def describe(e: BaseException, first_line: bool = False) -> str:
     """`Type: message (file:line)` of an exception, for result rows; out-of-memory keeps its first line."""
     text = str(e).strip()
     if first_line or type(e).__name__ == "OutOfMemoryError":
         text = text.splitlines()[0] if text else ""
     if type(e).__name__ == "OutOfMemoryError":
-        return f"out of memory: {text}"
+        return f"{OUT_OF_MEMORY}{text}"
     tb = traceback.extract_tb(e.__traceback__)
     where = f" ({tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""
     return f"{type(e).__name__}: {text}{where}".strip()

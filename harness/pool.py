@@ -6,6 +6,10 @@ backend gets an `error` row naming the crash, a fresh worker starts, and the cas
 backends that have no row yet. Worker output (kernel prints, sanitizer reports) goes to one log per
 worker in `log_dir`.
 
+Several workers may share one GPU (`--gpus 0,0,0,0`, for correctness passes). Memory is then shared
+too: a row that ran out of memory on a shared GPU is not the backend's fault, so it is not recorded;
+its (case, backend) runs again at the end, when one worker per GPU is left, and that row counts.
+
 How workers start is one `WorkerLaunch`: plain by default; in sanitize mode under a wrapper command,
 with a fresh worker per job, stopped once its rows are in, so the worker's whole log belongs to that
 job, and `review(rows, log)` then amends the rows. Messages are the records of messages.py.
@@ -27,7 +31,7 @@ from multiprocessing.connection import Connection, wait
 from pathlib import Path
 
 from attnbench.case import Case
-from attnbench.errors import AttnbenchError
+from attnbench.errors import OUT_OF_MEMORY, AttnbenchError
 from attnbench.messages import Lost, Ready, Rows, RunJob, Stage, Stop
 from attnbench.results import Result
 from attnbench.runner import RunOptions, error_row
@@ -98,6 +102,8 @@ class Pool:
         self.on_problem = on_problem or (lambda msg: None)
         self._count = 0
         self._problems_seen: set[str] = set()
+        self._shared = len(set(devices)) < len(devices)  # some GPU has several workers
+        self._alone: list[_Job] = []  # out of memory beside other workers: run again alone at the end
 
     # ---- worker lifecycle ------------------------------------------------------------------------
     def _start(self, device: str) -> _Worker:
@@ -148,13 +154,19 @@ class Pool:
     # ---- the loop -------------------------------------------------------------------------------------
     def run(self, jobs: list[tuple[Case, list[str]]]) -> None:
         """Run each (case, backend names); rows arrive through `on_rows` as each case finishes."""
-        queue: deque[_Job] = deque(_Job(c, list(names)) for c, names in jobs if names)
-        workers = [self._start(d) for d in self.devices]
+        self._drain(deque(_Job(c, list(names)) for c, names in jobs if names), self.devices)
+        if self._alone:  # out of memory beside other workers: once more, one worker per GPU
+            retry, self._alone, self._shared = self._alone, [], False
+            self.on_problem(f"{len(retry)} case(s) ran out of memory on a shared GPU: running them again alone")
+            self._drain(deque(retry), list(dict.fromkeys(self.devices)))
+
+    def _drain(self, queue: deque[_Job], devices: list[str]) -> None:
+        workers = [self._start(d) for d in devices]
         start_failures = 0
         try:
             while queue or any(w.job for w in workers):
                 if queue and not workers:  # every worker retired, then a crash put work back
-                    workers = [self._start(d) for d in self.devices]
+                    workers = [self._start(d) for d in devices]
                 for w in workers:
                     if w.ready and w.job is None and queue:
                         self._dispatch(w, queue.popleft())
@@ -208,7 +220,13 @@ class Pool:
                 return True
             if rows:
                 w.done += [r.backend for r in rows]
-                self._emit(w, w.job.case, rows)
+                if self._shared:
+                    oom = [r.backend for r in rows if r.status == "error" and OUT_OF_MEMORY in r.reason]
+                    if oom:
+                        self._alone.append(_Job(w.job.case, oom))
+                        rows = [r for r in rows if r.backend not in oom]
+                if rows:
+                    self._emit(w, w.job.case, rows)
             if w.job and set(w.done) >= set(w.job.backends):
                 w.job = None
         elif isinstance(msg, Lost):
