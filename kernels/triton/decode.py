@@ -10,7 +10,9 @@ with more than one split by their LSEs and adds the sink.
 The split schedule is planned on the host from `seq_lens_host` (no device sync), in `plan_decode`:
 the default mode balances key tokens over the SMs; the deterministic mode cuts every request into
 fixed tiles of `split_tile` keys so a request's result does not depend on the rest of the batch.
-A sliding window is applied by the schedule itself: only the last W + 1 keys are ever scheduled.
+A sliding window is applied by the schedule itself: only the last W + 1 keys are ever scheduled, so
+no key before the window is ever loaded (a sliding-window layer's own pool, `kv_pool: swa`, whose
+pages before the window were freed, runs through its page table unchanged).
 
 Scores are computed in base 2: `s * sm_scale * log2(e)` (or the soft cap of `s * sm_scale`, times
 log2(e)), so the softmax uses exp2; the LSE written out is natural log.

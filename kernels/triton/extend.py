@@ -11,7 +11,8 @@ or the cache itself in `shared` mode, where k_new is None). Each source's key ra
 three loops: masked blocks on the left (window edge), unmasked blocks that every row of the tile
 sees whole (no mask arithmetic at all), masked blocks on the right (causal diagonal, sequence end).
 Blocks no row can see are never visited: causal tiles stop at their last query, and a window starts
-at the first query's window. A custom mask (True = visible) replaces causality and masks every
+at the first query's window (loads are masked from that key on, so an SWA pool's freed pages before
+it, `kv_pool: swa`, are never read). A custom mask (True = visible) replaces causality and masks every
 block; the window still applies.
 
 In `save` mode the programs of the first head (or head group) of each kv group also write the tile's
