@@ -58,6 +58,9 @@ def _verdict(case: Case, pristine, work, outputs):
 KNOWN_FAILS = {
     "decode/b2-l45-h4x2-d64-p16-bf16": "split-KV decode under the interpreter: one (request, head) slice 2 bf16 ulps "
     "off (8.1e-3 > 7.78e-3); the compiled kernel passes the decode suites on an H200",
+    "decode/b2-l1-mixed-h16x1-d96x64-p16-swa6-sink-outliers-bf16": "the interpreter casts float32 to bf16 by "
+    "truncation, not to nearest: one output 73.444 stored as 73.0 (error 0.444 > bound 0.433; nearest is 73.5); "
+    "test_interpreter_bf16_cast_truncates shows the cast alone",
 }
 
 
@@ -660,3 +663,20 @@ def test_gqa_pack_rule():
     assert plan("extend/b2-q5-pre1024-h16x1-d576x512-p16-mla-bf16")[:2] == (1, 16)
     assert plan("extend/b2-q1-pre1024-h128x1-d576x512-p16-mla-bf16")[:2] == (64, 64)  # 2 programs per token
     assert plan("extend/b2-q2-pre1024-h128x1-d576x512-p16-mla-bf16")[:2] == (1, 16)
+
+
+def test_interpreter_bf16_cast_truncates():
+    """Why a KNOWN_FAILS entry fails on the CPU only: Triton's interpreter rounds float32 -> bf16 toward
+    zero (torch and compiled Triton round to nearest). Strict: when the interpreter is fixed, say so."""
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def _cast(x, y):
+        tl.store(y + tl.arange(0, 2), tl.load(x + tl.arange(0, 2)).to(tl.bfloat16))
+
+    x = torch.tensor([73.444, -73.444], dtype=torch.float32)
+    y = torch.empty(2, dtype=torch.bfloat16)
+    _cast[(1,)](x, y)
+    assert x.to(torch.bfloat16).tolist() == [73.5, -73.5]
+    assert y.tolist() == [73.0, -73.0]
