@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
+import itertools
 import math
 from dataclasses import dataclass
 from typing import Annotated, Literal
@@ -80,7 +81,7 @@ Lengths = tuple[Annotated[int, Field(ge=0)], ...]
 _KV_POOL = Field(
     "full",
     description="full: the cache is the layer's whole pool; swa: a sliding-window layer's own pool (gpt-oss, "
-    "Gemma 3): pages before each request's window are freed and reused by other requests (poisoned), and "
+    "Gemma 3): pages before each request's window are freed and hold other requests' keys, and "
     "full_to_swa maps the full pool's pages to the SWA pool's (needs a window)",
 )
 
@@ -205,7 +206,7 @@ class AttentionInputs:
     q_lens_host: tuple[int, ...] = ()
     # kv_pool swa: k_cache/v_cache are the sliding-window layer's own pool and kv_page_indices its page
     # table (= full_to_swa[full_page_indices]); pages before each request's window belong to other
-    # requests (poisoned). A backend may take kv_page_indices, or translate the full table itself.
+    # requests (their data). A backend may take kv_page_indices, or translate the full table itself.
     full_page_indices: torch.Tensor | None = None  # [nnz] int32, the full pool's pages (same kv_indptr)
     full_to_swa: torch.Tensor | None = None  # [P] int32, full pool page -> SWA pool page
 
@@ -391,13 +392,19 @@ class _PagedAttentionOp(Op):
         k_cache = poisoned_cache(layout, Hkv, Dk, cache_dtype, device)
         v_cache = k_cache[..., :Dv] if p.mla else poisoned_cache(layout, Hkv, Dv, cache_dtype, device)
         new_slots = []
+        starts = [0, *itertools.accumulate(kv_lens)]
         for b, (L, n) in enumerate(zip(kv_lens, q_lens)):
             cached = L - n if new_kv != "shared" else L
-            kept = min(cached, window_start_page(L - n, p.window, p.page_size)) if swa else 0  # freed: poisoned
+            kept = min(cached, window_start_page(L - n, p.window, p.page_size)) if swa else 0
             slots = layout.slots(b, kept, cached)
             fill(k_cache, slots, quantize(keys[b][kept:cached], k_scale, cache_dtype))
             if not p.mla:
                 fill(v_cache, slots, quantize(values[b][kept:cached], v_scale, cache_dtype))
+            if kept:  # freed pages now hold other requests' keys: finite, and wrong for this one
+                other = (torch.arange(kept) + starts[b + 1]) % starts[-1]
+                fill(k_cache, layout.slots(b, 0, kept), quantize(torch.cat(keys)[other], k_scale, cache_dtype))
+                if not p.mla:
+                    fill(v_cache, layout.slots(b, 0, kept), quantize(torch.cat(values)[other], v_scale, cache_dtype))
             new_slots.append(layout.slots(b, L - n, L))
         k_new = v_new = slot_mapping = None
         if new_kv in ("save", "attend"):

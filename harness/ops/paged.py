@@ -5,8 +5,10 @@ is to write (new tokens of an extend with `save`) holds NaN, so a kernel that re
 produces NaN and fails its check.
 
 A sliding-window layer's own pool (`kv_pool: swa`, `swa_pool`): pages wholly before a request's window
-have been freed and handed to other requests, so they hold poison (NaN) for this batch, and a kernel
-that reads one key outside its window fails.
+have been freed and handed to other requests, so they hold other requests' keys and values: finite
+(a kernel may load a tile that straddles the window start and mask the keys before it, as real
+kernels do, since such pages hold another request's finite data in a server) and wrong for this
+request, so a kernel that gives one key outside its window any weight fails.
 """
 
 from __future__ import annotations
@@ -68,8 +70,8 @@ def swa_pool(layout: PagedLayout, generator: torch.Generator) -> tuple[PagedLayo
     with the full pool's page ids reads another request's page rather than out of bounds.
 
     Returns (the layout over the SWA pool: `kv_page_indices = full_to_swa[full page ids]`, the same
-    `kv_indptr`; freed positions point to pages this batch does not own, which the caller leaves
-    poisoned), `full_to_swa`.
+    `kv_indptr`; freed positions point to pages that now belong to other requests, which the caller
+    fills with their data), `full_to_swa`.
     """
     full_to_swa = torch.randperm(layout.num_pages, generator=generator, device="cpu").to(torch.int32)
     table = full_to_swa[layout.kv_page_indices.cpu().long()].to(layout.kv_page_indices.device)

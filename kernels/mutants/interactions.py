@@ -126,9 +126,6 @@ def attend(x, bugs: Bugs) -> dict[str, torch.Tensor]:
             if bugs.window_skips_prefix and n > 1:
                 inside = inside | (j < L - n)
             vis = vis & inside
-        if x.full_to_swa is not None:  # an SWA pool: keys no query sees (freed pages, NaN) are never loaded
-            seen = vis.any(0)[:, None, None]
-            k, V = torch.where(seen, k, 0.0), torch.where(seen, V, 0.0)
         s = torch.einsum("nhd,lhd->hnl", q, k) * x.sm_scale
         if x.soft_cap > 0 and not bugs.cap_after_mask:
             s = torch.tanh(s / x.soft_cap) * x.soft_cap

@@ -1,5 +1,5 @@
 """`kv_pool: swa`: a hybrid model's sliding-window layer keeps its K/V in its own pool, in which the
-pages before each request's window were freed and now belong to other requests (poisoned)."""
+pages before each request's window were freed and now belong to other requests (they hold their data)."""
 
 from __future__ import annotations
 
@@ -37,7 +37,7 @@ def test_torch_and_triton_pass_on_the_swa_pool(case_id, backend):
 
 
 @pytest.mark.parametrize("case_id", CASES)
-def test_freed_pages_are_poisoned_and_the_mapping_translates(case_id):
+def test_freed_pages_hold_other_requests_data_and_the_mapping_translates(case_id):
     case = Case.from_id(case_id)
     x = case.make_inputs()
     assert torch.equal(x.kv_page_indices, x.full_to_swa[x.full_page_indices.long()])
@@ -46,7 +46,11 @@ def test_freed_pages_are_poisoned_and_the_mapping_translates(case_id):
     for b, (L, n) in enumerate(zip(x.seq_lens_host, x.q_lens_host)):
         pages = x.kv_page_indices[indptr[b] : indptr[b + 1]].long()
         first = window_start_page(L - n, case.params.window, ps) // ps
-        assert torch.isnan(x.k_cache[pages[:first]]).all() and torch.isnan(x.v_cache[pages[:first]]).all()
+        # another request's keys and values: finite, so a tile loaded across the window start and masked
+        # stays harmless (as in a server); a key given weight is wrong
+        freed_k, freed_v = x.k_cache[pages[:first]].float(), x.v_cache[pages[:first]].float()
+        assert torch.isfinite(freed_k).all() and torch.isfinite(freed_v).all()
+        assert first == 0 or freed_k.abs().amax() > 0
         cached = L if getattr(case.params, "new_kv", "shared") == "shared" else L - n
         assert not torch.isnan(x.k_cache[pages[first:]].flatten(0, 1)[: cached - first * ps]).any()
         freed += first
@@ -57,7 +61,7 @@ def test_freed_pages_are_poisoned_and_the_mapping_translates(case_id):
 def test_a_kernel_that_reads_one_key_before_its_window_fails(case_id):
     """off-by-one-window sees W + 2 keys: with token-slot pages (size 1) the extra key sits in a freed page."""
     row = run_one(case_id, MUTANT["off-by-one-window"].backend())
-    assert row.status == "fail" and "NaN" in row.reason, row.reason
+    assert row.status == "fail", row.reason
 
 
 @pytest.mark.parametrize("case_id", CASES)
@@ -91,3 +95,13 @@ def test_swa_pool_without_a_window_exits_2_with_file_line(tmp_path):
     assert res.exit_code == 2, res.output
     assert f"{bad}:3:" in res.output and "kv_pool swa needs a window" in res.output
     assert "Traceback" not in res.output
+
+
+@pytest.mark.parametrize("case_id", CASES)
+def test_a_kernel_that_loads_freed_keys_and_masks_them_passes(case_id):
+    """Loading the keys before the window and masking them (a tile across the window start, as FA4 does)
+    is harmless in a server, where freed pages hold other requests' finite data: it must pass here too."""
+    from attnbench.kernels.mutants.interactions import Bugs, attention_mutant
+
+    row = run_one(case_id, attention_mutant("loads-all-keys-and-masks", Bugs()))
+    assert row.status == "pass", row.reason
