@@ -169,17 +169,8 @@ def plan(
 
 
 def _case_from_id(case_id: str, device: str, traces: list[Path] = ()) -> Case:
-    if trace_mod.EXPLICIT_TOKEN.search(case_id):  # explicit lengths: the case is in a trace
-        found = trace_mod.find_case(case_id, list(traces), device)
-        if found is not None:
-            return found
-        given = ", ".join(trace_mod.label(t) for t in traces) or "none given"
-        raise AttnbenchError(
-            f"case id {case_id!r} names explicit lengths by digest and no trace holds it (traces: {given}, and the "
-            "built-in ones); add the trace it came from: --trace FILE (docs/trace.md)"
-        )
     try:
-        return Case.from_id(case_id, device)
+        return Case.from_id(case_id, device, traces)
     except (ValueError, AttnbenchError) as e:
         raise AttnbenchError(f"cannot parse case id {case_id!r}: {e}") from None
 

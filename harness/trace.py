@@ -17,6 +17,7 @@ Every problem is a SuiteError `file:line: what is wrong`, raised before anything
 
 from __future__ import annotations
 
+import functools
 import json
 import re
 from dataclasses import dataclass, replace
@@ -198,12 +199,18 @@ def as_suite(name_or_path: str, device: str = "cpu", max_cases: int | None = Non
     return Suite(path, spec, [b.case for b in read(path, device, max_cases, suite=path.stem)])
 
 
-def find_case(case_id: str, traces: list[Path], device: str = "cpu") -> Case | None:
+def find_case(case_id: str, traces: list[Path] = (), device: str = "cpu") -> Case | None:
     """The case of one of `traces` (then of the built-in traces) whose id is `case_id`, or None."""
-    seen = {p.resolve() for p in traces}
-    extra = [p for p in builtin_dir().glob(f"*{SUFFIX}") if p.resolve() not in seen]
-    for path in [*traces, *extra]:
-        for b in read(path, device):
-            if b.case.id == case_id:
-                return b.case
+    seen = {Path(p).resolve() for p in traces}
+    extra = [p for p in sorted(builtin_dir().glob(f"*{SUFFIX}")) if p.resolve() not in seen]
+    for path in [*map(Path, traces), *extra]:
+        found = _index(str(path.resolve()), path.stat().st_mtime_ns).get(case_id)
+        if found is not None:
+            return replace(found, device=device)
     return None
+
+
+@functools.lru_cache(maxsize=16)
+def _index(path: str, mtime_ns: int) -> dict[str, Case]:
+    """A trace's cases by id (read once per file version)."""
+    return {b.case.id: b.case for b in read(Path(path))}

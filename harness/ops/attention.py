@@ -343,8 +343,8 @@ class _PagedAttentionOp(Op):
             rest = t.removeprefix(EXPLICIT)
             if rest != t and len(rest) == 8 and all(c in "0123456789abcdef" for c in rest):
                 raise ValueError(
-                    f"{t} names explicit per-request lengths by digest; they are in the trace the case came "
-                    "from: attnbench sweep --trace FILE --case ID (docs/trace.md)"
+                    f"{t} names explicit per-request lengths by digest and no trace given (nor a built-in one) holds "
+                    "this case; add the trace it came from: --trace FILE (docs/trace.md)"
                 )
         return super().parse_id_tokens(tokens)
 

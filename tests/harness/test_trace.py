@@ -135,7 +135,11 @@ def test_a_replayed_id_without_its_trace_is_a_clear_usage_error(replay, tmp_path
     _, out = replay
     cid = read_results(out / "results.jsonl")[0].case_id
     res = invoke("sweep", "--case", cid, "--device", "cpu", "--out", str(tmp_path / "x"))
-    assert res.exit_code == 2 and "no trace holds it" in res.output and "--trace FILE" in res.output
+    assert (
+        res.exit_code == 2
+        and "no trace given (nor a built-in one) holds" in res.output
+        and "--trace FILE" in res.output
+    )
     assert not (tmp_path / "x").exists()
 
 
@@ -282,3 +286,13 @@ def test_merged_shards_keep_the_traces_their_repro_commands_need(tmp_path):
     res = invoke("merge", *runs, "--out", str(tmp_path / "merged"))
     assert res.exit_code == 0, res.output
     assert read_run(tmp_path / "merged").traces == [str(TINY)]
+
+
+def test_case_from_id_resolves_replayed_ids_through_the_traces_given():
+    from attnbench.case import Case
+
+    batch = trace.read(TINY)[2]
+    again = Case.from_id(batch.case.id, "cpu", [TINY])
+    assert (again.op_name, again.params, again.dtype) == (batch.case.op_name, batch.case.params, batch.case.dtype)
+    with pytest.raises(ValueError, match="no trace given"):
+        Case.from_id(batch.case.id, "cpu")
