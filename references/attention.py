@@ -13,7 +13,7 @@ key j is visible iff j <= p (bottom-right aligned). Window W >= 0: additionally 
 keys including itself). A custom mask (bool, [n, L] per request, flattened, True = visible) replaces
 causality; the window still applies. A row with no visible key and no sink has o = 0, lse = -inf.
 A key no query sees contributes nothing whatever the cache holds there (a sliding-window pool's freed
-pages hold NaN poison): it is read as zero.
+pages hold other requests' data, which may be anything): it is read as zero.
 
 `precision=torch.float64` is the reference. `precision=<the case dtype>` is the native-precision
 twin the tolerance rule scales from: scores from the low-precision inputs with float32 accumulation,

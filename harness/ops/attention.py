@@ -392,7 +392,9 @@ class _PagedAttentionOp(Op):
         k_cache = poisoned_cache(layout, Hkv, Dk, cache_dtype, device)
         v_cache = k_cache[..., :Dv] if p.mla else poisoned_cache(layout, Hkv, Dv, cache_dtype, device)
         new_slots = []
-        starts = [0, *itertools.accumulate(kv_lens)]
+        if swa:  # every request's keys and values in one sequence: freed pages take other requests' data
+            starts = [0, *itertools.accumulate(kv_lens)]
+            every_k, every_v = torch.cat(keys), (None if p.mla else torch.cat(values))
         for b, (L, n) in enumerate(zip(kv_lens, q_lens)):
             cached = L - n if new_kv != "shared" else L
             kept = min(cached, window_start_page(L - n, p.window, p.page_size)) if swa else 0
@@ -402,9 +404,10 @@ class _PagedAttentionOp(Op):
                 fill(v_cache, slots, quantize(values[b][kept:cached], v_scale, cache_dtype))
             if kept:  # freed pages now hold other requests' keys: finite, and wrong for this one
                 other = (torch.arange(kept) + starts[b + 1]) % starts[-1]
-                fill(k_cache, layout.slots(b, 0, kept), quantize(torch.cat(keys)[other], k_scale, cache_dtype))
+                freed = layout.slots(b, 0, kept)
+                fill(k_cache, freed, quantize(every_k[other], k_scale, cache_dtype))
                 if not p.mla:
-                    fill(v_cache, layout.slots(b, 0, kept), quantize(torch.cat(values)[other], v_scale, cache_dtype))
+                    fill(v_cache, freed, quantize(every_v[other], v_scale, cache_dtype))
             new_slots.append(layout.slots(b, L - n, L))
         k_new = v_new = slot_mapping = None
         if new_kv in ("save", "attend"):

@@ -11,7 +11,7 @@ only gathers and computes (no host synchronisation), so it can be captured in a 
 A sliding-window layer's own pool (`kv_pool: swa`): `prepare` translates each request's full-pool
 pages through `full_to_swa` (as SGLang's attention backends do once per batch), and keys before a
 request's first window start are never used (they are zeroed after the gather: their pages were freed
-and hold another request's data, NaN in the case).
+and hold another request's data).
 """
 
 from __future__ import annotations
@@ -77,13 +77,14 @@ def prepare_paged_attention(x):
     qo = [0]
     for n in qlens:
         qo.append(qo[-1] + n)
+    pages = _page_table(x)
     groups, b0 = [], 0
     while b0 < len(lens):
         b1, lmax = b0 + 1, lens[b0]  # grow the group while its padded keys fit the budget
         while b1 < len(lens) and (b1 + 1 - b0) * max(lmax, lens[b1]) * Hkv * Dk <= budget:
             lmax = max(lmax, lens[b1])
             b1 += 1
-        groups.append(_plan_group(x, b0, b1, qo, budget))
+        groups.append(_plan_group(x, pages, b0, b1, qo, budget))
         b0 = b1
 
     def run():
@@ -103,7 +104,7 @@ def _page_table(x) -> torch.Tensor:
     return x.full_to_swa[x.full_page_indices.long()]
 
 
-def _plan_group(x, b0: int, b1: int, qo: list[int], budget: int) -> _Group:
+def _plan_group(x, table: torch.Tensor, b0: int, b1: int, qo: list[int], budget: int) -> _Group:
     device = x.q.device
     lens = torch.tensor(x.seq_lens_host[b0:b1], device=device)
     qlens = torch.tensor(x.q_lens_host[b0:b1], device=device)
@@ -112,7 +113,7 @@ def _plan_group(x, b0: int, b1: int, qo: list[int], budget: int) -> _Group:
     npages = -(-Lpad // ps)
     starts, ends = x.kv_indptr[b0:b1].long(), x.kv_indptr[b0 + 1 : b1 + 1].long()
     idx = starts[:, None] + torch.arange(npages, device=device)[None, :]
-    pages = _page_table(x)[torch.where(idx < ends[:, None], idx, torch.zeros_like(idx))].long()
+    pages = table[torch.where(idx < ends[:, None], idx, torch.zeros_like(idx))].long()
     j = torch.arange(Lpad, device=device)
     key_ok = j[None, :] < lens[:, None]
     first_new = lens - qlens  # absolute position of each request's first query
