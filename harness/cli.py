@@ -579,6 +579,41 @@ def env(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] 
         _fail(e)
 
 
+@app.command()
+def profile(
+    case_id: Annotated[str, typer.Argument(metavar="CASE_ID", help="A case id, as rows and repro commands print it.")],
+    backend: Annotated[
+        list[str], typer.Option("--backend", "-b", help="Backends (repeatable). Default: every one.")
+    ] = [],  # noqa: B006
+    calls: Annotated[int, typer.Option(min=1, max=100, help="Closure calls inside the trace.")] = 3,
+    device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N.")] = "auto",
+    trace: Annotated[list[str], typer.Option(help="Trace files that resolve replayed-batch ids.")] = [],  # noqa: B006
+    plugin: Annotated[list[str], typer.Option(help="Import backends from this file or module.")] = [],  # noqa: B006
+    out: Annotated[Path | None, typer.Option(help="Also write the markdown here.")] = None,
+) -> None:
+    """Show what each backend's timed closure launches on one case (torch.profiler: kernels, torch ops).
+
+    A trace, not a benchmark (speed comes from `attnbench sweep`): prepare runs outside it, the closure
+    once untraced, then --calls times traced; the table separates the adapter's torch ops from the library's.
+    """
+    from attnbench.case import Case
+    from attnbench.profile import profile_case, render
+    from attnbench.sweep import resolve_device
+
+    try:
+        _load_backends(plugin)
+        dev = resolve_device(device)
+        case = Case.from_id(case_id, dev, traces=tuple(trace))
+        chosen = [backend_mod.get_backend(n) for n in backend] if backend else list(backend_mod.all_backends().values())
+    except (AttnbenchError, ValueError, KeyError) as e:
+        _fail(e)
+    text = render(case.id, profile_case(case, chosen, calls))
+    out_console.print(text, markup=False, highlight=False)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(text)
+
+
 @trace_app.command("import")
 def trace_import(
     files: Annotated[list[Path], typer.Argument(help="FlashInfer-Bench workload JSONL files.")],
