@@ -23,30 +23,45 @@ name, only the first is prebuilt.
 Usage (on the GPU machine)::
 
     python -m attnbench.kernels.flashinfer.prebuild smoke -b flashinfer -b flashinfer-cudacore
+
+or on a machine without a GPU but with nvcc (same FlashInfer version and CUDA major version as the
+GPU machine), building the modules as FlashInfer AOT artifacts to copy into its `data/aot` folder
+there (docs/gpu-testing.md)::
+
+    CUDA_HOME=/usr/local/cuda python -m attnbench.kernels.flashinfer.prebuild decode extend --arch 9.0a --aot-out aot/
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import sys
 import threading
 import time
 from collections.abc import Iterable
 from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
 
 import torch
 
 from attnbench.kernels.flashinfer.jitkeys import JitKey
 
 
-def keys_for(backends: Iterable, cases: Iterable) -> list[JitKey]:
+def keys_for(backends: Iterable, cases: Iterable, offline: bool = False) -> list[JitKey]:
     """The JIT modules the supported (backend, case) pairs will load (`Backend.precompile_keys`),
-    without duplicates."""
+    without duplicates. `offline`: decide support from the declared limits alone (the case), not
+    from this machine (no GPU is needed: for building on a machine without one, `--arch`)."""
     out: dict[JitKey, None] = {}
     cases = list(cases)
     for b in backends:
-        out.update(dict.fromkeys(b.precompile_keys([c for c in cases if b.supports(c) is None])))
+
+        def runs(c, b=b) -> bool:
+            if offline:
+                return c.op_name in b.implementations and b.limits(c) is None
+            return b.supports(c) is None
+
+        out.update(dict.fromkeys(b.precompile_keys([c for c in cases if runs(c)])))
     return list(out)
 
 
@@ -172,22 +187,53 @@ def prebuild(keys: Iterable[JitKey], log=print) -> float:
     return dt
 
 
-def main(argv: list[str] | None = None) -> int:
-    from attnbench.backend import all_backends, load_builtin
-    from attnbench.suite import load
+def export_aot(spec_list: list, dest: Path) -> list[Path]:
+    """Copy built modules to `dest/<name>/<name>.so`, the layout of FlashInfer's AOT folder
+    (`flashinfer/data/aot` in its package), from which FlashInfer loads a module without building it."""
+    out = []
+    for spec in spec_list:
+        if spec.is_aot or not spec.jit_library_path.exists():
+            continue
+        target = dest / spec.name / f"{spec.name}.so"
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy2(spec.jit_library_path, target)
+        out.append(target)
+    return out
 
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("suites", nargs="+", help="suite names or YAML files")
     ap.add_argument("-b", "--backend", action="append", help="only these (default: every flashinfer*)")
     ap.add_argument("--device", default="cuda")
+    ap.add_argument(
+        "--arch",
+        help="build without a GPU (nvcc and the CUDA toolkit only) for this architecture, e.g. 9.0a "
+        "(H100/H200); the modules are chosen from the cases and the backends' declared limits",
+    )
+    ap.add_argument(
+        "--aot-out",
+        type=Path,
+        help="also copy the built modules here as FlashInfer AOT artifacts (<name>/<name>.so): copied "
+        "into flashinfer/data/aot of the same FlashInfer version on the GPU machine, they load without nvcc",
+    )
     args = ap.parse_args(argv)
+    if args.arch:  # FlashInfer reads its target architectures when its JIT package is imported
+        os.environ["FLASHINFER_CUDA_ARCH_LIST"] = args.arch
+    from attnbench.backend import all_backends, load_builtin
+    from attnbench.suite import load
+
     load_builtin()
     chosen = args.backend or [n for n in all_backends() if n.startswith("flashinfer")]
     backends = [b for n, b in all_backends().items() if n in chosen]
     cases = [c for s in args.suites for c in load(s, args.device).cases]
-    keys = keys_for(backends, cases)
+    keys = keys_for(backends, cases, offline=bool(args.arch))
     print(f"{len(cases)} cases x {len(backends)} backends -> {len(keys)} JIT modules")
     prebuild(keys)
+    if args.aot_out:
+        copied = export_aot(specs(keys), args.aot_out)
+        size = sum(p.stat().st_size for p in copied)
+        print(f"{len(copied)} modules ({size / 2**20:.1f} MiB) as AOT artifacts in {args.aot_out}")
     return 0
 
 

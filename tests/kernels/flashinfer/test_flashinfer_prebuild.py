@@ -137,3 +137,35 @@ def test_first_use_finds_the_prebuilt_modules_up_to_date(monkeypatch, tmp_path):
     for s in specs:
         s.build()  # what a wrapper's first use runs (JitSpec.build_and_load -> build)
     assert log.read_text().splitlines() == compiled, "first use compiled prebuilt modules again"
+
+
+def test_offline_keys_follow_declared_limits_without_a_gpu(monkeypatch):
+    """`--arch` (a machine without a GPU): the modules are those of the cases the declared limits
+    admit, the same set a GPU machine's `supports()` gives; `supports()` here says no GPU and gives none."""
+    from attnbench.kernels.flashinfer import _lib, prebuild
+
+    load_builtin()
+    backends = [get_backend(n) for n in BACKENDS]
+    cases = list(load("decode", device="cuda").cases)
+    monkeypatch.setattr(_lib, "unavailable", lambda need_sm90=False: "FlashInfer needs a CUDA GPU; none is visible")
+    assert prebuild.keys_for(backends, cases) == []
+    offline = prebuild.keys_for(backends, cases, offline=True)
+    monkeypatch.setattr(_lib, "unavailable", lambda need_sm90=False: None)  # a GPU machine's answer
+    assert offline == prebuild.keys_for(backends, cases)
+    assert {k.kind for k in offline} >= {"decode", "prefill"}
+
+
+def test_export_aot_lays_out_flashinfer_aot_folder(tmp_path):
+    """Built modules are copied as `<name>/<name>.so` (FlashInfer's data/aot layout); unbuilt ones are not."""
+    from attnbench.kernels.flashinfer import prebuild
+
+    built = tmp_path / "cached_ops" / "mod_a" / "mod_a.so"
+    built.parent.mkdir(parents=True)
+    built.write_bytes(b"\x7fELF")
+    specs = [
+        type("Spec", (), {"name": "mod_a", "is_aot": False, "jit_library_path": built})(),
+        type("Spec", (), {"name": "mod_b", "is_aot": False, "jit_library_path": tmp_path / "nope.so"})(),
+    ]
+    copied = prebuild.export_aot(specs, tmp_path / "aot")
+    assert copied == [tmp_path / "aot" / "mod_a" / "mod_a.so"]
+    assert copied[0].read_bytes() == b"\x7fELF" and not (tmp_path / "aot" / "mod_b").exists()
