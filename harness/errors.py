@@ -26,11 +26,14 @@ OUT_OF_MEMORY = "out of memory: "  # starts the reason of a row whose backend or
 
 
 def describe(e: BaseException, first_line: bool = False) -> str:
-    """`Type: message (file:line)` of an exception, for result rows; out-of-memory keeps its first line."""
+    """`Type: message (file:line)` of an exception, for result rows; out-of-memory keeps its first line
+    up to the sizes (what was asked, what is free, who holds the rest)."""
     text = str(e).strip()
     if first_line or type(e).__name__ == "OutOfMemoryError":
         text = text.splitlines()[0] if text else ""
-    if type(e).__name__ == "OutOfMemoryError":
+    if type(e).__name__ == "OutOfMemoryError":  # the sizes, not torch's allocator advice and link
+        for advice in (" If reserved but unallocated memory", " See documentation for Memory Management"):
+            text = text.split(advice, 1)[0]
         return f"{OUT_OF_MEMORY}{text}"
     tb = traceback.extract_tb(e.__traceback__)
     where = f" ({tb[-1].filename.rsplit('/', 1)[-1]}:{tb[-1].lineno})" if tb else ""

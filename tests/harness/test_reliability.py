@@ -6,6 +6,7 @@ from __future__ import annotations
 import textwrap
 
 import pytest
+import torch
 from typer.testing import CliRunner
 
 from attnbench.cli import app
@@ -176,3 +177,20 @@ def test_a_signal_stops_the_sweep_with_a_report_of_what_finished(tmp_path, sig):
     rows = read_results(results)
     assert 3 <= len(rows) < len(load("smoke").cases)
     assert (out / "report.html").is_file() and (out / "junit.xml").is_file()
+
+
+def test_out_of_memory_reason_keeps_sizes_not_allocator_advice():
+    """An out-of-memory row names what was asked and what was free, without torch's advice paragraph."""
+    from attnbench.errors import OUT_OF_MEMORY, describe
+
+    msg = (
+        "CUDA out of memory. Tried to allocate 2.25 GiB. GPU 0 has a total capacity of 139.80 GiB of which "
+        "524.31 MiB is free. Process 1038 has 25.72 GiB memory in use. Of the allocated memory 13.01 GiB is "
+        "allocated by PyTorch. If reserved but unallocated memory is large try setting "
+        "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation for "
+        "Memory Management  (https://docs.pytorch.org/docs/stable/notes/cuda.html)"
+    )
+    reason = describe(torch.OutOfMemoryError(msg))
+    assert reason.startswith(OUT_OF_MEMORY + "CUDA out of memory. Tried to allocate 2.25 GiB.")
+    assert "524.31 MiB is free" in reason and "Process 1038" in reason
+    assert "expandable_segments" not in reason and "docs.pytorch.org" not in reason
