@@ -2,13 +2,15 @@
 probe is made to see one GPU (its vendored NVML wrapper answers) and vLLM's compiled extensions are
 hidden, as in the pure-Python pack (tools/deployed/pack-vllm-py.sh). The kernel module then fails to
 import exactly as on the GPU machine (vllm.platforms.cuda -> vllm._C_stable_libtorch), and the guard
-imports it with the stand-in, on vLLM's CUDA platform. Runs in a fresh interpreter (vLLM caches its
+imports it with the stand-in, on vLLM's CUDA platform, with triton's CUDA driver reported active (so
+vLLM keeps the real triton, not its placeholders). Runs in a fresh interpreter (vLLM caches its
 platform); needs vllm installed (tools/install-deployed.sh vllm)."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import subprocess
 import sys
 import textwrap
@@ -30,6 +32,9 @@ SIMULATED_GPU = textwrap.dedent(
             return None
 
     sys.meta_path.insert(0, NoCompiledExtensions())
+    from triton.backends import backends  # triton's CUDA driver active, as on the GPU (real triton.jit)
+
+    backends["nvidia"].driver.is_active = staticmethod(lambda: True)
     import vllm.third_party.pynvml as nvml  # what vllm.platforms.cuda_platform_plugin asks
 
     nvml.nvmlInit = nvml.nvmlShutdown = lambda *a, **k: None
@@ -49,6 +54,7 @@ SIMULATED_GPU = textwrap.dedent(
     out["callable"] = callable(_lib.unified_attention())
     from vllm.platforms import current_platform
 
+    out["jit"] = type(sys.modules[_lib.UNIFIED].kernel_unified_attention).__name__
     out["platform"] = type(current_platform).__module__
     out["fp8"] = str(current_platform.fp8_dtype())
     out["left_in_sys_modules"] = _lib.COMPILED_OPS in sys.modules
@@ -70,7 +76,8 @@ def _vllm_installed() -> bool:
 
 @pytest.mark.skipif(not _vllm_installed(), reason="vllm is not installed (tools/install-deployed.sh vllm)")
 def test_kernel_imports_on_a_simulated_gpu_without_vllm_compiled_extensions():
-    done = subprocess.run([sys.executable, "-c", SIMULATED_GPU], capture_output=True, text=True, timeout=120)
+    env = {k: v for k, v in os.environ.items() if k != "TRITON_INTERPRET"}  # the GPU compiles, no interpreter
+    done = subprocess.run([sys.executable, "-c", SIMULATED_GPU], capture_output=True, text=True, timeout=120, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     out = json.loads(done.stdout.strip().splitlines()[-1])
     # the failure seen on the GPU machine, and where it comes from
@@ -79,7 +86,7 @@ def test_kernel_imports_on_a_simulated_gpu_without_vllm_compiled_extensions():
     assert "v1/attention/ops/triton_unified_attention.py" in chain and chain[-1] == "platforms/cuda.py", chain
     assert chain.index("platforms/__init__.py") < chain.index("platforms/cuda.py")
     # the guard: imported, on vLLM's CUDA platform, stand-in gone afterwards
-    assert out["missing"] is None and out["stood_in"] and out["callable"]
+    assert out["missing"] is None and out["stood_in"] and out["callable"] and out["jit"] == "JITFunction"
     assert out["platform"] == "vllm.platforms.cuda" and out["fp8"] == "torch.float8_e4m3fn"
     assert not out["left_in_sys_modules"] and out["later_import"] == "ModuleNotFoundError"
 
