@@ -643,7 +643,8 @@ class _PagedAttentionOp(Op):
     def _pairs_and_tokens(self, p: AttentionParams, x: AttentionInputs) -> tuple[int, int]:
         """(visible (query, key) pairs, distinct keys attended) summed over requests.
 
-        Draft decode: a key is counted once per cache slot, so a prefix its candidates share counts once.
+        Draft decode: a key is counted once per cache slot: the full prefix pages the candidates share
+        once, each candidate's copy of the partial last prefix page and its draft tokens once per candidate.
         """
         pairs = tokens = 0
         shared = [] if getattr(p, "draft_topk", 1) > 1 else None
