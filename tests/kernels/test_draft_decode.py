@@ -197,3 +197,18 @@ def test_a_suite_with_a_conflicting_draft_case_exits_2_with_file_line(tmp_path):
     res = CliRunner().invoke(app, ["sweep", str(bad), "--out", str(tmp_path / "out"), "--device", "cpu"])
     assert res.exit_code == 2, res.output
     assert f"{bad}:3:" in res.output and "leaves no prefix for draft_step 2" in res.output
+
+
+def test_smoke_holds_draft_decode_with_pages_and_partial_prefix_pages():
+    """The pairwise axis (coverage.SPACE) gives smoke draft cases on pages > 1 whose prefixes end mid-page."""
+    from attnbench.suite import load
+
+    paged = partial = 0
+    for case in load("smoke").cases:
+        p = case.params
+        if case.op.name != "decode" or p.draft_topk == 1 or p.page_size == 1:
+            continue
+        paged += 1
+        rows, _ = case.op.request_lengths(p, case.seed)
+        partial += any((L - p.draft_step) % p.page_size for L in rows)
+    assert paged and partial, (paged, partial)
