@@ -22,7 +22,16 @@ from attnbench.buffers import alloc_output, output_bytes
 from attnbench.ops import rng
 from attnbench.ops.base import IdField, Op, OutputSpec, Params, magnitude_key, tensor_bytes
 from attnbench.ops.distributions import Distribution, Sampler, lse_like
-from attnbench.ops.paged import fill, make_layout, poisoned_cache, pool_pages, swa_pool, window_start_page
+from attnbench.ops.paged import (
+    draft_layout,
+    draft_pages,
+    fill,
+    make_layout,
+    poisoned_cache,
+    pool_pages,
+    swa_pool,
+    window_start_page,
+)
 from attnbench.references import attention as ref
 
 MLA_DK, MLA_DV = 576, 512
@@ -97,9 +106,22 @@ class DecodeParams(AttentionParams):
         None, description="explicit keys per request (replayed batches, docs/trace.md): sets batch and kv_len"
     )
     kv_pool: Literal["full", "swa"] = _KV_POOL
+    draft_topk: int = Field(
+        1,
+        ge=1,
+        description="EAGLE draft decode: candidates per request; batch x draft_topk query rows (row b * topk + c), "
+        "the candidates of a request sharing its prefix pages (1 = a plain decode)",
+    )
+    draft_step: int = Field(
+        1,
+        ge=1,
+        description="draft decode: own draft tokens each candidate has in the cache, its current one included; "
+        "every row sees kv_len - draft_step prefix keys, then its own draft_step",
+    )
 
     @model_validator(mode="after")
     def _pool(self):
+        _check_draft(self)
         _pool_needs_window(self)
         return self
 
@@ -112,6 +134,30 @@ class DecodeParams(AttentionParams):
     @classmethod
     def _explicit(cls, data):
         return _derive(data, {"kv_lens": ("kv_len", 1)})
+
+
+def _check_draft(p: DecodeParams) -> None:
+    if p.draft_topk == 1:
+        if p.draft_step != 1:
+            raise ValueError(
+                f"draft_step {p.draft_step} needs draft_topk > 1: with one candidate per request a draft decode "
+                "is a plain decode of kv_len keys (leave draft_step at 1)"
+            )
+        return
+    if p.kv_pool == "swa":
+        raise ValueError(
+            "draft_topk > 1 with kv_pool swa is not part of the decode contract: the draft layout (shared prefix "
+            "pages, per-candidate copies of the last partial page) is defined over the full pool only"
+        )
+    lens = p.kv_lens if p.kv_lens is not None else (p.kv_len,)
+    short = [(i, n) for i, n in enumerate(lens) if n <= p.draft_step]
+    if short:
+        i, n = short[0]
+        where = f"kv_lens[{i}] = {n}" if p.kv_lens is not None else f"kv_len {n}"
+        raise ValueError(
+            f"{where} leaves no prefix for draft_step {p.draft_step}: every candidate row sees its request's "
+            f"prefix (keys - draft_step, at least 1) and then its own draft_step tokens"
+        )
 
 
 class ExtendParams(AttentionParams):
@@ -209,6 +255,9 @@ class AttentionInputs:
     # requests (their data). A backend may take kv_page_indices, or translate the full table itself.
     full_page_indices: torch.Tensor | None = None  # [nnz] int32, the full pool's pages (same kv_indptr)
     full_to_swa: torch.Tensor | None = None  # [P] int32, full pool page -> SWA pool page
+    # decode draft_topk > 1: rows b * draft_topk + c are the candidates of request b; their tables name
+    # the same prefix pages (kernels may exploit that; the reference reads each row's table as is)
+    draft_topk: int = 1
 
     @property
     def page_size(self) -> int:
@@ -305,6 +354,8 @@ _ATTN_ID = (
     IdField("h", ("heads_q", "heads_kv"), always=True),
     IdField("d", ("head_dim", "head_dim_v"), always=True),
     IdField("p", ("page_size",), always=True),
+    IdField("topk", ("draft_topk",)),
+    IdField("step", ("draft_step",)),
     IdField("", ("mask",)),
     IdField("emptyrows", ("empty_rows",)),
     IdField("kv", ("new_kv",)),
@@ -370,20 +421,38 @@ class _PagedAttentionOp(Op):
             f.append(f"dist-{p.distribution}")
         return tuple(f)
 
-    def _build(self, p: AttentionParams, dtype, seed, device, kv_lens, q_lens, new_kv: str) -> AttentionInputs:
+    def _build(
+        self,
+        p: AttentionParams,
+        dtype,
+        seed,
+        device,
+        kv_lens,
+        q_lens,
+        new_kv: str,
+        draft: tuple[int, int] | None = None,
+    ) -> AttentionInputs:
+        """`draft` (decode only): (topk, step): kv_lens/q_lens are per candidate row, `topk` rows per request."""
         host, gen = _generators(seed, device)
         draw = Sampler(p.distribution, gen, device, dtype)
         T = sum(q_lens)
         Hkv, Dk, Dv = p.heads_kv, p.head_dim, p.dv
-        layout = make_layout(kv_lens, p.page_size, host, device)
+        if draft:
+            topk, step = draft
+            prefix = [L - step for L in kv_lens[::topk]]
+            layout = draft_layout(prefix, topk, step, p.page_size, host, device)
+            sizes = [P + topk * step for P in prefix]  # per request: its prefix, then every candidate's own tokens
+        else:
+            layout = make_layout(kv_lens, p.page_size, host, device)
+            sizes = kv_lens
         swa = getattr(p, "kv_pool", "full") == "swa"
         full_pages = full_to_swa = None
         if swa:
             full_pages = layout.kv_page_indices
             layout, full_to_swa = swa_pool(layout, host)
         # every request's keys/values in float32, new tokens included, shaped by the distribution
-        keys = [draw.structure_keys(draw.draw("k", (L, Hkv, Dk))) for L in kv_lens]
-        values = [k[..., :Dv] for k in keys] if p.mla else [draw.draw("v", (L, Hkv, Dv)) for L in kv_lens]
+        keys = [draw.structure_keys(draw.draw("k", (L, Hkv, Dk))) for L in sizes]
+        values = [k[..., :Dv] for k in keys] if p.mla else [draw.draw("v", (L, Hkv, Dv)) for L in sizes]
         cache_dtype = FP8.get(p.kv_dtype, dtype)
         k_scale = v_scale = None
         if p.kv_dtype != "auto":
@@ -395,20 +464,33 @@ class _PagedAttentionOp(Op):
         if swa:  # every request's keys and values in one sequence: freed pages take other requests' data
             starts = [0, *itertools.accumulate(kv_lens)]
             every_k, every_v = torch.cat(keys), (None if p.mla else torch.cat(values))
-        for b, (L, n) in enumerate(zip(kv_lens, q_lens)):
-            cached = L - n if new_kv != "shared" else L
-            kept = min(cached, window_start_page(L - n, p.window, p.page_size)) if swa else 0
-            slots = layout.slots(b, kept, cached)
-            fill(k_cache, slots, quantize(keys[b][kept:cached], k_scale, cache_dtype))
-            if not p.mla:
-                fill(v_cache, slots, quantize(values[b][kept:cached], v_scale, cache_dtype))
-            if kept:  # freed pages now hold other requests' keys: finite, and wrong for this one
-                other = (torch.arange(kept) + starts[b + 1]) % starts[-1]
-                freed = layout.slots(b, 0, kept)
-                fill(k_cache, freed, quantize(every_k[other], k_scale, cache_dtype))
+        if draft:
+            for b, P in enumerate(prefix):
+                for c in range(topk):
+                    # candidate 0 writes the shared full pages (once); every candidate writes its own copy of
+                    # the partial last prefix page, then its own draft tokens
+                    r, start = b * topk + c, (0 if c == 0 else P // p.page_size * p.page_size)
+                    own = slice(P + c * step, P + (c + 1) * step)
+                    slots = layout.slots(r, start, P + step)
+                    fill(k_cache, slots, quantize(torch.cat([keys[b][start:P], keys[b][own]]), k_scale, cache_dtype))
+                    if not p.mla:
+                        row_v = torch.cat([values[b][start:P], values[b][own]])
+                        fill(v_cache, slots, quantize(row_v, v_scale, cache_dtype))
+        else:
+            for b, (L, n) in enumerate(zip(kv_lens, q_lens)):
+                cached = L - n if new_kv != "shared" else L
+                kept = min(cached, window_start_page(L - n, p.window, p.page_size)) if swa else 0
+                slots = layout.slots(b, kept, cached)
+                fill(k_cache, slots, quantize(keys[b][kept:cached], k_scale, cache_dtype))
                 if not p.mla:
-                    fill(v_cache, freed, quantize(every_v[other], v_scale, cache_dtype))
-            new_slots.append(layout.slots(b, L - n, L))
+                    fill(v_cache, slots, quantize(values[b][kept:cached], v_scale, cache_dtype))
+                if kept:  # freed pages now hold other requests' keys: finite, and wrong for this one
+                    other = (torch.arange(kept) + starts[b + 1]) % starts[-1]
+                    freed = layout.slots(b, 0, kept)
+                    fill(k_cache, freed, quantize(every_k[other], k_scale, cache_dtype))
+                    if not p.mla:
+                        fill(v_cache, freed, quantize(every_v[other], v_scale, cache_dtype))
+                new_slots.append(layout.slots(b, L - n, L))
         k_new = v_new = slot_mapping = None
         if new_kv in ("save", "attend"):
             k_new = torch.cat([k[L - n :] for k, L, n in zip(keys, kv_lens, q_lens)]).to(dtype)
@@ -452,13 +534,17 @@ class _PagedAttentionOp(Op):
             q_lens_host=tuple(q_lens),
             full_page_indices=full_pages,
             full_to_swa=full_to_swa,
+            draft_topk=draft[0] if draft else 1,
         )
 
     def _bytes_for(self, p: AttentionParams, dtype, kv_lens, q_lens, new_kv: str, mask: bool) -> int:
         """`input_bytes` of `_build` with these lengths (`mask`: a custom mask over every request)."""
         B, T, Hq, Hkv, Dk, Dv = len(kv_lens), sum(q_lens), p.heads_q, p.heads_kv, p.head_dim, p.dv
-        need = sum(-(-n // p.page_size) for n in kv_lens)
-        slots = pool_pages(need) * p.page_size * Hkv
+        need = sum(-(-n // p.page_size) for n in kv_lens)  # page-table entries
+        distinct = need
+        if (topk := getattr(p, "draft_topk", 1)) > 1:  # candidates share their request's full prefix pages
+            distinct, _ = draft_pages([L - p.draft_step for L in kv_lens[::topk]], topk, p.draft_step, p.page_size)
+        slots = pool_pages(distinct) * p.page_size * Hkv
         cache = FP8.get(p.kv_dtype, dtype)
         total = tensor_bytes((slots, Dk), cache) + (0 if p.mla else tensor_bytes((slots, Dv), cache))
         total += (
@@ -523,6 +609,7 @@ class _PagedAttentionOp(Op):
             lse=alloc_output((len(rows), *x.lse.shape[1:]), x.lse.dtype, dev),
             seq_lens_host=tuple(lens),
             q_lens_host=tuple(qlens),
+            draft_topk=1,  # the rows picked need not be whole requests in order: their tables still share pages
         )
         if x.k_new is not None:
             changes["k_new"] = x.k_new[rows]
@@ -554,8 +641,14 @@ class _PagedAttentionOp(Op):
 
     # ---- cost model ---------------------------------------------------------------------------
     def _pairs_and_tokens(self, p: AttentionParams, x: AttentionInputs) -> tuple[int, int]:
-        """(visible (query, key) pairs, distinct keys attended) summed over requests."""
+        """(visible (query, key) pairs, distinct keys attended) summed over requests.
+
+        Draft decode: a key is counted once per cache slot: the full prefix pages the candidates share
+        once, each candidate's copy of the partial last prefix page and its draft tokens once per candidate.
+        """
         pairs = tokens = 0
+        shared = [] if getattr(p, "draft_topk", 1) > 1 else None
+        indptr, table = x.kv_indptr.tolist(), x.kv_page_indices.cpu().long()
         mask = x.custom_mask.cpu() if x.custom_mask is not None else None
         offsets = x.mask_indptr.tolist() if x.mask_indptr is not None else None
         for b, (L, n) in enumerate(zip(x.seq_lens_host, x.q_lens_host)):
@@ -569,6 +662,11 @@ class _PagedAttentionOp(Op):
                 vis &= j >= pos - x.window
             pairs += int(vis.sum())
             tokens += int(vis.any(0).sum())
+            if shared is not None:
+                at = torch.nonzero(vis.any(0)).flatten()
+                shared.append(table[indptr[b] + at // x.page_size] * x.page_size + at % x.page_size)
+        if shared is not None:
+            tokens = int(torch.cat(shared).unique().numel())
         return pairs, tokens
 
     def flops(self, p: AttentionParams, x: AttentionInputs) -> float:
@@ -650,15 +748,27 @@ class DecodeOp(_PagedAttentionOp):
     id_fields = tuple(f for f in _ATTN_ID if f.fields[0] in DecodeParams.model_fields)
 
     def request_lengths(self, p: DecodeParams, seed: int) -> tuple[list[int], list[int]]:
-        """(keys, queries) per request, as `build_inputs` draws them; no tensors (backends' limits read them)."""
+        """(keys, queries) per request, as `build_inputs` draws them; no tensors (backends' limits read them).
+
+        Draft decode (draft_topk > 1): per candidate row, `draft_topk` rows of equal length per request.
+        """
         host, _ = _generators(seed, None)
         if p.kv_lens is not None:
-            return list(p.kv_lens), [1] * p.batch
-        return _lengths(p.batch, p.kv_len, p.lens, host), [1] * p.batch
+            lens = list(p.kv_lens)
+        elif p.draft_topk == 1:
+            lens = _lengths(p.batch, p.kv_len, p.lens, host)
+        else:  # every request keeps a prefix of at least one key
+            lens = _lengths(p.batch, p.kv_len, p.lens, host, least=p.draft_step + 1)
+        rows = [n for n in lens for _ in range(p.draft_topk)]
+        return rows, [1] * len(rows)
+
+    def features(self, p: DecodeParams) -> tuple[str, ...]:
+        return super().features(p) + (("draft-topk",) if p.draft_topk > 1 else ())
 
     def build_inputs(self, p: DecodeParams, dtype, seed, device) -> AttentionInputs:
         kv_lens, q_lens = self.request_lengths(p, seed)
-        return self._build(p, dtype, seed, device, kv_lens, q_lens, "shared")
+        draft = (p.draft_topk, p.draft_step) if p.draft_topk > 1 else None
+        return self._build(p, dtype, seed, device, kv_lens, q_lens, "shared", draft)
 
 
 class ExtendOp(_PagedAttentionOp):

@@ -58,7 +58,10 @@ _TREE = {"tree,depth,topk,draft_tokens": [("chain", 4, None, None), ("binary", 2
 # (whose offset is request 0's length) or the last (whose offset is total minus its own length), so a
 # kernel that derives offsets from request 0 or from the end lands on the right rows by accident.
 SPACE: dict[str, dict[str, list[Value]]] = {
-    "decode": _ATTN | {"batch": [2, 5], "kv_len": [1, 45, 300, 4000]},
+    # draft decode (draft_topk > 1): (topk, own draft tokens) tied, since a step without candidates is refused;
+    # kv_len - step leaves a partial last prefix page at every page size > 1 (the per-candidate copies)
+    "decode": _ATTN | {"batch": [2, 5], "kv_len": [1, 45, 300, 4000],
+                       "draft_topk,draft_step": [(1, 1), (4, 1), (2, 3)]},
     "extend": _ATTN | {"batch": [2, 5], "q_len": [1, 7, 24], "prefix_len": [0, 21, 120]},
     "tree_verify": _ATTN | {
         "heads_q,heads_kv": [(8, 2), (16, 1)], "head_dim,head_dim_v": [(64, None), (576, 512)],

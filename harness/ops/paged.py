@@ -83,3 +83,41 @@ def window_start_page(first_query: int, window: int, page_size: int) -> int:
     """First position of the page that holds `first_query - window` (0 before it): where a request's
     in-window pages start in the SWA pool (SGLang frees whole pages only once every slot is out of window)."""
     return max(0, first_query - window) // page_size * page_size
+
+
+def draft_pages(prefix_lens: list[int], topk: int, step: int, page_size: int) -> tuple[int, int]:
+    """(distinct pages, page-table entries) of `draft_layout` for these prefixes."""
+    shared = [p // page_size for p in prefix_lens]
+    own = [-(-(p % page_size + step) // page_size) for p in prefix_lens]
+    distinct = sum(s + topk * o for s, o in zip(shared, own))
+    return distinct, topk * sum(s + o for s, o in zip(shared, own))
+
+
+def draft_layout(
+    prefix_lens: list[int], topk: int, step: int, page_size: int, generator: torch.Generator, device
+) -> PagedLayout:
+    """The page tables of an EAGLE draft decode: `topk` candidate rows per request (row b * topk + c).
+
+    Every candidate of request b sees its prefix (`prefix_lens[b]` keys) and then its own `step` draft
+    tokens, `prefix_lens[b] + step` keys in all. The prefix's full pages are the request's: every
+    candidate's table names the same physical pages. The prefix's last partial page (prefix % page_size
+    keys) is copied per candidate, because the candidates append different tokens after it (SGLang's
+    `assign_draft_cache_locs` with page_size > 1); the copy and the candidate's draft tokens fill pages
+    of its own. With page size 1 the whole prefix is shared and only the draft tokens are per candidate.
+    Pages are drawn at random from a pool with ~12% spare pages, as in `make_layout`; the request's
+    original partial page (the source of the copies, which no row reads) is not allocated.
+    """
+    distinct, _ = draft_pages(prefix_lens, topk, step, page_size)
+    num_pages = pool_pages(distinct)
+    perm = torch.randperm(num_pages, generator=generator, device="cpu")[:distinct].to(torch.int32)
+    tables, lens, at = [], [], 0
+    for p in prefix_lens:
+        shared = perm[at : at + p // page_size]
+        at += shared.numel()
+        own = -(-(p % page_size + step) // page_size)
+        for _ in range(topk):
+            tables.append(torch.cat([shared, perm[at : at + own]]))
+            at += own
+            lens.append(p + step)
+    indptr = torch.tensor([0] + [t.numel() for t in tables], dtype=torch.int64).cumsum(0).to(torch.int32)
+    return PagedLayout(page_size, num_pages, lens, indptr.to(device), torch.cat(tables).to(device))

@@ -5,8 +5,10 @@ cap applied after the mask, a window that forgets the cached prefix, sinks dropp
 visible key, fp8 scales swapped or collapsed, a last page of length 0, a page-table walk one page too
 far, a split-KV merge with a stale LSE, accumulation in bf16, GQA mapped wrong for one group size,
 softplus without its threshold, dt_bias of head 0 for every head, conv states not saved for short
-requests, padding rows written into slot -1. None has a case written for it: `attnbench selftest`
-runs them over the default suites and reports the first case that caught each.
+requests, padding rows written into slot -1. One comes from the draft-decode contract rather than
+a known fix: EAGLE candidates that all read their request's first candidate's pages. None has a case
+written for it: `attnbench selftest` runs them over the default suites and reports the first case
+that caught each.
 
 Attention mutants run `attend`, a plain per-request float32 implementation with one switch per bug
 (`Bugs`); the GDN ones wrap the torch backend's functions.
@@ -52,12 +54,14 @@ class Bugs:
     empty_lse_plus_inf: bool = False  # a row with no visible key (and no sink) reports LSE +inf
     uniform_q_offset: bool = False  # request b's query/output rows taken at b * (request 0's query count)
     swa_pool_untranslated: bool = False  # SWA pool indexed with the full pool's page ids (full_to_swa skipped)
+    draft_rows_by_request: bool = False  # draft decode: every candidate row walks candidate 0's page table
 
 
 def _keys(x, b: int, bugs: Bugs):
     """float32 K `[L, Hkv, Dk]`, V `[L, Hkv, Dv]` of request b, as the (buggy) page walk reads them."""
     L, n, ps = x.seq_lens_host[b], x.q_lens_host[b], x.page_size
-    lo, hi = int(x.kv_indptr[b]), int(x.kv_indptr[b + 1])
+    row = b - b % x.draft_topk if bugs.draft_rows_by_request else b  # the request's first candidate
+    lo, hi = int(x.kv_indptr[row]), int(x.kv_indptr[row + 1])
     entries = x.kv_page_indices.long()
     if bugs.swa_pool_untranslated and x.full_page_indices is not None:
         entries = x.full_page_indices.long()
@@ -413,6 +417,12 @@ INTERACTION_MUTANTS = (
     # must go through full_to_swa (SGLang's full_to_swa_index_mapping) before they index it
     ("swa-pool-untranslated", "a sliding-window layer indexes its own KV pool with the full pool's page ids",
      lambda: _a("swa-pool-untranslated", swa_pool_untranslated=True)),
+    # EAGLE draft decode over batch x topk rows: a kernel that finds pages per request (row // topk) rather
+    # than per row sees the shared prefix right, and candidate 0's copy of the partial page and draft
+    # tokens in place of its own
+    ("draft-candidate0-pages", "draft decode: every candidate reads its request's first candidate's pages "
+     "(shared prefix right, draft tokens of candidate 0)",
+     lambda: _a("draft-candidate0-pages", draft_rows_by_request=True)),
     ("dt-bias-head0", "GDN gating adds dt_bias of head 0 to every head",
      lambda: patched_gdn("dt-bias-head0", "_gates", _gates_head0_dt_bias,
                          ("gdn_gating", "gdn_decode", "gdn_verify"))),
