@@ -290,7 +290,7 @@ def check(
     v = Verdict()
     free = op.unspecified(params, pristine)
     rows = op.row_requests(params, pristine)
-    for name, spec in op.outputs.items():
+    for name, spec in op.outputs_for(params).items():
         if absent and name in absent:
             continue
         got = outputs.get(name)
@@ -325,7 +325,7 @@ def check(
             units = _units(spec, params)
             compare_numeric(name, got, expected[name], twin[name], spec, rule, v, units, _rows(spec, rows, got))
             compare_untouched(name, getattr(work, name), expected[name], getattr(pristine, name), v)
-    touched = set(op.outputs) | set(writes)
+    touched = set(op.outputs_for(params)) | set(writes)
     storages = {tensor_fields(work)[n].untyped_storage().data_ptr() for n in touched if n in tensor_fields(work)}
     for name, before in tensor_fields(pristine).items():
         after = getattr(work, name)
@@ -336,14 +336,15 @@ def check(
     return v
 
 
-def outputs_contract(op, outputs: Any, absent: dict[str, str] | None = None) -> str | None:
-    """None when a closure's return value is a dict holding every output of `op` (but those it declares
-    `absent`); else one line saying why not."""
-    want = ", ".join(repr(n) for n in op.outputs)
+def outputs_contract(op, outputs: Any, absent: dict[str, str] | None = None, params: Any = None) -> str | None:
+    """None when a closure's return value is a dict holding every output of `op` (of the case with
+    `params`, when given; but those it declares `absent`); else one line saying why not."""
+    names = op.outputs if params is None else op.outputs_for(params)
+    want = ", ".join(repr(n) for n in names)
     contract = f"the closure prepare() returns must return a dict of the {op.name} outputs {{{want}}}"
     if not isinstance(outputs, dict):
         return f"{contract}; it returned {type(outputs).__name__}"
-    missing = [n for n in op.outputs if not isinstance(outputs.get(n), torch.Tensor) and n not in (absent or {})]
+    missing = [n for n in names if not isinstance(outputs.get(n), torch.Tensor) and n not in (absent or {})]
     if missing:
         got = ", ".join(repr(k) for k in outputs) or "nothing"
         return f"{contract}; it returned {got} (no tensor for {', '.join(repr(n) for n in missing)})"

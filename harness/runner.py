@@ -192,7 +192,7 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
             outputs = call_untimed(fn)
             _sync(case)
             absent = dict(getattr(fn, "absent", {}) or {})
-            if broken := outputs_contract(op, outputs, absent):
+            if broken := outputs_contract(op, outputs, absent, p):
                 rows[b.name] = _row(case, b.name, "error", broken, prepare_s=prep, reference_s=ref_s, env=env)
                 continue
             t0 = time.perf_counter()
@@ -202,7 +202,7 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
             stale_check(op, p, pristine, expected, again, work, outputs, verdict, lambda: _sync(case))
             check_s = time.perf_counter() - t0
             status = "pass" if verdict.ok else "fail"
-            failed = subjects(verdict.problems, [*op.outputs, *op.writes_for(p)])
+            failed = subjects(verdict.problems, [*op.outputs_for(p), *op.writes_for(p)])
             rows[b.name] = _row(
                 case, b.name, status, verdict.reason, metrics=verdict.metrics, prepare_s=prep, reference_s=ref_s,
                 check_s=check_s, prepare_info=_info(fn, absent), env=env, failed=failed,

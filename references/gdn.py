@@ -29,6 +29,13 @@ request has no initial state)::
 
     y[t] = silu(bias + sum_j weight[:, j] * x~[t + j]),   new state = the last W-1 rows of x~
 
+Speculative verify and commit: verify runs T draft tokens per request (a chain, or a tree whose token
+t continues from token `parents[t]`, -1 = the pool) and keeps, per token, the recurrent state and the
+conv window (the W-1 most recent raw inputs along the token's path) after it, leaving the pools alone;
+commit then copies the state and window after the last accepted token into the request's pool slots
+(none accepted: the pools keep the pre-verify state). Decoding the accepted tokens one by one ends in
+the same pools.
+
 Pools: states `[N, HV, K, V]` fp32 and conv states `[N, dim, W-1]`, addressed by per-request indices;
 a negative index is padding: nothing is read from or written to the pool for it (its outputs are
 computed from a zero state here; the op contracts leave them unspecified).
@@ -54,11 +61,13 @@ __all__ = [
     "gating",
     "causal_conv1d",
     "causal_conv1d_update",
+    "causal_conv1d_verify",
     "recurrent_gated_delta_rule",
     "chunk_gated_delta_rule",
     "gdn_decode",
     "gdn_extend",
     "gdn_verify",
+    "gdn_commit",
 ]
 
 L2_EPS = 1e-6  # q / sqrt(sum q^2 + eps): FLA's and SGLang's in-kernel L2 norm
@@ -182,6 +191,55 @@ def causal_conv1d_update(
     qsl = torch.arange(B + 1, device=x.device)
     init = torch.ones(B, dtype=torch.bool, device=x.device)
     return causal_conv1d(x, weight, bias, conv_states, cache_indices, init, qsl, silu=silu, precision=precision)
+
+
+def causal_conv1d_verify(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None,
+    conv_states: torch.Tensor,
+    cache_indices: torch.Tensor,
+    parents: torch.Tensor | None = None,
+    *,
+    silu: bool = True,
+    precision: torch.dtype = D64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Speculative verify: T draft tokens per request through the conv, the window after each kept.
+
+    Token t of request b continues from the window after token `parents[b, t]` (-1: the pool state of
+    slot `cache_indices[b]`); parents None is the chain t - 1. Its output is
+    `silu(bias + sum_j weight[:, j] * [window | x_t][:, j])` and its own window is the last W-1 columns
+    of `[window | x_t]`: the W-1 most recent raw inputs along its path (root to t via parents).
+
+    Args:
+        x: `[B, T, dim]` draft tokens per request; weight: `[dim, W]`; bias: `[dim]` or None.
+        conv_states: `[N, dim, W-1]` pool (only read); cache_indices: `[B]` (negative: padding).
+        parents: `[B, T]` int or None.
+    Returns:
+        y `[B, T, dim]` (float64, or x's dtype for the twin; zeros for padding requests) and the windows
+        `[B, T, dim, W-1]` in conv_states' dtype (copies of raw inputs, exact; zeros for padding).
+    """
+    acc = _acc(precision)
+    B, T, D = x.shape
+    W = weight.shape[1]
+    y = torch.zeros(B, T, D, dtype=x.dtype if precision != D64 else D64, device=x.device)
+    windows = torch.zeros(B, T, D, W - 1, dtype=conv_states.dtype, device=x.device)
+    w = weight.to(acc)
+    for bi, idx in enumerate(cache_indices.tolist()):
+        if idx < 0:
+            continue
+        for t in range(T):
+            p = t - 1 if parents is None else int(parents[bi, t])
+            before = conv_states[idx] if p < 0 else windows[bi, p]  # [D, W-1]
+            full = torch.cat([before, x[bi, t, :, None].to(conv_states.dtype)], dim=1)  # [D, W] raw inputs
+            out = (w * full.to(acc)).sum(1)
+            if bias is not None:
+                out = out + bias.to(acc)
+            if silu:
+                out = out * torch.sigmoid(out)
+            y[bi, t] = out.to(y.dtype)
+            windows[bi, t] = full[:, 1:]
+    return y, windows
 
 
 # ---- the gated delta rule on one sequence --------------------------------------------------------------
@@ -463,3 +521,35 @@ def gdn_extend(
         o[s:e] = ob
         pool[idx] = final
     return o, pool
+
+
+def gdn_commit(
+    inter_states: torch.Tensor,
+    inter_conv_windows: torch.Tensor,
+    last_accepted: torch.Tensor,
+    state_pool: torch.Tensor,
+    conv_states: torch.Tensor,
+    state_indices: torch.Tensor,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """After verify: the state and conv window of each request's last accepted token into its pool slots.
+
+    Args:
+        inter_states: `[B, T, HV, K, V]` the recurrent state after each draft token (gdn_verify's).
+        inter_conv_windows: `[B, T, dim, W-1]` the conv window after each draft token (causal_conv1d's
+            verify mode).
+        last_accepted: `[B]` int, the draft index of the last accepted token (a chain's accepted length
+            minus 1; in a tree, the node that ends the accepted path); -1: none accepted.
+        state_pool: `[N, HV, K, V]`; conv_states: `[N, dim, W-1]`; state_indices: `[B]` the slot of each
+            request in both pools (negative: padding).
+    Returns:
+        The two pools after the commit (their own dtypes; copies, so exact): slot `state_indices[b]`
+        holds `inter_states[b, last_accepted[b]]` and `inter_conv_windows[b, last_accepted[b]]` where
+        both are >= 0; every other slot is as it was.
+    """
+    pool, conv = state_pool.clone(), conv_states.clone()
+    for bi, (slot, last) in enumerate(zip(state_indices.tolist(), last_accepted.tolist(), strict=True)):
+        if slot < 0 or last < 0:
+            continue
+        pool[slot] = inter_states[bi, last].to(pool.dtype)
+        conv[slot] = inter_conv_windows[bi, last].to(conv.dtype)
+    return pool, conv

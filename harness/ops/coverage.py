@@ -74,10 +74,13 @@ SPACE: dict[str, dict[str, list[Value]]] = {
     "verify_greedy": _TREE | {"batch": [1, 4], "accept": [0.0, 0.7, 1.0]},
     "gdn_gating": {"tokens": [1, 33, 300], "heads_v": [4, 6], "dtype": ["bf16", "fp16", "fp32"]},
     "causal_conv1d": {"batch": [1, 3, 5], "seq_len": [1, 2, 3, 9, 40], "dim": [40, 48],
-                      "width": [2, 3, 4], "dtype": ["bf16", "fp16", "fp32"]},
+                      "width": [2, 3, 4], "pad": [0, 1], "dtype": ["bf16", "fp16", "fp32"]},
     "gdn_decode": _GDN | {"batch": [3, 6], "pad": [0, 1, 2]},
     "gdn_extend": _GDN | {"batch": [1, 5], "seq_len": [1, 3, 64, 150]},
     "gdn_verify": _GDN | {"batch": [2, 5], "draft": [1, 3, 8], "pad": [0, 1]},
+    "gdn_commit": {"batch": [1, 3, 5], "draft": [1, 3, 8], "heads_v": [2, 3],
+                   "head_dim_k,head_dim_v": [(16, 16), (32, 16)], "dim": [40, 48], "width": [2, 3, 4],
+                   "pad": [0, 1], "dtype": ["bf16", "fp16", "fp32"]},
 }  # fmt: skip
 
 # Fields held at one value in smoke, with the reason (anything else must be an axis).
@@ -107,6 +110,13 @@ SEEDS: dict[str, list[dict[str, Value]]] = {
         {"tokens": 33, "heads": 4, "head_dim": 64, "dtype": "fp32"},
         {"tokens": 33, "heads": 4, "head_dim": 64, "dtype": "bf16"},
         {"tokens": 17, "heads": 2, "head_dim": 32, "distribution": "peaked", "dtype": "bf16"},
+    ],
+    # update mode fixes five axes (seq_len 1, lens, init, tree, pad): the greedy fill and its random
+    # repairs miss completions of (batch, update) and (width, update), which would be listed as forbidden
+    # though allowed; one update case per batch and width
+    "causal_conv1d": [
+        {"batch": b, "mode": "update", "width": w, "dim": c, "dtype": dt}
+        for b, w, c, dt in ((1, 2, 40, "bf16"), (3, 3, 48, "fp16"), (5, 4, 40, "fp32"))
     ],
 }
 

@@ -1,4 +1,5 @@
-"""GDN-family op contracts: `gdn_gating`, `causal_conv1d`, `gdn_decode`, `gdn_extend`, `gdn_verify`.
+"""GDN-family op contracts: `gdn_gating`, `causal_conv1d`, `gdn_decode`, `gdn_extend`, `gdn_verify`,
+`gdn_commit`.
 
 Canonical semantics (ARCHITECTURE.md "GDN"; the math is in `attnbench.references.gdn`):
 
@@ -20,6 +21,19 @@ Canonical semantics (ARCHITECTURE.md "GDN"; the math is in `attnbench.references
   states `[N, dim, W-1]` addressed by `cache_indices [B]`, SiLU. `mode: prefill` is the varlen form
   (`query_start_loc [B+1]`, `has_initial_state [B]`); `mode: update` is one decode token per request
   (`x [B, dim]`). Both write the new states (the last W-1 raw inputs, bit-exact copies).
+  `mode: verify` is speculative verify: `seq_len` draft tokens per request packed like gdn_verify's
+  (token `b * draft + t`, `x [B * draft, dim]`), a chain or a tree (`parents [B, draft]`, -1 = the
+  pool state), every request from its pool state (`cache_indices`, -1 = padding: nothing read, its
+  outputs unspecified). Each token's output continues its parent's window, and the window after each
+  token (the W-1 most recent raw inputs along its path, root to token via parents, not the packed
+  order) goes to `intermediate_conv_windows [B, draft, dim, W-1]` (case dtype, exact copies). The pool
+  is NOT written in verify mode.
+- Speculative decoding, verify -> commit (docs/conventions.md "GDN speculative verify and commit"):
+  gdn_verify and causal_conv1d's verify mode keep the recurrent state and the conv window after every
+  draft token and leave both pools alone; once the draft is judged, `gdn_commit` copies the state and
+  the window after each request's last accepted token into its pool slots (none accepted: the pools
+  keep the pre-verify state; rejected branches leave no trace). Decoding the accepted tokens one at a
+  time (conv update + gdn_decode) ends in the same pools.
 
 Inputs are realistic: pool slots hold random states, slots are shuffled, spare slots exist (and must
 stay bitwise untouched), gates span strong and weak decay (`exp(g)` from ~0.02 to ~1), and some raw
@@ -38,7 +52,11 @@ Cost model (what `flops()` and `bytes()` count; per v-head, summed over heads an
   with one) + final states written.
 - gdn_gating: elementwise, no FLOPs counted. Bytes = a, b read, g, beta written, A_log, dt_bias.
 - causal_conv1d: FLOPs = 2 W dim per token. Bytes = x read, y written, weight, bias, states read (the
-  requests with an initial state) and written, indices.
+  requests with an initial state) and written, indices. Verify mode: FLOPs of the real requests' tokens;
+  bytes = x, y (all rows), weight, bias, the real requests' states read and their windows written
+  (draft per request), indices and parents.
+- gdn_commit: no FLOPs. Bytes = per real request that accepted a token, its state and conv window read
+  from the verify buffers and written to the pools, + indices and accepted indices of every request.
 """
 
 from __future__ import annotations
@@ -64,18 +82,30 @@ class GatingParams(Params):
 
 
 class ConvParams(Params):
-    mode: Literal["prefill", "update"] = Field("prefill", description="varlen prefill, or one token each")
+    mode: Literal["prefill", "update", "verify"] = Field(
+        "prefill", description="varlen prefill, one token each, or speculative verify (draft tokens each)"
+    )
     batch: int = Field(2, ge=1)
-    seq_len: int = Field(1, ge=1, description="prefill: tokens per request (the most, for mixed); update: 1")
+    seq_len: int = Field(
+        1, ge=1, description="prefill: tokens per request (the most, for mixed); update: 1; verify: draft tokens"
+    )
     dim: int = Field(256, ge=1, description="channels: 2 H K + HV V of the model")
     width: int = Field(4, ge=2, le=4)
     lens: Literal["equal", "mixed"] = "equal"
     init: Literal["all", "none", "mixed"] = Field("all", description="which requests have an initial state")
+    tree: bool = Field(False, description="verify: the draft tokens form a tree (parents array), not a chain")
+    pad: int = Field(0, ge=0, description="verify: padding requests (cache index -1)")
 
     @model_validator(mode="after")
     def _update(self):
         if self.mode == "update" and (self.seq_len != 1 or self.lens != "equal" or self.init != "all"):
             raise ValueError("mode update: one token per request, each with a state (seq_len 1, init all)")
+        if self.mode == "verify" and (self.lens != "equal" or self.init != "all"):
+            raise ValueError("mode verify: seq_len draft tokens per request, each from its state (init all)")
+        if self.mode != "verify" and (self.tree or self.pad):
+            raise ValueError("tree and pad are parameters of mode verify")
+        if self.pad >= self.batch:
+            raise ValueError(f"pad ({self.pad}) must leave at least one real request of batch {self.batch}")
         return self
 
 
@@ -117,6 +147,26 @@ class GDNExtendParams(GDNParams):
     init: Literal["all", "none", "mixed"] = Field("all", description="requests that start from a pool state")
 
 
+class GDNCommitParams(Params):
+    batch: int = Field(4, ge=1)
+    draft: int = Field(4, ge=1, description="T: draft tokens per request of the verify before")
+    heads_v: int = Field(8, ge=1, description="HV: v-heads")
+    head_dim_k: int = Field(128, ge=1)
+    head_dim_v: int = Field(128, ge=1)
+    dim: int = Field(256, ge=1, description="conv channels: 2 H K + HV V of the model")
+    width: int = Field(4, ge=2, le=4, description="conv width W (windows of W-1 raw inputs)")
+    pad: int = Field(0, ge=0, description="padding requests (slot -1)")
+    accept: Literal["mixed", "none", "all"] = Field(
+        "mixed", description="accepted draft tokens per request: random 0..draft, none, or all"
+    )
+
+    @model_validator(mode="after")
+    def _pad(self):
+        if self.pad >= self.batch:
+            raise ValueError(f"pad ({self.pad}) must leave at least one real request of batch {self.batch}")
+        return self
+
+
 class GDNVerifyParams(GDNParams):
     draft: int = Field(4, ge=1, description="T: draft tokens per request")
     tree: bool = Field(False, description="tokens form a tree (parents array), not a chain")
@@ -142,7 +192,8 @@ class GatingInputs:
 
 @dataclass
 class ConvInputs:
-    """Inputs of causal_conv1d. Update mode: T = B, one token per request, every request has a state."""
+    """Inputs of causal_conv1d. Update mode: T = B, one token per request, every request has a state.
+    Verify mode: T = B * draft (token b * draft + t), every request has a state, the pool is only read."""
 
     x: torch.Tensor  # [T, dim] case dtype, token-major
     weight: torch.Tensor  # [dim, W] case dtype
@@ -154,6 +205,21 @@ class ConvInputs:
     y: torch.Tensor  # [T, dim] output, case dtype
     update: bool = False
     lens_host: tuple[int, ...] = ()
+    verify: bool = False
+    parents: torch.Tensor | None = None  # [B, draft] int32 (tree verify): -1 = the pool state
+    intermediate_conv_windows: torch.Tensor | None = None  # [B, draft, dim, W-1] output, case dtype (verify)
+
+
+@dataclass
+class CommitInputs:
+    """Inputs of gdn_commit: the verify outputs, the accepted tokens, and the two pools it writes."""
+
+    inter_states: torch.Tensor  # [B, T, HV, K, V] fp32: the recurrent state after each draft token
+    inter_conv_windows: torch.Tensor  # [B, T, dim, W-1] case dtype: the conv window after each draft token
+    last_accepted: torch.Tensor  # [B] int32: draft index of the last accepted token, -1 = none
+    state_pool: torch.Tensor  # [N, HV, K, V] fp32, written
+    conv_states: torch.Tensor  # [N, dim, W-1] case dtype, written
+    state_indices: torch.Tensor  # [B] int32 slot of each request in both pools, negative = padding
 
 
 @dataclass
@@ -235,6 +301,16 @@ def _slots(batch: int, pad: int, host: torch.Generator) -> tuple[int, list[int]]
     return pool, slots
 
 
+def _tree_parents(batch: int, draft: int, host: torch.Generator) -> torch.Tensor:
+    """`[B, draft]` int32 parents: token 0 is the root (from the pool state, -1); token t > 0 hangs off
+    one of 0..t-1, drawn per request."""
+    par = torch.zeros(batch, draft, dtype=torch.int32)
+    par[:, 0] = -1
+    for t in range(1, draft):
+        par[:, t] = torch.randint(0, t, (batch,), generator=host, dtype=torch.int32)
+    return par
+
+
 def _gate_params(heads_v: int, dtype, gen, device) -> tuple[torch.Tensor, torch.Tensor]:
     """A_log [HV] fp32 (rates 1..16) and dt_bias [HV] (softplus^-1 of dt in 0.001..0.1), as Mamba inits."""
     A_log = torch.log(_rand((heads_v,), 1.0, 16.0, gen, device))
@@ -304,7 +380,10 @@ class GDNGatingOp(Op):
 
 # ---- causal_conv1d ----------------------------------------------------------------------------------
 class CausalConv1dOp(Op):
-    """Depthwise causal conv1d + SiLU over per-request windows; writes the last W-1 raw inputs back."""
+    """Depthwise causal conv1d + SiLU over per-request windows; writes the last W-1 raw inputs back.
+
+    Verify mode (speculative decoding) writes no state: it keeps the window after every draft token in
+    `intermediate_conv_windows` for `gdn_commit` (module docstring)."""
 
     name = "causal_conv1d"
     family = "gdn"
@@ -317,9 +396,17 @@ class CausalConv1dOp(Op):
         IdField("c", ("dim",), always=True),
         IdField("w", ("width",)),
         IdField("init", ("init",)),
+        IdField("pad", ("pad",)),
+        IdField("tree", ("tree",)),
         IdField("", ("mode",)),
     )
-    outputs = {"y": OutputSpec(("token", "channel"))}
+    outputs = {
+        "y": OutputSpec(("token", "channel")),
+        "intermediate_conv_windows": OutputSpec(("request", "step", "channel", "tap"), exact=True),
+    }
+
+    def outputs_for(self, p: ConvParams) -> dict[str, OutputSpec]:
+        return self.outputs if p.mode == "verify" else {"y": self.outputs["y"]}
 
     def features(self, p: ConvParams) -> tuple[str, ...]:
         f = [p.mode]
@@ -329,26 +416,44 @@ class CausalConv1dOp(Op):
             f.append(f"init-{p.init}")
         if p.width != 4:
             f.append(f"width{p.width}")
+        if p.mode == "verify":
+            f.append("tree" if p.tree else "chain")
+        if p.pad:
+            f.append("padding")
         return tuple(f)
 
     def writes_for(self, p: ConvParams):
+        if p.mode == "verify":
+            return {}  # the pool is only read: any change to it is an error (checks: inputs unchanged)
         return {"conv_states": OutputSpec(("slot", "channel", "tap"), exact=True)}
+
+    def unspecified(self, p: ConvParams, x: ConvInputs):
+        if not p.pad:
+            return {}
+        pad = x.cache_indices < 0
+        return {"y": pad.repeat_interleave(p.seq_len)[:, None], "intermediate_conv_windows": pad[:, None, None, None]}
 
     def input_bytes(self, p: ConvParams, dtype, seed: int) -> int:
         host, _ = _generators(seed, None)
         B, D, W = p.batch, p.dim, p.width
         T, N = sum(_lengths(B, p.seq_len, p.lens, host)), _pool_slots(B)
         data = tensor_bytes((T, D), dtype) + tensor_bytes((D, W + 1), dtype) + tensor_bytes((N, D, W - 1), dtype)
-        return data + 4 * B + B + 4 * (B + 1) + output_bytes((T, D), dtype)  # slots, has_initial, starts, y
+        total = data + 4 * B + B + 4 * (B + 1) + output_bytes((T, D), dtype)  # slots, has_initial, starts, y
+        if p.mode == "verify":  # the windows; the parents of a tree
+            total += output_bytes((B, p.seq_len, D, W - 1), dtype) + (4 * T if p.tree else 0)
+        return total
 
     def build_inputs(self, p: ConvParams, dtype, seed, device) -> ConvInputs:
         host, gen = _generators(seed, device)
         B, D, W = p.batch, p.dim, p.width
         lens = _lengths(B, p.seq_len, p.lens, host)
         init = _initial(B, p.init, host)
-        N, slots = _slots(B, 0, host)
+        N, slots = _slots(B, p.pad, host)
         T = sum(lens)
         qsl = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
+        verify = p.mode == "verify"
+        parents = _tree_parents(B, p.seq_len, host).to(device) if p.tree else None
+        windows = alloc_output((B, p.seq_len, D, W - 1), dtype, device) if verify else None
         return ConvInputs(
             x=_randn((T, D), dtype, gen, device),
             weight=_randn((D, W), dtype, gen, device, std=W**-0.5),
@@ -360,9 +465,19 @@ class CausalConv1dOp(Op):
             y=alloc_output((T, D), dtype, device),
             update=p.mode == "update",
             lens_host=tuple(lens),
+            verify=verify,
+            parents=parents,
+            intermediate_conv_windows=windows,
         )
 
     def expected(self, p, x: ConvInputs, precision):
+        if p.mode == "verify":
+            B, T = p.batch, p.seq_len
+            y, windows = ref.causal_conv1d_verify(
+                x.x.view(B, T, -1), x.weight, x.bias, x.conv_states, x.cache_indices, x.parents,
+                precision=precision,
+            )  # fmt: skip
+            return {"y": y.flatten(0, 1), "intermediate_conv_windows": windows}
         y, states = ref.causal_conv1d(
             x.x, x.weight, x.bias, x.conv_states, x.cache_indices, x.has_initial_state, x.query_start_loc,
             precision=precision,
@@ -376,11 +491,17 @@ class CausalConv1dOp(Op):
         return torch.repeat_interleave(torch.arange(len(x.lens_host)), torch.tensor(x.lens_host))
 
     def flops(self, p: ConvParams, x: ConvInputs) -> float:
+        if p.mode == "verify":
+            return 2.0 * p.width * p.dim * p.seq_len * (p.batch - p.pad)
         return 2.0 * p.width * p.dim * x.x.shape[0]
 
     def bytes(self, p: ConvParams, x: ConvInputs) -> float:
         el = x.x.element_size()
         state = p.dim * (p.width - 1) * el
+        if p.mode == "verify":
+            real = p.batch - p.pad
+            total = 2 * x.x.numel() * el + (x.weight.numel() + x.bias.numel()) * el + real * (1 + p.seq_len) * state
+            return float(total + x.cache_indices.numel() * 4 + (x.parents.numel() * 4 if p.tree else 0))
         reads = sum(bool(i) for i in x.has_initial_state.tolist())
         total = 2 * x.x.numel() * el + (x.weight.numel() + x.bias.numel()) * el
         total += (reads + p.batch) * state + (x.cache_indices.numel() + x.query_start_loc.numel()) * 4
@@ -629,13 +750,7 @@ class GDNVerifyOp(_GDNOp):
         N, slots = _slots(B, p.pad, host)
         q, k, v = self._qkv(p, B * T, dtype, gen, device)
         a, b, A_log, dt_bias = self._raw_gates(p, B * T, dtype, gen, device)
-        parents = None
-        if p.tree:  # token 0 is the root (from the pool state); token t > 0 hangs off one of 0..t-1
-            par = torch.zeros(B, T, dtype=torch.int32)
-            par[:, 0] = -1
-            for t in range(1, T):
-                par[:, t] = torch.randint(0, t, (B,), generator=host, dtype=torch.int32)
-            parents = par.to(device)
+        parents = _tree_parents(B, T, host).to(device) if p.tree else None
         return GDNInputs(
             q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, parents=parents,
             state_pool=self._pool(p, N, gen, device),
@@ -666,4 +781,93 @@ class GDNVerifyOp(_GDNOp):
         return float(self._io_bytes(x) + state * (1 + p.draft) * (p.batch - p.pad))
 
 
-GDN_OPS = (GDNGatingOp(), CausalConv1dOp(), GDNDecodeOp(), GDNExtendOp(), GDNVerifyOp())
+class GDNCommitOp(Op):
+    """Speculative commit: the recurrent state and conv window after each request's last accepted draft
+    token, from the verify buffers into the request's pool slots.
+
+    Its own op, not a mode of gdn_verify or causal_conv1d: it writes both pools (the recurrent state and
+    the conv window of one slot) from both verify outputs in one launch and reads neither q/k/v nor x,
+    as a serving engine does after judging the draft (SGLang's update_mamba_state_after_mtp_verify);
+    as a mode it would carry the other op's inputs and be timed with them.
+
+    Contract (inputs: `CommitInputs`): `last_accepted [B]` int32 is the draft index of the last
+    accepted token, for a chain its accepted length minus 1, for a tree the node ending the accepted
+    path (its ancestors are the rest of the path; verify's buffers already follow the parents, so the
+    commit needs no parents); -1 = none accepted. Slot `state_indices[b]` (the same slot in both pools)
+    gets `inter_states[b, last]` `[HV, K, V]` fp32 and `inter_conv_windows[b, last]` `[dim, W-1]` (case
+    dtype), both bit-exact copies. A request with no accepted token, a padding request (slot -1,
+    whatever its `last_accepted`), spare slots, and every other draft step leave no trace: those pool
+    elements stay bitwise as they were.
+    """
+
+    name = "gdn_commit"
+    family = "gdn"
+    preset_key = "gdn_commit"
+    Params = GDNCommitParams
+    id_fields = (
+        IdField("b", ("batch",), always=True),
+        IdField("t", ("draft",), always=True),
+        IdField("h", ("heads_v",), always=True),
+        IdField("d", ("head_dim_k", "head_dim_v"), always=True),
+        IdField("c", ("dim",), always=True),
+        IdField("w", ("width",)),
+        IdField("pad", ("pad",)),
+        IdField("accept", ("accept",)),
+    )
+    outputs: dict[str, OutputSpec] = {}  # only the pools are written
+
+    def features(self, p: GDNCommitParams) -> tuple[str, ...]:
+        f = [f"accept-{p.accept}"]
+        if p.pad:
+            f.append("padding")
+        if p.width != 4:
+            f.append(f"width{p.width}")
+        return tuple(f)
+
+    def writes_for(self, p):
+        return {
+            "state_pool": OutputSpec(("slot", "head", "k", "v"), exact=True),
+            "conv_states": OutputSpec(("slot", "channel", "tap"), exact=True),
+        }
+
+    def input_bytes(self, p: GDNCommitParams, dtype, seed: int) -> int:
+        B, T, HV, K, V, D, W = p.batch, p.draft, p.heads_v, p.head_dim_k, p.head_dim_v, p.dim, p.width
+        N = _pool_slots(B)
+        states = tensor_bytes((B, T, HV, K, V), torch.float32) + tensor_bytes((N, HV, K, V), torch.float32)
+        windows = tensor_bytes((B, T, D, W - 1), dtype) + tensor_bytes((N, D, W - 1), dtype)
+        return states + windows + 4 * B + 4 * B  # last_accepted, state_indices
+
+    def build_inputs(self, p: GDNCommitParams, dtype, seed, device) -> CommitInputs:
+        host, gen = _generators(seed, device)
+        B, T, HV, K, V, D, W = p.batch, p.draft, p.heads_v, p.head_dim_k, p.head_dim_v, p.dim, p.width
+        N, slots = _slots(B, p.pad, host)
+        if p.accept == "mixed":  # 0..T accepted tokens per request (padding requests too: to be ignored)
+            last = torch.randint(-1, T, (B,), generator=host, dtype=torch.int32)
+        else:
+            last = torch.full((B,), -1 if p.accept == "none" else T - 1, dtype=torch.int32)
+        return CommitInputs(
+            inter_states=_randn((B, T, HV, K, V), torch.float32, gen, device, std=0.5),
+            inter_conv_windows=_randn((B, T, D, W - 1), dtype, gen, device),
+            last_accepted=last.to(device),
+            state_pool=_randn((N, HV, K, V), torch.float32, gen, device, std=0.5),
+            conv_states=_randn((N, D, W - 1), dtype, gen, device),
+            state_indices=torch.tensor(slots, dtype=torch.int32, device=device),
+        )
+
+    def expected(self, p, x: CommitInputs, precision):
+        pool, conv = ref.gdn_commit(
+            x.inter_states, x.inter_conv_windows, x.last_accepted, x.state_pool, x.conv_states, x.state_indices
+        )
+        return {"state_pool": pool, "conv_states": conv}
+
+    def perturb(self, x: CommitInputs) -> None:
+        x.inter_states.neg_()
+        x.inter_conv_windows.neg_()
+
+    def bytes(self, p: GDNCommitParams, x: CommitInputs) -> float:
+        state = 4 * p.heads_v * p.head_dim_k * p.head_dim_v + p.dim * (p.width - 1) * x.conv_states.element_size()
+        moved = int(((x.state_indices >= 0) & (x.last_accepted >= 0)).sum())
+        return float(2 * state * moved + 8 * p.batch)
+
+
+GDN_OPS = (GDNGatingOp(), CausalConv1dOp(), GDNDecodeOp(), GDNExtendOp(), GDNVerifyOp(), GDNCommitOp())

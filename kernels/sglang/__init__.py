@@ -27,6 +27,12 @@ def _gdn(backend, case) -> str | None:
     return gdn.gdn_unsupported(case)
 
 
+def _conv(backend, case) -> str | None:
+    if case.params.mode == "verify":  # SGLang's causal_conv1d_update has intermediate_conv_window: not adapted yet
+        return "the sglang adapter does not drive causal_conv1d verify mode (intermediate conv windows)"
+    return None
+
+
 @register_backend("sglang")
 class SGLangBackend(Backend):
     description = f"SGLang {_lib.PINNED} Triton kernels: split-KV decode, extend, merge_state, GDN"
@@ -58,7 +64,7 @@ class SGLangBackend(Backend):
     def prepare_gdn_gating(self, case, x):
         return gdn.prepare_gating(case, x)
 
-    @implements("causal_conv1d")
+    @implements("causal_conv1d", limits=_conv)
     def prepare_causal_conv1d(self, case, x):
         return gdn.prepare_conv(case, x)
 

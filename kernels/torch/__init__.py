@@ -55,3 +55,7 @@ class TorchBackend(Backend):
     @implements("gdn_verify")
     def prepare_gdn_verify(self, case, x):
         return lambda: gdn.gdn_verify(x)
+
+    @implements("gdn_commit")
+    def prepare_gdn_commit(self, case, x):
+        return lambda: gdn.gdn_commit(x)

@@ -1,7 +1,9 @@
 """The GDN family in plain PyTorch, vectorised over requests and heads (float32 math, case-dtype outputs).
 
-- gating and conv1d: elementwise / gathered windows, no per-request loop.
+- gating and conv1d: elementwise / gathered windows, no per-request loop; conv verify loops over the
+  draft steps only (each step continues its parent's window).
 - decode: one step for the whole batch; verify: a loop over the draft steps only.
+- commit: one gather-scatter per pool over the requests that accepted a token.
 - extend: the chunked WY form (chunk 64). Requests are padded to whole chunks (padding tokens have
   beta = 0 and g = 0, so they change nothing); everything inside a chunk is batched over (request,
   chunk, head), and only the chunk-to-chunk state recurrence loops, over chunk positions.
@@ -36,6 +38,8 @@ def causal_conv1d(x) -> dict[str, torch.Tensor]:
     """Varlen prefill or one-token update: writes `x.y [T, dim]` and the new conv states."""
     if x.update:
         return _conv_update(x)
+    if x.verify:
+        return _conv_verify(x)
     dev = x.x.device
     T, D = x.x.shape
     W = x.weight.shape[1]
@@ -69,6 +73,38 @@ def _conv_update(x) -> dict[str, torch.Tensor]:
     x.y.copy_(F.silu(y))
     x.conv_states[idx] = win[:, :, 1:]
     return {"y": x.y}
+
+
+def _conv_verify(x) -> dict[str, torch.Tensor]:
+    """Draft tokens per request from the slot's window (or a tree parent's); the pool is only read."""
+    windows = x.intermediate_conv_windows  # [B, T, D, W-1]
+    B, T, D = windows.shape[0], windows.shape[1], windows.shape[2]
+    idx = x.cache_indices.long()
+    win0 = x.conv_states[idx.clamp(min=0)]  # [B, D, W-1]
+    win0 = torch.where((idx >= 0)[:, None, None], win0, torch.zeros_like(win0))  # padding: zeros
+    xs, y = x.x.view(B, T, D), x.y.view(B, T, D)
+    w, bias = x.weight.float()[None], x.bias.float()
+    rows = torch.arange(B, device=idx.device)
+    for t in range(T):
+        if x.parents is None:
+            prev = win0 if t == 0 else windows[:, t - 1]
+        else:
+            p = x.parents[:, t].long()
+            prev = torch.where((p < 0)[:, None, None], win0, windows[rows, p.clamp(min=0)])
+        full = torch.cat([prev, xs[:, t, :, None]], dim=2)  # [B, D, W] raw inputs
+        y[:, t] = F.silu((full.float() * w).sum(-1) + bias)
+        windows[:, t] = full[:, :, 1:]
+    return {"y": x.y, "intermediate_conv_windows": windows}
+
+
+# ---- speculative commit ---------------------------------------------------------------------------
+def gdn_commit(x) -> dict[str, torch.Tensor]:
+    """The state and conv window after each request's last accepted token into its pool slots."""
+    slot, last = x.state_indices.long(), x.last_accepted.long()
+    b = ((slot >= 0) & (last >= 0)).nonzero().squeeze(1)
+    x.state_pool[slot[b]] = x.inter_states[b, last[b]]
+    x.conv_states[slot[b]] = x.inter_conv_windows[b, last[b]]
+    return {}
 
 
 # ---- the delta rule -------------------------------------------------------------------------------

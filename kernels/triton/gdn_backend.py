@@ -19,7 +19,8 @@ def extend_head_dims(backend, case) -> str | None:
 
 
 class TritonGDN:
-    """Mixin: gdn_gating, causal_conv1d, gdn_decode (plain and packed), gdn_extend, gdn_verify.
+    """Mixin: gdn_gating, causal_conv1d (prefill, update, verify), gdn_decode (plain and packed), gdn_extend,
+    gdn_verify, gdn_commit.
 
     `gdn_tri`: the T kernel's frozen knobs (`gdn_chunk.TriConfig`; None: the default), which variant
     backends (plugins) set; kernels/triton/NOTES.md."""
@@ -38,8 +39,18 @@ class TritonGDN:
 
     @implements("causal_conv1d")
     def prepare_causal_conv1d(self, case, x):
-        from attnbench.kernels.triton.gdn_conv import causal_conv1d_fn, causal_conv1d_update
+        from attnbench.kernels.triton.gdn_conv import causal_conv1d_fn, causal_conv1d_update, causal_conv1d_verify
 
+        if x.verify:
+
+            def run():
+                causal_conv1d_verify(
+                    x.x, x.weight, x.bias, x.conv_states, x.cache_indices, x.intermediate_conv_windows, x.y,
+                    x.parents,
+                )  # fmt: skip
+                return {"y": x.y, "intermediate_conv_windows": x.intermediate_conv_windows}
+
+            return run
         if x.update:
 
             def run():
@@ -82,6 +93,18 @@ class TritonGDN:
                 scale=x.scale, steps=x.draft, inter=x.inter_states, parents=x.parents,
             )  # fmt: skip
             return {"o": x.o, "inter_states": x.inter_states}
+
+        return run
+
+    @implements("gdn_commit")
+    def prepare_gdn_commit(self, case, x):
+        from attnbench.kernels.triton.gdn_commit import gdn_commit
+
+        def run():
+            gdn_commit(
+                x.inter_states, x.inter_conv_windows, x.last_accepted, x.state_pool, x.conv_states, x.state_indices
+            )
+            return {}
 
         return run
 

@@ -116,4 +116,7 @@ def test_every_op_declares_must_change_for_its_outputs():
         case = Case(op.name, op.Params())
         x = case.make_inputs()
         must = op.must_change(case.params, x, op.expected(case.params, x, torch.float64))
-        assert set(must) <= set(op.outputs) and any(bool(m.any()) for m in must.values()), op.name
+        if not op.outputs_for(case.params):  # gdn_commit: only pool writes, which are compared bit for bit
+            assert op.writes_for(case.params) and not must, op.name
+            continue
+        assert set(must) <= set(op.outputs_for(case.params)) and any(bool(m.any()) for m in must.values()), op.name

@@ -21,7 +21,7 @@ from attnbench.case import Case
 from attnbench.suite import load
 from helpers import run_one
 
-GDN_OPS = ("gdn_gating", "causal_conv1d", "gdn_decode", "gdn_extend", "gdn_verify")
+GDN_OPS = ("gdn_gating", "causal_conv1d", "gdn_decode", "gdn_extend", "gdn_verify", "gdn_commit")
 SMOKE_GDN = [c.id for c in load("smoke").cases if c.op_name in GDN_OPS]
 BACKENDS = ["torch", "triton"]
 

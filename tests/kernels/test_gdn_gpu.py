@@ -14,13 +14,15 @@ from attnbench.kernels.flashinfer.gdn import FlashInferGDN, gdn_unsupported
 from attnbench.suite import load
 from helpers import run_one
 
-GDN_OPS = ("gdn_gating", "causal_conv1d", "gdn_decode", "gdn_extend", "gdn_verify")
+GDN_OPS = ("gdn_gating", "causal_conv1d", "gdn_decode", "gdn_extend", "gdn_verify", "gdn_commit")
 SMOKE_GDN = [c.id for c in load("smoke").cases if c.op_name in GDN_OPS]
 # Qwen3-Next heads (16 q/k, 32 v, K = V = 128) at small batches, every feature once
 QWEN = [
     "gdn_gating/t4096-h32-bf16",
     "causal_conv1d/b16-t1-c8192-update-bf16",
     "causal_conv1d/b4-t200-mixed-c8192-initmixed-bf16",
+    "causal_conv1d/b4-t4-c8192-pad1-verify-bf16",
+    "causal_conv1d/b4-t8-c8192-tree-verify-bf16",
     "gdn_decode/b8-h16x32-d128x128-bf16",
     "gdn_decode/b8-h16x32-d128x128-pad2-packed-bf16",
     "gdn_decode/b8-h16x32-d128x128-fp16",
@@ -29,6 +31,7 @@ QWEN = [
     "gdn_extend/b2-t130-h16x32-d128x128-fp16",
     "gdn_verify/b4-t4-h16x32-d128x128-pad1-bf16",
     "gdn_verify/b4-t8-h16x32-d128x128-tree-bf16",
+    "gdn_commit/b8-t4-h32-d128x128-c8192-pad2-bf16",
 ]
 
 

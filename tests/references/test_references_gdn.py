@@ -64,6 +64,55 @@ def test_conv1d_prefill_by_hand_varlen_and_initial_state():
     assert new[2, 0].tolist() == [8.0, 8.0, 8.0]
 
 
+def test_conv1d_verify_windows_by_hand_chain_tree_and_padding():
+    # width 3, one channel: y = silu(0.5 + 1 w0 + 2 w1 + 3 x), window = the last two raw inputs on the path
+    w, bias = t64([[1.0, 2.0, 3.0]]), t64([0.5])
+    states = t64([[[9.0, 9.0]], [[7.0, 8.0]], [[5.0, 5.0]]])  # request 0 reads slot 1
+    x = t64([[[1.0], [10.0], [100.0]], [[6.0], [6.0], [6.0]]])  # [B=2, T=3, dim=1]; request 1 is padding
+    idx = torch.tensor([1, -1])
+    y, win = ref.causal_conv1d_verify(x, w, bias, states, idx)
+    assert y[0, :, 0].tolist() == pytest.approx(
+        [silu(0.5 + 7 + 16 + 3), silu(0.5 + 8 + 2 + 30), silu(0.5 + 1 + 20 + 300)], abs=1e-12
+    )
+    assert win[0, :, 0].tolist() == [[8.0, 1.0], [1.0, 10.0], [10.0, 100.0]]
+    # a tree: token 1 is a sibling of token 0 (both from the pool), token 2 a child of token 0
+    parents = torch.tensor([[-1, -1, 0], [-1, 0, 1]])
+    y, win = ref.causal_conv1d_verify(x, w, bias, states, idx, parents)
+    assert y[0, :, 0].tolist() == pytest.approx(
+        [silu(0.5 + 7 + 16 + 3), silu(0.5 + 7 + 16 + 30), silu(0.5 + 8 + 2 + 300)], abs=1e-12
+    )
+    assert win[0, :, 0].tolist() == [[8.0, 1.0], [8.0, 10.0], [1.0, 100.0]]  # the path, not the packed order
+    assert states.tolist() == [[[9.0, 9.0]], [[7.0, 8.0]], [[5.0, 5.0]]]  # the pool is only read
+
+
+def test_conv1d_verify_chain_window_is_prefill_state_of_the_prefix():
+    g = torch.Generator().manual_seed(3)
+    B, T, dim, W = 2, 5, 3, 4
+    x, w = torch.randn(B, T, dim, generator=g, dtype=D64), torch.randn(dim, W, generator=g, dtype=D64)
+    bias, states = torch.randn(dim, generator=g, dtype=D64), torch.randn(3, dim, W - 1, generator=g, dtype=D64)
+    idx = torch.tensor([2, 0])
+    y, win = ref.causal_conv1d_verify(x, w, bias, states, idx)
+    for t in range(T):  # prefill of the first t + 1 tokens: the same last output and the window as its state
+        n = t + 1
+        qsl = torch.tensor([0, n, 2 * n])
+        yp, new = ref.causal_conv1d(x[:, :n].reshape(-1, dim), w, bias, states, idx, torch.tensor([True, True]), qsl)
+        torch.testing.assert_close(y[:, t], yp.view(B, n, dim)[:, -1], rtol=0, atol=1e-14)
+        assert torch.equal(win[:, t], new[idx])
+
+
+def test_commit_by_hand():
+    # one-element states: request r's state after draft step t is 10 (r + 1) + t, its window -(that)
+    inter = t64([[[10.0], [11.0]], [[20.0], [21.0]], [[30.0], [31.0]], [[40.0], [41.0]]]).view(4, 2, 1, 1, 1)
+    windows = -inter.view(4, 2, 1, 1)
+    pool, conv = t64([0.0, 1.0, 2.0, 3.0, 4.0]).view(5, 1, 1, 1), t64([0.5, 1.5, 2.5, 3.5, 4.5]).view(5, 1, 1)
+    last = torch.tensor([1, -1, 0, 0])  # request 0 accepts 2 tokens, 1 none, 2 one, 3 is padding
+    idx = torch.tensor([2, 0, 4, -1])
+    new_pool, new_conv = ref.gdn_commit(inter, windows, last, pool, conv, idx)
+    assert new_pool.flatten().tolist() == [0.0, 1.0, 11.0, 3.0, 30.0]
+    assert new_conv.flatten().tolist() == [0.5, 1.5, -11.0, 3.5, -30.0]
+    assert pool.flatten().tolist() == [0.0, 1.0, 2.0, 3.0, 4.0]  # inputs untouched
+
+
 def test_conv1d_no_activation_is_linear():
     g = torch.Generator().manual_seed(0)
     x, w, b = torch.randn(5, 3, generator=g, dtype=D64), torch.randn(3, 4, generator=g, dtype=D64), None
