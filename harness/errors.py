@@ -25,13 +25,24 @@ class Unsupported(Exception):
 OUT_OF_MEMORY = "out of memory: "  # starts the reason of a row whose backend or inputs ran out of memory
 
 
+def out_of_memory(e: BaseException) -> bool:
+    """A device allocation that failed: torch's OutOfMemoryError, or a kernel library's own report of
+    CUDA running out of memory (Triton raises `RuntimeError: Triton Error [CUDA]: out of memory` when a
+    launch cannot get its memory)."""
+    if type(e).__name__ == "OutOfMemoryError":
+        return True
+    text = str(e)
+    return isinstance(e, RuntimeError) and "out of memory" in text and ("CUDA" in text or "cuda" in text)
+
+
 def describe(e: BaseException, first_line: bool = False) -> str:
     """`Type: message (file:line)` of an exception, for result rows; out-of-memory keeps its first line
     up to the sizes (what was asked, what is free, who holds the rest)."""
     text = str(e).strip()
-    if first_line or type(e).__name__ == "OutOfMemoryError":
+    oom = out_of_memory(e)
+    if first_line or oom:
         text = text.splitlines()[0] if text else ""
-    if type(e).__name__ == "OutOfMemoryError":  # the sizes, not torch's allocator advice and link
+    if oom:  # the sizes, not torch's allocator advice and link
         for advice in (" If reserved but unallocated memory", " See documentation for Memory Management"):
             text = text.split(advice, 1)[0]
         return f"{OUT_OF_MEMORY}{text}"

@@ -21,7 +21,7 @@ from attnbench.backend import Backend
 from attnbench.buffers import bitwise_equal, clone_tensors
 from attnbench.case import Case
 from attnbench.checks import DETERMINISM_REPEATS, Verdict, check, outputs_changed, outputs_contract, stale_check
-from attnbench.errors import Unsupported, describe
+from attnbench.errors import Unsupported, describe, out_of_memory
 from attnbench.expectations import subjects
 from attnbench.peaks import roofline
 from attnbench.results import Result
@@ -213,7 +213,7 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
             rows[b.name] = _row(case, b.name, "skip", str(e), env=env)
         except Exception as e:
             reason = describe(e)
-            if isinstance(e, torch.OutOfMemoryError):
+            if out_of_memory(e):
                 reason += f" (case inputs {_nbytes(pristine) / 2**30:.2f} GiB, cloned once per backend)"
             rows[b.name] = _row(case, b.name, "error", reason, reference_s=ref_s, env=env)
             if context_lost(e):

@@ -194,3 +194,11 @@ def test_out_of_memory_reason_keeps_sizes_not_allocator_advice():
     assert reason.startswith(OUT_OF_MEMORY + "CUDA out of memory. Tried to allocate 2.25 GiB.")
     assert "524.31 MiB is free" in reason and "Process 1038" in reason
     assert "expandable_segments" not in reason and "docs.pytorch.org" not in reason
+
+
+def test_triton_out_of_memory_is_out_of_memory_and_other_runtime_errors_are_not():
+    from attnbench.errors import OUT_OF_MEMORY, describe, out_of_memory
+
+    triton_oom = RuntimeError("Triton Error [CUDA]: out of memory")
+    assert out_of_memory(triton_oom) and describe(triton_oom).startswith(OUT_OF_MEMORY)
+    assert not out_of_memory(RuntimeError("index out of range")) and not out_of_memory(ValueError("out of memory"))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import textwrap
 
+import pytest
+
 from attnbench.pool import Pool
 from attnbench.runner import RunOptions
 from attnbench.sweep import plan
@@ -30,6 +32,8 @@ PLUGIN = textwrap.dedent(
             mark = pathlib.Path(os.environ["OOM_ONCE_DIR"]) / case.id.replace("/", "_")
             if not mark.exists():
                 mark.touch()
+                if os.environ.get("OOM_KIND") == "triton":  # how a Triton launch reports it
+                    raise RuntimeError("Triton Error [CUDA]: out of memory")
                 raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB.")
             return get_backend("torch").prepare(case, inputs)
     '''
@@ -50,7 +54,11 @@ def _run(devices, tmp_path, monkeypatch):
     return cases, rows, problems
 
 
-def test_out_of_memory_beside_other_workers_is_run_again_alone(tmp_path, monkeypatch):
+@pytest.mark.parametrize("kind", ["torch", "triton"])
+def test_out_of_memory_beside_other_workers_is_run_again_alone(kind, tmp_path, monkeypatch):
+    """torch's OutOfMemoryError and Triton's `RuntimeError: Triton Error [CUDA]: out of memory` alike
+    (an SGLang extend row on an H100 shared by four workers raised the latter)."""
+    monkeypatch.setenv("OOM_KIND", kind)
     cases, rows, problems = _run(["cpu", "cpu"], tmp_path, monkeypatch)
     mine = {r.case_id: r for r in rows if r.backend == "oom-once"}
     assert len(rows) == 2 * len(cases) and set(mine) == {c.id for c in cases}  # one row each, none lost
