@@ -336,10 +336,10 @@ def check(
     return v
 
 
-def outputs_contract(op, outputs: Any, absent: dict[str, str] | None = None, params: Any = None) -> str | None:
-    """None when a closure's return value is a dict holding every output of `op` (of the case with
-    `params`, when given; but those it declares `absent`); else one line saying why not."""
-    names = op.outputs if params is None else op.outputs_for(params)
+def outputs_contract(op, params: Any, outputs: Any, absent: dict[str, str] | None = None) -> str | None:
+    """None when a closure's return value is a dict holding every output of `op` for the case with
+    `params` (but those it declares `absent`); else one line saying why not."""
+    names = op.outputs_for(params)
     want = ", ".join(repr(n) for n in names)
     contract = f"the closure prepare() returns must return a dict of the {op.name} outputs {{{want}}}"
     if not isinstance(outputs, dict):

@@ -16,6 +16,7 @@ backend did not run (unsupported, or the error `prepare` raised).
 
 from __future__ import annotations
 
+import contextlib
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -98,7 +99,7 @@ def trace_closure(name: str, fn, calls: int, device: str) -> ClosureTrace:
         if e.device_type == torch.autograd.DeviceType.CUDA:
             k = kernels.setdefault(e.name, [0, 0.0])
             k[0] += 1
-            k[1] += e.device_time_total if hasattr(e, "device_time_total") else e.cuda_time_total
+            k[1] += e.device_time_total
     import attnbench
     import attnbench.kernels
     import attnbench.references
@@ -120,8 +121,7 @@ def trace_closure(name: str, fn, calls: int, device: str) -> ClosureTrace:
 def profile_case(case: Case, backends: list[Backend], calls: int = 3) -> dict[str, ClosureTrace | str]:
     """Per backend: the trace of its closure on `case`, or why it did not run."""
     out: dict[str, ClosureTrace | str] = {}
-    ctx = torch.cuda.device(torch.device(case.device)) if case.on_cuda else _null()
-    with ctx:
+    with torch.cuda.device(torch.device(case.device)) if case.on_cuda else contextlib.nullcontext():
         pristine = case.make_inputs()
         for b in backends:
             if (why := b.supports(case)) is not None:
@@ -138,14 +138,6 @@ def profile_case(case: Case, backends: list[Backend], calls: int = 3) -> dict[st
             except Exception as e:  # noqa: BLE001 - one backend's failure is its row, not the command's
                 out[b.name] = f"error: {type(e).__name__}: {str(e)[:300]}"
     return out
-
-
-class _null:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
 
 
 def render(case_id: str, traces: dict[str, ClosureTrace | str]) -> str:

@@ -192,7 +192,7 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
             outputs = call_untimed(fn)
             _sync(case)
             absent = dict(getattr(fn, "absent", {}) or {})
-            if broken := outputs_contract(op, outputs, absent, p):
+            if broken := outputs_contract(op, p, outputs, absent):
                 rows[b.name] = _row(case, b.name, "error", broken, prepare_s=prep, reference_s=ref_s, env=env)
                 continue
             t0 = time.perf_counter()
