@@ -65,7 +65,13 @@ def _axis(v: Any, info: ValidationInfo) -> list[Any]:
 
     A range or pow2 longer than the validation context's `max_cases` is refused before it is listed.
     """
-    limit = (info.context or {}).get("max_cases", MAX_CASES)
+    values = _axis_values(v, (info.context or {}).get("max_cases", MAX_CASES))
+    if not values:  # an empty axis would silently select no case from its whole entry
+        raise ValueError("an axis needs at least one value; this one has none (an empty list or range)")
+    return values
+
+
+def _axis_values(v: Any, limit: int) -> list[Any]:
     if isinstance(v, list):
         for x in v:
             if isinstance(x, (dict, list)):

@@ -95,6 +95,9 @@ BAD = {
     "gpu suite on cpu": ("device: cuda\ncases:\n  - op: decode\n", 1, "sized for a GPU"),
     "bad range": ("cases:\n  - op: decode\n    sweep:\n      batch: {range: [1]}\n", 4, "range takes"),
     "bad axis": ("cases:\n  - op: decode\n    sweep:\n      batch: 4\n", 4, "an axis is a list"),
+    "empty axis": ("cases:\n  - op: decode\n    sweep:\n      batch: []\n", 4, "at least one value"),
+    "empty range": ("cases:\n  - op: decode\n    sweep:\n      batch: {range: [5, 2]}\n", 4, "at least one value"),
+    "empty zip axis": ("cases:\n  - op: decode\n    zip:\n      batch: []\n", 4, "at least one value"),
 }
 
 
