@@ -34,6 +34,9 @@ DETERMINISM_REPEATS = 5
 class Verdict:
     problems: list[str] = field(default_factory=list)
     metrics: dict[str, dict[str, Any]] = field(default_factory=dict)
+    # an output of the wrong shape, dtype or device: its values cannot be compared, so the checks
+    # that call the closure again (determinism, staleness) do not run either
+    malformed: bool = False
 
     @property
     def ok(self) -> bool:
@@ -298,8 +301,12 @@ def check(
             v.problems.append(f"missing output {name!r}")
             continue
         want = getattr(pristine, name)
-        if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype:
-            v.problems.append(f"{name}: got {tuple(got.shape)} {got.dtype}, expected {tuple(want.shape)} {want.dtype}")
+        if tuple(got.shape) != tuple(want.shape) or got.dtype != want.dtype or got.device != want.device:
+            on = (lambda t: f" on {t.device}") if got.device != want.device else (lambda t: "")
+            v.problems.append(
+                f"{name}: got {tuple(got.shape)} {got.dtype}{on(got)}, expected {tuple(want.shape)} {want.dtype}{on(want)}"
+            )
+            v.malformed = True
             continue
         if not canary_intact(getattr(work, name), want):
             v.problems.append(f"{name}: wrote outside the output (canary padding changed)")
@@ -344,10 +351,14 @@ def outputs_contract(op, params: Any, outputs: Any, absent: dict[str, str] | Non
     contract = f"the closure prepare() returns must return a dict of the {op.name} outputs {{{want}}}"
     if not isinstance(outputs, dict):
         return f"{contract}; it returned {type(outputs).__name__}"
-    missing = [n for n in names if not isinstance(outputs.get(n), torch.Tensor) and n not in (absent or {})]
-    if missing:
+    wrong = [
+        f"{n!r} is {type(outputs[n]).__name__}, not a tensor" if n in outputs else f"no {n!r}"
+        for n in names
+        if not isinstance(outputs.get(n), torch.Tensor) and n not in (absent or {})
+    ]
+    if wrong:
         got = ", ".join(repr(k) for k in outputs) or "nothing"
-        return f"{contract}; it returned {got} (no tensor for {', '.join(repr(n) for n in missing)})"
+        return f"{contract}; it returned {{{got}}}: {'; '.join(wrong)}"
     return None
 
 

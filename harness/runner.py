@@ -108,7 +108,9 @@ def _row(case: Case, backend: str, status: str, reason: str = "", **kw) -> Resul
 def _supports(backend: Backend, case: Case) -> str | None:
     try:
         return backend.supports(case)
-    except Exception as e:  # a plugin whose supports() raises is an error, not a crash
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # a plugin whose supports() raises is an error, not a crash
         raise _SupportsFailed(f"supports() raised {describe(e)}") from e
 
 
@@ -197,9 +199,11 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
                 continue
             t0 = time.perf_counter()
             verdict = check(op, p, pristine, work, outputs, expected, twin, rule, absent=absent)
-            determinism = _determinism(case, b, fn, pristine, outputs, verdict, opts)
-            again = functools.partial(call_untimed, fn)
-            stale_check(op, p, pristine, expected, again, work, outputs, verdict, lambda: _sync(case))
+            determinism = {}
+            if not verdict.malformed:
+                determinism = _determinism(case, b, fn, pristine, outputs, verdict, opts)
+                again = functools.partial(call_untimed, fn)
+                stale_check(op, p, pristine, expected, again, work, outputs, verdict, lambda: _sync(case))
             check_s = time.perf_counter() - t0
             status = "pass" if verdict.ok else "fail"
             failed = subjects(verdict.problems, [*op.outputs_for(p), *op.writes_for(p)])
@@ -211,7 +215,9 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
             closures[b.name] = fn
         except Unsupported as e:
             rows[b.name] = _row(case, b.name, "skip", str(e), env=env)
-        except Exception as e:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # also SystemExit (a library's sys.exit): this row's error, not the sweep's end
             reason = describe(e)
             if out_of_memory(e):
                 reason += f" (case inputs {_nbytes(pristine) / 2**30:.2f} GiB, cloned once per backend)"
@@ -227,7 +233,9 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
         factories = {n: (lambda b=by_name[n]: b.prepare(case, clone_tensors(pristine))) for n in closures}
         try:
             stats = time_closures(closures, case.device, opts.timing_config, Rotation(factories, nbytes))
-        except Exception as e:
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:
             for name in closures:
                 rows[name].status, rows[name].reason = "error", f"timing failed: {describe(e)}"
             if context_lost(e):

@@ -95,7 +95,8 @@ def test_nan_is_reported_as_unwritten_or_poisoned():
     ("returns", "words"),
     [
         (lambda x: None, "it returned NoneType"),
-        (lambda x: {"out": x.o}, "it returned 'out' (no tensor for 'o', 'lse')"),
+        (lambda x: {"out": x.o}, "it returned {'out'}: no 'o'; no 'lse'"),
+        (lambda x: {"o": 1.0, "lse": x.lse}, "it returned {'o', 'lse'}: 'o' is float, not a tensor"),
     ],
 )
 def test_closure_contract_is_one_line(returns, words):
@@ -120,3 +121,48 @@ def test_every_op_declares_must_change_for_its_outputs():
             assert op.writes_for(case.params) and not must, op.name
             continue
         assert set(must) <= set(op.outputs_for(case.params)) and any(bool(m.any()) for m in must.values()), op.name
+
+
+@pytest.mark.parametrize(
+    ("returns", "words"),
+    [
+        (
+            lambda x: {"o": x.o[:-1], "lse": x.lse},
+            "o: got (2, 8, 64) torch.bfloat16, expected (3, 8, 64) torch.bfloat16",
+        ),
+        (
+            lambda x: {"o": x.o.double(), "lse": x.lse},
+            "o: got (3, 8, 64) torch.float64, expected (3, 8, 64) torch.bfloat16",
+        ),
+        (lambda x: {"o": torch.empty_like(x.o, device="meta"), "lse": x.lse}, "torch.bfloat16 on meta, expected"),
+    ],
+)
+def test_an_output_of_the_wrong_shape_dtype_or_device_fails_saying_so(returns, words):
+    """A wrong layout is a failed check with what was returned and what was expected, not an error
+    raised by a later check that compares the values."""
+
+    def run(x):
+        paged_attention(x)
+        return returns(x)
+
+    row = run_one("decode/b3-l70-skewed-h8x2-d64-p16-bf16", _backend("bad-layout", run))
+    assert row.status == "fail" and words in row.reason, row.reason
+
+
+@pytest.mark.parametrize("exc", [SystemExit(3), BaseException("boom")])
+def test_a_backend_raising_a_base_exception_is_an_error_row_not_the_end_of_the_sweep(exc):
+    """A library that calls sys.exit (or raises a bare BaseException) ends its row, in-process too."""
+
+    def run(x):
+        raise exc
+
+    row = run_one("decode/b3-l70-skewed-h8x2-d64-p16-bf16", _backend("exits", run))
+    assert row.status == "error" and type(exc).__name__ in row.reason, row.reason
+
+
+def test_ctrl_c_inside_a_backend_still_stops_the_sweep():
+    def run(x):
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        run_one("decode/b3-l70-skewed-h8x2-d64-p16-bf16", _backend("interrupted", run))
