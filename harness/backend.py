@@ -59,6 +59,7 @@ written that way keep working, and may refine `supports(case)` themselves.
 from __future__ import annotations
 
 import copy
+import fnmatch
 import importlib
 import importlib.metadata
 import importlib.util
@@ -312,6 +313,22 @@ def parse_backend(spec: str) -> tuple[str, dict[str, str]]:
             raise AttnbenchError(f"backend {spec!r}: knob settings are k=v pairs separated by commas, got {item!r}")
         pairs[key.strip()] = value.strip()
     return base.strip(), pairs
+
+
+def select_backends(specs: list[str]) -> list[Backend]:
+    """The backends named on a command line, in order, once each: names, knob variants (`NAME:k=v`)
+    and shell-style patterns over the registered names (`'flashinfer*'`, `'triton*'`)."""
+    chosen: dict[str, Backend] = {}
+    for spec in specs:
+        if any(ch in spec for ch in "*?") and ":" not in spec and "[" not in spec:
+            names = fnmatch.filter(all_backends(), spec)
+            if not names:
+                raise AttnbenchError(f"no backend matches {spec!r}; available: {', '.join(all_backends()) or 'none'}")
+            found = [get_backend(n) for n in names]
+        else:
+            found = [get_backend(spec)]
+        chosen.update((b.name, b) for b in found)
+    return list(chosen.values())
 
 
 def get_backend(name: str) -> Backend:

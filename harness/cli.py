@@ -113,7 +113,8 @@ def sweep(
         typer.Argument(help="Suite names or YAML paths. Default: smoke on a CPU, the GPU suites on a GPU."),
     ] = None,
     backend: Annotated[
-        list[str] | None, typer.Option("--backend", "-b", help="Only these backends (repeatable).")
+        list[str] | None,
+        typer.Option("--backend", "-b", help="Only these backends (repeatable; 'flashinfer*' patterns too)."),
     ] = None,
     op: Annotated[list[str] | None, typer.Option("--op", help="Only these ops (repeatable).")] = None,
     keyword: Annotated[
@@ -604,7 +605,7 @@ def profile(
         _load_backends(plugin)
         dev = resolve_device(device)
         case = Case.from_id(case_id, dev, traces=tuple(trace))
-        chosen = [backend_mod.get_backend(n) for n in backend] if backend else list(backend_mod.all_backends().values())
+        chosen = backend_mod.select_backends(backend) if backend else list(backend_mod.all_backends().values())
     except (AttnbenchError, ValueError, KeyError) as e:
         _fail(e)
     text = render(case.id, profile_case(case, chosen, calls))

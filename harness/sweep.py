@@ -21,7 +21,7 @@ import torch
 from attnbench import env as envmod
 from attnbench import expectations
 from attnbench import trace as trace_mod
-from attnbench.backend import Backend, all_backends, get_backend
+from attnbench.backend import Backend, all_backends, get_backend, select_backends
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError, describe
 from attnbench.executor import Execution, choose
@@ -156,7 +156,7 @@ def plan(
     if require:  # --require: properties every backend must have on every case (else its row fails)
         cases = [replace(c, require=c.require | frozenset(require)) for c in cases]
     registered = all_backends()
-    chosen = [get_backend(b) for b in backends] if backends else list(registered.values())
+    chosen = select_backends(backends) if backends else list(registered.values())
     allowed = list(dict.fromkeys(b for s in suites if s.spec.backends for b in s.spec.backends))
     if allowed and not backends:  # the suites' backends, knob variants (`NAME:k=v`) included
         chosen = [get_backend(b) for b in allowed]

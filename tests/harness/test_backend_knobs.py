@@ -74,3 +74,13 @@ def test_knob_variants_run_side_by_side_and_reach_the_kernel(tmp_path):
     assert rows["triton[block_n=32,split_keys=128]"].prepare_info["config"]["block_n"] == 32
     assert "triton[split_keys=64]" in res.output  # the console keeps the label (no markup eaten)
     assert "triton[split_keys=64]" in (out / "summary.md").read_text()
+
+
+def test_backend_patterns_expand_in_order_once_each():
+    from attnbench.backend import select_backends
+    from attnbench.errors import AttnbenchError
+
+    names = [b.name for b in select_backends(["torch", "triton*", "triton", "triton:block_n=32"])]
+    assert names == ["torch", "triton", "triton-det", "triton[block_n=32]"]
+    with pytest.raises(AttnbenchError, match="no backend matches 'nope\\*'; available: .*torch"):
+        select_backends(["nope*"])
