@@ -140,10 +140,12 @@ def read_run(run_dir: Path) -> RunInfo:
 
 
 def git_info(root: Path | None = None) -> Git | None:
-    """Commit and dirty flag of the attnbench checkout this code runs from; None when not a git checkout."""
+    """Commit and dirty flag of the attnbench checkout this code runs from. Where the code is not a git
+    checkout (an installed copy, a tree copied to a GPU runner without .git) the commit comes from
+    `$ATTNBENCH_GIT_COMMIT` (and `$ATTNBENCH_GIT_DIRTY`, 1/0) when set, else None."""
     root = Path(root) if root else Path(__file__).resolve().parent.parent
     if not (root / "pyproject.toml").is_file() or not (root / ".git").exists():
-        return None  # an installed copy: no checkout to describe
+        return _git_from_env()
 
     def git(*args: str) -> str | None:
         try:
@@ -157,3 +159,11 @@ def git_info(root: Path | None = None) -> Git | None:
         return None
     status = git("status", "--porcelain", "--untracked-files=no")
     return Git(commit=commit, dirty=None if status is None else bool(status))
+
+
+def _git_from_env() -> Git | None:
+    commit = os.environ.get("ATTNBENCH_GIT_COMMIT", "").strip()
+    if not commit:
+        return None
+    dirty = {"1": True, "0": False}.get(os.environ.get("ATTNBENCH_GIT_DIRTY", "").strip())
+    return Git(commit=commit, dirty=dirty)

@@ -143,3 +143,17 @@ def test_resume_refuses_a_run_with_an_unreadable_row_and_touches_nothing(tmp_pat
     (out / "results.jsonl").write_text("\n".join(lines) + "\n")
     res = invoke(*args, "--resume")
     assert res.exit_code == 2 and "newer attnbench" in res.output
+
+
+def test_a_copy_without_git_takes_its_commit_from_the_environment(tmp_path, monkeypatch):
+    from attnbench.runinfo import git_info
+
+    (tmp_path / "pyproject.toml").write_text("")  # a tree copied without .git (a GPU runner's copy)
+    monkeypatch.delenv("ATTNBENCH_GIT_COMMIT", raising=False)
+    assert git_info(tmp_path) is None
+    monkeypatch.setenv("ATTNBENCH_GIT_COMMIT", "c69e167")
+    monkeypatch.setenv("ATTNBENCH_GIT_DIRTY", "1")
+    got = git_info(tmp_path)
+    assert got.commit == "c69e167" and got.dirty is True
+    monkeypatch.delenv("ATTNBENCH_GIT_DIRTY")
+    assert git_info(tmp_path).dirty is None  # unknown, not clean
