@@ -85,12 +85,15 @@ def window_start_page(first_query: int, window: int, page_size: int) -> int:
     return max(0, first_query - window) // page_size * page_size
 
 
+def _draft_split(prefix_len: int, step: int, page_size: int) -> tuple[int, int]:
+    """(pages a request's candidates share, pages each candidate owns) in `draft_layout`."""
+    return prefix_len // page_size, -(-(prefix_len % page_size + step) // page_size)
+
+
 def draft_pages(prefix_lens: list[int], topk: int, step: int, page_size: int) -> tuple[int, int]:
     """(distinct pages, page-table entries) of `draft_layout` for these prefixes."""
-    shared = [p // page_size for p in prefix_lens]
-    own = [-(-(p % page_size + step) // page_size) for p in prefix_lens]
-    distinct = sum(s + topk * o for s, o in zip(shared, own))
-    return distinct, topk * sum(s + o for s, o in zip(shared, own))
+    splits = [_draft_split(p, step, page_size) for p in prefix_lens]
+    return sum(s + topk * o for s, o in splits), topk * sum(s + o for s, o in splits)
 
 
 def draft_layout(
@@ -112,9 +115,9 @@ def draft_layout(
     perm = torch.randperm(num_pages, generator=generator, device="cpu")[:distinct].to(torch.int32)
     tables, lens, at = [], [], 0
     for p in prefix_lens:
-        shared = perm[at : at + p // page_size]
-        at += shared.numel()
-        own = -(-(p % page_size + step) // page_size)
+        n_shared, own = _draft_split(p, step, page_size)
+        shared = perm[at : at + n_shared]
+        at += n_shared
         for _ in range(topk):
             tables.append(torch.cat([shared, perm[at : at + own]]))
             at += own
