@@ -35,6 +35,9 @@ class RunOptions:
     timing_config: TimingConfig | None = None
     invariance: bool = False  # check batch invariance for every case (else only where a suite requires it)
     peaks: dict | None = None  # attnbench.peaks.get_peaks() of the device: adds the roofline to `derived`
+    # calls after the checked one that must reproduce its bits (harness/checks.py says why 5); fewer only
+    # where the execution cannot vary between calls (tests of kernels under the Triton interpreter)
+    determinism_repeats: int = DETERMINISM_REPEATS
 
 
 class ContextLost(Exception):
@@ -262,11 +265,11 @@ def _info(fn: Callable, absent: dict[str, str]) -> dict:
 
 
 def _determinism(case: Case, b: Backend, fn: Callable, pristine, outputs: dict, verdict: Verdict, opts) -> dict:
-    """Run-to-run determinism (always: `DETERMINISM_REPEATS` more calls, see harness/checks.py) and batch
+    """Run-to-run determinism (always: `opts.determinism_repeats` more calls, see harness/checks.py) and batch
     invariance (when asked); required ones, and determinism a backend declares, fail the row."""
     first = {k: v.clone() for k, v in outputs.items()}
     same = True
-    for _ in range(DETERMINISM_REPEATS):
+    for _ in range(opts.determinism_repeats):
         if case.op.writes_for(case.params):  # the call moved its inputs on (states, caches): again from pristine
             again = call_untimed(b.prepare(case, clone_tensors(pristine)))
         else:

@@ -17,6 +17,21 @@ if not HAS_CUDA:
 
 import pytest  # noqa: E402
 
+# Under pytest-xdist (`-n auto` in pyproject.toml) each worker gets its share of the cores: torch's
+# OpenMP pool defaults to every core in every worker, and two spinning pools on two cores ran some
+# tests ten times slower than one process. Subprocesses the tests start (sweep workers) inherit it.
+_WORKERS = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+if _WORKERS > 1:
+    _THREADS = max(1, (os.cpu_count() or 1) // _WORKERS)
+    torch.set_num_threads(_THREADS)
+    os.environ["OMP_NUM_THREADS"] = str(_THREADS)
+
+
+def pytest_xdist_auto_num_workers(config):
+    """`-n auto`: one worker per core on a CPU machine; none (one process) where a GPU is present, so
+    GPU tests never share the device with each other."""
+    return 0 if HAS_CUDA else (os.cpu_count() or 1)
+
 
 def _sm() -> tuple[int, int] | None:
     return torch.cuda.get_device_capability() if HAS_CUDA else None

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 from typer.testing import CliRunner
 
 import synthetic
@@ -276,8 +278,10 @@ def _pytest(tmp_path, *args):
     import subprocess
     import sys
 
+    # a fresh pytest: not a worker of the xdist session running this test (its PYTEST_XDIST_* variables)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT_TEST"))}
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *map(str, args)], cwd=tmp_path,
-                          capture_output=True, text=True, timeout=600)  # fmt: skip
+                          capture_output=True, text=True, timeout=600, env=env)  # fmt: skip
 
 
 def _smoke_merge_cases() -> int:

@@ -20,7 +20,7 @@ from attnbench.case import Case
 from attnbench.checks import check
 from attnbench.suite import load
 from attnbench.tolerance import rule_for
-from helpers import run_one
+from helpers import KERNEL_REPEATS, run_one
 
 pytestmark = [
     pytest.mark.interpreter,
@@ -74,7 +74,7 @@ KNOWN_FAILS = {
     ids=[c.id for c in SMOKE],
 )  # fmt: skip
 def test_smoke_case(case):
-    row = run_one(case, _triton())
+    row = run_one(case, _triton(), repeats=KERNEL_REPEATS)
     assert row.status == "pass", row.reason
 
 
@@ -85,7 +85,7 @@ def test_smoke_has_fp8_cases():
 
 @pytest.mark.parametrize("case", FP8, ids=[c.id for c in FP8])
 def test_smoke_fp8_case_deterministic_backend(case):
-    row = run_one(case, _triton("triton-det"))
+    row = run_one(case, _triton("triton-det"), repeats=KERNEL_REPEATS)
     assert row.status == "pass", row.reason
 
 
@@ -364,7 +364,7 @@ def test_split_kv_through_the_harness(case_id, monkeypatch):
 
     plan_extend = ep.plan_extend
     monkeypatch.setattr(ep, "plan_extend", functools.wraps(plan_extend)(forced))
-    row = run_one(case_id, _triton())
+    row = run_one(case_id, _triton(), repeats=KERNEL_REPEATS)
     assert row.status == "pass", row.reason
     assert plans and all(p.meta["SPLIT"] for p in plans)
 
@@ -629,7 +629,7 @@ def test_tree_verify_packed_through_the_harness(case_id, forced, monkeypatch):
 
     plan_extend = ep.plan_extend
     monkeypatch.setattr(ep, "plan_extend", functools.wraps(plan_extend)(forcing))
-    row = run_one(case_id, _triton())
+    row = run_one(case_id, _triton(), repeats=KERNEL_REPEATS)
     assert row.status == "pass", row.reason
     assert plans and all((p.meta["HEADS"] > 1) == forced["pack"] for p in plans)
     assert all(p.meta["SPLIT"] == ("splits" in forced) for p in plans)
