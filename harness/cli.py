@@ -443,7 +443,7 @@ def selftest(device: Annotated[str, typer.Option(help="auto, cpu, cuda or cuda:N
                 if o.caught
                 else f"known escape: {o.known_escape}"
             )
-        table.add_row(o.mutant, o.bug, esc(where), esc(o.reason[:110]))
+        table.add_row(o.mutant, esc(o.bug), esc(where), esc(o.reason[:110]))
     out_console.print(table)
     for cid, status, reason in rep.reference_failures:
         out_console.print(f"{rep.reference_backend} {status} on {cid}: {esc(reason[:200])}", highlight=False)

@@ -35,7 +35,9 @@ from attnbench.ops import OPS
 
 Value = Any
 _ATTN = {
-    "heads_q,heads_kv": [(4, 4), (8, 2), (8, 1), (16, 1)],
+    # (12, 4): a group of 3 with several kv heads, so a kernel that pads the group to a power of two
+    # and strides by the padded size reads the wrong heads (one kv head would hide it)
+    "heads_q,heads_kv": [(4, 4), (8, 2), (8, 1), (16, 1), (12, 4)],
     "head_dim,head_dim_v": [(64, None), (13, None), (96, 64), (576, 512)],
     "page_size": [1, 16, 64],
     "window": [-1, 6, 90],
@@ -45,7 +47,8 @@ _ATTN = {
 }
 _GDN = {
     "heads_qk,heads_v": [(2, 2), (1, 4), (2, 6)],
-    "head_dim_k,head_dim_v": [(16, 16), (32, 16), (16, 48)],
+    # (128, 128), the production shape: K and V wider than a 64-wide tile (per-tile norms, tiled states)
+    "head_dim_k,head_dim_v": [(16, 16), (32, 16), (16, 48), (128, 128)],
     "scale": [None, 0.4],
     "dtype": ["bf16", "fp16", "fp32"],
 }
@@ -60,9 +63,11 @@ _TREE = {"tree,depth,topk,draft_tokens": [("chain", 4, None, None), ("binary", 2
 SPACE: dict[str, dict[str, list[Value]]] = {
     # draft decode (draft_topk > 1): (topk, own draft tokens) tied, since a step without candidates is refused;
     # kv_len - step leaves a partial last prefix page at every page size > 1 (the per-candidate copies)
-    "decode": _ATTN | {"batch": [2, 5], "kv_len": [1, 45, 300, 4000],
+    # kv_len 1024: a multiple of every power-of-two split size (a last split computed as L % split vanishes)
+    "decode": _ATTN | {"batch": [2, 5], "kv_len": [1, 45, 300, 1024, 4000],
                        "draft_topk,draft_step": [(1, 1), (4, 1), (2, 3)]},
-    "extend": _ATTN | {"batch": [2, 5], "q_len": [1, 7, 24], "prefix_len": [0, 21, 120]},
+    # q_len 130: a causal query tile of 64 or 128 rows filled, and one more partial one
+    "extend": _ATTN | {"batch": [2, 5], "q_len": [1, 7, 24, 130], "prefix_len": [0, 21, 120]},
     "tree_verify": _ATTN | {
         "heads_q,heads_kv": [(8, 2), (16, 1)], "head_dim,head_dim_v": [(64, None), (576, 512)],
         "tree,depth,topk,draft_tokens": [("chain", 4, None, None), ("0_1_0.0_0.1_1.0", 2, None, None),
@@ -73,13 +78,15 @@ SPACE: dict[str, dict[str, list[Value]]] = {
                          "topk,depth,draft_tokens": [(1, 5, 6), (2, 3, 6), (4, 4, 16), (8, 2, 8)]},
     "verify_greedy": _TREE | {"batch": [1, 4], "accept": [0.0, 0.7, 1.0]},
     "gdn_gating": {"tokens": [1, 33, 300], "heads_v": [4, 6], "dtype": ["bf16", "fp16", "fp32"]},
-    "causal_conv1d": {"batch": [1, 3, 5], "seq_len": [1, 2, 3, 9, 40], "dim": [40, 48],
+    # dim 130: channels over more than one 64- or 128-wide tile (per-tile bias and weight offsets)
+    "causal_conv1d": {"batch": [1, 3, 5], "seq_len": [1, 2, 3, 9, 40], "dim": [40, 48, 130],
                       "width": [2, 3, 4], "pad": [0, 1], "dtype": ["bf16", "fp16", "fp32"]},
     "gdn_decode": _GDN | {"batch": [3, 6], "pad": [0, 1, 2]},
-    "gdn_extend": _GDN | {"batch": [1, 5], "seq_len": [1, 3, 64, 150]},
+    # seq_len 300: five 64-token chunks, past a 256-token split (state carried and decayed across it)
+    "gdn_extend": _GDN | {"batch": [1, 5], "seq_len": [1, 3, 64, 150, 300]},
     "gdn_verify": _GDN | {"batch": [2, 5], "draft": [1, 3, 8], "pad": [0, 1]},
     "gdn_commit": {"batch": [1, 3, 5], "draft": [1, 3, 8], "heads_v": [2, 3],
-                   "head_dim_k,head_dim_v": [(16, 16), (32, 16)], "dim": [40, 48], "width": [2, 3, 4],
+                   "head_dim_k,head_dim_v": [(16, 16), (32, 16)], "dim": [40, 48, 130], "width": [2, 3, 4],
                    "pad": [0, 1], "dtype": ["bf16", "fp16", "fp32"]},
 }  # fmt: skip
 
@@ -105,6 +112,10 @@ SEEDS: dict[str, list[dict[str, Value]]] = {
             {"batch": 5, "kv_len": 4000, "lens": "mixed", "heads_q,heads_kv": (8, 2), "page_size": 16, "dtype": dt}
             for dt in ("bf16", "fp16")
         ),
+        # Sinks over a long dense row: a split-KV kernel must add the sink once, to the merged state, output
+        # included; the sink's share of the mass is visible in fp32 over 1024 keys. Every request holds
+        # exactly 1024 keys, a multiple of every power-of-two split size.
+        {"batch": 2, "kv_len": 1024, "heads_q,heads_kv": (8, 2), "page_size": 16, "sinks": True, "dtype": "fp32"},
     ],
     "merge_state": [
         {"tokens": 33, "heads": 4, "head_dim": 64, "dtype": "fp32"},

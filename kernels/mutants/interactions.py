@@ -6,8 +6,11 @@ visible key, fp8 scales swapped or collapsed, a last page of length 0, a page-ta
 far, a split-KV merge with a stale LSE, accumulation in bf16, GQA mapped wrong for one group size,
 softplus without its threshold, dt_bias of head 0 for every head, conv states not saved for short
 requests, padding rows written into slot -1. One comes from the draft-decode contract rather than
-a known fix: EAGLE candidates that all read their request's first candidate's pages. None has a case
-written for it: `attnbench selftest` runs them over the default suites and reports the first case
+a known fix: EAGLE candidates that all read their request's first candidate's pages. Six more were
+written independently of the suites, as a test of them, and each escaped until the pairwise domains
+reached past a kernel's tile or split size: a non-power-of-two GQA group strided as its padded tile, a
+full 64-row causal query tile, sinks and a split's tail on the split-KV path, GDN q/k norms per 64-wide
+slice of K, conv bias per channel tile. None has a case written for it: `attnbench selftest` runs them over the default suites and reports the first case
 that caught each.
 
 Attention mutants run `attend`, a plain per-request float32 implementation with one switch per bug
@@ -55,6 +58,10 @@ class Bugs:
     uniform_q_offset: bool = False  # request b's query/output rows taken at b * (request 0's query count)
     swa_pool_untranslated: bool = False  # SWA pool indexed with the full pool's page ids (full_to_swa skipped)
     draft_rows_by_request: bool = False  # draft decode: every candidate row walks candidate 0's page table
+    gqa_pow2_stride: bool = False  # a kv group's q heads read at kv * next_pow2(G) + r (padded-tile stride)
+    causal_tile_diagonal: bool = False  # extend: the last row of each full 64-row query tile misses its own key
+    sink_split_o_unscaled: bool = False  # split-KV: the sink enters the merged LSE but not the output's denominator
+    split_tail_dropped: bool = False  # split-KV: the last split holds L % SPLIT keys (none when L is a multiple)
 
 
 def _keys(x, b: int, bugs: Bugs):
@@ -108,6 +115,9 @@ def attend(x, bugs: Bugs) -> dict[str, torch.Tensor]:
         if bugs.uniform_q_offset:
             r0 = min(b * x.q_lens_host[0], x.q.shape[0] - n)  # as if every request had request 0's count
         q = x.q[r0 : r0 + n].float()  # [n, Hq, Dk]
+        if bugs.gqa_pow2_stride and G & (G - 1):
+            Gp = 1 << (G - 1).bit_length()
+            q = q[:, ((h // G) * Gp + h % G) % Hq]  # rows of a tile padded to Gp heads, strided by Gp
         k = K[:, kv_of]  # [Lr, Hq, Dk]
         if bugs.mla_rope_dropped and q.shape[-1] == 576:
             q, k = q[..., :512], k[..., :512]
@@ -122,6 +132,11 @@ def attend(x, bugs: Bugs) -> dict[str, torch.Tensor]:
             vis[:, : min(L, Lr)] = cm[:, : min(L, Lr)]
         elif x.causal:
             vis = vis & (j <= (i if bugs.causal_top_left else pos))
+            if bugs.causal_tile_diagonal:
+                last_rows = (i % 64 == 63) & (i < n - n % 64)  # the last row of each full 64-row tile
+                vis = vis & ~(last_rows & (j == pos))  # its loop over keys stops one short
+        if bugs.split_tail_dropped and Lr > SPLIT and L % SPLIT == 0:
+            vis = vis & (j < L - SPLIT)
         if x.window >= 0 and not (bugs.window_dropped_unless_causal and (x.custom_mask is not None or not x.causal)):
             start = pos - x.window
             if bugs.window_tile_granular and n > 1:
@@ -159,6 +174,7 @@ def _softmax_v(s, V, sinks, bugs: Bugs, dtype):
     if sinks is not None:
         splits = -(-s.shape[-1] // SPLIT) if bugs.sink_every_split else 1
         l = l + splits * torch.exp(sinks - m)
+    l_keys = l - splits * torch.exp(sinks - m) if sinks is not None else l
     pv = p.to(dtype).float()
     Vh = V.permute(1, 0, 2)  # [Hq, L, Dv]
     if bugs.bf16_accumulate and dtype != torch.float32:
@@ -168,7 +184,8 @@ def _softmax_v(s, V, sinks, bugs: Bugs, dtype):
         o = acc.float()
     else:
         o = pv @ Vh
-    o = o / torch.where(l > 0, l, torch.ones_like(l))[..., None]
+    denom = l_keys if bugs.sink_split_o_unscaled and s.shape[-1] > SPLIT else l
+    o = o / torch.where(denom > 0, denom, torch.ones_like(denom))[..., None]
     lse = torch.where(l > 0, m + torch.log(l), torch.full_like(l, -math.inf))
     if bugs.empty_lse_plus_inf:
         lse = torch.where(l > 0, lse, torch.full_like(lse, math.inf))
@@ -269,6 +286,30 @@ class _PaddedSlotWritten(Backend):
             return {"o": x.o}
 
         return run
+
+
+def _norm_qk_per_tile(q, k, HV, scale, tile: int = 64):
+    """q/k L2 norms taken over each 64-wide slice of the head dim (a K-tiled kernel that normalises per tile)."""
+    group = HV // q.shape[-2]
+
+    def norm(t):
+        parts = t.float().split(tile, dim=-1)
+        return torch.cat([p * torch.rsqrt((p * p).sum(-1, keepdim=True) + tgdn.L2_EPS) for p in parts], -1)
+
+    qf, kf = norm(q) * scale, norm(k)
+    return qf.repeat_interleave(group, dim=-2), kf.repeat_interleave(group, dim=-2)
+
+
+def _conv_bias_first_tile() -> Backend:
+    """causal_conv1d whose bias pointer is not advanced per 64-channel tile: channel d gets bias[d % 64]."""
+
+    def prepare(self, case, x):
+        D = x.bias.shape[0]
+        y = dataclasses.replace(x, bias=x.bias[torch.arange(D, device=x.bias.device) % 64])
+        return lambda: tgdn.causal_conv1d(y)  # y shares every other tensor with x: outputs land in x
+
+    return type("Mutant_conv_bias_first_tile", (Backend,), {"name": "conv-bias-first-tile",
+                                                            "prepare_causal_conv1d": prepare})()  # fmt: skip
 
 
 def _scale_ignored() -> Backend:
@@ -453,4 +494,18 @@ INTERACTION_MUTANTS = (
      lambda: _MergeReadsBase2()),
     ("random-order-but-deterministic", "declares itself deterministic, sums in a random order (atomics)",
      lambda: _RandomOrderPromisedDeterministic()),
+    # shapes past a kernel's tile or split size (written independently of the suites, as a test of them)
+    ("gqa-pow2-stride", "a kv group of 3 padded to a 4-row tile: q heads read at kv * 4 + r (needs G not a power of two, Hkv > 1)",
+     lambda: _a("gqa-pow2-stride", gqa_pow2_stride=True)),
+    ("causal-tile-diagonal", "extend: the last row of each full 64-row query tile misses its own key (needs q_len >= 64)",
+     lambda: _a("causal-tile-diagonal", causal_tile_diagonal=True)),
+    ("sink-split-o-unscaled", "split-KV: the sink is added to the merged LSE but the output is not rescaled by it",
+     lambda: _a("sink-split-o-unscaled", sink_split_o_unscaled=True)),
+    ("split-tail-dropped", "split-KV: the last split's length is L % split, so it vanishes when L is a multiple",
+     lambda: _a("split-tail-dropped", split_tail_dropped=True)),
+    ("gdn-norm-per-k-tile", "GDN q/k L2 norms taken per 64-wide slice of the head dim (needs K > 64)",
+     lambda: patched_gdn("gdn-norm-per-k-tile", "_norm_qk", _norm_qk_per_tile,
+                         ("gdn_decode", "gdn_extend", "gdn_verify"))),
+    ("conv-bias-first-tile", "causal_conv1d: channel d gets bias[d % 64] (needs more than 64 channels)",
+     _conv_bias_first_tile),
 )  # fmt: skip
