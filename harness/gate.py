@@ -23,6 +23,7 @@ from pathlib import Path
 
 from attnbench.compare import Comparison, GateRule, compare_runs, write_comparison
 from attnbench.errors import AttnbenchError
+from attnbench.report.common import md_text
 from attnbench.results import Result, read_results
 
 MARKER = "<!-- attnbench-gate -->"  # the one pull-request comment the workflow updates carries it
@@ -85,10 +86,6 @@ def decide(run: Path, baselines: list[Path] | None = None, rule: GateRule | None
     return Gate("fail" if reasons else "pass", reasons, statuses, rows, cmp, info, env)
 
 
-def _md(text: str) -> str:
-    return " ".join(str(text).split()).replace("|", "\\|")
-
-
 def render_md(g: Gate, compare_md: str = "") -> str:
     """The job summary / pull-request comment."""
     head = "passed" if g.passed else "FAILED: " + "; ".join(g.reasons)
@@ -109,13 +106,15 @@ def render_md(g: Gate, compare_md: str = "") -> str:
     bad = [r for r in g.rows if r.status in ("xpass", "fail", "error")]
     if bad and g.comparison is None:
         lines += ["", "| case | backend | status | reason |", "|---|---|---|---|"]
-        lines += [f"| `{r.case_id}` | {r.backend} | {r.status} | {_md(r.reason)[:300]} |" for r in bad[:50]]
+        lines += [
+            f"| `{r.case_id}` | {md_text(r.backend)} | {r.status} | {md_text(r.reason[:300])} |" for r in bad[:50]
+        ]
     xfail = [r for r in g.rows if r.status == "xfail"]
     if xfail:
         by = Counter((r.backend, (r.expected or {}).get("why", ""), (r.expected or {}).get("where", "")) for r in xfail)
         lines += ["", f"<details><summary>{len(xfail)} expected failures (xfail)</summary>", ""]
         lines += ["| backend | rows | why | where |", "|---|---|---|---|"]
-        lines += [f"| {b} | {n} | {_md(why)} | {where} |" for (b, why, where), n in by.most_common()]
+        lines += [f"| {md_text(b)} | {n} | {md_text(why)} | {where} |" for (b, why, where), n in by.most_common()]
         lines += ["", "</details>"]
     if compare_md:
         lines += ["", compare_md]

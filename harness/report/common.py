@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import html
 import math
 import shlex
 from importlib import resources
@@ -61,3 +62,10 @@ def repro_tail(run: dict) -> list[str]:
     for t in run.get("traces") or ():  # ids of replayed batches name their lengths by digest: the trace has them
         parts += ["--trace", t]
     return parts
+
+
+def md_text(text) -> str:
+    """Text for a markdown line or table cell (summary.md, gate.md): one line, `|` escaped, and `<`, `>`,
+    `&` as HTML entities, so a plugin's name or an exception message shows as written (markdown
+    renderers pass raw HTML through)."""
+    return html.escape(" ".join(str(text).split()), quote=False).replace("|", "\\|")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from attnbench.compare import ORDER, Comparison
 from attnbench.report import plots
-from attnbench.report.common import asset, fmt, template
+from attnbench.report.common import asset, fmt, md_text, template
 
 _SECTIONS = (
     ("Regressions", ("broke", "slower", "xpass")),
@@ -49,7 +49,7 @@ def render_compare_md(cmp: Comparison) -> str:
         ", ".join(f"{v}: {counts[v]}" for v in ORDER if counts[v]),
     ]
     for w in cmp.env_warnings():
-        lines.append(f"\n> warning: {w}")
+        lines.append(f"\n> warning: {md_text(w)}")
     for title, verdicts in _SECTIONS:
         sel = [c for c in cmp.changes if c.verdict in verdicts]
         if not sel:
@@ -63,9 +63,9 @@ def render_compare_md(cmp: Comparison) -> str:
         ]
         for c in sel[:300]:
             v = _view(c)
-            note = v["note"].replace("|", "\\|").replace("\n", " ")
+            note = md_text(v["note"])
             lines.append(
-                f"| `{v['case']}` | {v['backend']} | {v['verdict']} | {v['base_us']} | {v['new_us']} | "
+                f"| `{v['case']}` | {md_text(v['backend'])} | {v['verdict']} | {v['base_us']} | {v['new_us']} | "
                 f"{v['change']} | {v['threshold']} | {v['ci']} | {note} |"
             )
         if len(sel) > 300:

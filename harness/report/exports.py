@@ -8,6 +8,7 @@ from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
 from attnbench.counts import FAILING, STATUSES, count, status_of
+from attnbench.report.common import md_text
 from attnbench.results import Result
 
 CSV_COLUMNS = (
@@ -156,10 +157,6 @@ def write_junit(rows: list[Result], path: Path, run: dict | None = None) -> None
     Path(path).write_text("\n".join(out) + "\n", encoding="utf-8")
 
 
-def _md(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def write_summary_md(
     rows: list[Result], path: Path, env: dict, run: dict | None = None, baseline: str = "", comparison=None
 ) -> None:
@@ -179,8 +176,8 @@ def write_summary_md(
     lines += ["", "### Rows per backend", "", "| backend | " + " | ".join(STATUSES) + " |",
               "|---|" + "---:|" * len(STATUSES)]  # fmt: skip
     for name, c in fs.counts.by_backend.items():
-        lines.append(f"| {name} | " + " | ".join(str(c[s]) for s in STATUSES) + " |")
-    lines += [f"\n**warning** {_md(w)}" for w in determinism_warnings(rows)]  # (detect: determinism)
+        lines.append(f"| {md_text(name)} | " + " | ".join(str(c[s]) for s in STATUSES) + " |")
+    lines += [f"\n**warning** {md_text(w)}" for w in determinism_warnings(rows)]  # (detect: determinism)
     sp = speedups(rows, baseline) if baseline else []
     if sp:
         lines += [
@@ -190,14 +187,16 @@ def write_summary_md(
             "| op | backend | speedup | faster on |",
             "|---|---|---:|---:|",
         ]
-        lines += [f"| {s['op']} | {s['backend']} | {s['speedup']:.3g}x | {s['wins']}/{s['cases']} |" for s in sp]
+        lines += [
+            f"| {s['op']} | {md_text(s['backend'])} | {s['speedup']:.3g}x | {s['wins']}/{s['cases']} |" for s in sp
+        ]
     for t in replay_totals(rows):
         lines += ["", f"### Replayed trace `{t['suite']}`: server time, sum of count x median (passing GPU-timed rows)",
                   "", f"| backend | batches timed (of {t['batches']}) | total ms | ms on the {t['common']} batches all passed |",
                   "|---|---:|---:|---:|"]  # fmt: skip
         for b in t["backends"]:
             common = f"{b['common_ms']:.3f}" if b["common_ms"] is not None else "-"
-            lines.append(f"| {b['backend']} | {b['batches']} | {b['total_ms']:.3f} | {common} |")
+            lines.append(f"| {md_text(b['backend'])} | {b['batches']} | {b['total_ms']:.3f} | {common} |")
     m = measurement(rows)
     if m["timed"]:
         modes = ", ".join(f"{k}: {n}" for k, n in m["modes"])
@@ -219,12 +218,12 @@ def write_summary_md(
             "| case | backend | reason |",
             "|---|---|---|",
         ]
-        lines += [f"| `{r.case_id}` | {r.backend} | {_md(r.reason)} |" for r in xf[:100]]
+        lines += [f"| `{r.case_id}` | {md_text(r.backend)} | {md_text(r.reason)} |" for r in xf[:100]]
     bad = [r for r in rows if status_of(r) in FAILING]
     if bad:
         lines += ["", "### Failing rows", "", "| case | backend | status | reason |", "|---|---|---|---|"]
         for r in bad[:200]:
-            lines.append(f"| `{r.case_id}` | {r.backend} | {status_of(r)} | {_md(r.reason)} |")
+            lines.append(f"| `{r.case_id}` | {md_text(r.backend)} | {status_of(r)} | {md_text(r.reason)} |")
         if len(bad) > 200:
             lines.append(f"| ... | | | {len(bad) - 200} more in results.jsonl |")
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 from attnbench.counts import FAILING, Counts, count, status_of
 from attnbench.report import ranking
-from attnbench.report.common import repro
+from attnbench.report.common import md_text, repro
 
 _NUM = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?%?", re.IGNORECASE)
 
@@ -102,10 +102,6 @@ def first_screen(rows, run: dict, comparison=None) -> FirstScreen:
     )
 
 
-def _md(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def _pct(x: float | None) -> str:
     if x is None:
         return ""
@@ -142,7 +138,7 @@ def first_screen_md(fs: FirstScreen, max_groups: int = 30) -> list[str]:
         lines += ["", f"### What changed (against `{fs.changes['base']}`)", ""]
         lines.append(", ".join(f"{v}: {n}" for v, n in fs.changes["counts"]) or "no rows in common")
         for ch in fs.changes["regressions"][:20]:
-            lines.append(f"- **{ch.verdict}** `{ch.case_id}` [{ch.backend}] {_md(ch.note)}")
+            lines.append(f"- **{ch.verdict}** `{ch.case_id}` [{md_text(ch.backend)}] {md_text(ch.note)}")
     if fs.broken:
         lines += [
             "",
@@ -152,7 +148,9 @@ def first_screen_md(fs: FirstScreen, max_groups: int = 30) -> list[str]:
             "|---:|---|---|---|---|---|",
         ]
         for g in fs.broken[:max_groups]:
-            lines.append(f"| {g.n} | {g.backend} | {g.status} | {_md(g.summary)} | {g.where()} | `{g.repro}` |")
+            lines.append(
+                f"| {g.n} | {md_text(g.backend)} | {g.status} | {md_text(g.summary)} | {g.where()} | `{g.repro}` |"
+            )
         if len(fs.broken) > max_groups:
             lines.append(f"| | | | {len(fs.broken) - max_groups} more causes in report.html | | |")
     lines += ["", "### Fastest passing backend per shape class", ""]
@@ -162,6 +160,7 @@ def first_screen_md(fs: FirstScreen, max_groups: int = 30) -> list[str]:
             "|---|---|---:|---|---:|---|---|",
         ]
         for f in map(fastest_cells, fs.fastest):
+            f = {k: md_text(v) for k, v in f.items()}  # backend names are a plugin's to choose
             failed = f"❌ {f['failed']}" if f["failed"] else ""
             lines.append(
                 f"| {f['cls']} | **{f['best']}** | {f['wins']} | {f['margin']} | {f['roof']} | {f['others']} | {failed} |"
@@ -170,5 +169,5 @@ def first_screen_md(fs: FirstScreen, max_groups: int = 30) -> list[str]:
     else:
         lines.append("No case has a passing GPU-timed row: nothing is ranked.")
     if fs.unranked:
-        lines += ["", f"Not ranked: {fs.unranked}."]
+        lines += ["", f"Not ranked: {md_text(fs.unranked)}."]
     return lines

@@ -116,6 +116,8 @@ def payload(rows, run: dict) -> dict:
 
 
 def payload_json(rows, run: dict) -> str:
-    """The payload as JSON that is safe inside a <script> element."""
+    """The payload as JSON that is inert inside a <script> element: `<`, `>` and `&` (which occur only
+    inside strings: backend names, reasons) as \\u escapes, so neither `</script>` nor `<!--` in a
+    plugin's name or an exception message can end the element or change how the page parses it."""
     text = json.dumps(payload(rows, run), separators=(",", ":"), allow_nan=False, default=str)
-    return text.replace("</", "<\\/")
+    return text.replace("<", "\\u003c").replace(">", "\\u003e").replace("&", "\\u0026")

@@ -169,3 +169,24 @@ def test_rows_record_the_triton_interpreter(monkeypatch):
     assert env.short(env.capture("cpu"))["triton_interpret"] is True
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     assert "triton_interpret" not in env.short(env.capture("cpu"))
+
+
+def test_markup_in_a_backend_name_or_reason_shows_as_written(tmp_path):
+    """A plugin's name and an exception message are text: escaped in report.html (its embedded JSON
+    cannot end the <script> element or open a comment) and in summary.md and gate.md, round-tripping."""
+    from attnbench.gate import decide, render_md
+
+    name, why = "x<b>bold</b>", "RuntimeError: <!--<script>alert(1)</script> & <img src=x onerror=alert(2)> | cell"
+    rows = [synthetic.row(CASES[0], "torch"), synthetic.row(CASES[0], name, status="error", reason=why)]
+    d = synthetic.write_run(tmp_path / "run", rows)
+    render_all(d)
+    html = (d / "report.html").read_text()
+    for raw in ("<b>bold</b>", "<script>alert", "<img src=x", "<!--<script>"):
+        assert raw not in html, raw
+    data = re.search(r'<script id="rows-data" type="application/json">(.*?)</script>', html, re.S).group(1)
+    payload = json.loads(data)
+    assert name in payload["backends"] and any(why in r for r in payload["reasons"])
+    md = (d / "summary.md").read_text() + render_md(decide(d))
+    prose = re.sub(r"`[^`]*`", "", md)  # code spans (repro commands) show their text as written
+    assert "<b>" not in prose and "<img" not in prose and "<script" not in prose
+    assert "x&lt;b&gt;bold&lt;/b&gt;" in md and "&lt;img src=x onerror=alert(2)&gt; \\| cell" in md
