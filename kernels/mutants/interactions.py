@@ -169,12 +169,11 @@ def _softmax_v(s, V, sinks, bugs: Bugs, dtype):
     if bugs.unstabilised:
         m = torch.zeros_like(m)
     p = torch.exp(s - m[..., None])
-    l = p.sum(-1)
+    l = l_keys = p.sum(-1)  # l_keys: the keys' share alone, without the sink
     empty = l == 0
     if sinks is not None:
         splits = -(-s.shape[-1] // SPLIT) if bugs.sink_every_split else 1
         l = l + splits * torch.exp(sinks - m)
-    l_keys = l - splits * torch.exp(sinks - m) if sinks is not None else l
     pv = p.to(dtype).float()
     Vh = V.permute(1, 0, 2)  # [Hq, L, Dv]
     if bugs.bf16_accumulate and dtype != torch.float32:
@@ -300,30 +299,31 @@ def _norm_qk_per_tile(q, k, HV, scale, tile: int = 64):
     return qf.repeat_interleave(group, dim=-2), kf.repeat_interleave(group, dim=-2)
 
 
-def _conv_bias_first_tile() -> Backend:
-    """causal_conv1d whose bias pointer is not advanced per 64-channel tile: channel d gets bias[d % 64]."""
-
-    def prepare(self, case, x):
-        D = x.bias.shape[0]
-        y = dataclasses.replace(x, bias=x.bias[torch.arange(D, device=x.bias.device) % 64])
-        return lambda: tgdn.causal_conv1d(y)  # y shares every other tensor with x: outputs land in x
-
-    return type("Mutant_conv_bias_first_tile", (Backend,), {"name": "conv-bias-first-tile",
-                                                            "prepare_causal_conv1d": prepare})()  # fmt: skip
-
-
-def _scale_ignored() -> Backend:
-    """GDN that scales q by K**-0.5 whatever the model's scale."""
+def _inputs_changed(name: str, ops: tuple[str, ...], change) -> Backend:
+    """The torch backend's `ops`, each run on its inputs with the fields `change(x)` returns replaced
+    (the bug); every other tensor is shared with x, so outputs and pools land in x as the checks expect."""
 
     def prepare_for(fn):
         def prepare(self, case, x):
-            y = dataclasses.replace(x, scale=x.q.shape[-1] ** -0.5)
+            y = dataclasses.replace(x, **change(x))
             return lambda: fn(y)
 
         return prepare
 
-    methods = {f"prepare_{op}": prepare_for(getattr(tgdn, op)) for op in ("gdn_decode", "gdn_extend", "gdn_verify")}
-    return type("Mutant_gdn_scale_ignored", (Backend,), {"name": "gdn-scale-ignored", **methods})()
+    methods = {f"prepare_{op}": prepare_for(getattr(tgdn, op)) for op in ops}
+    return type(f"Mutant_{name}", (Backend,), {"name": name, **methods})()
+
+
+def _conv_bias_first_tile() -> Backend:
+    """causal_conv1d whose bias pointer is not advanced per 64-channel tile: channel d gets bias[d % 64]."""
+    return _inputs_changed("conv-bias-first-tile", ("causal_conv1d",),
+                           lambda x: {"bias": x.bias[torch.arange(x.bias.shape[0], device=x.bias.device) % 64]})  # fmt: skip
+
+
+def _scale_ignored() -> Backend:
+    """GDN that scales q by K**-0.5 whatever the model's scale."""
+    return _inputs_changed("gdn-scale-ignored", ("gdn_decode", "gdn_extend", "gdn_verify"),
+                           lambda x: {"scale": x.q.shape[-1] ** -0.5})  # fmt: skip
 
 
 def _initial_state_ignored(name: str, op: str) -> Backend:
@@ -335,13 +335,7 @@ def _initial_state_ignored(name: str, op: str) -> Backend:
     for prefill, so a reused Mamba slot leaked the previous request's conv state into a new one), and a
     review of vllm-ascend PR #10558 (its causal_conv1d ignored has_initial_state altogether).
     """
-    fn = getattr(tgdn, op)
-
-    def prepare(self, case, x):
-        y = dataclasses.replace(x, has_initial_state=torch.ones_like(x.has_initial_state))
-        return lambda: fn(y)  # y shares every other tensor with x: outputs and pools land in x
-
-    return type(f"Mutant_{name}", (Backend,), {"name": name, f"prepare_{op}": prepare})()
+    return _inputs_changed(name, (op,), lambda x: {"has_initial_state": torch.ones_like(x.has_initial_state)})
 
 
 class _MergeReadsBase2(Backend):
@@ -398,16 +392,13 @@ class _RandomOrderPromisedDeterministic(Backend):
         def run():
             out = attend(x, Bugs())
             self.calls = getattr(self, "calls", 0) + 1  # per backend, so re-prepared closures alternate too
-            order = self.ORDERS[self.calls % 2]
-            for b in range(len(x.seq_lens_host)):  # recompute the LSE of row b with a reordered sum
-                r0, n = int(x.qo_indptr[b]), x.q_lens_host[b]
-                lse = x.lse[r0 : r0 + n]
-                fin = torch.isfinite(lse)
-                parts = [torch.full_like(lse, 0.125) for _ in range(8)]
-                total = torch.zeros_like(lse)
-                for k in order:
-                    total = total + parts[k] * (1 + k * 2**-23)
-                x.lse[r0 : r0 + n] = torch.where(fin, lse + torch.log(total) - math.log1p(3.5 * 2**-23), lse)
+            total = torch.zeros((), dtype=torch.float32)  # the same sum for every row: reordered, 8 parts
+            for k in self.ORDERS[self.calls % 2]:
+                total = total + torch.tensor(0.125) * (1 + k * 2**-23)
+            log_total = torch.log(total).to(
+                x.lse.device
+            )  # added before the constant: two roundings keep the orders apart
+            x.lse.copy_(torch.where(torch.isfinite(x.lse), x.lse + log_total - math.log1p(3.5 * 2**-23), x.lse))
             return out
 
         return run
