@@ -29,6 +29,7 @@ from attnbench.kernels.triton.gdn_backend import TritonGDN
 from attnbench.kernels.triton.spec_backend import TritonSpec
 
 DETERMINISTIC_SPLIT_TILE = 256
+MLA_DETERMINISTIC_SPLIT_TILE = 2048  # the generic planner's deterministic MLA tile (head dims only)
 MAX_DK, MAX_DV = 576, 512  # the largest head dims the launch configs are sized for (absorbed MLA)
 
 
@@ -89,6 +90,9 @@ class _TritonAttention(Backend):
         # the deterministic variant keeps the fixed heuristic: a timing-dependent choice would make
         # its results depend on the process; knob settings (split_keys, block_n) replace the tuning
         knobs = self.settings
+        mla = self.mla_decode(x, knobs)
+        if mla is not None:
+            return mla
         config, tuned = (None, {}) if self.deterministic or knobs else d.tuned_decode_config(x)
         if "block_n" in knobs:
             config = replace(d.default_decode_config(x), block_n=knobs["block_n"])
@@ -110,6 +114,30 @@ class _TritonAttention(Backend):
             "config": vars(config) | {"two_stage": plan.merge is not None},
             **tuned,
             **({"did_not_fit": shrunk} if shrunk else {}),
+        }
+        return run
+
+    def mla_decode(self, case_x, knobs):
+        """The absorbed-MLA decode kernel (decode_mla.py) where it applies (None: the generic kernel runs)."""
+        from attnbench.kernels.triton import decode_mla as m
+        from attnbench.kernels.triton.common import arch
+
+        x = case_x
+        if "block_n" in knobs:
+            return None
+        cfg = m.mla_config(x.q.shape[1], x.k_cache.shape[1], arch(x.q.device))
+        if m.mla_unsupported(x, cfg):
+            return None
+        fixed = self.deterministic or "split_keys" in knobs
+        plan = m.plan_mla_decode(
+            x, config=cfg, deterministic=fixed, split_tile=knobs.get("split_keys", MLA_DETERMINISTIC_SPLIT_TILE)
+        )
+        run = m.bind_mla_decode(x, plan)
+        run.info = {
+            "kernel": "mla",
+            "max_splits": max(plan.splits),
+            "work_items": int(plan.work.shape[0]),
+            "config": vars(cfg) | {"two_stage": plan.merge is not None},
         }
         return run
 

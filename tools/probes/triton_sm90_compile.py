@@ -63,7 +63,9 @@ def _ptxas_stats(ptx: str) -> dict:
 
 def _launches(case_id: str):
     """The launches of a case; extend takes `plan_extend` options after the id: `ID@splits=N` (N forced
-    key splits: the split path), `ID@pack=0` or `@pack=1` (GQA packing forced off or on)."""
+    key splits: the split path), `ID@pack=0` or `@pack=1` (GQA packing forced off or on); decode takes
+    `MLAConfig` fields for the MLA kernel (`@block_n=64@num_stages=2@use_tma=1`) or `@mla=0` (the
+    generic kernel where the backend would take the MLA kernel)."""
     from attnbench.case import Case
     from attnbench.kernels.triton import decode, extend, extend_plan, merge
 
@@ -73,6 +75,14 @@ def _launches(case_id: str):
         kw["pack"] = bool(kw["pack"])
     case = Case.from_id(case_id)
     x = case.make_inputs()
+    if case.op_name == "decode":  # the MLA kernel where the backend takes it (mla=0: the generic kernel)
+        from attnbench.kernels.triton import decode_mla
+
+        default = decode_mla.mla_config(x.q.shape[1], x.k_cache.shape[1], 90)
+        if kw.pop("mla", 1) and decode_mla.mla_unsupported(x, default) is None:
+            flags = ("use_tma", "warp_specialize")
+            cfg = decode_mla.MLAConfig(**(vars(default) | {k: bool(v) if k in flags else v for k, v in kw.items()}))
+            return decode_mla._launches(x, decode_mla.plan_mla_decode(x, config=cfg, num_sms=132))
     if case.op_name == "decode":
         return decode._launches(x, decode.plan_decode(x))
     if case.op_name == "extend":

@@ -1,0 +1,68 @@
+"""Our absorbed-MLA decode kernel (kernels/triton/decode_mla.py) against float64, in the interpreter.
+
+The cases reach every block kind of the kernel: whole blocks, a masked tail (a partial last page), a
+masked head block (a window start inside a block), a key range inside one block, several splits per
+request (merged by decode.py's merge kernel), 128 heads (two head blocks of 64), sinks and soft cap.
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+pytest.importorskip("triton")
+if os.environ.get("TRITON_INTERPRET") != "1":
+    pytest.skip("Triton kernels run on the CPU under TRITON_INTERPRET=1 (conftest sets it)", allow_module_level=True)
+
+from attnbench.backend import get_backend  # noqa: E402
+from attnbench.case import Case  # noqa: E402
+from attnbench.kernels.triton import decode_mla as m  # noqa: E402
+from tests.support.helpers import KERNEL_REPEATS, run_one  # noqa: E402
+
+CASES = [
+    "decode/b3-l200-mixed-h128x1-d576x512-p64-mla-bf16",  # two head blocks, partial last pages
+    "decode/b2-l150-h16x1-d576x512-p16-mla-swa40-sink-cap5-fp16",  # window start inside a block, sink, cap
+    "decode/b2-l20-h16x1-d576x512-p64-mla-swa6-bf16",  # the whole range inside one block
+]
+
+
+@pytest.mark.parametrize("backend", ["triton", "triton-det", "triton:split_keys=64"])
+@pytest.mark.parametrize("case_id", CASES)
+def test_mla_kernel_matches_float64(case_id, backend):
+    be = get_backend(backend)
+    x = Case.from_id(case_id, "cpu").make_inputs()
+    assert m.mla_unsupported(x, m.mla_config(x.q.shape[1], x.k_cache.shape[1], 90)) is None
+    r = run_one(case_id, be, repeats=KERNEL_REPEATS)
+    assert r.status == "pass", r.reason
+    assert r.prepare_info["kernel"] == "mla"
+    if backend.endswith("=64") and case_id == CASES[0]:  # 64-key splits of up to 200 keys: partials merged
+        assert r.prepare_info["max_splits"] >= 2
+
+
+@pytest.mark.parametrize(
+    "case_id, reason",
+    [
+        ("decode/b2-l40-h16x1-d576x512-p1-mla-bf16", "page size 1"),  # token slots: blocks of one key
+        ("decode/b2-l40-h16x1-d576x512-p16-mla-fp8_e4m3-bf16", "cache with"),  # fp8: the generic kernel
+        ("decode/b2-l40-h16x1-d576x512-p16-mla-fp32", "float32 queries"),
+        ("decode/b2-l40-h8x2-d576x512-p16-bf16", "not absorbed MLA"),
+    ],
+)
+def test_other_layouts_take_the_generic_kernel(case_id, reason):
+    x = Case.from_id(case_id, "cpu").make_inputs()
+    why = m.mla_unsupported(x, m.mla_config(x.q.shape[1], x.k_cache.shape[1], 90))
+    assert why is not None and reason in why
+    r = run_one(case_id, get_backend("triton"), repeats=KERNEL_REPEATS)
+    assert r.status == "pass", r.reason
+    assert "kernel" not in r.prepare_info
+
+
+def test_splits_fill_waves_and_keep_partials_small():
+    # H100 (132 SMs), 128 heads in two blocks of 64, 64-key blocks; partials of one split ~ 114 keys
+    # measured (reports/examples/h100-session10): B128 L8192 unsplit 1284 us vs 2 splits 1370 us;
+    # B32 L4096 two splits 184 us vs one 306 us and four 192 us
+    assert m.mla_splits([8192] * 128, 2, 132, 64, 114) == 1
+    assert m.mla_splits([4096] * 32, 2, 132, 64, 114) == 2
+    assert m.mla_splits([4096], 2, 132, 64, 114) > 8  # one request: spread over the SMs
+    assert m.mla_splits([64] * 4, 2, 132, 64, 114) == 1  # nothing to split
