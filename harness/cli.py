@@ -209,7 +209,8 @@ def sweep(
             raise AttnbenchError("--expect and --no-expect contradict each other")
         _load_backends(plugin)
         p = plan(suites or [], device, backend, op, keyword, case, parse_shard(shard), max_cases=max_cases,
-                 expect_files=expect, expect=not no_expect, require=_parse_require(require), traces=trace)  # fmt: skip
+                 expect_files=expect, expect=not no_expect, require=_parse_require(require), traces=trace,
+                 plan_only=dry_run)  # fmt: skip
         devices = tuple(parse_gpus(gpus, p.device))
         if resume and out is None:
             raise AttnbenchError("--resume needs --out, the run directory to resume")
@@ -266,15 +267,28 @@ def _dry_run(p) -> None:
 
     out_console.print(p.breakdown(), highlight=False, markup=False)
     free = available(str(p.device))
-    too_big = 0
+    gpu_only = [s.name for s in p.suites if s.spec.device == "cuda" and not p.device.startswith("cuda")]
+    if gpu_only:  # planned only: a sweep of them here is refused, and host memory says nothing about a GPU's
+        free = None
+        out_console.print(f"note: {', '.join(gpu_only)} {'is' if len(gpu_only) == 1 else 'are'} sized for a GPU: "
+                          f"listed here, but a sweep on {p.device} refuses {'it' if len(gpu_only) == 1 else 'them'}",
+                          highlight=False, markup=False)  # fmt: skip
+    too_big = unsized = 0
     for c in p.cases:
-        f = footprint(c, p.backends)
+        try:
+            f = footprint(c, p.backends)
+        except Exception as e:  # a plugin op's estimate: the listing goes on, the case says why it has no size
+            unsized += 1
+            out_console.print(f"  {c.id}  size unknown ({type(e).__name__}: {e})", highlight=False, markup=False)
+            continue
         flag = ""
         if free is not None and f.peak > free[0]:
             too_big += 1
             flag = f"  DOES NOT FIT ({human(free[0])} free on {free[1]})"
         sizes = f"{human(f.inputs)} inputs, >= {human(f.peak)} with the {f.runs} backend(s) that run it"
         out_console.print(f"  {c.id}  {sizes}{flag}", highlight=False, markup=False)
+    if unsized:
+        out_console.print(f"{unsized} of {len(p.cases)} cases could not be sized", highlight=False, markup=False)
     if too_big:
         out_console.print(f"{too_big} of {len(p.cases)} cases do not fit: they would error out of memory",
                           highlight=False, markup=False)  # fmt: skip

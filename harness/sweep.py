@@ -126,6 +126,7 @@ def plan(
     expect: bool = True,
     require: list[str] | None = None,
     traces: list[str] | None = None,
+    plan_only: bool = False,
 ) -> Plan:
     """Validate everything before anything is written: suites, backend names, filters, expectations.
 
@@ -135,10 +136,12 @@ def plan(
 
     `traces` (`--trace`) replay their batches as suites do; with `case_ids` they are not run but
     resolve the ids of their cases (explicit lengths are named by digest: docs/trace.md).
+
+    `plan_only` (`--dry-run`): a GPU suite is planned on a CPU device too; the plan is not run.
     """
     device = resolve_device(device)
     names = suite_names or ([] if case_ids or traces else default_suites(device))
-    suites = [load(n, device, max_cases) for n in names]
+    suites = [load(n, device, max_cases, plan_only) for n in names]
     replays = [trace_mod.as_suite(t, device, max_cases) for t in traces or ()]
     if not case_ids:
         suites += replays
