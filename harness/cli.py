@@ -134,8 +134,14 @@ def sweep(
         list[str] | None, typer.Option(help="Import backends from this file or module (repeatable).")
     ] = None,
     timing: Annotated[
-        bool, typer.Option("--timing/--no-timing", help="Time the kernels (off: correctness only).")
-    ] = True,
+        bool | None,
+        typer.Option(
+            "--timing/--no-timing",
+            help="Time the kernels (off: correctness only). Default: on with a GPU; on a CPU off, since host-clock "
+            "times are never ranked or compared.",
+            show_default=False,
+        ),
+    ] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Keep the rows already in --out; run only what has none.")
     ] = False,
@@ -223,6 +229,11 @@ def sweep(
         _dry_run(p)
     if not p.cases:
         _fail(AttnbenchError("no cases selected (check --op / -k)"))
+    if timing is None:  # host-clock times are never ranked or compared: a CPU run checks correctness only
+        timing = p.device.startswith("cuda")
+        if not timing:
+            console.print(f"correctness only on {p.device} (no GPU): nothing is timed; --timing times the kernels "
+                          "with a host clock (shown, never ranked or compared)", highlight=False)  # fmt: skip
     run_dir = out or default_out(p)
     try:
         prepare_run_dir(run_dir, planned(p, timing), resume, overwrite)
@@ -253,6 +264,7 @@ def sweep(
     render_all(run_dir)
     _print_summary(rows, complete=not interrupted)
     _print_notes(rows, backend or [])
+    _print_skipped(rows, backend or [])
     console.print(f"report: {run_dir / 'report.html'}", highlight=False)
     if interrupted:
         console.print("[yellow]interrupted: the report covers the cases that finished[/]")
@@ -375,6 +387,21 @@ def _print_notes(rows, named: list[str]) -> None:
             more = f" (and {len(reasons) - 1} other reasons)" if len(reasons) > 1 else ""
             console.print(f"[yellow]note:[/] {esc(name)} skipped all {len(mine)} of its rows: {esc(top)}{more}",
                           highlight=False)  # fmt: skip
+
+
+def _print_skipped(rows, named: list[str]) -> None:
+    """One line per backend that ran nothing, with why (attnbench.skips); the backends the user named
+    are left to _print_notes."""
+    from attnbench.skips import skipped_backends
+
+    said = {b.split(":", 1)[0] for b in named}
+    lines = [s for s in skipped_backends(rows, backend_mod.all_backends()) if s.backend.split(":", 1)[0] not in said]
+    if not lines:
+        return
+    width = max(len(s.backend) for s in lines)
+    console.print(f"[yellow]skipped[/] {len(lines)} backend{'s' * (len(lines) > 1)} that ran nothing:", highlight=False)
+    for s in lines:
+        console.print(f"  {esc(s.backend.ljust(width))}  {esc(s.reason)}", highlight=False, soft_wrap=True)
 
 
 @app.command()

@@ -42,7 +42,7 @@ def _attnbench(*args: str, env: dict | None = None) -> subprocess.CompletedProce
 def _sweep(out: Path, expect: Path, sleep_s: float, lse: str = KNOWN, o: str = "", timing: bool = True):
     env = {"ATTNBENCH_PLANTED_SLEEP_S": str(sleep_s), "ATTNBENCH_PLANTED_LSE": lse, "ATTNBENCH_PLANTED_O": o}
     args = ["sweep", "smoke", "--op", "merge_state", "-b", "planted", "--plugin", str(PLUGIN), "--no-isolate"]
-    args += ["--expect", str(expect), "--out", str(out)] + ([] if timing else ["--no-timing"])
+    args += ["--expect", str(expect), "--out", str(out)] + (["--timing"] if timing else ["--no-timing"])
     return _attnbench(*args, env=env)
 
 
