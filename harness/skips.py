@@ -42,7 +42,7 @@ def skipped_backends(rows, backends: Mapping[str, object] = {}) -> list[Skipped]
         else:
             top = reasons.most_common(1)[0][0]
         others = len(reasons) - 1
-        more = f" (+{others} other reason{'s' * (others > 1)}, in the report)" if others else ""
+        more = f" (+{others} other reason{'s' * (others > 1)}: see the report)" if others else ""
         out.append(Skipped(name, len(mine), f"{top}{more}"))
     return out
 

@@ -56,6 +56,6 @@ def test_the_backends_own_unavailability_is_the_reason_it_skipped():
 
     (s,) = skipped_backends(rows, {"lib": Lib()})
     assert (s.backend, s.rows) == ("lib", 3)
-    assert s.reason == "lib is not installed (+1 other reason, in the report)"
+    assert s.reason == "lib is not installed (+1 other reason: see the report)"
     (s,) = skipped_backends(rows, {})  # a backend not loaded here: its rows' most common reason
     assert s.reason.startswith("lib is not installed")
