@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import os
 import signal
 import sys
 from collections import Counter
@@ -217,6 +218,8 @@ def sweep(
         p = plan(suites or [], device, backend, op, keyword, case, parse_shard(shard), max_cases=max_cases,
                  expect_files=expect, expect=not no_expect, require=_parse_require(require), traces=trace,
                  plan_only=dry_run)  # fmt: skip
+        for w in p.warnings:
+            console.print(f"[yellow]warning:[/] {esc(w)}", highlight=False, soft_wrap=True)
         devices = tuple(parse_gpus(gpus, p.device))
         if resume and out is None:
             raise AttnbenchError("--resume needs --out, the run directory to resume")
@@ -234,7 +237,7 @@ def sweep(
         if not timing:
             console.print(f"correctness only on {p.device} (no GPU): nothing is timed; --timing times the kernels "
                           "with a host clock (shown, never ranked or compared)", highlight=False)  # fmt: skip
-    run_dir = out or default_out(p)
+    run_dir = Path(os.path.abspath(out or default_out(p)))  # a plugin that changes directory moves nothing
     try:
         prepare_run_dir(run_dir, planned(p, timing), resume, overwrite)
     except AttnbenchError as e:
@@ -455,6 +458,8 @@ def merge(
     try:
         rows = merge_runs(runs, out, partial=partial)
         render_all(out)
+    except OSError as e:
+        _fail(AttnbenchError(f"--out {out}: cannot write there ({e.strerror or e})"))
     except AttnbenchError as e:
         _fail(e)
     _print_summary(rows)
@@ -524,6 +529,7 @@ def compare(
     their CIs, CV at least the spread between them. Writes compare.html, compare.md and compare.json.
     """
     from attnbench.compare import GateRule, compare_runs, write_comparison
+    from attnbench.rundir import check_writable
 
     try:
         if not (min_change >= 0 and cv_multiple >= 0):
@@ -532,7 +538,13 @@ def compare(
     except AttnbenchError as e:
         _fail(e)
     out = out or (new if new.is_dir() else new.parent) / "compare"
-    write_comparison(cmp, out)
+    try:
+        check_writable(out)
+        write_comparison(cmp, out)
+    except OSError as e:
+        _fail(AttnbenchError(f"--out {out}: cannot write there ({e.strerror or e})"))
+    except AttnbenchError as e:
+        _fail(e)
     counts = cmp.counts()
     table = Table(title=f"{cmp.base} -> {new}", show_edge=False)
     for col in ("verdict", "rows"):
@@ -571,13 +583,20 @@ def gate(
     or got slower; without a baseline on any fail or error. Writes gate.md for a job summary or PR comment."""
     from attnbench import gate as gate_mod
     from attnbench.compare import GateRule
+    from attnbench.rundir import check_writable
 
     try:
         g = gate_mod.decide(run, list(baseline or []), GateRule(min_change, cv_multiple, allow_missing))
     except AttnbenchError as e:
         _fail(e)
     out = out or run / "gate"
-    gate_mod.write(g, out)
+    try:
+        check_writable(out)
+        gate_mod.write(g, out)
+    except OSError as e:
+        _fail(AttnbenchError(f"--out {out}: cannot write there ({e.strerror or e})"))
+    except AttnbenchError as e:
+        _fail(e)
     for reason in g.reasons:
         console.print(f"[red]gate:[/] {esc(reason)}", highlight=False)
     for c in (g.comparison.regressions if g.comparison else [])[:30]:
@@ -649,11 +668,16 @@ def profile(
         chosen = backend_mod.select_backends(backend) if backend else list(backend_mod.all_backends().values())
     except (AttnbenchError, ValueError, KeyError) as e:
         _fail(e)
+    if out is not None and out.is_dir():
+        _fail(AttnbenchError(f"--out {out}: is a directory; --out names the markdown file to write"))
     text = render(case.id, profile_case(case, chosen, calls))
     out_console.print(text, markup=False, highlight=False)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text)
+        except OSError as e:
+            _fail(AttnbenchError(f"--out {out}: cannot write there ({e.strerror or e})"))
 
 
 @trace_app.command("import")
