@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import faulthandler
 import json
+import os
 import signal
 import sys
 from collections import Counter
@@ -134,8 +135,14 @@ def sweep(
         list[str] | None, typer.Option(help="Import backends from this file or module (repeatable).")
     ] = None,
     timing: Annotated[
-        bool, typer.Option("--timing/--no-timing", help="Time the kernels (off: correctness only).")
-    ] = True,
+        bool | None,
+        typer.Option(
+            "--timing/--no-timing",
+            help="Time the kernels (off: correctness only). Default: on with a GPU; on a CPU off, since host-clock "
+            "times are never ranked or compared.",
+            show_default=False,
+        ),
+    ] = None,
     resume: Annotated[
         bool, typer.Option("--resume", help="Keep the rows already in --out; run only what has none.")
     ] = False,
@@ -209,7 +216,10 @@ def sweep(
             raise AttnbenchError("--expect and --no-expect contradict each other")
         _load_backends(plugin)
         p = plan(suites or [], device, backend, op, keyword, case, parse_shard(shard), max_cases=max_cases,
-                 expect_files=expect, expect=not no_expect, require=_parse_require(require), traces=trace)  # fmt: skip
+                 expect_files=expect, expect=not no_expect, require=_parse_require(require), traces=trace,
+                 plan_only=dry_run)  # fmt: skip
+        for w in p.warnings:
+            console.print(f"[yellow]warning:[/] {esc(w)}", highlight=False, soft_wrap=True)
         devices = tuple(parse_gpus(gpus, p.device))
         if resume and out is None:
             raise AttnbenchError("--resume needs --out, the run directory to resume")
@@ -222,7 +232,12 @@ def sweep(
         _dry_run(p)
     if not p.cases:
         _fail(AttnbenchError("no cases selected (check --op / -k)"))
-    run_dir = out or default_out(p)
+    if timing is None:  # host-clock times are never ranked or compared: a CPU run checks correctness only
+        timing = p.device.startswith("cuda")
+        if not timing:
+            console.print(f"correctness only on {p.device} (no GPU): nothing is timed; --timing times the kernels "
+                          "with a host clock (shown, never ranked or compared)", highlight=False)  # fmt: skip
+    run_dir = Path(os.path.abspath(out or default_out(p)))  # a plugin that changes directory moves nothing
     try:
         prepare_run_dir(run_dir, planned(p, timing), resume, overwrite)
     except AttnbenchError as e:
@@ -252,6 +267,7 @@ def sweep(
     render_all(run_dir)
     _print_summary(rows, complete=not interrupted)
     _print_notes(rows, backend or [])
+    _print_skipped(rows, backend or [])
     console.print(f"report: {run_dir / 'report.html'}", highlight=False)
     if interrupted:
         console.print("[yellow]interrupted: the report covers the cases that finished[/]")
@@ -266,15 +282,28 @@ def _dry_run(p) -> None:
 
     out_console.print(p.breakdown(), highlight=False, markup=False)
     free = available(str(p.device))
-    too_big = 0
+    gpu_only = [s.name for s in p.suites if s.spec.device == "cuda" and not p.device.startswith("cuda")]
+    if gpu_only:  # planned only: a sweep of them here is refused, and host memory says nothing about a GPU's
+        free = None
+        out_console.print(f"note: {', '.join(gpu_only)} {'is' if len(gpu_only) == 1 else 'are'} sized for a GPU: "
+                          f"listed here, but a sweep on {p.device} refuses {'it' if len(gpu_only) == 1 else 'them'}",
+                          highlight=False, markup=False)  # fmt: skip
+    too_big = unsized = 0
     for c in p.cases:
-        f = footprint(c, p.backends)
+        try:
+            f = footprint(c, p.backends)
+        except Exception as e:  # a plugin op's estimate: the listing goes on, the case says why it has no size
+            unsized += 1
+            out_console.print(f"  {c.id}  size unknown ({type(e).__name__}: {e})", highlight=False, markup=False)
+            continue
         flag = ""
         if free is not None and f.peak > free[0]:
             too_big += 1
             flag = f"  DOES NOT FIT ({human(free[0])} free on {free[1]})"
         sizes = f"{human(f.inputs)} inputs, >= {human(f.peak)} with the {f.runs} backend(s) that run it"
         out_console.print(f"  {c.id}  {sizes}{flag}", highlight=False, markup=False)
+    if unsized:
+        out_console.print(f"{unsized} of {len(p.cases)} cases could not be sized", highlight=False, markup=False)
     if too_big:
         out_console.print(f"{too_big} of {len(p.cases)} cases do not fit: they would error out of memory",
                           highlight=False, markup=False)  # fmt: skip
@@ -363,6 +392,21 @@ def _print_notes(rows, named: list[str]) -> None:
                           highlight=False)  # fmt: skip
 
 
+def _print_skipped(rows, named: list[str]) -> None:
+    """One line per backend that ran nothing, with why (attnbench.skips); the backends the user named
+    are left to _print_notes."""
+    from attnbench.skips import skipped_backends
+
+    said = {b.split(":", 1)[0] for b in named}
+    lines = [s for s in skipped_backends(rows, backend_mod.all_backends()) if s.backend.split(":", 1)[0] not in said]
+    if not lines:
+        return
+    width = max(len(s.backend) for s in lines)
+    console.print(f"[yellow]skipped[/] {len(lines)} backend{'s' * (len(lines) > 1)} that ran nothing:", highlight=False)
+    for s in lines:
+        console.print(f"  {esc(s.backend.ljust(width))}  {esc(s.reason)}", highlight=False, soft_wrap=True)
+
+
 @app.command()
 def report(
     run_dir: Annotated[Path, typer.Argument(help="A run directory holding results.jsonl.")],
@@ -414,6 +458,8 @@ def merge(
     try:
         rows = merge_runs(runs, out, partial=partial)
         render_all(out)
+    except OSError as e:
+        _fail(AttnbenchError(f"--out {out}: cannot write there ({e.strerror or e})"))
     except AttnbenchError as e:
         _fail(e)
     _print_summary(rows)
@@ -483,6 +529,7 @@ def compare(
     their CIs, CV at least the spread between them. Writes compare.html, compare.md and compare.json.
     """
     from attnbench.compare import GateRule, compare_runs, write_comparison
+    from attnbench.rundir import check_writable
 
     try:
         if not (min_change >= 0 and cv_multiple >= 0):
@@ -491,7 +538,13 @@ def compare(
     except AttnbenchError as e:
         _fail(e)
     out = out or (new if new.is_dir() else new.parent) / "compare"
-    write_comparison(cmp, out)
+    try:
+        check_writable(out)
+        write_comparison(cmp, out)
+    except OSError as e:
+        _fail(AttnbenchError(f"--out {out}: cannot write there ({e.strerror or e})"))
+    except AttnbenchError as e:
+        _fail(e)
     counts = cmp.counts()
     table = Table(title=f"{cmp.base} -> {new}", show_edge=False)
     for col in ("verdict", "rows"):
@@ -530,13 +583,20 @@ def gate(
     or got slower; without a baseline on any fail or error. Writes gate.md for a job summary or PR comment."""
     from attnbench import gate as gate_mod
     from attnbench.compare import GateRule
+    from attnbench.rundir import check_writable
 
     try:
         g = gate_mod.decide(run, list(baseline or []), GateRule(min_change, cv_multiple, allow_missing))
     except AttnbenchError as e:
         _fail(e)
     out = out or run / "gate"
-    gate_mod.write(g, out)
+    try:
+        check_writable(out)
+        gate_mod.write(g, out)
+    except OSError as e:
+        _fail(AttnbenchError(f"--out {out}: cannot write there ({e.strerror or e})"))
+    except AttnbenchError as e:
+        _fail(e)
     for reason in g.reasons:
         console.print(f"[red]gate:[/] {esc(reason)}", highlight=False)
     for c in (g.comparison.regressions if g.comparison else [])[:30]:
@@ -608,11 +668,16 @@ def profile(
         chosen = backend_mod.select_backends(backend) if backend else list(backend_mod.all_backends().values())
     except (AttnbenchError, ValueError, KeyError) as e:
         _fail(e)
+    if out is not None and out.is_dir():
+        _fail(AttnbenchError(f"--out {out}: is a directory; --out names the markdown file to write"))
     text = render(case.id, profile_case(case, chosen, calls))
     out_console.print(text, markup=False, highlight=False)
     if out is not None:
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(text)
+        try:
+            out.parent.mkdir(parents=True, exist_ok=True)
+            out.write_text(text)
+        except OSError as e:
+            _fail(AttnbenchError(f"--out {out}: cannot write there ({e.strerror or e})"))
 
 
 @trace_app.command("import")

@@ -10,8 +10,13 @@ of variation of the two; the same rule in the other direction marks "faster" (so
 gets updated). CV is the robust coefficient of variation of the samples (1.4826 x MAD / median: the
 same as std / mean for normal noise, but blind to outliers as long as they are fewer than half of the
 samples: preempted or interrupted samples must not blind the gate). A change over the threshold
-whose CIs overlap is "noisy"; timings taken in different modes (per-call events, CUDA graph, host
-clock), timed in one run only, or on different hardware (the rows' GPU or CPU) are "not comparable".
+whose CIs overlap is "noisy"; timings taken in different modes (per-call events, CUDA graph), timed
+in one run only, on different hardware (the rows' GPU), or whose median or CI is not a finite
+positive number (NaN, zero, infinite) are "not comparable".
+
+Host-clock timings (a CPU run, Triton under TRITON_INTERPRET=1) are correctness-only: their times are
+carried into the comparison (base_us, new_us) but never judged, so such a row gets a correctness
+verdict (same, broke, fixed...) and never slower, faster, noisy or "not comparable" for its clock.
 
 Coverage loss fails the gate too: a row of BASE that NEW lacks ("missing") or now skips ("now
 skipped") counts as a regression unless the rule allows it (`--allow-missing`); new rows never do.
@@ -28,6 +33,7 @@ between runs needs a larger change to count.
 from __future__ import annotations
 
 import json
+import math
 import statistics
 from collections import Counter
 from dataclasses import asdict, dataclass, field
@@ -174,13 +180,32 @@ def _mode(t: dict) -> tuple[str, str]:
     return t.get("clock"), t.get("mode", "per-call")
 
 
+def _unusable(t: dict) -> str | None:
+    """Why a timing cannot be compared (its median or CI is not a finite positive number), or None."""
+    med, ci = t.get("median_us"), t.get("ci95_us")
+    if not _positive(med):
+        return f"median {med}"
+    if not (isinstance(ci, list | tuple) and len(ci) == 2 and all(_positive(x) for x in ci)):
+        return f"CI {ci}"
+    return None
+
+
+def _positive(x) -> bool:
+    return isinstance(x, int | float) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
 def _speed(b: dict, n: dict, rule: GateRule) -> tuple[str, dict]:
     """Speed verdict of two timing dicts: slower | faster | noisy | same | not comparable."""
     mode_b, mode_n = _mode(b), _mode(n)
-    info = {"base_us": b["median_us"], "new_us": n["median_us"]}
+    info = {"base_us": b.get("median_us"), "new_us": n.get("median_us")}
     if mode_b != mode_n:
-        return "not comparable", info | {"note": f"timed as {'/'.join(mode_b)} then {'/'.join(mode_n)}"}
-    change = n["median_us"] / b["median_us"] - 1 if b["median_us"] > 0 else 0.0
+        return "not comparable", info | {
+            "note": f"timed as {'/'.join(map(str, mode_b))} then {'/'.join(map(str, mode_n))}"
+        }
+    bad = [f"{label} {why}" for label, t in (("base", b), ("new", n)) if (why := _unusable(t))]
+    if bad:
+        return "not comparable", info | {"note": f"not a finite positive timing: {'; '.join(bad)}"}
+    change = n["median_us"] / b["median_us"] - 1
     thr = rule.threshold(_cv(b), _cv(n))
     (blo, bhi), (nlo, nhi) = b["ci95_us"], n["ci95_us"]
     slower_apart, faster_apart = nlo > bhi, nhi < blo
@@ -199,6 +224,13 @@ def _speed(b: dict, n: dict, rule: GateRule) -> tuple[str, dict]:
     if abs(change) > thr:
         return "noisy", info
     return "same", info
+
+
+def _judged(r: Result) -> dict | None:
+    """The timing a speed verdict may use: a GPU clock's (host clocks are correctness-only), else None."""
+    from attnbench.report.ranking import GPU, timing_kind
+
+    return r.timing if r.timing and timing_kind(r) == GPU else None
 
 
 def _hardware(r: Result) -> str | None:
@@ -239,15 +271,20 @@ def _verdict(base: Result | None, new: Result | None, rule: GateRule) -> Change:
         ch.verdict, ch.note = "now skipped", new.reason
     elif base.status == "skip" and new.status != "skip":
         ch.verdict = "new"
-    if bool(base.timing) != bool(new.timing) and ch.verdict == "same":
+    bt, nt = _judged(base), _judged(new)
+    if (base.timing and not bt) or (new.timing and not nt):  # host clock: times shown, never judged
+        ch.base_us, ch.new_us = (base.timing or {}).get("median_us"), (new.timing or {}).get("median_us")
+        said = "host-clock timing: correctness only, speed not judged"
+        ch.note = f"{ch.note}; {said}" if ch.note else said
+    if bool(bt) != bool(nt) and ch.verdict == "same":
         ch.verdict = "not comparable"
-        ch.note = "timed in base only" if base.timing else "timed in new only"
-    elif base.timing and new.timing and _hardware(base) != _hardware(new):
+        ch.note = "timed in base only" if bt else "timed in new only"
+    elif bt and nt and _hardware(base) != _hardware(new):
         if ch.verdict == "same":
             ch.verdict = "not comparable"
             ch.note = f"timed on {_hardware(base)} then {_hardware(new)}"
-    elif base.timing and new.timing:
-        speed, info = _speed(base.timing, new.timing, rule)
+    elif bt and nt:
+        speed, info = _speed(bt, nt, rule)
         note = info.pop("note", "")
         for k, v in info.items():
             setattr(ch, k, v)
@@ -301,8 +338,8 @@ def pool_runs(runs: list[list[Result]]) -> list[Result]:
             pooled.append(row)
             continue
         timings = [row.timing] + [o[key].timing for o in others if key in o and o[key].timing]
-        timings = [t for t in timings if _mode(t) == _mode(row.timing)]
-        if len(timings) > 1:
+        timings = [t for t in timings if _mode(t) == _mode(row.timing) and not _unusable(t)]
+        if len(timings) > 1 and not _unusable(row.timing):
             medians = [t["median_us"] for t in timings]
             mean = statistics.fmean(medians)
             between = statistics.stdev(medians) / mean if mean > 0 else 0.0

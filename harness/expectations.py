@@ -87,16 +87,7 @@ class Expectation:
 
     def applies(self, version_of: Callable[[str], str | None]) -> bool:
         """True when every pinned library is installed at a version inside its range."""
-        for dist, spec in self.versions:
-            got = version_of(dist)
-            if got is None:
-                return False
-            try:
-                if Version(got) not in SpecifierSet(spec, prereleases=True):
-                    return False
-            except InvalidVersion:
-                return False
-        return True
+        return all(_pin_holds(version_of(dist), spec) for dist, spec in self.versions)
 
     def covers(self, failed: set[str] | None) -> bool:
         """Whether a fail row whose failing parts are `failed` (None: unknown) is this known failure."""
@@ -106,6 +97,16 @@ class Expectation:
 
     def label(self) -> str:
         return f"{self.why} [{self.where}]" + (f" {self.link}" if self.link else "")
+
+
+def _pin_holds(got: str | None, spec: str) -> bool:
+    """Whether an installed version (None: not installed) is inside the pinned range."""
+    if got is None:
+        return False
+    try:
+        return Version(got) in SpecifierSet(spec, prereleases=True)
+    except InvalidVersion:
+        return False
 
 
 # ---- loading --------------------------------------------------------------------------------------
@@ -282,6 +283,25 @@ def _with(row, **changes):
 
 def _record(e: Expectation) -> dict[str, str]:
     return {"why": e.why, "where": e.where} | ({"link": e.link} if e.link else {})
+
+
+def warnings(
+    expectations: Iterable[Expectation], case_ids: Iterable[str], backends: Iterable[str], version_of=installed_version
+) -> list[str]:
+    """What is off about the user's expectations (as pytest warns of unknown marks): one that names no
+    registered backend, matches no case of the sweep, or whose version pin does not apply here."""
+    ids, names = list(case_ids), list(backends)
+    out = []
+    for e in expectations:
+        if not any(fnmatch.fnmatchcase(b, e.backend) for b in names):
+            out.append(f"{e.where}: expectation names backend {e.backend!r}, which no loaded backend matches")
+        if not any(fnmatch.fnmatchcase(i, g) for i in ids for g in e.cases):
+            out.append(f"{e.where}: expectation matches no case of this sweep ({', '.join(e.cases)})")
+        for dist, spec in e.versions:
+            if not _pin_holds(got := version_of(dist), spec):
+                have = f"{dist} {got} is installed" if got else f"{dist} is not installed"
+                out.append(f"{e.where}: expectation does not apply: it pins {dist} {spec}, and {have}")
+    return out
 
 
 def gather(suites: Iterable = (), files: Iterable[Path | str] = (), builtin_too: bool = True) -> list[Expectation]:

@@ -24,7 +24,7 @@ from pathlib import Path
 from attnbench.compare import Comparison, GateRule, compare_runs, write_comparison
 from attnbench.errors import AttnbenchError
 from attnbench.report.common import md_text
-from attnbench.results import Result, read_results
+from attnbench.results import Result, check_version, read_results
 
 MARKER = "<!-- attnbench-gate -->"  # the one pull-request comment the workflow updates carries it
 
@@ -67,6 +67,9 @@ def decide(run: Path, baselines: list[Path] | None = None, rule: GateRule | None
         raise AttnbenchError(f"{run}: no results.jsonl here (did the sweep start?)")
     rows = read_results(run / "results.jsonl")
     info, env = _json(run / "run.json"), _json(run / "env.json")
+    if not isinstance(info, dict):
+        raise AttnbenchError(f"{run / 'run.json'}: not a JSON object")
+    check_version(info.get("schema_version", 1), str(run / "run.json"))  # a newer run.json: refused, as report does
     statuses = Counter(r.status for r in rows)
     reasons = []
     if not info.get("complete", False):

@@ -4,7 +4,8 @@ Cases are handed out one at a time to whichever worker is free. A worker that di
 a broken CUDA context) or overruns the per-case timeout costs only the backend it was running: that
 backend gets an `error` row naming the crash, a fresh worker starts, and the case continues with the
 backends that have no row yet. Worker output (kernel prints, sanitizer reports) goes to one log per
-worker in `log_dir`.
+worker in `log_dir`, capped (worker_log.py: its first and last 4 MiB, with the bytes cut counted).
+A worker runs in its own session: when it ends, or is killed, the processes it started end too.
 
 Several workers may share one GPU (`--gpus 0,0,0,0`, for correctness passes). Memory is then shared
 too: a row that ran out of memory on a shared GPU is not the backend's fault, so it is not recorded;
@@ -35,6 +36,7 @@ from attnbench.errors import OUT_OF_MEMORY, AttnbenchError
 from attnbench.messages import Lost, Ready, Rows, RunJob, Stage, Stop
 from attnbench.results import Result
 from attnbench.runner import RunOptions, error_row
+from attnbench.worker_log import CappedLog
 
 MAX_START_FAILURES = 3
 STARTUP_TIMEOUT_S = 180
@@ -62,6 +64,7 @@ class _Worker:
     proc: subprocess.Popen
     conn: Connection
     log: Path
+    capped: CappedLog
     ready: bool = False
     job: _Job | None = None
     stage: str = ""
@@ -111,19 +114,19 @@ class Pool:
         self._count += 1
         tag = device.replace(":", "")
         log = self.log_dir / f"worker-{tag}-{self._count}.log"
-        out = open(log, "ab")
+        read_end, out = os.pipe()  # drained into the log with a cap (worker_log.py)
         args = [*self.launch.wrapper, sys.executable, "-m", "attnbench.worker", str(child.fileno()), device]
         for p in self.plugins:
             args += ["--plugin", p]
         env = dict(os.environ, PYTHONUNBUFFERED="1", **dict(self.launch.env))
         proc = subprocess.Popen(
             args, pass_fds=[child.fileno()], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
-        )  # fmt: skip  (a kill takes the wrapper's children too)
+        )  # fmt: skip  (its own session: a kill, or its end, takes the processes it started too)
         child.close()
-        out.close()
+        os.close(out)
         conn = Connection(os.dup(parent.fileno()))
         parent.close()
-        return _Worker(device, proc, conn, log, started=time.monotonic())
+        return _Worker(device, proc, conn, log, CappedLog(read_end, log), started=time.monotonic())
 
     def _kill(self, w: _Worker) -> None:
         try:
@@ -131,6 +134,14 @@ class Pool:
         except (ProcessLookupError, PermissionError):
             w.proc.kill()
         w.proc.wait()
+
+    def _ended(self, w: _Worker) -> None:
+        """After a worker exits: what it started ends with it (its process group), and its log is complete."""
+        try:
+            os.killpg(w.proc.pid, signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass  # nothing of the group is left
+        w.capped.close()
 
     def _stop(self, w: _Worker, kill: bool = False) -> None:
         try:
@@ -144,6 +155,7 @@ class Pool:
             w.proc.wait(timeout=30 if self.launch.wrapper else 10)  # a sanitizer writes its summary on the way out
         except subprocess.TimeoutExpired:
             self._kill(w)
+        self._ended(w)
         w.conn.close()
 
     def _emit(self, w: _Worker, case: Case, rows: list[Result]) -> None:
@@ -253,6 +265,7 @@ class Pool:
 
     def _crashed(self, w: _Worker, queue: deque[_Job]) -> bool:
         code = w.proc.wait()
+        self._ended(w)
         if w.job:
             where = f" while running {w.stage}" if w.stage else ""
             self._fail_current(w, f"worker crashed ({_exit_text(code)}){where}; log: {w.log.name}")
@@ -264,6 +277,7 @@ class Pool:
 
     def _timeout(self, w: _Worker, queue: deque[_Job]) -> bool:
         self._kill(w)
+        self._ended(w)
         stage = w.stage or "startup"
         self._fail_current(w, f"timed out after {self.timeout_s:g} s (in {stage})")
         self._requeue_rest(w, queue)

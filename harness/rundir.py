@@ -53,7 +53,9 @@ def plan_differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return out
 
 
-def _check_writable(out: Path) -> None:
+def check_writable(out: Path) -> None:
+    """Create the output directory `out` or refuse it (AttnbenchError: a file, or not writable)."""
+    out = Path(out)
     if out.exists() and not out.is_dir():
         raise AttnbenchError(f"--out {out}: is a file, not a directory")
     probe = out
@@ -91,7 +93,7 @@ def prepare_run_dir(out: Path, plan_info: dict[str, Any], resume: bool, overwrit
         if diffs := plan_differences(old, plan_info):
             raise AttnbenchError(f"--resume: {out} was run with another plan ({'; '.join(diffs)})")
         read_results(out / "results.jsonl")  # an unreadable row (file:line) refuses the resume before anything runs
-    _check_writable(out)
+    check_writable(out)
     if overwrite:
         for name in existing:
             if os.path.isfile(out / name):

@@ -216,11 +216,12 @@ def presets() -> dict[str, dict[str, dict[str, Any]]]:
 
 
 # ---- loading --------------------------------------------------------------------------------------
-def load(name_or_path: str, device: str = "cpu", max_cases: int = MAX_CASES) -> Suite:
+def load(name_or_path: str, device: str = "cpu", max_cases: int = MAX_CASES, plan_only: bool = False) -> Suite:
     """Read, validate and expand a suite (built-in name or YAML path) for `device`.
 
     Raises SuiteError (`file:line: what is wrong`) on any problem, including a suite that would expand
-    into more than `max_cases` cases (counted before expanding).
+    into more than `max_cases` cases (counted before expanding). `plan_only` (a dry run: nothing runs)
+    lets a GPU suite expand on a CPU device.
     """
     path = resolve(name_or_path)
     data, lines = yamlines.load(path)
@@ -234,7 +235,7 @@ def load(name_or_path: str, device: str = "cpu", max_cases: int = MAX_CASES) -> 
         raise SuiteError(path, yamlines.line_of(lines, loc), f"{_dotted(loc)}: {_msg(err)}") from None
     _check_backends(spec, path, lines)
     expect = expectations.parse(spec.expect, path, lines) if spec.expect else []
-    if spec.device == "cuda" and not device.startswith("cuda"):
+    if spec.device == "cuda" and not device.startswith("cuda") and not plan_only:
         raise SuiteError(
             path, yamlines.line_of(lines, ("device",)),
             f"suite {spec.name or path.stem!r} is sized for a GPU (device: cuda) but the run device is {device}; "

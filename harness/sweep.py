@@ -27,6 +27,7 @@ from attnbench.errors import AttnbenchError, describe
 from attnbench.executor import Execution, choose
 from attnbench.expectations import Expectation
 from attnbench.results import SCHEMA_VERSION, Result, ResultWriter, read_results
+from attnbench.rundir import check_writable
 from attnbench.runinfo import RunInfo, Shard, Source, git_info, read_run, write_run
 from attnbench.runner import RunOptions
 from attnbench.suite import MAX_CASES, Suite, load
@@ -62,6 +63,7 @@ class Plan:
     expectations: tuple[Expectation, ...] = ()  # those that apply (their versions match)
     expectations_off: int = 0  # loaded, but their versions do not match the installed libraries
     traces: tuple[str, ...] = ()  # replayed traces (built-in by name, else path): repro commands name them
+    warnings: tuple[str, ...] = ()  # what is off about the user's expectations (unknown backend, no case...)
 
     def __post_init__(self):
         for name in ("suites", "cases", "backends", "expectations"):
@@ -126,6 +128,7 @@ def plan(
     expect: bool = True,
     require: list[str] | None = None,
     traces: list[str] | None = None,
+    plan_only: bool = False,
 ) -> Plan:
     """Validate everything before anything is written: suites, backend names, filters, expectations.
 
@@ -135,10 +138,12 @@ def plan(
 
     `traces` (`--trace`) replay their batches as suites do; with `case_ids` they are not run but
     resolve the ids of their cases (explicit lengths are named by digest: docs/trace.md).
+
+    `plan_only` (`--dry-run`): a GPU suite is planned on a CPU device too; the plan is not run.
     """
     device = resolve_device(device)
     names = suite_names or ([] if case_ids or traces else default_suites(device))
-    suites = [load(n, device, max_cases) for n in names]
+    suites = [load(n, device, max_cases, plan_only) for n in names]
     replays = [trace_mod.as_suite(t, device, max_cases) for t in traces or ()]
     if not case_ids:
         suites += replays
@@ -160,12 +165,14 @@ def plan(
     allowed = list(dict.fromkeys(b for s in suites if s.spec.backends for b in s.spec.backends))
     if allowed and not backends:  # the suites' backends, knob variants (`NAME:k=v`) included
         chosen = [get_backend(b) for b in allowed]
-    loaded = expectations.gather(suites, expect_files or (), builtin_too=True) if expect else []
+    mine = expectations.gather(suites, expect_files or (), builtin_too=False) if expect else []
+    loaded = expectations.builtin() + mine if expect else []
     applying = expectations.applicable(loaded)
+    warned = expectations.warnings(mine, [c.id for c in cases], registered)
     filters = {"backends": backends, "ops": ops, "k": keywords, "shard": shard}
     filters |= {"require": sorted(require)} if require else {}
     labels = tuple(trace_mod.label(t) for t in trace_files)
-    return Plan(device, suites, cases, chosen, filters, applying, len(loaded) - len(applying), labels)
+    return Plan(device, suites, cases, chosen, filters, applying, len(loaded) - len(applying), labels, warned)
 
 
 def _case_from_id(case_id: str, device: str, traces: list[Path] = ()) -> Case:
@@ -378,7 +385,7 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
         else:
             sources.append(Source(path=str(run), device=info.device, shard=info.shard, rows=len(got),
                                   complete=info.complete, git=info.git))  # fmt: skip
-    out.mkdir(parents=True, exist_ok=True)
+    check_writable(out)
     with ResultWriter(out / "results.jsonl") as w:
         for r in rows:
             w.append(r)
@@ -422,14 +429,19 @@ def _read_env(run: Path) -> dict:
     return env if isinstance(env, dict) else {}
 
 
-def _device_of(info: RunInfo, env: dict) -> str:
+def _device_of(run: Path, info: RunInfo, env: dict) -> str:
     """Device type and model: runs on `cuda:0` and `cuda:1` of the same GPU model are one device."""
-    kind = torch.device(info.device).type if info.device else "?"
+    try:
+        kind = torch.device(info.device).type if info.device else "?"
+    except (RuntimeError, TypeError, ValueError):
+        raise AttnbenchError(
+            f"{run / 'run.json'}: unknown device {info.device!r} (expected cpu, cuda or cuda:N)"
+        ) from None
     return f"{kind} ({env.get('gpu') or env.get('cpu') or 'unknown model'})"
 
 
 def _same_device(runs: list[Path], infos: list[RunInfo], envs: list[dict]) -> None:
-    found = [_device_of(i, e) for i, e in zip(infos, envs, strict=True)]
+    found = [_device_of(r, i, e) for r, i, e in zip(runs, infos, envs, strict=True)]
     if len(set(found)) > 1:
         j = next(j for j, d in enumerate(found) if d != found[0])
         raise AttnbenchError(f"cannot merge runs on different devices: {runs[0]} ran on {found[0]}, "

@@ -4,6 +4,11 @@ A suite cannot exhaust the machine: anchors and aliases are allowed, but the val
 add at most `ALIAS_BUDGET` nodes to the document (an alias "bomb" of nested aliases would otherwise
 expand into billions), an alias may not refer to its own anchor, and nesting is bounded by Python's
 recursion limit. Each refusal is a SuiteError naming the line.
+
+Size is bounded before anything is expanded: a file over `MAX_BYTES` is refused before it is parsed,
+and a document of more than `MAX_NODES` values before it is validated (a 13 MB list of 1.6 M values
+once took minutes and gigabytes to reach --max-cases). The built-in smoke suite, the largest, is
+67 KB and about 10,000 values.
 """
 
 from __future__ import annotations
@@ -17,11 +22,19 @@ from attnbench.errors import SuiteError
 
 Path_ = tuple[Any, ...]
 ALIAS_BUDGET = 10_000  # nodes that aliases may add to a document, once expanded
+MAX_BYTES = 1 << 20  # a suite or expectations file larger than this is refused unread
+MAX_NODES = 200_000  # values (mappings, lists, scalars) a document may hold
 
 
 def load(path: Path) -> tuple[Any, dict[Path_, int]]:
     """Parse a YAML file -> (data, {key path: 1-based line}). Syntax errors and duplicate keys raise SuiteError."""
     try:
+        size = Path(path).stat().st_size
+        if size > MAX_BYTES:
+            raise SuiteError(
+                path, None, f"the file is {size / (1 << 20):.1f} MiB; a suite or expectations file may be at most "
+                f"{MAX_BYTES >> 20} MiB (describe large sweeps with sweep/zip ranges, or split the file)",
+            )  # fmt: skip
         raw = Path(path).read_bytes()
     except OSError as e:
         raise SuiteError(path, None, f"cannot read: {e.strerror or e}") from None
@@ -75,6 +88,11 @@ def _walk(node: yaml.Node, at: Path_, lines: dict[Path_, int], path: Path, budge
                 "write the values out or use fewer nested aliases",
             )
     budget.seen.add(id(node))
+    if len(budget.seen) > MAX_NODES:
+        raise SuiteError(
+            path, line, f"the document holds more than {MAX_NODES} values; describe large sweeps with sweep/zip "
+            "ranges, or split the file",
+        )  # fmt: skip
     lines.setdefault(at, line)
     if not isinstance(node, yaml.MappingNode | yaml.SequenceNode):
         return

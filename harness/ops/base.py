@@ -20,9 +20,10 @@ from attnbench.ops.rng import to_device
 
 
 class Params(BaseModel):
-    """Base of every op's parameter schema: unknown keys are errors, instances are hashable."""
+    """Base of every op's parameter schema: unknown keys are errors, instances are hashable, and no
+    number is NaN or infinite (`sm_scale: .inf` would pass a `gt=0` bound)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=False)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=False, allow_inf_nan=False)
 
 
 @dataclass(frozen=True)

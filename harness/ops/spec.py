@@ -232,11 +232,12 @@ class EagleBuildTreeOp(Op):
         host, _ = _generators(seed, None)
         B, n, i64 = p.batch, p.draft_tokens, torch.int64
         lens = _lengths(B, p.prefix_len, p.lens, host)
-        mask = {
-            "full": ((sum(lens) * n + B * n * n,), torch.bool),
-            "qlen": ((B * n * n,), torch.bool),
-            "qlen_packed": ((B * n, ref.packed_mask_bytes(n)), torch.uint8),
-        }[p.mask_mode]
+        if p.mask_mode == "full":  # only the mode's own shape: packed_mask_bytes refuses n > 32
+            mask = ((sum(lens) * n + B * n * n,), torch.bool)
+        elif p.mask_mode == "qlen":
+            mask = ((B * n * n,), torch.bool)
+        else:
+            mask = ((B * n, ref.packed_mask_bytes(n)), torch.uint8)
         draft = tensor_bytes((B, p.topk * (p.depth - 1) + 1), i64) + tensor_bytes((B, n), i64)  # parents, selected
         return draft + output_bytes(*mask) + output_bytes((B * n,), i64) + 3 * output_bytes((B, n), i64)
 

@@ -40,7 +40,7 @@ def test_default_sweep_runs_smoke_on_cpu_and_writes_the_run_directory(smoke_run)
         assert section in html
     assert not re.search(r"(src|href)=[\"']?https?:|url\(https?:|@import", html)  # self-contained: nothing loaded
     r = rows[0]
-    assert r.timing["clock"] == "host" and r.timing["median_us"] > 0
+    assert r.timing is None and "correctness only on cpu (no GPU)" in res.output  # host-clock timing on request
     assert r.derived["flops"] > 0 and r.derived["bytes"] > 0
     assert r.prepare_s is not None and r.reference_s is not None
 

@@ -330,12 +330,12 @@ def test_a_named_backend_that_cannot_run_says_why_once_on_the_console(tmp_path, 
 def test_host_clock_timings_are_labelled_on_the_console(tmp_path, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     res = invoke("sweep", "--case", "merge_state/t9-h2-d16-fp32", "-b", "torch", "--device", "cpu", "--no-isolate",
-                 "--out", tmp_path / "run")  # fmt: skip
+                 "--timing", "--out", tmp_path / "run")  # fmt: skip
     assert res.exit_code == 0, res.output
     assert "note: 1 rows were timed with a host clock (CPU): not GPU timings" in res.output
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     res = invoke("sweep", "--case", "merge_state/t9-h2-d16-fp32", "-b", "torch", "--device", "cpu", "--no-isolate",
-                 "--out", tmp_path / "run", "--overwrite")  # fmt: skip
+                 "--timing", "--out", tmp_path / "run", "--overwrite")  # fmt: skip
     assert "note: 1 rows were timed with a host clock under TRITON_INTERPRET=1" in res.output
 
 

@@ -49,7 +49,9 @@ def synthetic_run(tmp_path_factory):
 @pytest.fixture(scope="module")
 def cpu_run(tmp_path_factory):
     out = tmp_path_factory.mktemp("cpu") / "run"
-    res = CliRunner().invoke(app, ["sweep", "smoke", "--op", "merge_state", "-b", "torch", "--out", str(out)])
+    res = CliRunner().invoke(
+        app, ["sweep", "smoke", "--op", "merge_state", "-b", "torch", "--timing", "--out", str(out)]
+    )
     assert res.exit_code == 0, res.output
     return out
 
