@@ -64,6 +64,7 @@ class RunInfo(BaseModel):
     suites: list[str] = []
     traces: list[str] = []  # replayed traces (docs/trace.md): built-in by name, else the path given
     backends: list[str] = []
+    named_backends: list[dict[str, Any]] = []  # each -b argument: {arg, pattern, backends} (attnbench.verified)
     plugins: list[str] = []
     filters: dict[str, Any] = {}
     shard: Shard | None = None

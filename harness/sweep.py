@@ -21,7 +21,7 @@ import torch
 from attnbench import env as envmod
 from attnbench import expectations
 from attnbench import trace as trace_mod
-from attnbench.backend import Backend, all_backends, get_backend, select_backends
+from attnbench.backend import Backend, all_backends, expand_backend_args, get_backend, is_pattern, select_backends
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError, describe
 from attnbench.executor import Execution, choose
@@ -62,11 +62,16 @@ class Plan:
     expectations: tuple[Expectation, ...] = ()  # those that apply (their versions match)
     expectations_off: int = 0  # loaded, but their versions do not match the installed libraries
     traces: tuple[str, ...] = ()  # replayed traces (built-in by name, else path): repro commands name them
+    named: tuple[tuple[str, tuple[str, ...]], ...] = ()  # each -b argument and the backends it selected
 
     def __post_init__(self):
-        for name in ("suites", "cases", "backends", "expectations"):
+        for name in ("suites", "cases", "backends", "expectations", "named"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "filters", MappingProxyType(dict(self.filters)))
+
+    def named_records(self) -> list[dict[str, Any]]:
+        """The -b arguments as run.json's `named_backends` records (attnbench.verified)."""
+        return [{"arg": a, "pattern": is_pattern(a), "backends": list(names)} for a, names in self.named]
 
     def breakdown(self) -> str:
         by = Counter((c.suite, c.op_name) for c in self.cases)
@@ -146,6 +151,7 @@ def plan(
     trace_files = list(dict.fromkeys(p for s in [*suites, *replays] for p in s.traces))
     if case_ids:
         cases += [_case_from_id(i, device, trace_files) for i in case_ids]
+    cases = _once(cases)  # the same suite twice, or a --case twice, runs (and counts) once
     if ops:
         cases = [c for c in cases if c.op_name in ops]
     if keywords:
@@ -156,6 +162,7 @@ def plan(
     if require:  # --require: properties every backend must have on every case (else its row fails)
         cases = [replace(c, require=c.require | frozenset(require)) for c in cases]
     registered = all_backends()
+    named = [(spec, tuple(b.name for b in found)) for spec, found in expand_backend_args(backends or [])]
     chosen = select_backends(backends) if backends else list(registered.values())
     allowed = list(dict.fromkeys(b for s in suites if s.spec.backends for b in s.spec.backends))
     if allowed and not backends:  # the suites' backends, knob variants (`NAME:k=v`) included
@@ -165,7 +172,15 @@ def plan(
     filters = {"backends": backends, "ops": ops, "k": keywords, "shard": shard}
     filters |= {"require": sorted(require)} if require else {}
     labels = tuple(trace_mod.label(t) for t in trace_files)
-    return Plan(device, suites, cases, chosen, filters, applying, len(loaded) - len(applying), labels)
+    return Plan(device, suites, cases, chosen, filters, applying, len(loaded) - len(applying), labels, named)
+
+
+def _once(cases: list[Case]) -> list[Case]:
+    """Cases without repeated ids, in order, the first occurrence of each kept."""
+    first: dict[str, Case] = {}
+    for c in cases:
+        first.setdefault(c.id, c)
+    return list(first.values())
 
 
 def _case_from_id(case_id: str, device: str, traces: list[Path] = ()) -> Case:
@@ -243,6 +258,7 @@ def execute(
         suites=[str(s.path) for s in p.suites],
         traces=list(p.traces),
         backends=[b.name for b in p.backends],
+        named_backends=p.named_records(),
         plugins=list(how.plugins),
         filters=dict(p.filters),
         shard=Shard(k=shard[0], n=shard[1]) if shard else None,
@@ -398,6 +414,9 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
         suites=list(dict.fromkeys(s for i in infos for s in i.suites)),
         traces=list(dict.fromkeys(t for i in infos for t in i.traces)),
         backends=list(dict.fromkeys(b for i in infos for b in i.backends)),
+        named_backends=infos[0].named_backends
+        if all(i.named_backends == infos[0].named_backends for i in infos)
+        else [],
         plugins=list(dict.fromkeys(p for i in infos for p in i.plugins)),
         filters=infos[0].filters if all(i.filters == infos[0].filters for i in infos) else {},
         timing=infos[0].timing,
