@@ -73,6 +73,21 @@ class Plan:
         """The -b arguments as run.json's `named_backends` records (attnbench.verified)."""
         return [{"arg": a, "pattern": is_pattern(a), "backends": list(names)} for a, names in self.named]
 
+    def loosened(self) -> list[dict[str, Any]]:
+        """The suites' own tolerances (a looser rule, each with its why), one record per suite, op and
+        rule with its number of cases: run.json's `tolerances`, shown on the console and first screens."""
+        from attnbench.tolerance import DEFAULT_FACTOR, DEFAULT_FLOOR
+
+        found: dict[tuple, int] = {}
+        for c in self.cases:
+            if t := c.tolerance:
+                factor = DEFAULT_FACTOR if t.factor is None else t.factor
+                floor = DEFAULT_FLOOR if t.floor is None else t.floor
+                key = (c.suite, c.op_name, factor, floor, t.why)
+                found[key] = found.get(key, 0) + 1
+        keys = ("suite", "op", "factor", "floor", "why")
+        return [dict(zip(keys, key, strict=True)) | {"cases": n} for key, n in found.items()]
+
     def breakdown(self) -> str:
         by = Counter((c.suite, c.op_name) for c in self.cases)
         lines = [
@@ -259,6 +274,7 @@ def execute(
         traces=list(p.traces),
         backends=[b.name for b in p.backends],
         named_backends=p.named_records(),
+        tolerances=p.loosened(),
         plugins=list(how.plugins),
         filters=dict(p.filters),
         shard=Shard(k=shard[0], n=shard[1]) if shard else None,
@@ -418,6 +434,7 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
         if all(i.named_backends == infos[0].named_backends for i in infos)
         else [],
         plugins=list(dict.fromkeys(p for i in infos for p in i.plugins)),
+        tolerances=_merged_tolerances(infos),
         filters=infos[0].filters if all(i.filters == infos[0].filters for i in infos) else {},
         timing=infos[0].timing,
         started=min((i.started for i in infos if i.started), default=None),
@@ -430,6 +447,17 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
     )
     write_run(info, out)
     return rows
+
+
+def _merged_tolerances(infos: list[RunInfo]) -> list[dict]:
+    """The runs' loosened tolerances, one record per suite, op and rule, their cases added up."""
+    found: dict[tuple, dict] = {}
+    for info in infos:
+        for t in info.tolerances:
+            key = tuple(t.get(k) for k in ("suite", "op", "factor", "floor", "why"))
+            rec = found.setdefault(key, dict(t) | {"cases": 0})
+            rec["cases"] += t.get("cases", 0)
+    return list(found.values())
 
 
 def _read_env(run: Path) -> dict:

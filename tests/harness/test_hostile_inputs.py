@@ -4,9 +4,12 @@ where nothing was verified. One parametrised test per family: its input, exit co
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from typer.testing import CliRunner
 
+import synthetic
 from attnbench.cli import app
 
 runner = CliRunner()
@@ -130,3 +133,117 @@ def test_repeated_suites_and_cases_are_planned_once(args):
         assert ids == [c.id for c in load("smoke", "cpu").cases if c.op_name == "merge_state"]
     res = invoke("sweep", *args, "-b", "torch", "--device", "cpu", "--dry-run")
     assert res.exit_code == 0 and res.output.startswith(f"{len(ids)} cases x 1 backends"), res.output
+
+
+# ---- runs that verified nothing ----------------------------------------------------------------------
+
+NO_CUDA = "no CUDA device (set TRITON_INTERPRET=1"
+
+
+@pytest.mark.parametrize(
+    "backends, code, messages",
+    [
+        (
+            ["triton"],
+            1,
+            ["error: nothing ran: all 1 rows skipped", f"error: triton skipped all 1 of its rows: {NO_CUDA}"],
+        ),
+        (["triton*"], 1, ["error: nothing ran: all 2 rows skipped", "error: triton-det skipped all 1"]),
+        (["torch", "triton"], 1, [f"error: triton (named with -b) skipped all 1 of its rows: {NO_CUDA}"]),
+        (["torch", "triton*"], 1, ["error: -b 'triton*': none of the backends it matched ran a case (triton: no CUDA"]),
+        (["torch", "flashinfer*"], 1, ["error: -b 'flashinfer*': none of the backends it matched ran a case"]),
+        (["torch"], 0, ["OK: nothing failing"]),
+        (["torch", "triton", "--allow-skipped"], 0, ["note: triton (named with -b) skipped all 1 of its rows"]),
+        (["triton*", "--allow-skipped"], 0, ["note: nothing ran: all 2 rows skipped"]),
+    ],
+    ids=[
+        "one name",
+        "a pattern",
+        "one of two names",
+        "one of two patterns",
+        "a library pattern",
+        "torch alone",
+        "allowed",
+        "allowed, nothing ran",
+    ],  # fmt: skip
+)
+def test_a_run_that_verified_nothing_named_fails_sweep_and_gate(tmp_path, monkeypatch, backends, code, messages):
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)  # triton then skips on a CPU, saying why
+    args = [a if a.startswith("--") else f"-b{a}" for a in backends]
+    out = tmp_path / "run"
+    res = invoke("sweep", "--case", CASE, *args, "--device", "cpu", "--no-timing", "--no-isolate", "--out", out)
+    assert res.exit_code == code, res.output
+    for m in messages:
+        assert m in res.output, res.output
+    allow = ["--allow-skipped"] if "--allow-skipped" in backends else []
+    gate = invoke("gate", out, *allow)
+    assert gate.exit_code == code, gate.output
+    if code:
+        assert messages[-1].removeprefix("error: ") in gate.output and "gate: fail" in gate.output, gate.output
+
+
+def test_the_default_cpu_sweep_of_one_case_passes_with_its_skips(tmp_path):
+    """The README's command names no backend: backends that cannot run here skip without failing it."""
+    res = invoke("sweep", "--case", CASE, "--device", "cpu", "--no-timing", "--no-isolate", "--out", tmp_path / "r")
+    assert res.exit_code == 0, res.output
+    assert invoke("gate", tmp_path / "r").exit_code == 0
+
+
+# ---- results files that do not hold what run.json says ------------------------------------------------
+
+
+def _recorded_run(path: Path, n: int = 3) -> Path:
+    rows = [synthetic.row(f"decode/b{b}-l1024-h32x8-d128-bf16", "torch") for b in range(1, n + 1)]
+    run = {"argv": ["attnbench", "sweep"], "device": "cuda", "complete": True, "rows": n, "wall_s": 1.0}
+    return synthetic.write_run(path, rows, run=run)
+
+
+def _keep_lines(run: Path, keep) -> None:
+    lines = (run / "results.jsonl").read_text().splitlines(keepends=True)
+    (run / "results.jsonl").write_text("".join(keep(lines)))
+
+
+TORN = {
+    "a row torn off the end": (lambda lines: lines[:-1], "holds 2 rows but run.json recorded 3: 1 rows are missing"),
+    "an emptied results file": (lambda lines: [], "holds 0 rows but run.json recorded 3: 3 rows are missing"),
+    "every row written twice": (lambda lines: lines + lines, "holds 6 rows but run.json recorded 3"),
+}
+
+
+@pytest.mark.parametrize("what", list(TORN))
+def test_results_that_lack_rows_fail_the_gate_and_are_said_by_compare_and_report(tmp_path, what):
+    keep, message = TORN[what]
+    run = _recorded_run(tmp_path / "new")
+    base = _recorded_run(tmp_path / "base")
+    assert invoke("gate", run).exit_code == 0
+    _keep_lines(run, keep)
+    res = invoke("gate", run)
+    assert res.exit_code == 1 and message in res.output, res.output
+    res = invoke("gate", tmp_path / "base", "--baseline", run, "--allow-missing")
+    assert res.exit_code == 1 and f"baseline {run}: results.jsonl {message}" in res.output, res.output
+    res = invoke("compare", base, run, "--allow-missing")
+    assert res.exit_code == 1 and f"{run}: results.jsonl {message}" in res.output, res.output
+    res = invoke("report", run)
+    assert res.exit_code == 0 and f"warning: {run}: results.jsonl {message}" in res.output, res.output
+    assert f"results.jsonl {message}" in (run / "summary.md").read_text()
+    assert 'id="missing-rows"' in (run / "report.html").read_text()
+
+
+# ---- loosened tolerances are shown -------------------------------------------------------------------
+
+
+def test_a_loosened_tolerance_is_shown_on_the_console_in_summary_md_and_the_report(tmp_path):
+    suite = tmp_path / "loose.yaml"
+    suite.write_text(
+        "cases:\n  - op: merge_state\n    sweep: {tokens: [9, 17]}\n    dtypes: [fp32]\n"
+        '    tolerance: {factor: 8, why: "the <b>vendor</b> kernel sums in fp16"}\n'
+    )
+    out = tmp_path / "run"
+    res = invoke("sweep", suite, "-b", "torch", "--device", "cpu", "--no-timing", "--no-isolate", "--out", out)
+    assert res.exit_code == 0, res.output
+    line = "loose/merge_state, 2 cases: factor 8 (default 2); why: the <b>vendor</b> kernel sums in fp16"
+    assert f"loosened tolerance: {line}" in res.output, res.output
+    md = (out / "summary.md").read_text()
+    assert "**Loosened tolerances**" in md and "factor 8 (default 2); why: the &lt;b&gt;vendor&lt;/b&gt;" in md
+    first = (out / "report.html").read_text().split('<section id="verdict">')[0]  # above the verdict
+    assert 'id="loosened"' in first and "factor 8 (default 2); why: the &lt;b&gt;vendor&lt;/b&gt; kernel" in first
