@@ -231,7 +231,7 @@ def sweep(
         _fail(AttnbenchError("no cases selected (check --op / -k)"))
     run_dir = out or default_out(p)
     try:
-        prepare_run_dir(run_dir, planned(p, timing), resume, overwrite)
+        lock = prepare_run_dir(run_dir, planned(p, timing), resume, overwrite)  # held until the process ends
     except AttnbenchError as e:
         _fail(e)
     console.print(f"[bold]attnbench[/] {p.breakdown().splitlines()[0]} on {p.device} -> {run_dir}", highlight=False)
@@ -254,9 +254,11 @@ def sweep(
             interrupted = True
         except AttnbenchError as e:
             progress.stop()
+            lock.close()
             _fail(e)
     rows = read_results(run_dir / "results.jsonl") if (run_dir / "results.jsonl").exists() else rows
     render_all(run_dir)
+    lock.close()  # the run directory is whole: another sweep may --resume or --overwrite it
     _print_summary(rows, complete=not interrupted)
     _print_notes(rows)
     _print_loosened(p.loosened())

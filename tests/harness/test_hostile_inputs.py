@@ -247,3 +247,50 @@ def test_a_loosened_tolerance_is_shown_on_the_console_in_summary_md_and_the_repo
     assert "**Loosened tolerances**" in md and "factor 8 (default 2); why: the &lt;b&gt;vendor&lt;/b&gt;" in md
     first = (out / "report.html").read_text().split('<section id="verdict">')[0]  # above the verdict
     assert 'id="loosened"' in first and "factor 8 (default 2); why: the &lt;b&gt;vendor&lt;/b&gt; kernel" in first
+
+
+# ---- two sweeps into one run directory ------------------------------------------------------------------
+
+
+def test_a_second_sweep_into_a_run_directory_in_use_is_refused(tmp_path):
+    from attnbench.rundir import lock_run_dir
+
+    out = tmp_path / "run"
+    out.mkdir()
+    held = lock_run_dir(out)  # another sweep writing there now
+    try:
+        for extra in ([], ["--overwrite"], ["--resume"]):
+            res = invoke("sweep", "--case", CASE, "-b", "torch", "--device", "cpu", "--no-timing", "--no-isolate",
+                         "--out", out, *extra)  # fmt: skip
+            assert res.exit_code == 2, res.output
+            assert f"error: --out {out} is in use by another sweep (pid " in res.output, res.output
+            assert not (out / "results.jsonl").exists() and "Traceback" not in res.output
+    finally:
+        held.close()
+    res = invoke("sweep", "--case", CASE, "-b", "torch", "--device", "cpu", "--no-timing", "--no-isolate", "--out", out)
+    assert res.exit_code == 0, res.output
+
+
+def test_a_lock_left_by_a_killed_sweep_does_not_block(tmp_path):
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+    out.mkdir()
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from attnbench.rundir import lock_run_dir; "
+         f"f = lock_run_dir({str(out)!r}); print('locked', flush=True); time.sleep(600)"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        args = ["sweep", "--case", CASE, "-b", "torch", "--device", "cpu", "--no-timing", "--no-isolate", "--out", out]
+        assert invoke(*args).exit_code == 2
+        holder.send_signal(signal.SIGKILL)
+        holder.wait(timeout=30)
+        res = invoke(*args)
+        assert res.exit_code == 0, res.output
+    finally:
+        holder.kill()
+        holder.wait(timeout=30)
