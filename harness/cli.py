@@ -436,15 +436,21 @@ def merge(
     and (without --partial) an incomplete set of shards, naming the missing ones.
     """
     from attnbench.report import render_all
+    from attnbench.runinfo import read_run
     from attnbench.sweep import exit_code
     from attnbench.sweep import merge as merge_runs
 
     try:
         rows = merge_runs(runs, out, partial=partial)
         render_all(out)
+        info = read_run(out)
     except AttnbenchError as e:
         _fail(e)
-    _print_summary(rows)
+    _print_summary(rows, complete=bool(info.complete))
+    if info.missing_shards or info.stopped_by:
+        missing = [f"shards {', '.join(info.missing_shards)} missing"] if info.missing_shards else []
+        why = "; ".join(missing + ([info.stopped_by] if info.stopped_by else []))
+        console.print(f"[yellow]incomplete merge:[/] {esc(why)}", highlight=False, soft_wrap=True)
     out_console.print(f"{out / 'report.html'}")
     raise typer.Exit(exit_code(rows))
 

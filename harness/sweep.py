@@ -31,6 +31,7 @@ from attnbench.runinfo import RunInfo, Shard, Source, git_info, read_run, write_
 from attnbench.runner import RunOptions
 from attnbench.suite import MAX_CASES, Suite, load
 from attnbench.suites import CPU_DEFAULT, GPU_DEFAULT
+from attnbench.verified import missing_rows
 
 
 def resolve_device(device: str) -> str:
@@ -368,6 +369,10 @@ def precompile(backends: list[Backend], jobs: list[tuple[Case, list[str]]], on_s
 def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
     """Combine run directories (shards) into one: rows concatenated, a (case, backend) pair once.
 
+    A merge is complete only when every run finished and its results.jsonl holds every row its
+    run.json recorded (attnbench.verified.missing_rows): a torn or emptied run is refused like a missing
+    shard, and with `partial` merged but marked incomplete, `stopped_by` saying which rows are missing.
+
     Refused (AttnbenchError, nothing written): an output that is one of the inputs or already holds
     results; runs on different devices (device type and GPU/CPU model) or of different timing modes;
     shards of different N; missing shards of K/N (unless `partial`: then run.json names them and the
@@ -397,8 +402,12 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
     seen: dict[tuple[str, str], Path] = {}
     rows: list[Result] = []
     sources = []
+    torn: list[str] = []
     for run, info in zip(runs, infos, strict=True):
         got = read_results(run / "results.jsonl")
+        torn += [f"{run}: {why}" for why in missing_rows(info.to_dict(), got)]
+        if torn and not partial:
+            raise AttnbenchError(f"{torn[0]} (pass --partial to merge what is there, marked incomplete)")
         for r in got:
             key = (r.case_id, r.backend)
             if key in seen:
@@ -440,7 +449,8 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
         started=min((i.started for i in infos if i.started), default=None),
         finished=max((i.finished for i in infos if i.finished), default=None),
         wall_s=round(sum(walls), 3) if walls else None,  # machine time of all the runs together
-        complete=not missing and all(i.complete is not False for i in infos),
+        complete=not missing and not torn and all(i.complete is not False for i in infos),
+        stopped_by="; ".join(torn) or None,  # a torn run's rows are missing: the gate says so
         merged_from=sources,
         missing_shards=missing,
         rows=len(rows),

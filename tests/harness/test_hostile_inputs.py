@@ -4,6 +4,7 @@ where nothing was verified. One parametrised test per family: its input, exit co
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
@@ -294,3 +295,43 @@ def test_a_lock_left_by_a_killed_sweep_does_not_block(tmp_path):
     finally:
         holder.kill()
         holder.wait(timeout=30)
+
+
+# ---- merges of torn shards ------------------------------------------------------------------------------
+
+
+def _shard(tmp_path: Path, k: int, n: int = 2) -> Path:
+    rows = [synthetic.row(f"decode/b{k}-l{l}-h32x8-d128-bf16", "torch") for l in (1024, 2048, 4096)]
+    run = {"schema_version": 2, "device": "cuda", "shard": {"k": k, "n": n}, "timing": True, "complete": True,
+           "rows": 3, "wall_s": 1.0}  # fmt: skip
+    return synthetic.write_run(tmp_path / f"s{k}", rows, run=run)
+
+
+@pytest.mark.parametrize("what", list(TORN))
+def test_a_merge_of_a_torn_shard_is_refused_or_incomplete_and_the_gate_fails_it(tmp_path, what):
+    keep, message = TORN[what]
+    s1, s2 = _shard(tmp_path, 1), _shard(tmp_path, 2)
+    _keep_lines(s2, keep)
+    res = invoke("merge", s1, s2, "--out", tmp_path / "all")
+    assert res.exit_code == 2 and f"{s2}: results.jsonl {message}" in res.output and "--partial" in res.output
+    assert not (tmp_path / "all").exists()
+    res = invoke("merge", s1, s2, "--out", tmp_path / "all", "--partial")
+    if what == "every row written twice":  # the same (case, backend) twice: refused as overlapping
+        assert res.exit_code == 2 and "runs overlap" in res.output, res.output
+        return
+    assert "OK: nothing failing" not in res.output and "INCOMPLETE RUN" in res.output, res.output
+    assert f"incomplete merge: {s2}: results.jsonl {message}" in res.output, res.output
+    run = json.loads((tmp_path / "all" / "run.json").read_text())
+    assert run["complete"] is False and message in run["stopped_by"]
+    gate = invoke("gate", tmp_path / "all")
+    assert gate.exit_code == 1 and message in gate.output, gate.output
+
+
+def test_merge_partial_with_a_missing_shard_is_not_ok(tmp_path):
+    s1 = _shard(tmp_path, 1)
+    res = invoke("merge", s1, "--out", tmp_path / "all", "--partial")
+    assert "OK: nothing failing" not in res.output and "INCOMPLETE RUN" in res.output, res.output
+    assert "incomplete merge: shards 2/2 missing" in res.output
+    assert invoke("gate", tmp_path / "all").exit_code == 1
+    assert invoke("merge", s1, _shard(tmp_path, 2), "--out", tmp_path / "whole").exit_code == 0
+    assert invoke("gate", tmp_path / "whole").exit_code == 0
