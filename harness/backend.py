@@ -240,6 +240,26 @@ _INSTANCES: dict[str, Backend] = {}
 LOAD_PROBLEMS: list[str] = []  # plugins that failed to load, for the CLI and the report
 
 
+_ORIGINS: dict[str, str | None] = {}  # name -> the source file of the module that registered it
+
+
+def _file_of(cls: type) -> str | None:
+    module = sys.modules.get(cls.__module__)
+    path = getattr(module, "__file__", None)
+    return str(Path(path).resolve()) if path else None
+
+
+def _origin(cls: type, file: str | None = None) -> tuple[str, str, str | None]:
+    """What makes two registrations the same one: module, class and the module's source file (a module
+    imported again, e.g. reloaded, registers its class again; another module never takes the name)."""
+    return cls.__module__, cls.__qualname__, file if file is not None else _file_of(cls)
+
+
+def _describe(cls: type, file: str | None = None) -> str:
+    where = file if file is not None else _file_of(cls)
+    return f"{cls.__module__}.{cls.__qualname__}" + (f" ({where})" if where else "")
+
+
 def register_backend(name: str) -> Callable[[type[Backend]], type[Backend]]:
     """Class decorator: register `cls` under `name` (returns the class unchanged)."""
 
@@ -247,14 +267,24 @@ def register_backend(name: str) -> Callable[[type[Backend]], type[Backend]]:
         if not (isinstance(cls, type) and issubclass(cls, Backend)):
             raise TypeError(f"register_backend({name!r}) needs a subclass of attnbench.Backend, got {cls!r}")
         old = _REGISTRY.get(name)
-        if old is not None and old.__qualname__ != cls.__qualname__:
-            raise AttnbenchError(f"backend name {name!r} is taken by {old.__module__}.{old.__qualname__}")
+        if old is not None and _origin(old, _ORIGINS.get(name)) != _origin(cls):
+            raise AttnbenchError(
+                f"backend name {name!r} is taken by {_describe(old, _ORIGINS.get(name))}; "
+                f"{_describe(cls)} cannot register it too (choose another name)"
+            )
         cls.name = name
         _REGISTRY[name] = cls
+        _ORIGINS[name] = _file_of(cls)
         _INSTANCES.pop(name, None)
         return cls
 
     return deco
+
+
+def _load_failure(e: BaseException) -> str:
+    if isinstance(e, SystemExit):
+        return f"SystemExit({e.code!r}) while importing it (sys.exit() at module level?)"
+    return f"{type(e).__name__}: {e}"
 
 
 def load_builtin() -> None:
@@ -267,12 +297,16 @@ def load_entry_points() -> None:
     for ep in importlib.metadata.entry_points(group="attnbench.backends"):
         try:
             ep.load()
-        except Exception as e:  # a broken plugin must not stop the sweep
-            LOAD_PROBLEMS.append(f"entry point {ep.name} ({ep.value}): {type(e).__name__}: {e}")
+        except KeyboardInterrupt:
+            raise
+        except BaseException as e:  # a broken plugin (even one calling sys.exit) must not stop the sweep
+            LOAD_PROBLEMS.append(f"entry point {ep.name} ({ep.value}): {_load_failure(e)}")
 
 
 def load_plugin(spec: str) -> None:
-    """Import a user's backend module: a path to a .py file or a module name. Failures are recorded."""
+    """Import a user's backend module: a path to a .py file or a module name. Failures are recorded in
+    LOAD_PROBLEMS, whatever the module raises (SystemExit from a `sys.exit()` at module level, a bare
+    BaseException) except KeyboardInterrupt, which still stops the program."""
     try:
         path = Path(spec)
         if path.suffix == ".py" or path.exists():
@@ -285,8 +319,10 @@ def load_plugin(spec: str) -> None:
             mspec.loader.exec_module(module)
         else:
             importlib.import_module(spec)
-    except Exception as e:
-        LOAD_PROBLEMS.append(f"plugin {spec}: {type(e).__name__}: {e}")
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
+        LOAD_PROBLEMS.append(f"plugin {spec}: {_load_failure(e)}")
 
 
 def all_backends() -> dict[str, Backend]:
@@ -315,18 +351,31 @@ def parse_backend(spec: str) -> tuple[str, dict[str, str]]:
     return base.strip(), pairs
 
 
+def is_pattern(spec: str) -> bool:
+    """Whether a `-b` argument is a shell-style pattern over the registered names (not a name or variant)."""
+    return any(ch in spec for ch in "*?") and ":" not in spec and "[" not in spec
+
+
+def expand_backend_args(specs: list[str]) -> list[tuple[str, list[Backend]]]:
+    """Each `-b` argument with the backends it selects, in order: a name or knob variant one backend, a
+    pattern every registered name it matches (none: an error naming the backends)."""
+    out = []
+    for spec in specs:
+        if is_pattern(spec):
+            names = fnmatch.filter(all_backends(), spec)
+            if not names:
+                raise AttnbenchError(f"no backend matches {spec!r}; available: {', '.join(all_backends()) or 'none'}")
+            out.append((spec, [get_backend(n) for n in names]))
+        else:
+            out.append((spec, [get_backend(spec)]))
+    return out
+
+
 def select_backends(specs: list[str]) -> list[Backend]:
     """The backends named on a command line, in order, once each: names, knob variants (`NAME:k=v`)
     and shell-style patterns over the registered names (`'flashinfer*'`, `'triton*'`)."""
     chosen: dict[str, Backend] = {}
-    for spec in specs:
-        if any(ch in spec for ch in "*?") and ":" not in spec and "[" not in spec:
-            names = fnmatch.filter(all_backends(), spec)
-            if not names:
-                raise AttnbenchError(f"no backend matches {spec!r}; available: {', '.join(all_backends()) or 'none'}")
-            found = [get_backend(n) for n in names]
-        else:
-            found = [get_backend(spec)]
+    for _, found in expand_backend_args(specs):
         chosen.update((b.name, b) for b in found)
     return list(chosen.values())
 

@@ -194,6 +194,13 @@ def sweep(
             "--precompile-only", help="Only build what the selected cases need (FlashInfer JIT), say how long, exit."
         ),
     ] = False,
+    allow_skipped: Annotated[
+        bool,
+        typer.Option(
+            "--allow-skipped",
+            help="Do not fail a run where every row skipped, or where a backend named with -b skipped every case.",
+        ),
+    ] = False,
 ) -> None:
     """Run suites: check every backend against float64 references, time it, write results and a report.
 
@@ -239,7 +246,7 @@ def sweep(
                           "with a host clock (shown, never ranked or compared)", highlight=False)  # fmt: skip
     run_dir = Path(os.path.abspath(out or default_out(p)))  # a plugin that changes directory moves nothing
     try:
-        prepare_run_dir(run_dir, planned(p, timing), resume, overwrite)
+        lock = prepare_run_dir(run_dir, planned(p, timing), resume, overwrite)  # held until the process ends
     except AttnbenchError as e:
         _fail(e)
     console.print(f"[bold]attnbench[/] {p.breakdown().splitlines()[0]} on {p.device} -> {run_dir}", highlight=False)
@@ -262,17 +269,21 @@ def sweep(
             interrupted = True
         except AttnbenchError as e:
             progress.stop()
+            lock.close()
             _fail(e)
     rows = read_results(run_dir / "results.jsonl") if (run_dir / "results.jsonl").exists() else rows
     render_all(run_dir)
+    lock.close()  # the run directory is whole: another sweep may --resume or --overwrite it
     _print_summary(rows, complete=not interrupted)
-    _print_notes(rows, backend or [])
+    _print_notes(rows)
     _print_skipped(rows, backend or [])
+    _print_loosened(p.loosened())
+    unverified = _print_unverified(rows, p.named_records(), allow_skipped)
     console.print(f"report: {run_dir / 'report.html'}", highlight=False)
     if interrupted:
         console.print("[yellow]interrupted: the report covers the cases that finished[/]")
         raise typer.Exit(130)
-    raise typer.Exit(exit_code(rows))
+    raise typer.Exit(max(exit_code(rows), int(unverified)))
 
 
 def _dry_run(p) -> None:
@@ -372,24 +383,37 @@ def _print_summary(rows, complete: bool = True) -> None:
         console.print(f"[yellow]warning[/] {esc(line)}", highlight=False)
 
 
-def _print_notes(rows, named: list[str]) -> None:
-    """What the counts do not say: timings that are not GPU timings, and backends the user named that
-    skipped every case (with the reason, once: e.g. how to enable Triton's CPU interpreter)."""
-    from attnbench.counts import status_of
+def _print_notes(rows) -> None:
+    """What the counts do not say: timings that are not GPU timings."""
     from attnbench.report.ranking import GPU, timing_kinds
 
     for kind, n in timing_kinds(rows).items():
         if kind != GPU:
             console.print(f"[yellow]note:[/] {n} rows were timed with a {esc(kind)}: not GPU timings, never ranked "
                           "or compared", highlight=False)  # fmt: skip
-    for name in dict.fromkeys(b.split(":", 1)[0] for b in named):
-        mine = [r for r in rows if r.backend == name or r.backend.startswith(name + ":")]
-        if mine and all(status_of(r) == "skip" for r in mine):
-            reasons = Counter(r.reason for r in mine)
-            top, _ = reasons.most_common(1)[0]
-            more = f" (and {len(reasons) - 1} other reasons)" if len(reasons) > 1 else ""
-            console.print(f"[yellow]note:[/] {esc(name)} skipped all {len(mine)} of its rows: {esc(top)}{more}",
-                          highlight=False)  # fmt: skip
+
+
+def _print_loosened(tolerances: list[dict]) -> None:
+    """Every tolerance a suite loosened, with its why: a reviewer sees what was relaxed."""
+    from attnbench.report.firstscreen import loosened_line
+
+    for t in tolerances:
+        console.print(f"[yellow]loosened tolerance:[/] {esc(loosened_line(t))}", highlight=False, soft_wrap=True)
+
+
+def _print_unverified(rows, named: list[dict], allowed: bool) -> bool:
+    """Print why the run verified nothing, or nothing of a backend named with -b (attnbench.verified),
+    once per backend with its skip reason (e.g. how to enable Triton's CPU interpreter). True when that
+    fails the run (not `allowed`)."""
+    from attnbench.verified import unverified
+
+    lines = unverified(rows, named)
+    for line in lines:
+        head = "[yellow]note:[/]" if allowed else "[bold red]error:[/]"
+        console.print(f"{head} {esc(line)}", highlight=False, soft_wrap=True)
+    if lines and not allowed:
+        console.print("(--allow-skipped accepts a run that skipped this)", highlight=False)
+    return bool(lines) and not allowed
 
 
 def _print_skipped(rows, named: list[str]) -> None:
@@ -435,6 +459,10 @@ def report(
         render_all(run_dir, baseline, against)
     except AttnbenchError as e:  # an unreadable results.jsonl or run.json: file:line and what is wrong
         _fail(e)
+    from attnbench.verified import missing_in
+
+    for line in missing_in(run_dir):  # the report's first screen says it too
+        console.print(f"[yellow]warning:[/] {esc(str(run_dir))}: {esc(line)}", highlight=False, soft_wrap=True)
     out_console.print(f"{run_dir / 'report.html'}")
 
 
@@ -452,17 +480,23 @@ def merge(
     and (without --partial) an incomplete set of shards, naming the missing ones.
     """
     from attnbench.report import render_all
+    from attnbench.runinfo import read_run
     from attnbench.sweep import exit_code
     from attnbench.sweep import merge as merge_runs
 
     try:
         rows = merge_runs(runs, out, partial=partial)
         render_all(out)
+        info = read_run(out)
     except OSError as e:
         _fail(AttnbenchError(f"--out {out}: cannot write there ({e.strerror or e})"))
     except AttnbenchError as e:
         _fail(e)
-    _print_summary(rows)
+    _print_summary(rows, complete=bool(info.complete))
+    if info.missing_shards or info.stopped_by:
+        missing = [f"shards {', '.join(info.missing_shards)} missing"] if info.missing_shards else []
+        why = "; ".join(missing + ([info.stopped_by] if info.stopped_by else []))
+        console.print(f"[yellow]incomplete merge:[/] {esc(why)}", highlight=False, soft_wrap=True)
     out_console.print(f"{out / 'report.html'}")
     raise typer.Exit(exit_code(rows))
 
@@ -559,10 +593,15 @@ def compare(
         tail = f"[{c.backend}]: {what}" if what else f"[{c.backend}]"
         console.print(f"[red]{c.verdict}[/] {c.case_id} {esc(tail)}", highlight=False, soft_wrap=True)
     console.print(f"comparison: {out / 'compare.html'}", highlight=False, soft_wrap=True)
+    from attnbench.verified import missing_in
+
+    torn = [f"{run}: {why}" for run in (base, *(also or []), new) for why in missing_in(run)]
+    for line in torn:  # rows absent from one side are not compared: the comparison is not whole
+        console.print(f"[bold red]gate failed:[/] {esc(line)}", highlight=False, soft_wrap=True)
     if reason := cmp.nothing_compared():
         console.print(f"[bold red]gate failed:[/] {esc(reason)}", highlight=False, soft_wrap=True)
         raise typer.Exit(1)
-    raise typer.Exit(1 if cmp.regressions else 0)
+    raise typer.Exit(1 if cmp.regressions or torn else 0)
 
 
 @app.command()
@@ -578,15 +617,23 @@ def gate(
     allow_missing: Annotated[
         bool, typer.Option("--allow-missing", help="Rows missing or newly skipped against the baseline do not fail.")
     ] = False,
+    allow_skipped: Annotated[
+        bool,
+        typer.Option(
+            "--allow-skipped", help="Pass a run where every row skipped, or where a -b backend skipped every case."
+        ),
+    ] = False,
 ) -> None:
-    """The CI verdict: exit 1 on an unfinished sweep, an xpass, or (against baselines) a row that broke
+    """The CI verdict: exit 1 on an unfinished sweep, rows missing from results.jsonl, a run that ran
+    nothing (or a -b backend that skipped everything), an xpass, or (against baselines) a row that broke
     or got slower; without a baseline on any fail or error. Writes gate.md for a job summary or PR comment."""
     from attnbench import gate as gate_mod
     from attnbench.compare import GateRule
     from attnbench.rundir import check_writable
 
     try:
-        g = gate_mod.decide(run, list(baseline or []), GateRule(min_change, cv_multiple, allow_missing))
+        rule = GateRule(min_change, cv_multiple, allow_missing)
+        g = gate_mod.decide(run, list(baseline or []), rule, allow_skipped=allow_skipped)
     except AttnbenchError as e:
         _fail(e)
     out = out or run / "gate"

@@ -50,6 +50,8 @@ class Counts:
             head = f"FAILED: {self.failing} failing row{'s' if self.failing != 1 else ''} ({parts})"
         elif not self.total["pass"] and not self.total["xfail"]:
             head = "NOTHING RAN: no row passed or failed"
+        elif not complete:  # never "OK" over rows that are missing
+            return "INCOMPLETE RUN: nothing failing among the rows there, but not every case ran or was merged"
         else:
             head = "OK: nothing failing"
         if not complete:

@@ -7,7 +7,11 @@ The verdict fails when, and only when:
   or errors ("broke"), got slower beyond noise ("slower"), or is missing or newly skipped (unless
   allowed), or nothing could be compared. Rows that failed in the baseline too ("still failing"),
   and new failures that an expectation covers ("expected"), do not fail it;
-- without a baseline (the first run of a GPU model, or a nightly on main): any `fail` or `error` row.
+- without a baseline (the first run of a GPU model, or a nightly on main): any `fail` or `error` row;
+- results.jsonl of the run (or of a baseline) holds other rows than run.json recorded: a torn or emptied
+  file, or rows written twice (attnbench.verified.missing_rows);
+- nothing ran (every row skipped, or no rows), or a backend named with -b skipped every case
+  (attnbench.verified.unverified), unless `--allow-skipped`.
 
 `gate.md` (for a job summary or a pull-request comment) states the verdict and why, the run (GPU,
 libraries, wall time, precompile time), the expected failures with their reasons, and compare's table;
@@ -25,6 +29,7 @@ from attnbench.compare import Comparison, GateRule, compare_runs, write_comparis
 from attnbench.errors import AttnbenchError
 from attnbench.report.common import md_text
 from attnbench.results import Result, check_version, read_results
+from attnbench.verified import missing_rows, unverified
 
 MARKER = "<!-- attnbench-gate -->"  # the one pull-request comment the workflow updates carries it
 
@@ -60,8 +65,11 @@ def _json(path: Path) -> dict:
         return {}
 
 
-def decide(run: Path, baselines: list[Path] | None = None, rule: GateRule | None = None) -> Gate:
-    """The gate's verdict for the run directory `run`, against `baselines` (pooled) when given."""
+def decide(
+    run: Path, baselines: list[Path] | None = None, rule: GateRule | None = None, allow_skipped: bool = False
+) -> Gate:
+    """The gate's verdict for the run directory `run`, against `baselines` (pooled) when given.
+    `allow_skipped`: a run that skipped everything, or a -b backend that skipped every case, passes."""
     run = Path(run)
     if not (run / "results.jsonl").is_file():
         raise AttnbenchError(f"{run}: no results.jsonl here (did the sweep start?)")
@@ -75,6 +83,14 @@ def decide(run: Path, baselines: list[Path] | None = None, rule: GateRule | None
     if not info.get("complete", False):
         why = info.get("stopped_by") or "run.json does not say it completed"
         reasons.append(f"the sweep did not finish ({why}): rows may be missing")
+    reasons += missing_rows(info, rows)
+    for base in baselines or ():
+        base_dir = Path(base) if Path(base).is_dir() else Path(base).parent
+        if (base_dir / "results.jsonl").is_file():
+            base_rows = read_results(base_dir / "results.jsonl")
+            reasons += [f"baseline {base}: {why}" for why in missing_rows(_json(base_dir / "run.json"), base_rows)]
+    if not allow_skipped:
+        reasons += unverified(rows, info.get("named_backends") or [])
     if statuses["xpass"]:
         reasons.append(f"{statuses['xpass']} xpass: expected failures that passed (remove their expectations)")
     cmp = None

@@ -7,7 +7,10 @@ AttnbenchError, exit 2, nothing touched) when:
 - the directory already holds a run's files and neither `--resume` (keep its rows, run the rest) nor
   `--overwrite` (replace them) was given;
 - `--resume` is asked of a directory whose recorded plan (suites, backends, filters, device, timing)
-  differs from this one: the message names what differs.
+  differs from this one: the message names what differs;
+- another sweep is writing into the directory: each sweep holds an exclusive `flock` on
+  `.attnbench.lock` in it for as long as it runs (the kernel releases it when the process ends, so
+  a sweep that died, even by SIGKILL, leaves no stale lock behind).
 """
 
 from __future__ import annotations
@@ -16,7 +19,7 @@ import json
 import os
 import tempfile
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from attnbench.errors import AttnbenchError
 from attnbench.results import check_version, read_results
@@ -71,11 +74,49 @@ def check_writable(out: Path) -> None:
         raise AttnbenchError(f"--out {out}: cannot write there ({e.strerror or e})") from None
 
 
-def prepare_run_dir(out: Path, plan_info: dict[str, Any], resume: bool, overwrite: bool) -> None:
-    """Check (and create) the run directory; see the module docstring for what is refused."""
+LOCK_FILE = ".attnbench.lock"
+
+
+def lock_run_dir(out: Path) -> IO:
+    """Take the run directory's lock (the directory exists) and return the open file that holds it:
+    keep it referenced (open) while writing into the directory. Another holder: AttnbenchError."""
+    import fcntl
+
+    f = open(Path(out) / LOCK_FILE, "a+", encoding="utf-8")  # noqa: SIM115 (held open until the process ends)
+    try:
+        fcntl.flock(f.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        f.seek(0)
+        holder = f.read().strip()
+        f.close()
+        raise AttnbenchError(
+            f"--out {out} is in use by another sweep{f' ({holder})' if holder else ''}: wait for it, or choose "
+            "another --out"
+        ) from None
+    f.seek(0)
+    f.truncate()
+    f.write(f"pid {os.getpid()}\n")
+    f.flush()
+    return f
+
+
+def prepare_run_dir(out: Path, plan_info: dict[str, Any], resume: bool, overwrite: bool) -> IO:
+    """Check (and create) the run directory and lock it (`lock_run_dir`: the returned file holds the
+    lock; keep it while the sweep runs); see the module docstring for what is refused."""
     out = Path(out)
     if resume and overwrite:
         raise AttnbenchError("--resume keeps the rows in --out and --overwrite replaces them: choose one")
+    check_writable(out)
+    lock = lock_run_dir(out)
+    try:
+        _check_existing(out, plan_info, resume, overwrite)
+    except BaseException:
+        lock.close()
+        raise
+    return lock
+
+
+def _check_existing(out: Path, plan_info: dict[str, Any], resume: bool, overwrite: bool) -> None:
     existing = [name for name in RUN_FILES if (out / name).exists()] if out.is_dir() else []
     if existing and not (resume or overwrite):
         raise AttnbenchError(
@@ -93,7 +134,6 @@ def prepare_run_dir(out: Path, plan_info: dict[str, Any], resume: bool, overwrit
         if diffs := plan_differences(old, plan_info):
             raise AttnbenchError(f"--resume: {out} was run with another plan ({'; '.join(diffs)})")
         read_results(out / "results.jsonl")  # an unreadable row (file:line) refuses the resume before anything runs
-    check_writable(out)
     if overwrite:
         for name in existing:
             if os.path.isfile(out / name):

@@ -64,7 +64,9 @@ class RunInfo(BaseModel):
     suites: list[str] = []
     traces: list[str] = []  # replayed traces (docs/trace.md): built-in by name, else the path given
     backends: list[str] = []
+    named_backends: list[dict[str, Any]] = []  # each -b argument: {arg, pattern, backends} (attnbench.verified)
     plugins: list[str] = []
+    tolerances: list[dict[str, Any]] = []  # the suites' loosened tolerances: suite, op, factor, floor, why, cases
     filters: dict[str, Any] = {}
     shard: Shard | None = None
     timing: bool | None = None  # False: correctness only (--no-timing, --sanitize)

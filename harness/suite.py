@@ -27,6 +27,7 @@ A suite whose sweeps would expand into more than `max_cases` cases (default `MAX
 from __future__ import annotations
 
 import itertools
+import math
 from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
@@ -51,6 +52,7 @@ from attnbench.case import Case, Tolerance
 from attnbench.dtypes import DTYPES
 from attnbench.errors import AttnbenchError, SuiteError
 from attnbench.ops import OPS
+from attnbench.tolerance import DEFAULT_FACTOR, DEFAULT_FLOOR, MAX_FACTOR, MAX_FLOOR
 
 Scalar = StrictInt | StrictFloat | StrictStr | bool | None
 MAX_CASES = 10_000  # cases one suite may expand into unless the caller raises it (sweep --max-cases)
@@ -106,9 +108,36 @@ Axis = Annotated[list[Any], BeforeValidator(_axis)]
 
 
 class ToleranceSpec(_Strict):
+    """A sweep's own tolerance (attnbench.tolerance): finite, `factor` at most MAX_FACTOR and `floor`
+    at most MAX_FLOOR, with a written `why` that the console and the reports show."""
+
     factor: float | None = Field(None, gt=0)
     floor: float | None = Field(None, ge=0)
     why: str = Field(min_length=3, description="required: why this sweep needs a different tolerance")
+
+    @field_validator("factor", "floor", mode="before")
+    @classmethod
+    def _finite(cls, v: Any) -> Any:  # before the bounds: NaN would fail `ge=0` with a vaguer message
+        try:
+            finite = v is None or math.isfinite(float(v))
+        except (TypeError, ValueError):
+            return v  # not a number: pydantic says so
+        if not finite:
+            raise ValueError(f"must be a finite number, got {v}: a tolerance that is not finite passes anything")
+        return v
+
+    @field_validator("factor", "floor")
+    @classmethod
+    def _bounded(cls, v: float | None, info: ValidationInfo) -> float | None:
+        if v is None:
+            return v
+        limit, default = (MAX_FACTOR, DEFAULT_FACTOR) if info.field_name == "factor" else (MAX_FLOOR, DEFAULT_FLOOR)
+        if v > limit:
+            raise ValueError(
+                f"{v:g} loosens the tolerance beyond the most a suite may ({limit:g}; the default is {default:g}, "
+                "docs/conventions.md says why); a kernel that needs more is a known failure (expect:), not a pass"
+            )
+        return v
 
 
 class Entry(_Strict):

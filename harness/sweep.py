@@ -21,7 +21,7 @@ import torch
 from attnbench import env as envmod
 from attnbench import expectations
 from attnbench import trace as trace_mod
-from attnbench.backend import Backend, all_backends, get_backend, select_backends
+from attnbench.backend import Backend, all_backends, expand_backend_args, get_backend, is_pattern, select_backends
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError, describe
 from attnbench.executor import Execution, choose
@@ -32,6 +32,7 @@ from attnbench.runinfo import RunInfo, Shard, Source, git_info, read_run, write_
 from attnbench.runner import RunOptions
 from attnbench.suite import MAX_CASES, Suite, load
 from attnbench.suites import CPU_DEFAULT, GPU_DEFAULT
+from attnbench.verified import missing_rows
 
 
 def resolve_device(device: str) -> str:
@@ -64,11 +65,31 @@ class Plan:
     expectations_off: int = 0  # loaded, but their versions do not match the installed libraries
     traces: tuple[str, ...] = ()  # replayed traces (built-in by name, else path): repro commands name them
     warnings: tuple[str, ...] = ()  # what is off about the user's expectations (unknown backend, no case...)
+    named: tuple[tuple[str, tuple[str, ...]], ...] = ()  # each -b argument and the backends it selected
 
     def __post_init__(self):
-        for name in ("suites", "cases", "backends", "expectations"):
+        for name in ("suites", "cases", "backends", "expectations", "named"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "filters", MappingProxyType(dict(self.filters)))
+
+    def named_records(self) -> list[dict[str, Any]]:
+        """The -b arguments as run.json's `named_backends` records (attnbench.verified)."""
+        return [{"arg": a, "pattern": is_pattern(a), "backends": list(names)} for a, names in self.named]
+
+    def loosened(self) -> list[dict[str, Any]]:
+        """The suites' own tolerances (a looser rule, each with its why), one record per suite, op and
+        rule with its number of cases: run.json's `tolerances`, shown on the console and first screens."""
+        from attnbench.tolerance import DEFAULT_FACTOR, DEFAULT_FLOOR
+
+        found: dict[tuple, int] = {}
+        for c in self.cases:
+            if t := c.tolerance:
+                factor = DEFAULT_FACTOR if t.factor is None else t.factor
+                floor = DEFAULT_FLOOR if t.floor is None else t.floor
+                key = (c.suite, c.op_name, factor, floor, t.why)
+                found[key] = found.get(key, 0) + 1
+        keys = ("suite", "op", "factor", "floor", "why")
+        return [dict(zip(keys, key, strict=True)) | {"cases": n} for key, n in found.items()]
 
     def breakdown(self) -> str:
         by = Counter((c.suite, c.op_name) for c in self.cases)
@@ -151,6 +172,7 @@ def plan(
     trace_files = list(dict.fromkeys(p for s in [*suites, *replays] for p in s.traces))
     if case_ids:
         cases += [_case_from_id(i, device, trace_files) for i in case_ids]
+    cases = _once(cases)  # the same suite twice, or a --case twice, runs (and counts) once
     if ops:
         cases = [c for c in cases if c.op_name in ops]
     if keywords:
@@ -161,6 +183,7 @@ def plan(
     if require:  # --require: properties every backend must have on every case (else its row fails)
         cases = [replace(c, require=c.require | frozenset(require)) for c in cases]
     registered = all_backends()
+    named = [(spec, tuple(b.name for b in found)) for spec, found in expand_backend_args(backends or [])]
     chosen = select_backends(backends) if backends else list(registered.values())
     allowed = list(dict.fromkeys(b for s in suites if s.spec.backends for b in s.spec.backends))
     if allowed and not backends:  # the suites' backends, knob variants (`NAME:k=v`) included
@@ -172,7 +195,15 @@ def plan(
     filters = {"backends": backends, "ops": ops, "k": keywords, "shard": shard}
     filters |= {"require": sorted(require)} if require else {}
     labels = tuple(trace_mod.label(t) for t in trace_files)
-    return Plan(device, suites, cases, chosen, filters, applying, len(loaded) - len(applying), labels, warned)
+    return Plan(device, suites, cases, chosen, filters, applying, len(loaded) - len(applying), labels, warned, named)
+
+
+def _once(cases: list[Case]) -> list[Case]:
+    """Cases without repeated ids, in order, the first occurrence of each kept."""
+    first: dict[str, Case] = {}
+    for c in cases:
+        first.setdefault(c.id, c)
+    return list(first.values())
 
 
 def _case_from_id(case_id: str, device: str, traces: list[Path] = ()) -> Case:
@@ -250,6 +281,8 @@ def execute(
         suites=[str(s.path) for s in p.suites],
         traces=list(p.traces),
         backends=[b.name for b in p.backends],
+        named_backends=p.named_records(),
+        tolerances=p.loosened(),
         plugins=list(how.plugins),
         filters=dict(p.filters),
         shard=Shard(k=shard[0], n=shard[1]) if shard else None,
@@ -343,6 +376,10 @@ def precompile(backends: list[Backend], jobs: list[tuple[Case, list[str]]], on_s
 def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
     """Combine run directories (shards) into one: rows concatenated, a (case, backend) pair once.
 
+    A merge is complete only when every run finished and its results.jsonl holds every row its
+    run.json recorded (attnbench.verified.missing_rows): a torn or emptied run is refused like a missing
+    shard, and with `partial` merged but marked incomplete, `stopped_by` saying which rows are missing.
+
     Refused (AttnbenchError, nothing written): an output that is one of the inputs or already holds
     results; runs on different devices (device type and GPU/CPU model) or of different timing modes;
     shards of different N; missing shards of K/N (unless `partial`: then run.json names them and the
@@ -372,8 +409,12 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
     seen: dict[tuple[str, str], Path] = {}
     rows: list[Result] = []
     sources = []
+    torn: list[str] = []
     for run, info in zip(runs, infos, strict=True):
         got = read_results(run / "results.jsonl")
+        torn += [f"{run}: {why}" for why in missing_rows(info.to_dict(), got)]
+        if torn and not partial:
+            raise AttnbenchError(f"{torn[0]} (pass --partial to merge what is there, marked incomplete)")
         for r in got:
             key = (r.case_id, r.backend)
             if key in seen:
@@ -405,19 +446,35 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
         suites=list(dict.fromkeys(s for i in infos for s in i.suites)),
         traces=list(dict.fromkeys(t for i in infos for t in i.traces)),
         backends=list(dict.fromkeys(b for i in infos for b in i.backends)),
+        named_backends=infos[0].named_backends
+        if all(i.named_backends == infos[0].named_backends for i in infos)
+        else [],
         plugins=list(dict.fromkeys(p for i in infos for p in i.plugins)),
+        tolerances=_merged_tolerances(infos),
         filters=infos[0].filters if all(i.filters == infos[0].filters for i in infos) else {},
         timing=infos[0].timing,
         started=min((i.started for i in infos if i.started), default=None),
         finished=max((i.finished for i in infos if i.finished), default=None),
         wall_s=round(sum(walls), 3) if walls else None,  # machine time of all the runs together
-        complete=not missing and all(i.complete is not False for i in infos),
+        complete=not missing and not torn and all(i.complete is not False for i in infos),
+        stopped_by="; ".join(torn) or None,  # a torn run's rows are missing: the gate says so
         merged_from=sources,
         missing_shards=missing,
         rows=len(rows),
     )
     write_run(info, out)
     return rows
+
+
+def _merged_tolerances(infos: list[RunInfo]) -> list[dict]:
+    """The runs' loosened tolerances, one record per suite, op and rule, their cases added up."""
+    found: dict[tuple, dict] = {}
+    for info in infos:
+        for t in info.tolerances:
+            key = tuple(t.get(k) for k in ("suite", "op", "factor", "floor", "why"))
+            rec = found.setdefault(key, dict(t) | {"cases": 0})
+            rec["cases"] += t.get("cases", 0)
+    return list(found.values())
 
 
 def _read_env(run: Path) -> dict:

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from attnbench.counts import FAILING, Counts, count, status_of
 from attnbench.report import ranking
 from attnbench.report.common import md_text, repro
+from attnbench.verified import missing_rows
 
 _NUM = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?%?", re.IGNORECASE)
 
@@ -76,6 +77,8 @@ class FirstScreen:
     unranked: str  # why some timed rows are not ranked
     kinds: dict  # timed rows per clock
     changes: dict | None  # compare verdict counts and regressions, with a baseline run
+    missing: list[str] = field(default_factory=list)  # results.jsonl against run.json (attnbench.verified)
+    loosened: list[str] = field(default_factory=list)  # the suites' looser tolerances, each with its why
 
 
 def first_screen(rows, run: dict, comparison=None) -> FirstScreen:
@@ -99,7 +102,23 @@ def first_screen(rows, run: dict, comparison=None) -> FirstScreen:
         unranked=ranking.unranked_note(rows),
         kinds=dict(ranking.timing_kinds(rows)),
         changes=changes,
+        missing=missing_rows(run, rows),
+        loosened=[loosened_line(t) for t in run.get("tolerances") or []],
     )
+
+
+def loosened_line(t: dict) -> str:
+    """One loosened tolerance (run.json `tolerances` record) as text: where, the rule against the
+    default, and its why."""
+    from attnbench.tolerance import DEFAULT_FACTOR, DEFAULT_FLOOR
+
+    rule = []
+    for key, default in (("factor", DEFAULT_FACTOR), ("floor", DEFAULT_FLOOR)):
+        if t.get(key) is not None and t[key] != default:
+            rule.append(f"{key} {t[key]:g} (default {default:g})")
+    n = t.get("cases", 0)
+    return (f"{t.get('suite')}/{t.get('op')}, {n} case{'s' * (n != 1)}: {', '.join(rule) or 'the default rule'}; "
+            f"why: {t.get('why', '')}")  # fmt: skip
 
 
 def _pct(x: float | None) -> str:
@@ -134,6 +153,11 @@ def first_screen_md(fs: FirstScreen, max_groups: int = 30) -> list[str]:
             "",
             f"> **Incomplete run** ({fs.stopped_by or 'interrupted or crashed'}): these counts cover the rows written so far.",
         ]
+    if fs.missing:
+        lines += ["", "> **Rows missing:** " + md_text("; ".join(fs.missing)) + "."]
+    if fs.loosened:
+        lines += ["", "> **Loosened tolerances** (the suites' own, each with its why):"]
+        lines += [f"> - {md_text(line)}" for line in fs.loosened]
     if fs.changes:
         lines += ["", f"### What changed (against `{fs.changes['base']}`)", ""]
         lines.append(", ".join(f"{v}: {n}" for v, n in fs.changes["counts"]) or "no rows in common")

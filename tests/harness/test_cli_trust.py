@@ -319,11 +319,20 @@ def test_pytest_plugin_with_test_paths_still_collects_them(tmp_path):
 
 def test_a_named_backend_that_cannot_run_says_why_once_on_the_console(tmp_path, monkeypatch):
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
-    res = invoke("sweep", "smoke", "--op", "merge_state", "-b", "triton", "--device", "cpu", "--no-timing",
-                 "--no-isolate", "--out", tmp_path / "run")  # fmt: skip
-    assert res.exit_code == 0, res.output
+    args = ["sweep", "smoke", "--op", "merge_state", "-b", "triton", "-b", "torch", "--device", "cpu", "--no-timing",
+            "--no-isolate", "--out", tmp_path / "run"]  # fmt: skip
+    res = invoke(*args)
+    assert res.exit_code == 1, res.output  # a backend named with -b that ran nothing fails the run
     n = _smoke_merge_cases()
-    notes = [line for line in res.output.splitlines() if line.startswith(f"note: triton skipped all {n}")]
+    lines = [
+        line for line in res.output.splitlines() if line.startswith(f"error: triton (named with -b) skipped all {n}")
+    ]
+    assert len(lines) == 1 and "TRITON_INTERPRET=1" in lines[0], res.output
+    res = invoke(*args, "--overwrite", "--allow-skipped")
+    assert res.exit_code == 0, res.output
+    notes = [
+        line for line in res.output.splitlines() if line.startswith(f"note: triton (named with -b) skipped all {n}")
+    ]
     assert len(notes) == 1 and "TRITON_INTERPRET=1" in notes[0], res.output
 
 
