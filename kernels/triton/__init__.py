@@ -68,7 +68,7 @@ class _TritonAttention(Backend):
     backend_limits = on_device
     knobs = {
         "split_keys": Knob("decode: fixed keys per KV split (default: planned from the SM count)",
-                           (64, 128, 256, 512, 1024, 2048, 4096)),
+                           (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)),
         "block_n": Knob("decode: keys per stage-1 step (default: by head dims)", (16, 32, 64, 128)),
     }  # fmt: skip
 

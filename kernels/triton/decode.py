@@ -318,8 +318,10 @@ class DecodePlan:
     config: DecodeConfig
 
 
-WAVES = 4  # programs planned per (SM x resident CTA) slot
+WAVES = 4  # programs planned per (SM x resident CTA) slot (extend's split path)
 MIN_SPLIT = 256  # keys: the smallest split the default plan makes
+FILL_CTAS = 2  # decode: programs per SM aimed at, in one wave, while the unsplit batch runs fewer
+STEP_KEYS = 128  # decode: a program's fixed cost, in keys, when splits are weighed by their waves
 
 
 def balanced_chunk(sizes: list[int], units: int, block_n: int, target_programs: int, min_chunk: int) -> int:
@@ -334,16 +336,44 @@ def balanced_chunk(sizes: list[int], units: int, block_n: int, target_programs: 
     return -(-chunk // block_n) * block_n
 
 
+def decode_chunk(sizes: list[int], units: int, block_n: int, sms: int, ctas_per_sm: int, min_chunk: int) -> int:
+    """Keys per split of the default decode plan, for requests of `sizes` visible keys, each run by
+    `units` programs per split, on `sms` SMs holding `ctas_per_sm` programs each.
+
+    - Few programs unsplit (at most `FILL_CTAS` per SM): the keys are balanced over `FILL_CTAS x sms`
+      programs, one wave (`balanced_chunk`), so short batches are split only as far as the SMs need.
+    - More: the split count whose waves of programs end soonest, each program costing its keys plus
+      `STEP_KEYS` (`ceil(programs / slots) x (chunk + STEP_KEYS)`); the fewest splits within 5%.
+
+    Measured on an H100 (reports/examples/h100-session10/splits: Llama-3 8B heads, B 1-128, 1k-8k keys,
+    every fixed split size beside the plan): the four-wave plan this replaces cut B16-B32 requests of
+    1k-8k keys into 4-12 splits where one or two ran 5-14% faster, and B8 into 16-22 where 4 did.
+    """
+    if len(sizes) * units <= FILL_CTAS * sms:
+        return balanced_chunk(sizes, units, block_n, FILL_CTAS * sms, min_chunk)
+    longest, slots = max(sizes), sms * ctas_per_sm
+    costs = []
+    for n in range(1, 17):
+        per_split = -(-longest // n)
+        chunk = -(-per_split // block_n) * block_n
+        if n > 1 and chunk < min_chunk:
+            break
+        programs = sum(-(-size // chunk) for size in sizes) * units
+        costs.append((-(-programs // slots) * (chunk + STEP_KEYS), n, chunk))
+    best = min(c for c, _, _ in costs)
+    return next(chunk for c, _, chunk in costs if c <= best * 1.05)
+
+
 def split_schedule(
-    lens: list[int], window: int, units: int, block_n: int, target_programs: int,
+    lens: list[int], window: int, units: int, block_n: int, sms: int, ctas_per_sm: int,
     *, min_chunk: int, deterministic: bool, split_tile: int,
 ) -> tuple[list[tuple[int, int, int]], int]:  # fmt: skip
     """Cut each request's visible keys into splits: `([(request, start, end)], chunk)`.
 
     Visible keys of a request of length L are [L - 1 - W, L) under a window W, else [0, L).
     Deterministic: every split is `split_tile` keys (the last one shorter), whatever the batch.
-    Otherwise the chunk balances key tokens over `target_programs` programs (each of the `units`
-    (kv head, head block) pairs of a request runs its own program), is at least `min_chunk`, and is
+    Otherwise the chunk is `decode_chunk`'s (each of the `units` (kv head, head block) pairs of a
+    request runs its own program; `sms` SMs of `ctas_per_sm` programs), at least `min_chunk`, and
     evened out over the longest request, so uniform batches get equal splits and a skewed batch cuts
     its long requests finely while the short ones stay whole.
     """
@@ -351,7 +381,7 @@ def split_schedule(
     if deterministic:
         chunk = split_tile
     else:
-        chunk = balanced_chunk([e - s for s, e in ranges], units, block_n, target_programs, min_chunk)
+        chunk = decode_chunk([e - s for s, e in ranges], units, block_n, sms, ctas_per_sm, min_chunk)
     items = []
     for b, (s, e) in enumerate(ranges):
         for a in range(s, e, chunk):
@@ -400,10 +430,8 @@ def plan_decode(
     if deterministic and 4 * partial_keys > split_tile:
         # still batch-independent (head dims only): MLA tiles grow to 2048 keys, GQA stays at 256
         split_tile *= -(-4 * partial_keys // split_tile)
-    # four waves of programs, not one: on an H200 (B=64, L=4096, GQA 32/8) one wave of 512 unsplit
-    # programs ran 397 us where 16 splits per request (the deterministic tiles) ran 278 us
     items, _ = split_schedule(
-        list(x.seq_lens_host), x.window, Hkv * num_hb, cfg.block_n, WAVES * sms * cfg.ctas_per_sm,
+        list(x.seq_lens_host), x.window, Hkv * num_hb, cfg.block_n, sms, cfg.ctas_per_sm,
         min_chunk=min_chunk, deterministic=deterministic, split_tile=split_tile,
     )  # fmt: skip
     counts = [0] * len(x.seq_lens_host)

@@ -244,23 +244,31 @@ def test_split_schedule():
     from attnbench.kernels.triton.decode import split_schedule
 
     kw = dict(min_chunk=128, deterministic=False, split_tile=256)
-    # uniform: equal splits, enough programs for the SMs
-    items, chunk = split_schedule([8192], -1, 8, 64, 528, **kw)
-    assert len(items) == 64 and {e - s for _, s, e in items} == {128}
-    # already enough programs: no split at all
-    items, _ = split_schedule([4096] * 64, -1, 8, 64, 396, **kw)
-    assert len(items) == 64
+    # one request: spread over FILL_CTAS programs per SM (132 SMs: 264 programs of 8 kv heads)
+    items, chunk = split_schedule([8192], -1, 8, 64, 132, 3, **kw)
+    assert len(items) == 32 and {e - s for _, s, e in items} == {256}
+    # enough programs for two per SM already: no split at all
+    items, _ = split_schedule([4096] * 32, -1, 8, 64, 132, 3, **kw)
+    assert len(items) == 32
+    # B16 (128 programs): two splits fill the SMs twice (H100: 99 us against 104 with 11 splits)
+    items, _ = split_schedule([4096] * 16, -1, 8, 64, 132, 3, **kw)
+    assert len(items) == 32
+    # over a wave unsplit (B64: 512 programs on 396 slots): the split count whose waves end soonest
+    items, _ = split_schedule([4096] * 64, -1, 8, 64, 132, 3, **kw)
+    assert len(items) == 3 * 64
+    items, _ = split_schedule([1024] * 128, -1, 8, 64, 132, 3, **kw)
+    assert len(items) == 128  # H100: 187 us unsplit against 198 with two splits
     # skewed: the long request is cut finely, the short ones stay whole
-    items, _ = split_schedule([4096] + [256] * 63, -1, 8, 64, 396, **kw)
-    counts = [sum(1 for b, _, _ in items if b == r) for r in range(64)]
+    items, _ = split_schedule([4096] + [256] * 31, -1, 8, 64, 132, 3, **kw)
+    counts = [sum(1 for b, _, _ in items if b == r) for r in range(32)]
     assert counts[0] > 8 and set(counts[1:]) == {1}
     # window: only the last W + 1 keys are scheduled
-    items, _ = split_schedule([1000, 50], 99, 8, 64, 8, **kw)
+    items, _ = split_schedule([1000, 50], 99, 8, 64, 1, 1, **kw)
     assert [(b, s, e) for b, s, e in items] == [(0, 900, 1000), (1, 0, 50)]
     # deterministic: fixed tiles whatever the batch
     det = dict(min_chunk=128, deterministic=True, split_tile=256)
-    alone, _ = split_schedule([700], -1, 8, 64, 528, **det)
-    batch, _ = split_schedule([100, 700, 3000], -1, 8, 64, 528, **det)
+    alone, _ = split_schedule([700], -1, 8, 64, 132, 3, **det)
+    batch, _ = split_schedule([100, 700, 3000], -1, 8, 64, 132, 3, **det)
     tiles = [(0, 256), (256, 512), (512, 700)]
     assert [(s, e) for _, s, e in alone] == [(s, e) for b, s, e in batch if b == 1] == tiles
 
