@@ -109,20 +109,29 @@ def _pct(x: float | None) -> str:
 
 
 def fastest_cells(f: dict) -> dict:
-    """One fastest-table row as text: shared by the HTML and Markdown renderers."""
+    """One fastest-table row as text: shared by the HTML and Markdown renderers (ranking.class_summary)."""
     if f["margin"] is None:
-        margin = "only one passing"
+        margin = "no other backend ranked" if not f["others"] and len(f["leaders"]) == 1 else "all tied"
     else:
         margin = f"{f['margin']:.2f}× over {f['runner_up']}"
     return {
         "cls": f["cls"],
         "best": f["best"],
-        "wins": f"{f['wins']}/{f['ranked']}",
+        "score": f"{f['score']:.2f}×",
+        "wins": f"{f['covered']}/{f['ranked']}",
         "margin": margin,
         "roof": _pct(f["roofline_pct"]),
         "others": f["others"],
         "failed": f["failed"],
     }
+
+
+FASTEST_NOTE = (
+    "fastest: lowest geometric mean, over the class's cases, of time over the case's best (1.00×: fastest on "
+    "every case); a ≈ b: tied (95% CIs overlap or within the gate's max(3%, 3 x CV)); cases: cases it was "
+    "ranked on / cases with a ranked row; margin: the fastest untied backend's time over the leader's "
+    "(geometric mean on shared cases); (… known finding): ranked on its passing outputs only."
+)
 
 
 def first_screen_md(fs: FirstScreen, max_groups: int = 30) -> list[str]:
@@ -156,16 +165,16 @@ def first_screen_md(fs: FirstScreen, max_groups: int = 30) -> list[str]:
     lines += ["", "### Fastest passing backend per shape class", ""]
     if fs.fastest:
         lines += [
-            "| shape class | fastest | wins | margin (median) | roofline | also won | failed here (not ranked) |",
-            "|---|---|---:|---|---:|---|---|",
+            "| shape class | fastest (≈: tied) | time / per-case best | cases | margin | roofline | others | failed here (not ranked) |",
+            "|---|---|---:|---:|---|---:|---|---|",
         ]
         for f in map(fastest_cells, fs.fastest):
             f = {k: md_text(v) for k, v in f.items()}  # backend names are a plugin's to choose
             failed = f"❌ {f['failed']}" if f["failed"] else ""
             lines.append(
-                f"| {f['cls']} | **{f['best']}** | {f['wins']} | {f['margin']} | {f['roof']} | {f['others']} | {failed} |"
+                f"| {f['cls']} | **{f['best']}** | {f['score']} | {f['wins']} | {f['margin']} | {f['roof']} | {f['others']} | {failed} |"
             )
-        lines += ["", "wins: cases where it was fastest / cases with a passing GPU timing in the class."]
+        lines += ["", FASTEST_NOTE]
     else:
         lines.append("No case has a passing GPU-timed row: nothing is ranked.")
     if fs.unranked:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from attnbench.counts import STATUSES
 from attnbench.report import capmatrix, plots, ranking, rowdata, winners
 from attnbench.report.common import asset, fmt, template
-from attnbench.report.firstscreen import fastest_cells, first_screen
+from attnbench.report.firstscreen import FASTEST_NOTE, fastest_cells, first_screen
 from attnbench.report.measure import determinism, harness_cost, measurement, peaks_view
 from attnbench.tolerance import DEFAULT_FACTOR, DEFAULT_FLOOR
 
@@ -51,12 +51,13 @@ def _op_sections(rows, env: dict) -> list[dict]:
 
 
 def default_baseline(rows) -> str:
-    names = sorted({r.backend for r in rows})
-    return "torch" if "torch" in names else (names[0] if names else "")
+    """The speedup baseline when none is asked for: ranking.BASELINE_RULE."""
+    return ranking.speed_baseline(rows)
 
 
 def render_html(rows, env: dict, run: dict, baseline: str | None = None, comparison=None) -> str:
     baseline = baseline or default_baseline(rows)
+    rule = ranking.BASELINE_RULE if baseline == default_baseline(rows) else ""
     fs = first_screen(rows, run, comparison)
     return template("template.html.j2").render(
         rows=rows,
@@ -72,6 +73,8 @@ def render_html(rows, env: dict, run: dict, baseline: str | None = None, compari
         sections=_op_sections(rows, env),
         speedups=ranking.speedups(rows, baseline),
         baseline=baseline,
+        baseline_rule=rule,
+        fastest_note=FASTEST_NOTE,
         backends=sorted({r.backend for r in rows}),
         ops=list(dict.fromkeys(r.op for r in rows)),
         features=sorted({f for r in rows for f in r.features}),

@@ -1,0 +1,118 @@
+"""Speed verdicts a kernel engineer can act on (#31): ties are ties, a class's fastest is decided over all
+its cases, known findings are ranked with their mark, the speedup baseline follows a stated rule."""
+
+from __future__ import annotations
+
+import synthetic
+from attnbench import expectations as ex
+from attnbench.report import ranking, render_all, winners
+from attnbench.report.firstscreen import fastest_cells
+
+CLASS = [f"decode/b{b}-l{l}-h32x8-d128-bf16" for b in (2, 4, 8) for l in (1024, 4096)]  # one class: gqa · b≤16
+
+
+def coin_flip_rows():
+    """triton-det beats its twin triton by 0.2% and fa4 by 1% on four cases (coin flips under the gate's
+    threshold); fa4 beats both by 20% on the other two: fa4 is the class's fastest."""
+    rows = []
+    for i, cid in enumerate(CLASS):
+        det = 100.0 + 10 * i
+        fa4 = det * 1.01 if i < 4 else det / 1.2
+        rows.append(synthetic.row(cid, "triton-det", median_us=det))
+        rows.append(synthetic.row(cid, "triton", median_us=det * 1.002))
+        rows.append(synthetic.row(cid, "fa4", median_us=fa4))
+    return rows
+
+
+def test_tied_rows_by_ci_overlap_or_threshold():
+    a = synthetic.row(CLASS[0], "a", median_us=100.0)
+    assert ranking.tied(a, synthetic.row(CLASS[0], "b", median_us=100.5))  # 0.5%: under the 3% threshold
+    assert ranking.tied(a, synthetic.row(CLASS[0], "b", median_us=102.9))
+    assert not ranking.tied(a, synthetic.row(CLASS[0], "b", median_us=110.0))
+    noisy = synthetic.row(CLASS[0], "b", median_us=110.0, timing=synthetic.timing(110.0, rel_noise=0.2))
+    assert ranking.tied(a, noisy)  # CV 20%: 10% is noise (the gate would say "noisy")
+
+
+def test_class_fastest_is_decided_over_all_cases_not_by_counting_coin_flips():
+    rows = coin_flip_rows()
+    (summary,) = ranking.class_summary(rows)
+    assert summary["leaders"] == ["fa4"] and summary["best"] == "fa4"
+    assert summary["score"] < 1.01 and summary["covered"] == 6
+    cells = fastest_cells(summary)
+    assert cells["margin"].endswith("over triton-det") and cells["margin"].startswith("1.06×")
+    # per case, the coin flips are ties: triton-det "wins" but triton and fa4 are tied with it
+    w = ranking.case_winners(rows)[CLASS[0]]
+    assert w.best == "triton-det" and set(w.tied) == {"triton", "fa4"} and w.runner_up is None
+
+
+def test_tied_leaders_are_shown_as_tied():
+    rows = [synthetic.row(c, b, median_us=100.0 * (1.002 if b == "triton" else 1.0)) for c in CLASS
+            for b in ("triton", "triton-det")]  # fmt: skip
+    rows += [synthetic.row(c, "torch", median_us=300.0) for c in CLASS]
+    (summary,) = ranking.class_summary(rows)
+    assert summary["best"] == "triton-det ≈ triton" and summary["runner_up"] == "torch"
+    assert fastest_cells(summary)["margin"].startswith("3.0")
+    view = winners.view(rows)
+    col = view["backends"].index("triton")
+    assert all(c["cells"][col]["text"].startswith("≈") for c in view["cases"])
+
+
+def _lse_finding(cid: str, median_us: float, outputs: str | None = "lse", failed=("lse",)):
+    r = synthetic.row(cid, "flashinfer-fa2", status="fail", median_us=median_us)
+    r.metrics["o"]["max_abs"] = 1e-3  # o passes
+    r.metrics["o"].pop("heat", None)
+    r.metrics["lse"]["max_abs"] = 0.05  # over its bound 1e-3
+    r.failed = list(failed)
+    r.status = "xfail"
+    r.expected = {"why": "fa2 LSE from bf16 probabilities", "where": "findings.yaml:3"} | (
+        {"outputs": outputs} if outputs else {}
+    )
+    return r
+
+
+def test_an_lse_only_known_finding_is_ranked_with_its_mark():
+    rows = [synthetic.row(c, "triton", median_us=100.0) for c in CLASS]
+    rows += [_lse_finding(c, 50.0) for c in CLASS]
+    assert ranking.known_finding(rows[-1]) == "o ✓, lse known finding"
+    (summary,) = ranking.class_summary(rows)
+    assert summary["best"] == "flashinfer-fa2 (o ✓, lse known finding)" and summary["failed"] == ""
+    sp = ranking.speedups(rows, "triton")
+    assert [s["backend"] for s in sp] == ["flashinfer-fa2 (o ✓, lse known finding)"]
+
+
+def test_undeclared_failures_stay_unranked():
+    for bad in (
+        _lse_finding(CLASS[0], 50.0, outputs=None),  # the expectation declares no outputs
+        _lse_finding(CLASS[0], 50.0, failed=("lse", "stale output: the second call returned the first's")),
+    ):
+        assert ranking.known_finding(bad) is None
+        rows = [synthetic.row(CLASS[0], "triton", median_us=100.0), bad]
+        (summary,) = ranking.class_summary(rows)
+        assert summary["best"] == "triton" and "flashinfer-fa2" in summary["failed"]
+
+
+def test_expectation_records_its_declared_outputs(tmp_path):
+    p = tmp_path / "expect.yaml"
+    p.write_text(
+        "expect:\n  - backend: flashinfer-fa2\n    cases: ['decode/*']\n    outputs: [lse]\n    why: fa2 lse\n"
+    )
+    row = _lse_finding(CLASS[0], 50.0)
+    row.status, row.expected = "fail", None
+    out = ex.apply_one(row, ex.load(p))
+    assert out.status == "xfail" and out.expected["outputs"] == "lse"
+    assert ranking.known_finding(out) == "o ✓, lse known finding"
+
+
+def test_speedup_baseline_rule(tmp_path):
+    rows = coin_flip_rows()
+    assert ranking.speed_baseline(rows) == "fa4"  # no torch: the most passing GPU-timed rows, then the name
+    rows += [synthetic.row(c, "torch", median_us=500.0) for c in CLASS[:2]]
+    assert ranking.speed_baseline(rows) == "torch"
+    planted = [synthetic.row(c, "a-planted-wrong", status="fail", median_us=1.0) for c in CLASS]
+    assert ranking.speed_baseline(planted + [synthetic.row(CLASS[0], "zz", median_us=9.0)]) == "zz"
+    assert ranking.speed_baseline(planted) == ""
+    d = synthetic.write_run(tmp_path / "run", planted + coin_flip_rows())
+    render_all(d)
+    html = (d / "report.html").read_text()
+    assert "Speedup over fa4" in html and ranking.BASELINE_RULE in html
+    assert "by the rule: " + ranking.BASELINE_RULE in (d / "summary.md").read_text()
