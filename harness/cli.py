@@ -343,6 +343,17 @@ def _print_summary(rows, complete: bool = True) -> None:
         console.print(f"[yellow]warning[/] {esc(line)}", highlight=False)
 
 
+def _print_changes(cmp, limit: int = 30) -> None:
+    """What changed, with sizes (base → new µs, Δ%), regressions first, then the plan difference and the
+    spread of the rows judged the same (attnbench.report.changes)."""
+    from attnbench.report.changes import text_lines
+
+    console.print("[bold]what changed[/]", highlight=False)
+    for text in text_lines(cmp, limit):
+        style = "red" if text.split(" ", 1)[0] in ("broke", "slower", "xpass", "missing", "now") else "dim"
+        console.print(f"  [{style}]{esc(text)}[/]", highlight=False, soft_wrap=True)
+
+
 def _print_notes(rows, named: list[str]) -> None:
     """What the counts do not say: timings that are not GPU timings, and backends the user named that
     skipped every case (with the reason, once: e.g. how to enable Triton's CPU interpreter)."""
@@ -501,10 +512,7 @@ def compare(
     console.print(table)
     for w in cmp.env_warnings():
         console.print(f"[yellow]warning:[/] {esc(w)}", highlight=False)
-    for c in cmp.regressions[:30]:
-        what = f"{100 * c.change:+.1f}% (threshold {100 * c.threshold:.1f}%)" if c.verdict == "slower" else c.note
-        tail = f"[{c.backend}]: {what}" if what else f"[{c.backend}]"
-        console.print(f"[red]{c.verdict}[/] {c.case_id} {esc(tail)}", highlight=False, soft_wrap=True)
+    _print_changes(cmp)
     console.print(f"comparison: {out / 'compare.html'}", highlight=False, soft_wrap=True)
     if reason := cmp.nothing_compared():
         console.print(f"[bold red]gate failed:[/] {esc(reason)}", highlight=False, soft_wrap=True)
@@ -539,9 +547,8 @@ def gate(
     gate_mod.write(g, out)
     for reason in g.reasons:
         console.print(f"[red]gate:[/] {esc(reason)}", highlight=False)
-    for c in (g.comparison.regressions if g.comparison else [])[:30]:
-        what = f"{100 * c.change:+.1f}% (threshold {100 * c.threshold:.1f}%)" if c.verdict == "slower" else c.note
-        console.print(f"[red]{c.verdict}[/] {c.case_id} {esc(f'[{c.backend}]: {what}')}", highlight=False)
+    if g.comparison:
+        _print_changes(g.comparison)
     out_console.print(f"gate: {g.verdict} ({out / 'gate.md'})", highlight=False)
     raise typer.Exit(0 if g.passed else 1)
 

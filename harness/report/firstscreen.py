@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from attnbench.counts import FAILING, Counts, count, status_of
+from attnbench.report import changes as changes_mod
 from attnbench.report import ranking
 from attnbench.report.common import md_text, repro
 
@@ -83,12 +84,7 @@ def first_screen(rows, run: dict, comparison=None) -> FirstScreen:
     complete = bool(run.get("complete", True))
     changes = None
     if comparison is not None:
-        cc = comparison.counts()
-        changes = {
-            "base": str(comparison.base),
-            "counts": [(v, n) for v, n in cc.items() if n],
-            "regressions": comparison.regressions,
-        }
+        changes = {"base": str(comparison.base), **changes_mod.groups(comparison)}
     return FirstScreen(
         counts=c,
         verdict=c.verdict(complete),
@@ -147,7 +143,15 @@ def first_screen_md(fs: FirstScreen, max_groups: int = 30) -> list[str]:
         lines += ["", f"### What changed (against `{fs.changes['base']}`)", ""]
         lines.append(", ".join(f"{v}: {n}" for v, n in fs.changes["counts"]) or "no rows in common")
         for ch in fs.changes["regressions"][:20]:
-            lines.append(f"- **{ch.verdict}** `{ch.case_id}` [{md_text(ch.backend)}] {md_text(ch.note)}")
+            size = f" {changes_mod.size(ch)}" if changes_mod.size(ch) else ""
+            lines.append(f"- **{ch.verdict}** `{ch.case_id}` [{md_text(ch.backend)}]{size} {md_text(ch.note)}".rstrip())
+        if len(fs.changes["regressions"]) > 20:
+            lines.append(
+                f"- … and {len(fs.changes['regressions']) - 20} more regressions (report.html, `attnbench compare`)"
+            )
+        for extra in (changes_mod.plan_line(fs.changes["plan"]), fs.changes["same"]):
+            if extra:
+                lines.append(f"- {md_text(extra)}")
     if fs.broken:
         lines += [
             "",

@@ -9,7 +9,7 @@ op, the compact capability matrix, measurement, speedups over a baseline backend
 from __future__ import annotations
 
 from attnbench.counts import STATUSES
-from attnbench.report import capmatrix, plots, ranking, rowdata, winners
+from attnbench.report import capmatrix, changes, plots, ranking, rowdata, winners
 from attnbench.report.common import asset, fmt, template
 from attnbench.report.firstscreen import FASTEST_NOTE, fastest_cells, first_screen
 from attnbench.report.measure import determinism, harness_cost, measurement, peaks_view
@@ -77,6 +77,8 @@ def render_html(rows, env: dict, run: dict, baseline: str | None = None, compari
         baseline=baseline,
         baseline_rule=rule,
         fastest_note=FASTEST_NOTE,
+        change_size=changes.size,
+        change_plan=changes.plan_line(fs.changes["plan"]) if fs.changes else "",
         backends=sorted({r.backend for r in rows}),
         ops=list(dict.fromkeys(r.op for r in rows)),
         features=sorted({f for r in rows for f in r.features}),

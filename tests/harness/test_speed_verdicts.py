@@ -3,12 +3,19 @@ its cases, known findings are ranked with their mark, the speedup baseline follo
 
 from __future__ import annotations
 
+import re
+
 import synthetic
 from attnbench import expectations as ex
 from attnbench.report import ranking, render_all, winners
 from attnbench.report.firstscreen import fastest_cells
 
 CLASS = [f"decode/b{b}-l{l}-h32x8-d128-bf16" for b in (2, 4, 8) for l in (1024, 4096)]  # one class: gqa · b≤16
+
+
+def timed(cid: str, backend: str, us: float, **kw):
+    """A passing row with 0.1% noise and a fixed seed: its median is `us` to about 0.01%."""
+    return synthetic.row(cid, backend, timing=synthetic.timing(us, rel_noise=0.001, seed=7), **kw)
 
 
 def coin_flip_rows():
@@ -18,9 +25,9 @@ def coin_flip_rows():
     for i, cid in enumerate(CLASS):
         det = 100.0 + 10 * i
         fa4 = det * 1.01 if i < 4 else det / 1.2
-        rows.append(synthetic.row(cid, "triton-det", median_us=det))
-        rows.append(synthetic.row(cid, "triton", median_us=det * 1.002))
-        rows.append(synthetic.row(cid, "fa4", median_us=fa4))
+        rows.append(timed(cid, "triton-det", det))
+        rows.append(timed(cid, "triton", det * 1.002))
+        rows.append(timed(cid, "fa4", fa4))
     return rows
 
 
@@ -46,9 +53,8 @@ def test_class_fastest_is_decided_over_all_cases_not_by_counting_coin_flips():
 
 
 def test_tied_leaders_are_shown_as_tied():
-    rows = [synthetic.row(c, b, median_us=100.0 * (1.002 if b == "triton" else 1.0)) for c in CLASS
-            for b in ("triton", "triton-det")]  # fmt: skip
-    rows += [synthetic.row(c, "torch", median_us=300.0) for c in CLASS]
+    rows = [timed(c, b, 100.0 * (1.002 if b == "triton" else 1.0)) for c in CLASS for b in ("triton", "triton-det")]
+    rows += [timed(c, "torch", 300.0) for c in CLASS]
     (summary,) = ranking.class_summary(rows)
     assert summary["best"] == "triton-det ≈ triton" and summary["runner_up"] == "torch"
     assert fastest_cells(summary)["margin"].startswith("3.0")
@@ -163,3 +169,63 @@ def test_heatmap_is_on_a_fixed_scale_of_error_over_bound():
     uri = plots.error_heatmap([[0.1003, 0.1006], [0.1004, 0.1005]], "t", "x", "y", bound=0.05)
     svg = unquote(uri)
     assert "bound 0.05" in svg and "max abs error / bound" in svg
+
+
+# ---- what changed, with sizes --------------------------------------------------------------------------
+def _changed_runs(tmp_path):
+    """base and new: triton 20% slower on the b64 cases, flashinfer 9x slower on one, and three
+    cases only the base run planned."""
+    rows = synthetic.mixed_rows()
+    extra = [synthetic.row(f"decode/b2-l{l}-h32x8-d128-bf16", "torch", median_us=50.0) for l in (64, 128, 256)]
+    base = synthetic.write_run(tmp_path / "base", rows + extra)
+    new_rows = []
+    for r in rows:
+        if r.backend == "triton" and r.timing and r.case_id.startswith("decode/b64"):
+            r = synthetic.row(r.case_id, r.backend, median_us=r.timing["median_us"] * 1.2)
+        elif r.backend == "flashinfer" and r.case_id == "decode/b16-l8192-h32x8-d128-bf16":
+            r = synthetic.row(r.case_id, r.backend, median_us=r.timing["median_us"] * 9.0)
+        new_rows.append(r)
+    new = synthetic.write_run(tmp_path / "new", new_rows)
+    return base, new
+
+
+def test_what_changed_has_sizes_order_and_the_same_spread(tmp_path):
+    from typer.testing import CliRunner
+
+    from attnbench.cli import app
+
+    base, new = _changed_runs(tmp_path)
+    res = CliRunner().invoke(app, ["report", str(new), "--against", str(base)])
+    assert res.exit_code == 0, res.output
+    md = (new / "summary.md").read_text()
+    changed = md.split("### What changed", 1)[1].split("###", 1)[0]
+    lines = [x for x in changed.splitlines() if x.startswith("- **")]
+    assert lines[0].startswith("- **slower** `decode/b16-l8192-h32x8-d128-bf16` [flashinfer]")  # worst first
+    assert re.search(r"\d → \d+ µs \(\+(79\d|80\d)\.\d%\)", lines[0]), lines[0]
+    assert "same " in changed and "median change" in changed and "worst" in changed
+    assert "plans differ: 3 rows of cases the new run did not plan" in changed
+    assert not any("missing" in x for x in lines)  # plan differences are kept apart from regressions
+    html = (new / "report.html").read_text()
+    assert 'class="size"' in html and "plans differ" in html
+
+
+def test_compare_outputs_sizes_plan_apart_and_no_none(tmp_path):
+    from typer.testing import CliRunner
+
+    from attnbench.cli import app
+
+    base, new = _changed_runs(tmp_path)
+    env = dict(synthetic.ENV, libraries={"torch": "2.11.0"})
+    (new / "env.json").write_text(__import__("json").dumps(env))
+    res = CliRunner().invoke(app, ["compare", str(base), str(new)])
+    assert res.exit_code == 1
+    out = " ".join(res.output.split())
+    assert "slower decode/b16-l8192-h32x8-d128-bf16 [flashinfer]" in out
+    assert re.search(r"\[flashinfer\] [\d.]+ → \d+ µs \(\+(79\d|80\d)\.\d%\)", out), out
+    assert "plans differ: 3 rows" in out and "same " in out
+    assert "-> None" not in out and "triton 3.6.0 -> not installed" in out
+    md = (new / "compare" / "compare.md").read_text()
+    assert md.startswith("## attnbench compare: REGRESSION: 4 rows (+ 3 rows absent because the plans differ)")
+    assert "### Absent because the plans differ (3)" in md and "→" in md
+    html = (new / "compare" / "compare.html").read_text()
+    assert 'id="plan-rows"' in html and "None" not in html.split("<script>")[0]
