@@ -252,6 +252,7 @@ def sweep(
     render_all(run_dir)
     _print_summary(rows, complete=not interrupted)
     _print_notes(rows, backend or [])
+    _print_verdict(rows, json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {})
     console.print(f"report: {run_dir / 'report.html'}", highlight=False)
     if interrupted:
         console.print("[yellow]interrupted: the report covers the cases that finished[/]")
@@ -341,6 +342,29 @@ def _print_summary(rows, complete: bool = True) -> None:
 
     for line in determinism_warnings(rows):
         console.print(f"[yellow]warning[/] {esc(line)}", highlight=False)
+
+
+def _print_verdict(rows, run: dict, limit: int = 10) -> None:
+    """The first screen in the terminal, last: what broke (one line per cause with its row count and the
+    first row's repro: identical failures collapse into one), then who is fastest per shape class."""
+    from attnbench.report.firstscreen import fastest_cells, first_screen
+
+    fs = first_screen(rows, run)
+    if fs.broken:
+        console.print("[bold]what broke[/] (rows per cause; repro of the first row)", highlight=False)
+        for g in fs.broken[:limit]:
+            console.print(f"  [red]{g.n} × {esc(g.backend)} {g.status}[/] {esc(g.summary)} ({esc(g.where())})",
+                          highlight=False, soft_wrap=True)  # fmt: skip
+            console.print(f"    {esc(g.repro)}", highlight=False, soft_wrap=True)
+        if len(fs.broken) > limit:
+            console.print(f"  … and {len(fs.broken) - limit} more causes (report.html, summary.md)", highlight=False)
+    if fs.fastest:
+        console.print("[bold]fastest[/] (≈: tied; time over the per-case best, geometric mean)", highlight=False)
+        for f in map(fastest_cells, fs.fastest[:limit]):
+            console.print(f"  {esc(f['cls'])}: {esc(f['best'])} {f['score']}, {esc(f['margin'])}", highlight=False,
+                          soft_wrap=True)  # fmt: skip
+        if len(fs.fastest) > limit:
+            console.print(f"  … and {len(fs.fastest) - limit} more classes (summary.md)", highlight=False)
 
 
 def _print_changes(cmp, limit: int = 30) -> None:
@@ -549,6 +573,8 @@ def gate(
         console.print(f"[red]gate:[/] {esc(reason)}", highlight=False)
     if g.comparison:
         _print_changes(g.comparison)
+    else:
+        _print_verdict(g.rows, g.run)
     out_console.print(f"gate: {g.verdict} ({out / 'gate.md'})", highlight=False)
     raise typer.Exit(0 if g.passed else 1)
 

@@ -222,6 +222,8 @@ def write_summary_md(
             "|---|---|---|",
         ]
         lines += [f"| `{r.case_id}` | {md_text(r.backend)} | {md_text(r.reason)} |" for r in xf[:100]]
+        if len(xf) > 100:
+            lines.append(f"| … and {len(xf) - 100} more in results.jsonl | | |")
     bad = [r for r in rows if status_of(r) in FAILING]
     if bad:
         lines += ["", "### Failing rows", "", "| case | backend | status | reason |", "|---|---|---|---|"]

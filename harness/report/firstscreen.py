@@ -36,8 +36,11 @@ class Group:
 
     @property
     def summary(self) -> str:
-        """The first row's reason, cut before its detail (numbers kept)."""
-        return re.split(r" \(|; |\n", self.reason or "no reason given", maxsplit=1)[0][:200]
+        """The first row's reason, whole (its first line; past 600 characters cut with '…': the title and
+        the case view have it all). The detail in parentheses is often the point (which bound, which
+        expectation to remove), so it is never cut."""
+        first = (self.reason or "no reason given").split("\n", 1)[0]
+        return first if len(first) <= 600 else first[:599] + "…"
 
     @property
     def n(self) -> int:

@@ -229,3 +229,44 @@ def test_compare_outputs_sizes_plan_apart_and_no_none(tmp_path):
     assert "### Absent because the plans differ (3)" in md and "→" in md
     html = (new / "compare" / "compare.html").read_text()
     assert 'id="plan-rows"' in html and "None" not in html.split("<script>")[0]
+
+
+# ---- nothing cut that matters; the terminal ends with the verdict -----------------------------------------
+LONG = (
+    "expected to fail (fa2 LSE summed from bf16 probabilities) but passed: remove the expectation at "
+    "suites/expectations/findings.yaml:187 " + "x" * 300
+)
+
+
+def test_repro_carries_the_interpreter_and_causes_are_whole(tmp_path):
+    from attnbench.report.common import repro
+    from attnbench.report.firstscreen import broken
+
+    r = synthetic.row(
+        CLASS[0], "triton", status="fail", median_us=5.0, reason="o: bound 0.000608 of its (twin) " + LONG
+    )
+    r.env = {"device": "cpu", "triton_interpret": True}
+    assert repro(r, {}).startswith("TRITON_INTERPRET=1 attnbench sweep --case")
+    assert not repro(synthetic.row(CLASS[0], "triton"), {}).startswith("TRITON_INTERPRET")
+    (g,) = broken([r], {})
+    assert "findings.yaml:187" in g.summary and g.repro.startswith("TRITON_INTERPRET=1 ")
+    d = synthetic.write_run(tmp_path / "run", [r, synthetic.row(CLASS[1], "torch")])
+    render_all(d)
+    assert "findings.yaml:187" in (d / "summary.md").read_text().split("### What broke", 1)[1].split("###")[0]
+    assert '"ti":1' in (d / "report.html").read_text()
+
+
+def test_gate_md_keeps_whole_reasons_and_the_terminal_ends_with_the_verdict(tmp_path):
+    from typer.testing import CliRunner
+
+    from attnbench.cli import app
+
+    rows = [synthetic.row(c, "planted", status="fail", median_us=5.0, reason=LONG) for c in CLASS]
+    rows += [timed(c, "triton", 100.0) for c in CLASS] + [timed(c, "triton-det", 100.2) for c in CLASS]
+    d = synthetic.write_run(tmp_path / "run", rows)
+    res = CliRunner().invoke(app, ["gate", str(d)])
+    assert res.exit_code == 1
+    assert "findings.yaml:187 " + "x" * 300 in (d / "gate" / "gate.md").read_text()
+    out = " ".join(res.output.split())
+    assert "what broke" in out and "6 × planted fail" in out and out.count("× planted fail") == 1  # collapsed
+    assert "attnbench sweep --case" in out and "fastest" in out and "≈" in out
