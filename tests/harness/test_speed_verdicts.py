@@ -13,11 +13,6 @@ from attnbench.report.firstscreen import fastest_cells
 CLASS = [f"decode/b{b}-l{l}-h32x8-d128-bf16" for b in (2, 4, 8) for l in (1024, 4096)]  # one class: gqa · b≤16
 
 
-def timed(cid: str, backend: str, us: float, **kw):
-    """A passing row with 0.1% noise and a fixed seed: its median is `us` to about 0.01%."""
-    return synthetic.row(cid, backend, timing=synthetic.timing(us, rel_noise=0.001, seed=7), **kw)
-
-
 def coin_flip_rows():
     """triton-det beats its twin triton by 0.2% and fa4 by 1% on four cases (coin flips under the gate's
     threshold); fa4 beats both by 20% on the other two: fa4 is the class's fastest."""
@@ -25,9 +20,9 @@ def coin_flip_rows():
     for i, cid in enumerate(CLASS):
         det = 100.0 + 10 * i
         fa4 = det * 1.01 if i < 4 else det / 1.2
-        rows.append(timed(cid, "triton-det", det))
-        rows.append(timed(cid, "triton", det * 1.002))
-        rows.append(timed(cid, "fa4", fa4))
+        rows.append(synthetic.timed(cid, "triton-det", det))
+        rows.append(synthetic.timed(cid, "triton", det * 1.002))
+        rows.append(synthetic.timed(cid, "fa4", fa4))
     return rows
 
 
@@ -53,8 +48,12 @@ def test_class_fastest_is_decided_over_all_cases_not_by_counting_coin_flips():
 
 
 def test_tied_leaders_are_shown_as_tied():
-    rows = [timed(c, b, 100.0 * (1.002 if b == "triton" else 1.0)) for c in CLASS for b in ("triton", "triton-det")]
-    rows += [timed(c, "torch", 300.0) for c in CLASS]
+    rows = [
+        synthetic.timed(c, b, 100.0 * (1.002 if b == "triton" else 1.0))
+        for c in CLASS
+        for b in ("triton", "triton-det")
+    ]
+    rows += [synthetic.timed(c, "torch", 300.0) for c in CLASS]
     (summary,) = ranking.class_summary(rows)
     assert summary["best"] == "triton-det ≈ triton" and summary["runner_up"] == "torch"
     assert fastest_cells(summary)["margin"].startswith("3.0")
@@ -63,22 +62,9 @@ def test_tied_leaders_are_shown_as_tied():
     assert all(c["cells"][col]["text"].startswith("≈") for c in view["cases"])
 
 
-def _lse_finding(cid: str, median_us: float, outputs: str | None = "lse", failed=("lse",)):
-    r = synthetic.row(cid, "flashinfer-fa2", status="fail", median_us=median_us)
-    r.metrics["o"]["max_abs"] = 1e-3  # o passes
-    r.metrics["o"].pop("heat", None)
-    r.metrics["lse"]["max_abs"] = 0.05  # over its bound 1e-3
-    r.failed = list(failed)
-    r.status = "xfail"
-    r.expected = {"why": "fa2 LSE from bf16 probabilities", "where": "findings.yaml:3"} | (
-        {"outputs": outputs} if outputs else {}
-    )
-    return r
-
-
 def test_an_lse_only_known_finding_is_ranked_with_its_mark():
     rows = [synthetic.row(c, "triton", median_us=100.0) for c in CLASS]
-    rows += [_lse_finding(c, 50.0) for c in CLASS]
+    rows += [synthetic.lse_finding(c, 50.0) for c in CLASS]
     assert ranking.known_finding(rows[-1]) == "o ✓, lse known finding"
     (summary,) = ranking.class_summary(rows)
     assert summary["best"] == "flashinfer-fa2 (o ✓, lse known finding)" and summary["failed"] == ""
@@ -88,8 +74,8 @@ def test_an_lse_only_known_finding_is_ranked_with_its_mark():
 
 def test_undeclared_failures_stay_unranked():
     for bad in (
-        _lse_finding(CLASS[0], 50.0, outputs=None),  # the expectation declares no outputs
-        _lse_finding(CLASS[0], 50.0, failed=("lse", "stale output: the second call returned the first's")),
+        synthetic.lse_finding(CLASS[0], 50.0, outputs=None),  # the expectation declares no outputs
+        synthetic.lse_finding(CLASS[0], 50.0, failed=("lse", "stale output: the second call returned the first's")),
     ):
         assert ranking.known_finding(bad) is None
         rows = [synthetic.row(CLASS[0], "triton", median_us=100.0), bad]
@@ -102,7 +88,7 @@ def test_expectation_records_its_declared_outputs(tmp_path):
     p.write_text(
         "expect:\n  - backend: flashinfer-fa2\n    cases: ['decode/*']\n    outputs: [lse]\n    why: fa2 lse\n"
     )
-    row = _lse_finding(CLASS[0], 50.0)
+    row = synthetic.lse_finding(CLASS[0], 50.0)
     row.status, row.expected = "fail", None
     out = ex.apply_one(row, ex.load(p))
     assert out.status == "xfail" and out.expected["outputs"] == "lse"
@@ -262,7 +248,9 @@ def test_gate_md_keeps_whole_reasons_and_the_terminal_ends_with_the_verdict(tmp_
     from attnbench.cli import app
 
     rows = [synthetic.row(c, "planted", status="fail", median_us=5.0, reason=LONG) for c in CLASS]
-    rows += [timed(c, "triton", 100.0) for c in CLASS] + [timed(c, "triton-det", 100.2) for c in CLASS]
+    rows += [synthetic.timed(c, "triton", 100.0) for c in CLASS] + [
+        synthetic.timed(c, "triton-det", 100.2) for c in CLASS
+    ]
     d = synthetic.write_run(tmp_path / "run", rows)
     res = CliRunner().invoke(app, ["gate", str(d)])
     assert res.exit_code == 1
