@@ -314,9 +314,12 @@ def unranked_note(rows) -> str:
     """Why some timed rows are not ranked (non-GPU clocks, or rows that did not pass); '' when all are."""
     kinds = timing_kinds(rows)
     notes = [f"{n} timed with a {k}: shown, labelled, never ranked" for k, n in kinds.items() if k != GPU]
-    bad = sum(1 for r in rows if timing_kind(r) == GPU and not rankable(r))
+    bad = sum(1 for r in rows if timing_kind(r) == GPU and not ranks(r))
     if bad:
         notes.append(f"{bad} timed rows that did not pass: shown, marked, never ranked")
+    known = sum(1 for r in rows if known_finding(r))
+    if known:
+        notes.append(f"{known} known-finding rows ranked on their passing outputs only, marked †")
     return "; ".join(notes)
 
 
