@@ -277,6 +277,7 @@ def sweep(
     _print_summary(rows, complete=not interrupted)
     _print_notes(rows)
     _print_skipped(rows, backend or [])
+    _print_verdict(rows, json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {})
     _print_loosened(p.loosened())
     unverified = _print_unverified(rows, p.named_records(), allow_skipped)
     console.print(f"report: {run_dir / 'report.html'}", highlight=False)
@@ -381,6 +382,40 @@ def _print_summary(rows, complete: bool = True) -> None:
 
     for line in determinism_warnings(rows):
         console.print(f"[yellow]warning[/] {esc(line)}", highlight=False)
+
+
+def _print_verdict(rows, run: dict, limit: int = 10) -> None:
+    """The first screen in the terminal, last: what broke (one line per cause with its row count and the
+    first row's repro: identical failures collapse into one), then who is fastest per shape class."""
+    from attnbench.report.firstscreen import fastest_cells, first_screen
+
+    fs = first_screen(rows, run)
+    if fs.broken:
+        console.print("[bold]what broke[/] (rows per cause; repro of the first row)", highlight=False)
+        for g in fs.broken[:limit]:
+            console.print(f"  [red]{g.n} × {esc(g.backend)} {g.status}[/] {esc(g.summary)} ({esc(g.where())})",
+                          highlight=False, soft_wrap=True)  # fmt: skip
+            console.print(f"    {esc(g.repro)}", highlight=False, soft_wrap=True)
+        if len(fs.broken) > limit:
+            console.print(f"  … and {len(fs.broken) - limit} more causes (report.html, summary.md)", highlight=False)
+    if fs.fastest:
+        console.print("[bold]fastest[/] (≈: tied; time over the per-case best, geometric mean)", highlight=False)
+        for f in map(fastest_cells, fs.fastest[:limit]):
+            console.print(f"  {esc(f['cls'])}: {esc(f['best'])} {f['score']}, {esc(f['margin'])}", highlight=False,
+                          soft_wrap=True)  # fmt: skip
+        if len(fs.fastest) > limit:
+            console.print(f"  … and {len(fs.fastest) - limit} more classes (summary.md)", highlight=False)
+
+
+def _print_changes(cmp, limit: int = 30) -> None:
+    """What changed, with sizes (base → new µs, Δ%), regressions first, then the plan difference and the
+    spread of the rows judged the same (attnbench.report.changes)."""
+    from attnbench.report.changes import text_lines
+
+    console.print("[bold]what changed[/]", highlight=False)
+    for text in text_lines(cmp, limit):
+        style = "red" if text.split(" ", 1)[0] in ("broke", "slower", "xpass", "missing", "now") else "dim"
+        console.print(f"  [{style}]{esc(text)}[/]", highlight=False, soft_wrap=True)
 
 
 def _print_notes(rows) -> None:
@@ -588,10 +623,7 @@ def compare(
     console.print(table)
     for w in cmp.env_warnings():
         console.print(f"[yellow]warning:[/] {esc(w)}", highlight=False)
-    for c in cmp.regressions[:30]:
-        what = f"{100 * c.change:+.1f}% (threshold {100 * c.threshold:.1f}%)" if c.verdict == "slower" else c.note
-        tail = f"[{c.backend}]: {what}" if what else f"[{c.backend}]"
-        console.print(f"[red]{c.verdict}[/] {c.case_id} {esc(tail)}", highlight=False, soft_wrap=True)
+    _print_changes(cmp)
     console.print(f"comparison: {out / 'compare.html'}", highlight=False, soft_wrap=True)
     from attnbench.verified import missing_in
 
@@ -646,9 +678,10 @@ def gate(
         _fail(e)
     for reason in g.reasons:
         console.print(f"[red]gate:[/] {esc(reason)}", highlight=False)
-    for c in (g.comparison.regressions if g.comparison else [])[:30]:
-        what = f"{100 * c.change:+.1f}% (threshold {100 * c.threshold:.1f}%)" if c.verdict == "slower" else c.note
-        console.print(f"[red]{c.verdict}[/] {c.case_id} {esc(f'[{c.backend}]: {what}')}", highlight=False)
+    if g.comparison:
+        _print_changes(g.comparison)
+    else:
+        _print_verdict(g.rows, g.run)
     out_console.print(f"gate: {g.verdict} ({out / 'gate.md'})", highlight=False)
     raise typer.Exit(0 if g.passed else 1)
 

@@ -150,11 +150,11 @@ class Comparison:
         for key in ("gpu", "driver", "cuda", "device", "cpu"):
             a, b = self.base_env.get(key), self.new_env.get(key)
             if a != b and (a or b):
-                out.append(f"{key} differs: {a} -> {b}")
+                out.append(f"{key} differs: {a or 'not recorded'} -> {b or 'not recorded'}")
         la, lb = self.base_env.get("libraries", {}), self.new_env.get("libraries", {})
         for lib in sorted(set(la) | set(lb)):
             if la.get(lib) != lb.get(lib):
-                out.append(f"{lib} {la.get(lib)} -> {lb.get(lib)}")
+                out.append(f"{lib} {la.get(lib) or 'not installed'} -> {lb.get(lib) or 'not installed'}")
         return out
 
     def to_dict(self) -> dict:

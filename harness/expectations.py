@@ -282,7 +282,10 @@ def _with(row, **changes):
 
 
 def _record(e: Expectation) -> dict[str, str]:
-    return {"why": e.why, "where": e.where} | ({"link": e.link} if e.link else {})
+    """What a row keeps of its expectation: why, where, link, and the outputs it declares (comma-joined:
+    the report ranks an xfail row on its other outputs only when its failures are all declared)."""
+    out = {"why": e.why, "where": e.where} | ({"link": e.link} if e.link else {})
+    return out | ({"outputs": ",".join(sorted(e.outputs))} if e.outputs else {})
 
 
 def warnings(

@@ -125,9 +125,9 @@ def render_md(g: Gate, compare_md: str = "") -> str:
     bad = [r for r in g.rows if r.status in ("xpass", "fail", "error")]
     if bad and g.comparison is None:
         lines += ["", "| case | backend | status | reason |", "|---|---|---|---|"]
-        lines += [
-            f"| `{r.case_id}` | {md_text(r.backend)} | {r.status} | {md_text(r.reason[:300])} |" for r in bad[:50]
-        ]
+        lines += [f"| `{r.case_id}` | {md_text(r.backend)} | {r.status} | {md_text(r.reason)} |" for r in bad[:50]]
+        if len(bad) > 50:
+            lines.append(f"| … and {len(bad) - 50} more in results.jsonl | | | |")
     xfail = [r for r in g.rows if r.status == "xfail"]
     if xfail:
         by = Counter((r.backend, (r.expected or {}).get("why", ""), (r.expected or {}).get("where", "")) for r in xfail)

@@ -48,9 +48,22 @@ def _plugins(run: dict) -> list[str]:
     return out
 
 
+def interpreted(r) -> bool:
+    """Whether a row ran its Triton kernels in the CPU interpreter (TRITON_INTERPRET=1), as its env or
+    timing records it: its repro must set the variable, or the row skips instead of failing."""
+    env, t = r.env or {}, r.timing or {}
+    return bool(
+        env.get("triton_interpret")
+        or str(env.get("TRITON_INTERPRET", "")) == "1"
+        or t.get("interpreter")
+        or "interpret" in str(t.get("clock", ""))
+    )
+
+
 def repro(r, run: dict) -> str:
-    """The command that re-runs one row alone."""
-    return shlex.join(["attnbench", "sweep", "--case", r.case_id, "--backend", r.backend, *repro_tail(run)])
+    """The command that re-runs one row alone, with the environment it needs (TRITON_INTERPRET=1)."""
+    cmd = shlex.join(["attnbench", "sweep", "--case", r.case_id, "--backend", r.backend, *repro_tail(run)])
+    return f"TRITON_INTERPRET=1 {cmd}" if interpreted(r) else cmd
 
 
 def repro_tail(run: dict) -> list[str]:

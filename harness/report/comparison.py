@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from attnbench.compare import ORDER, Comparison
-from attnbench.report import plots
+from attnbench.report import changes, plots
 from attnbench.report.common import asset, fmt, md_text, template
 
 _SECTIONS = (
@@ -26,6 +26,7 @@ def _view(c) -> dict:
         "vclass": "v-" + c.verdict.replace(" ", "-"),
         "base_status": c.base_status or "",
         "new_status": c.new_status or "",
+        "size": changes.size(c),
         "base_us": fmt(c.base_us),
         "new_us": fmt(c.new_us),
         "change": _pct(c.change),
@@ -36,11 +37,21 @@ def _view(c) -> dict:
     }
 
 
+def _headline(cmp: Comparison, g: dict) -> str:
+    """'REGRESSION: 11 rows (+ 175 rows absent because the plans differ)', or 'no regression'."""
+    planned = sum(c.regression for c in g["plan"])
+    if not cmp.regressions:
+        return "no regression"
+    real = len(g["regressions"])
+    plan = f" (+ {planned} rows absent because the plans differ)" if planned else ""
+    return f"REGRESSION: {real} row{'s' * (real != 1)}{plan}"
+
+
 def render_compare_md(cmp: Comparison) -> str:
     counts = cmp.counts()
-    head = "REGRESSION" if cmp.regressions else "no regression"
+    g = changes.groups(cmp)
     lines = [
-        f"## attnbench compare: {head}",
+        f"## attnbench compare: {_headline(cmp, g)}",
         "",
         f"`{cmp.base}` -> `{cmp.new}`",
         "",
@@ -48,39 +59,49 @@ def render_compare_md(cmp: Comparison) -> str:
         "",
         ", ".join(f"{v}: {counts[v]}" for v in ORDER if counts[v]),
     ]
+    if g["same"]:
+        lines += ["", md_text(g["same"])]
     for w in cmp.env_warnings():
         lines.append(f"\n> warning: {md_text(w)}")
-    for title, verdicts in _SECTIONS:
-        sel = [c for c in cmp.changes if c.verdict in verdicts]
+    plan = {(c.case_id, c.backend) for c in g["plan"]}
+    sections = [(title, [c for c in cmp.changes if c.verdict in verdicts and (c.case_id, c.backend) not in plan])
+                for title, verdicts in _SECTIONS]  # fmt: skip
+    sections.append(("Absent because the plans differ", g["plan"]))
+    for title, sel in sections:
         if not sel:
             continue
         lines += [
             "",
             f"### {title} ({len(sel)})",
             "",
-            "| case | backend | verdict | base µs | new µs | change | threshold | CIs | note |",
-            "|---|---|---|---:|---:|---:|---:|---|---|",
+            "| case | backend | verdict | base → new µs (Δ) | threshold | CIs | note |",
+            "|---|---|---|---:|---:|---|---|",
         ]
         for c in sel[:300]:
             v = _view(c)
             note = md_text(v["note"])
             lines.append(
-                f"| `{v['case']}` | {md_text(v['backend'])} | {v['verdict']} | {v['base_us']} | {v['new_us']} | "
-                f"{v['change']} | {v['threshold']} | {v['ci']} | {note} |"
+                f"| `{v['case']}` | {md_text(v['backend'])} | {v['verdict']} | {v['size']} | "
+                f"{v['threshold']} | {v['ci']} | {note} |"
             )
         if len(sel) > 300:
-            lines.append(f"| ... | | | | | | | | {len(sel) - 300} more in compare.json |")
+            lines.append(f"| … and {len(sel) - 300} more in compare.json | | | | | | |")
     return "\n".join(lines) + "\n"
 
 
 def render_compare_html(cmp: Comparison) -> str:
     counts = cmp.counts()
+    g = changes.groups(cmp)
     return template("compare.html.j2").render(
         cmp=cmp,
+        headline=_headline(cmp, g),
+        same=g["same"],
+        plan_line=changes.plan_line(g["plan"]),
+        plan_rows=[_view(c) for c in g["plan"]],
         counts=[(v, counts[v]) for v in ORDER if counts[v]],
         verdicts=[v for v in ORDER if counts[v]],
         rows=[_view(c) for c in cmp.changes],
-        regressions=[_view(c) for c in cmp.regressions],
+        regressions=[_view(c) for c in g["regressions"]],
         warnings=cmp.env_warnings(),
         plot=plots.change_plot(cmp.changes),
         css=asset("style.css"),

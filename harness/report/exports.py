@@ -164,7 +164,7 @@ def write_summary_md(
     broke, who is fastest, what changed), then counts per backend, speedups, measurement, xfails, failures."""
     from attnbench.report.firstscreen import first_screen, first_screen_md
     from attnbench.report.measure import harness_cost, measurement
-    from attnbench.report.ranking import replay_totals, speedups, timing_kinds
+    from attnbench.report.ranking import BASELINE_RULE, replay_totals, speed_baseline, speedups, timing_kinds
 
     run = run or {}
     fs = first_screen(rows, run, comparison)
@@ -182,7 +182,10 @@ def write_summary_md(
     if sp:
         lines += [
             "",
-            f"### Speed over {baseline} (passing GPU-timed rows only; geometric mean of median ratios)",
+            f"### Speed over {md_text(baseline)} (passing GPU-timed rows only; geometric mean of median ratios)",
+            "",
+            "Baseline: "
+            + (f"by the rule: {BASELINE_RULE}." if baseline == speed_baseline(rows) else "chosen with --baseline."),
             "",
             "| op | backend | speedup | faster on |",
             "|---|---|---:|---:|",
@@ -219,6 +222,8 @@ def write_summary_md(
             "|---|---|---|",
         ]
         lines += [f"| `{r.case_id}` | {md_text(r.backend)} | {md_text(r.reason)} |" for r in xf[:100]]
+        if len(xf) > 100:
+            lines.append(f"| … and {len(xf) - 100} more in results.jsonl | | |")
     bad = [r for r in rows if status_of(r) in FAILING]
     if bad:
         lines += ["", "### Failing rows", "", "| case | backend | status | reason |", "|---|---|---|---|"]

@@ -9,6 +9,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from attnbench.counts import FAILING, Counts, count, status_of
+from attnbench.report import changes as changes_mod
 from attnbench.report import ranking
 from attnbench.report.common import md_text, repro
 from attnbench.verified import missing_rows
@@ -36,8 +37,11 @@ class Group:
 
     @property
     def summary(self) -> str:
-        """The first row's reason, cut before its detail (numbers kept)."""
-        return re.split(r" \(|; |\n", self.reason or "no reason given", maxsplit=1)[0][:200]
+        """The first row's reason, whole (its first line; past 600 characters cut with '…': the title and
+        the case view have it all). The detail in parentheses is often the point (which bound, which
+        expectation to remove), so it is never cut."""
+        first = (self.reason or "no reason given").split("\n", 1)[0]
+        return first if len(first) <= 600 else first[:599] + "…"
 
     @property
     def n(self) -> int:
@@ -86,12 +90,7 @@ def first_screen(rows, run: dict, comparison=None) -> FirstScreen:
     complete = bool(run.get("complete", True))
     changes = None
     if comparison is not None:
-        cc = comparison.counts()
-        changes = {
-            "base": str(comparison.base),
-            "counts": [(v, n) for v, n in cc.items() if n],
-            "regressions": comparison.regressions,
-        }
+        changes = {"base": str(comparison.base), **changes_mod.groups(comparison)}
     return FirstScreen(
         counts=c,
         verdict=c.verdict(complete),
@@ -128,20 +127,29 @@ def _pct(x: float | None) -> str:
 
 
 def fastest_cells(f: dict) -> dict:
-    """One fastest-table row as text: shared by the HTML and Markdown renderers."""
+    """One fastest-table row as text: shared by the HTML and Markdown renderers (ranking.class_summary)."""
     if f["margin"] is None:
-        margin = "only one passing"
+        margin = "no other backend ranked" if not f["others"] and len(f["leaders"]) == 1 else "all tied"
     else:
         margin = f"{f['margin']:.2f}× over {f['runner_up']}"
     return {
         "cls": f["cls"],
         "best": f["best"],
-        "wins": f"{f['wins']}/{f['ranked']}",
+        "score": f"{f['score']:.2f}×",
+        "wins": f"{f['covered']}/{f['ranked']}",
         "margin": margin,
         "roof": _pct(f["roofline_pct"]),
         "others": f["others"],
         "failed": f["failed"],
     }
+
+
+FASTEST_NOTE = (
+    "fastest: lowest geometric mean, over the class's cases, of time over the case's best (1.00×: fastest on "
+    "every case); a ≈ b: tied (95% CIs overlap or within the gate's max(3%, 3 x CV)); cases: cases it was "
+    "ranked on / cases with a ranked row; margin: the fastest untied backend's time over the leader's "
+    "(geometric mean on shared cases); (… known finding): ranked on its passing outputs only."
+)
 
 
 def first_screen_md(fs: FirstScreen, max_groups: int = 30) -> list[str]:
@@ -162,7 +170,15 @@ def first_screen_md(fs: FirstScreen, max_groups: int = 30) -> list[str]:
         lines += ["", f"### What changed (against `{fs.changes['base']}`)", ""]
         lines.append(", ".join(f"{v}: {n}" for v, n in fs.changes["counts"]) or "no rows in common")
         for ch in fs.changes["regressions"][:20]:
-            lines.append(f"- **{ch.verdict}** `{ch.case_id}` [{md_text(ch.backend)}] {md_text(ch.note)}")
+            size = f" {changes_mod.size(ch)}" if changes_mod.size(ch) else ""
+            lines.append(f"- **{ch.verdict}** `{ch.case_id}` [{md_text(ch.backend)}]{size} {md_text(ch.note)}".rstrip())
+        if len(fs.changes["regressions"]) > 20:
+            lines.append(
+                f"- … and {len(fs.changes['regressions']) - 20} more regressions (report.html, `attnbench compare`)"
+            )
+        for extra in (changes_mod.plan_line(fs.changes["plan"]), fs.changes["same"]):
+            if extra:
+                lines.append(f"- {md_text(extra)}")
     if fs.broken:
         lines += [
             "",
@@ -180,16 +196,16 @@ def first_screen_md(fs: FirstScreen, max_groups: int = 30) -> list[str]:
     lines += ["", "### Fastest passing backend per shape class", ""]
     if fs.fastest:
         lines += [
-            "| shape class | fastest | wins | margin (median) | roofline | also won | failed here (not ranked) |",
-            "|---|---|---:|---|---:|---|---|",
+            "| shape class | fastest (≈: tied) | time / per-case best | cases | margin | roofline | others | failed here (not ranked) |",
+            "|---|---|---:|---:|---|---:|---|---|",
         ]
         for f in map(fastest_cells, fs.fastest):
             f = {k: md_text(v) for k, v in f.items()}  # backend names are a plugin's to choose
             failed = f"❌ {f['failed']}" if f["failed"] else ""
             lines.append(
-                f"| {f['cls']} | **{f['best']}** | {f['wins']} | {f['margin']} | {f['roof']} | {f['others']} | {failed} |"
+                f"| {f['cls']} | **{f['best']}** | {f['score']} | {f['wins']} | {f['margin']} | {f['roof']} | {f['others']} | {failed} |"
             )
-        lines += ["", "wins: cases where it was fastest / cases with a passing GPU timing in the class."]
+        lines += ["", FASTEST_NOTE]
     else:
         lines.append("No case has a passing GPU-timed row: nothing is ranked.")
     if fs.unranked:

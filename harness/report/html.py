@@ -9,9 +9,9 @@ op, the compact capability matrix, measurement, speedups over a baseline backend
 from __future__ import annotations
 
 from attnbench.counts import STATUSES
-from attnbench.report import capmatrix, plots, ranking, rowdata, winners
+from attnbench.report import capmatrix, changes, plots, ranking, rowdata, winners
 from attnbench.report.common import asset, fmt, template
-from attnbench.report.firstscreen import fastest_cells, first_screen
+from attnbench.report.firstscreen import FASTEST_NOTE, fastest_cells, first_screen
 from attnbench.report.measure import determinism, harness_cost, measurement, peaks_view
 from attnbench.tolerance import DEFAULT_FACTOR, DEFAULT_FLOOR
 
@@ -28,7 +28,8 @@ def _heatmaps(op_rows) -> tuple[list[dict], int]:
                 more += 1
                 continue
             worst = " ".join(f"{k} {v}" for k, v in (mm.get("worst") or {}).items())
-            uri = plots.error_heatmap(mm["heat"], f"{r.backend}: |{out} − ref| per head and row", "row bin", "head")
+            uri = plots.error_heatmap(mm["heat"], f"{r.backend}: |{out} − ref| per head and row", "row bin", "head",
+                                     bound=mm.get("bound"))  # fmt: skip
             if uri:
                 heat.append({"case": r.case_id, "uri": uri,
                              "title": f"{r.case_id} [{r.backend}] {out}: max abs {fmt(mm.get('max_abs'))} "
@@ -41,7 +42,8 @@ def _op_sections(rows, env: dict) -> list[dict]:
     for op in dict.fromkeys(r.op for r in rows):
         op_rows = [r for r in rows if r.op == op]
         lat, lat_note = plots.latency_panels(op_rows, op, names=names)
-        figs = [plots.roofline(op_rows, op, env.get("peaks"), names), plots.error_vs_length(op_rows, op, names)]
+        figs = [plots.fast_p(op_rows, op, names), plots.roofline(op_rows, op, env.get("peaks"), names),
+                plots.error_vs_length(op_rows, op, names)]  # fmt: skip
         figs = [f for f in figs if f]
         heat, more = _heatmaps(op_rows)
         excluded = sum(1 for r in op_rows if r.timing and not ranking.rankable(r))
@@ -51,12 +53,13 @@ def _op_sections(rows, env: dict) -> list[dict]:
 
 
 def default_baseline(rows) -> str:
-    names = sorted({r.backend for r in rows})
-    return "torch" if "torch" in names else (names[0] if names else "")
+    """The speedup baseline when none is asked for: ranking.BASELINE_RULE."""
+    return ranking.speed_baseline(rows)
 
 
 def render_html(rows, env: dict, run: dict, baseline: str | None = None, comparison=None) -> str:
     baseline = baseline or default_baseline(rows)
+    rule = ranking.BASELINE_RULE if baseline == default_baseline(rows) else ""
     fs = first_screen(rows, run, comparison)
     return template("template.html.j2").render(
         rows=rows,
@@ -72,6 +75,10 @@ def render_html(rows, env: dict, run: dict, baseline: str | None = None, compari
         sections=_op_sections(rows, env),
         speedups=ranking.speedups(rows, baseline),
         baseline=baseline,
+        baseline_rule=rule,
+        fastest_note=FASTEST_NOTE,
+        change_size=changes.size,
+        change_plan=changes.plan_line(fs.changes["plan"]) if fs.changes else "",
         backends=sorted({r.backend for r in rows}),
         ops=list(dict.fromkeys(r.op for r in rows)),
         features=sorted({f for r in rows for f in r.features}),

@@ -70,11 +70,40 @@ def _axis(rows) -> str | None:
     return best
 
 
+CAP = 8.0  # a panel's y axis ends at the highest point, or here; points above are drawn on the edge with their value
+_TICKS = (1, 1.05, 1.1, 1.25, 1.5, 2, 3, 4, 6, 8)
+
+
+def ratio_ticks(top: float) -> list[float]:
+    """Readable ticks of a time-over-best axis up to `top`: 1×, 1.5×, 2×, 4×… (at most 6, coarse ones kept)."""
+    ticks = [t for t in _TICKS if t <= top * 1.001]
+    while len(ticks) > 6:
+        fine = [t for t in ticks if t not in (1, 2, 4, 8)]
+        ticks.remove(fine[0] if len(fine) < 3 else fine[len(fine) // 2 - 1])
+    return ticks
+
+
+def spread(fracs: list[float], gap: float) -> list[float]:
+    """Positions (axis fractions) moved apart by at least `gap`, in their order, as little as possible:
+    where labels of nearby points go so that they do not overlap."""
+    order = sorted(range(len(fracs)), key=lambda i: fracs[i])
+    out = list(fracs)
+    for prev, i in zip(order, order[1:], strict=False):
+        out[i] = max(out[i], out[prev] + gap)
+    shift = max(0.0, out[order[-1]] - max(1.0, fracs[order[-1]])) if order else 0.0
+    return [x - shift for x in out]
+
+
+def _short_us(t: float) -> str:
+    return f"{t:.3g}" if t < 1000 else f"{t / 1000:.3g}k"
+
+
 def latency_panels(rows, op: str, max_panels: int = 12, names: list[str] | None = None) -> tuple[str | None, str]:
     """Small multiples: latency against the op's swept length, one panel per setting of every other
     parameter that varies, one labelled line per backend (passing GPU-timed rows only). Each line is the
     backend's time over the best time at that length (log), so close backends stay apart; the best
-    time in µs is written under each length."""
+    time in µs is written under each length. Every panel has its own y range, set after drawing, up to
+    CAP: a point above it sits on the edge as a triangle labelled with its value; no data leaves a panel."""
     ok = [r for r in rows if r.op == op and ranking.rankable(r)]
     axis = _axis(ok)
     if not axis:
@@ -97,28 +126,9 @@ def latency_panels(rows, op: str, max_panels: int = 12, names: list[str] | None 
     names = names or backends
     ncol = min(4, len(chosen))
     nrow = math.ceil(len(chosen) / ncol)
-    fig, axs = plt.subplots(nrow, ncol, figsize=(3.1 * ncol, 2.3 * nrow + 0.4), squeeze=False, sharey=True)
+    fig, axs = plt.subplots(nrow, ncol, figsize=(3.1 * ncol, 2.3 * nrow + 0.4), squeeze=False)
     for ax, key in zip(axs.flat, chosen, strict=False):
-        best: dict[float, float] = {}
-        for pts in panels[key].values():
-            for x, t in pts:
-                best[x] = min(best.get(x, t), t)
-        for b, pts in sorted(panels[key].items()):
-            pts.sort()
-            xs, ys = [p[0] for p in pts], [p[1] / best[p[0]] for p in pts]
-            ax.plot(xs, ys, "-o", ms=3, lw=1.2, color=_color(names, b))
-            ax.annotate(b, (xs[-1], ys[-1]), xytext=(3, 0), textcoords="offset points", fontsize=7,
-                        color=_color(names, b), va="center")  # fmt: skip
-        for x, t in best.items():  # the absolute scale: the best time at each length
-            ax.annotate(f"{t:.3g}", (x, 1), xytext=(0, -3), textcoords="offset points", fontsize=6, color="0.4",
-                        ha="center", va="top")  # fmt: skip
-        ax.set_xscale("log", base=2)
-        ax.set_yscale("log")
-        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}×"))
-        ax.yaxis.set_minor_formatter(matplotlib.ticker.NullFormatter())
-        ax.set_ylim(bottom=0.8)
-        ax.margins(x=0.25)
-        ax.grid(which="major", alpha=0.25)
+        _latency_panel(ax, panels[key], names)
         ax.set_title(panel_label(ids[key]) or op, fontsize=7)
         ax.set_xlabel(axis, fontsize=7.5)
     for ax in axs.flat[len(chosen) :]:
@@ -129,6 +139,91 @@ def latency_panels(rows, op: str, max_panels: int = 12, names: list[str] | None 
     fig.tight_layout()
     note = f"{len(chosen)} of {len(panels)} panels" if len(panels) > len(chosen) else ""
     return _uri(fig), note
+
+
+def _latency_panel(ax, lines: dict[str, list], names: list[str]) -> None:
+    best: dict[float, float] = {}
+    for pts in lines.values():
+        for x, t in pts:
+            best[x] = min(best.get(x, t), t)
+    drawn = {}
+    for b, pts in sorted(lines.items()):
+        pts.sort()
+        xs, ys = [p[0] for p in pts], [p[1] / best[p[0]] for p in pts]
+        drawn[b] = (xs, ys)
+    top = min(CAP, max(y for _, ys in drawn.values() for y in ys))
+    top = max(top * 1.12, 1.12)
+    bottom = 0.8
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_ylim(bottom, top)
+    span = math.log(top / bottom)
+    ends = []
+    for b, (xs, ys) in drawn.items():
+        c = _color(names, b)
+        shown = [min(y, CAP) for y in ys]
+        ax.plot(xs, shown, "-o", ms=3, lw=1.2, color=c)
+        for x, y in zip(xs, ys, strict=True):
+            if y > CAP:  # clipped: a triangle on the edge, with its value
+                ax.plot([x], [CAP], marker="^", ms=6, color=c, clip_on=False)
+                ax.annotate(f"{y:.3g}×", (x, CAP), xytext=(0, 5), textcoords="offset points", fontsize=6.5,
+                            color=c, ha="center", va="bottom", annotation_clip=False)  # fmt: skip
+        ends.append((b, xs[-1], shown[-1]))
+    # backend names at their lines' ends, moved apart so that none overlaps another
+    fracs = [math.log(y / bottom) / span for _, _, y in ends]
+    height_pt = ax.get_window_extent().height * 72 / ax.figure.dpi
+    for (b, x, y), f, g in zip(ends, fracs, spread(fracs, 9 / max(height_pt, 1)), strict=True):
+        ax.annotate(b, (x, y), xytext=(3, (g - f) * height_pt), textcoords="offset points", fontsize=7,
+                    color=_color(names, b), va="center", annotation_clip=False)  # fmt: skip
+    # the absolute scale: the best time at each length, staggered where neighbours are close
+    xs = sorted(best)
+    lx = [math.log2(x) for x in xs]
+    close = (max(lx) - min(lx)) * 0.16 if len(lx) > 1 else 1.0
+    last = {0: -math.inf, 1: -math.inf}
+    for x, l in zip(xs, lx, strict=True):
+        row = 0 if l - last[0] >= close else (1 if l - last[1] >= close else None)
+        if row is None:
+            continue  # a third label this close would overlap: its time is in the winners view and tables
+        last[row] = l
+        ax.annotate(_short_us(best[x]), (x, 1), xytext=(0, -3 - 7 * row), textcoords="offset points", fontsize=6,
+                    color="0.4", ha="center", va="top")  # fmt: skip
+    ticks = ratio_ticks(top)
+    ax.yaxis.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}×"))
+    ax.yaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.margins(x=0.25)
+    ax.grid(which="major", alpha=0.25)
+
+
+def fast_p(rows, op: str, names: list[str] | None = None) -> str | None:
+    """fast_p (flashinfer-bench's): per backend, the fraction of the op's cases on which it is correct and
+    within p× of the case's best time, for p from 1 to 4 (a step curve: higher and further left is better).
+    Cases: those with a ranked row (ranking.ranks). A backend ranked only as a known finding is marked †."""
+    wins = {cid: w for cid, w in ranking.case_winners(rows).items() if w.op == op}
+    if len(wins) < 2:
+        return None
+    backends = sorted({b for w in wins.values() for b in w.times})
+    names = names or backends
+    ps = [1.0 + 3.0 * i / 300 for i in range(301)]
+    fig, ax = plt.subplots(figsize=(5.6, 3.2))
+    for b in backends:
+        ratios = [w.times[b] / w.best_us for w in wins.values() if b in w.times]
+        ys = [sum(x <= p * (1 + 1e-9) for x in ratios) / len(wins) for p in ps]
+        marked = any(w.marks.get(b) for w in wins.values())
+        ax.step(ps, ys, where="post", lw=1.4, color=_color(names, b), label=b + (" †" if marked else ""))
+    ax.set_xscale("log")
+    ax.set_xlim(1, 4)
+    ax.set_ylim(-0.02, 1.05)
+    ax.xaxis.set_major_locator(matplotlib.ticker.FixedLocator([1, 1.25, 1.5, 2, 3, 4]))
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: f"{v:g}×"))
+    ax.xaxis.set_minor_locator(matplotlib.ticker.NullLocator())
+    ax.yaxis.set_major_formatter(matplotlib.ticker.PercentFormatter(1.0))
+    ax.set_xlabel("p: time within p× of the case's best")
+    ax.set_ylabel(f"cases correct and within p× (of {len(wins)})")
+    ax.grid(which="major", alpha=0.25)
+    ax.set_title(f"{op}: fast_p (passing GPU-timed rows; † known finding, ranked on its passing outputs)")
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    return _uri(fig)
 
 
 def panel_label(case_ids: set[str]) -> str:
@@ -223,20 +318,36 @@ def error_vs_length(rows, op: str, names: list[str] | None = None) -> str | None
     return _uri(fig)
 
 
-def error_heatmap(heat: list[list[float]], title: str, xlabel: str, ylabel: str) -> str | None:
-    """Max abs error per (head, row bin); NaN/Inf cells drawn in cyan. None when it carries no information
-    (a single cell, or every finite cell equal and nothing non-finite)."""
+HEAT_MAX = 2.0  # error heatmaps: error / bound from 0 to this (above: the top colour, the colour bar says so)
+
+
+def error_heatmap(
+    heat: list[list[float]], title: str, xlabel: str, ylabel: str, bound: float | None = None
+) -> str | None:
+    """Max abs error per (head, row bin) on a fixed scale, error / `bound` from 0 to HEAT_MAX (1: at the
+    bound), the bound stated on the colour bar, so a uniform offset reads as uniform; NaN/Inf cells cyan.
+    Without a bound, the absolute error. None when it carries no information (a single cell, or every
+    finite cell equal and nothing non-finite)."""
     vals = [x for row in heat for x in row]
     bad = [x for x in vals if x is None or not math.isfinite(x)]
     finite = [x for x in vals if x is not None and math.isfinite(x)]
     if len(vals) < 2 or (not bad and max(finite) - min(finite) <= 1e-12 * max(1.0, max(finite))):
         return None
-    data = [[float("nan") if x is None or not math.isfinite(x) else x for x in row] for row in heat]
+    scaled = bool(bound) and bound > 0 and math.isfinite(bound)
+    data = [[float("nan") if x is None or not math.isfinite(x) else (x / bound if scaled else x) for x in row]
+            for row in heat]  # fmt: skip
     cmap = matplotlib.colormaps["magma"].with_extremes(bad="#00c8d7")
     fig, ax = plt.subplots(figsize=(5.2, 2.4))
-    im = ax.imshow(data, aspect="auto", cmap=cmap, interpolation="nearest")
+    kw = {"vmin": 0.0, "vmax": HEAT_MAX} if scaled else {}
+    im = ax.imshow(data, aspect="auto", cmap=cmap, interpolation="nearest", **kw)
     if finite:
-        fig.colorbar(im, ax=ax, label="max abs error")
+        if scaled:
+            top = max(finite) / bound
+            cb = fig.colorbar(im, ax=ax, extend="max" if top > HEAT_MAX else "neither",
+                              label=f"max abs error / bound\n(bound {bound:.3g}; 1 = at the bound)")  # fmt: skip
+            cb.ax.axhline(1.0, color="white", lw=1)
+        else:
+            fig.colorbar(im, ax=ax, label="max abs error")
     if bad:
         title += f" — {len(bad)} of {len(vals)} cells NaN/Inf (cyan)"
     ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))

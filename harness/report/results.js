@@ -20,7 +20,7 @@
   var reason = function (r) { return r.r == null ? "" : D.reasons[r.r]; };
   var caseOf = function (r) { return D.cases[r.c]; };
   var repro = function (r) {
-    return D.repro[0] + " " + caseOf(r).id + " --backend " + D.backends[r.b] + " " + D.repro[1];
+    return (r.ti ? "TRITON_INTERPRET=1 " : "") + D.repro[0] + " " + caseOf(r).id + " --backend " + D.backends[r.b] + " " + D.repro[1];
   };
   var errLine = function (r) { // "o 2.24e-04/7.31e-04; k_cache exact" from the detail rows
     return (r.d || []).map(function (d) { return d[1] === "bitwise" ? d[0] + " " + d[2] : d[0] + " " + d[1] + "/" + d[2]; }).join("; ");

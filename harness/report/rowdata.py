@@ -15,7 +15,7 @@ import shlex
 
 from attnbench.counts import status_of
 from attnbench.report import ranking
-from attnbench.report.common import fmt, repro_tail
+from attnbench.report.common import fmt, interpreted, repro_tail
 
 _KIND = {ranking.GPU: "gpu", ranking.HOST: "host", ranking.INTERPRETER: "interp"}
 
@@ -101,6 +101,8 @@ def payload(rows, run: dict) -> dict:
             w = winners.get(r.case_id)
             if w and ranking.rankable(r):
                 d["x"] = _num(t["median_us"] / w.best_us, 4)
+        if interpreted(r):
+            d["ti"] = 1  # the repro sets TRITON_INTERPRET=1
         if r.prepare_s is not None:
             d["p"] = _num(r.prepare_s, 3)
         if r.prepare_info:

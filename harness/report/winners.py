@@ -17,11 +17,14 @@ def colour(x: float) -> str:
     return f"hsl({130 - 130 * f:.0f} 65% {88 - 8 * f:.0f}%)"
 
 
-def _cell(r, best_us: float | None) -> dict:
+def _cell(r, w) -> dict:
     st = status_of(r)
     med = ranking.median_us(r)
+    best_us = w.best_us if w else None
     if st == "skip":
         return {"css": "w-skip", "text": "–"}
+    if ranking.ranks(r) and best_us:
+        return _ranked(r, med, best_us, w)
     if st in FAILING or st == "xfail":
         took = f", took {fmt(med)} µs" if med else ""
         return {"css": "w-bad", "text": "✗ " + st, "sort": 1e9, "title": f"{st}{took}: {r.reason[:160]}"}
@@ -30,13 +33,24 @@ def _cell(r, best_us: float | None) -> dict:
     if not ranking.rankable(r):
         kind = ranking.timing_kind(r)
         return {"css": "w-host", "text": f"{fmt(med)} µs", "sort": 1e8, "title": f"{kind}: not ranked"}
+    return _ranked(r, med, best_us, w)
+
+
+def _ranked(r, med: float, best_us: float, w) -> dict:
+    """A ranked cell: its time over the best; "≈" when tied with the best; a known finding marked †."""
     x = med / best_us
+    best, tie = r.backend == w.best, r.backend in w.tied
+    note = ranking.mark(r)
+    text = "best" if best else (f"≈{x:.2f}×" if tie else f"{x:.2f}×")
+    title = (
+        f"{fmt(med)} µs ({x:.2f}× the best{', tied with it: CIs overlap or within the gate threshold' if tie else ''})"
+    )
     return {
-        "css": "w-best" if x == 1.0 else "w-rank",
-        "text": "best" if x == 1.0 else f"{x:.2f}×",
+        "css": "w-best" if best else "w-rank",
+        "text": text + (" †" if note else ""),
         "sort": x,
         "style": f"background:{colour(x)}",
-        "title": f"{fmt(med)} µs ({x:.2f}× the best)",
+        "title": title + (f"; ranked on its passing outputs: {note}" if note else ""),
     }
 
 
@@ -53,7 +67,7 @@ def view(rows) -> dict:
             continue
         w = wins.get(cid)
         best_us = w.best_us if w else None
-        cells = [_cell(c["rows"][b], best_us) if b in c["rows"] else {"css": "w-skip", "text": ""} for b in backends]
-        cases.append({"id": cid, "op": c["op"], "cls": c["cls"], "best": w.best if w else "",
+        cells = [_cell(c["rows"][b], w) if b in c["rows"] else {"css": "w-skip", "text": ""} for b in backends]
+        cases.append({"id": cid, "op": c["op"], "cls": c["cls"], "best": " ≈ ".join([w.best, *w.tied]) if w else "",
                       "best_us": fmt(best_us), "best_v": best_us, "cells": cells})  # fmt: skip
     return {"backends": backends, "cases": cases, "ranked": len(wins)}

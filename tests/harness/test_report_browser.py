@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import base64
 import os
+import re
 import shutil
 from pathlib import Path
 
@@ -238,3 +239,39 @@ def test_compare_report_renders(browser, tmp_path):
     text = browser.evaluate("document.body.innerText")
     assert "regression" in text and "Regressions" in text and "All rows" in text
     browser.screenshot(str(_shots(tmp_path) / "compare.png"))
+
+
+def test_speed_verdicts_in_the_browser(browser, tmp_path):
+    """#31: tied winners shown as ties, an LSE-only known finding ranked with its mark, a 6x outlier fully
+    inside its latency panel, and "what changed" with sizes."""
+    from urllib.parse import unquote
+
+    rows = []
+    for i, l in enumerate((1024, 2048, 4096, 8192)):
+        cid = f"decode/b4-l{l}-h32x8-d128-bf16"
+        rows += [synthetic.timed(cid, "triton", 100.0 + i), synthetic.timed(cid, "triton-det", (100.0 + i) * 1.002)]
+        rows.append(synthetic.timed(cid, "fa4", (100.0 + i) * (6.0 if i == 1 else 1.5)))  # a 6x outlier at one length
+        xid = f"decode/b32-l{l}-h32x8-d128-bf16"
+        rows += [synthetic.lse_finding(xid, 50.0), synthetic.timed(xid, "torch", 80.0)]
+    base = synthetic.write_run(tmp_path / "base", rows)
+    new_rows = [
+        synthetic.timed(r.case_id, r.backend, r.timing["median_us"] * 1.5)
+        if r.backend == "fa4" and r.timing["median_us"] < 300
+        else r
+        for r in rows
+    ]
+    new = synthetic.write_run(tmp_path / "new", new_rows)
+    render_all(new, against=base)
+    text = _check_page(browser, new / "report.html", tmp_path, "speed-verdicts")
+    fastest = browser.evaluate(
+        "Array.from(document.querySelectorAll('#t-fastest td.fastest')).map(td => td.textContent)"
+    )
+    assert any("triton ≈ triton-det" in f or "triton-det ≈ triton" in f for f in fastest), fastest
+    assert "flashinfer-fa2 (o ✓, lse known finding)" in fastest, fastest
+    assert re.search(r"\[fa4\] [\d.]+ → [\d.]+ µs \(\+50\.\d%\)", text), text  # what changed, with sizes
+    assert "same 13: median change" in text
+    assert "4 known-finding rows ranked on their passing outputs only" in text and "did not pass: shown, marked" not in text
+    src = browser.evaluate("document.querySelector('img[alt=\"decode latency\"]').src")
+    svg = unquote(src)
+    assert ">6×<" in svg and ">1×<" in svg and ">2×<" in svg  # the panel reaches past the 6x point, readable ticks
+    assert browser.evaluate("document.querySelector('img[alt=\"decode latency\"]').naturalHeight") > 0
