@@ -270,7 +270,10 @@ def test_speed_verdicts_in_the_browser(browser, tmp_path):
     assert "flashinfer-fa2 (o ✓, lse known finding)" in fastest, fastest
     assert re.search(r"\[fa4\] [\d.]+ → [\d.]+ µs \(\+50\.\d%\)", text), text  # what changed, with sizes
     assert "same 13: median change" in text
-    assert "4 known-finding rows ranked on their passing outputs only" in text and "did not pass: shown, marked" not in text
+    assert (
+        "4 known-finding rows ranked on their passing outputs only" in text
+        and "did not pass: shown, marked" not in text
+    )
     src = browser.evaluate("document.querySelector('img[alt=\"decode latency\"]').src")
     svg = unquote(src)
     assert ">6×<" in svg and ">1×<" in svg and ">2×<" in svg  # the panel reaches past the 6x point, readable ticks
