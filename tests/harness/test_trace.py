@@ -123,6 +123,9 @@ def test_a_rows_repro_command_reruns_its_replayed_case(replay, tmp_path):
     _, out = replay
     row = next(r for r in read_results(out / "results.jsonl") if r.op == "extend" and r.backend == "triton")
     cmd = shlex.split(repro(row, json.loads((out / "run.json").read_text())))
+    env = [w for w in cmd if "=" in w and w.split("=", 1)[0].isupper()][: cmd.index("attnbench")]
+    assert env == ["TRITON_INTERPRET=1"]  # an interpreted Triton row: the command sets the interpreter
+    cmd = cmd[len(env) :]
     assert cmd[:2] == ["attnbench", "sweep"] and "--trace" in cmd
     res = invoke(*cmd[1:], "--out", str(tmp_path / "again"))
     assert res.exit_code == 0, res.output
