@@ -168,8 +168,14 @@ class Result(BaseModel):
     derived: Derived = {}
     prepare_s: float | None = None  # layout conversion, plan(), JIT, compilation: never in `timing`
     prepare_info: dict[str, Any] = {}  # a backend's breakdown (jit_s, plan_s, variant)
-    reference_s: float | None = None  # float64 reference + twin, shared by every backend of the case
+    reference_s: float | None = None  # float64 reference + twin (computed or loaded), shared by the case's rows
+    reference_from: str | None = None  # "computed" | "cache" (the reference cache, harness/refcache.py)
+    reference_note: str = ""  # a reference cache problem met on the way (a corrupt entry, a full disk)
+    inputs_s: float | None = None  # building the case's inputs, shared by every backend of the case
+    call_s: float | None = None  # the checked call of this row's closure and the copy of the inputs it writes
     check_s: float | None = None  # the correctness checks of this row (outputs, side effects, staleness)
+    check_parts: dict[str, float] = {}  # check_s by check: outputs, determinism, invariance, stale
+    case_s: float | None = None  # the whole case in its process (every row of it), shared by its rows
     tolerance_why: str = ""
     deterministic: bool | None = None  # two calls on the same inputs gave bitwise identical outputs
     batch_invariant: bool | None = None  # a request's outputs were bitwise the same alone and in a reordered batch
