@@ -218,7 +218,8 @@ def check_version(version: Any, what: str) -> None:
 
 
 class ResultWriter:
-    """Appends rows to `results.jsonl`, flushed and fsynced row by row (nothing lost on a crash).
+    """Appends rows to `results.jsonl`, flushed and fsynced as each batch (a case's rows) arrives
+    (nothing the supervisor received is lost on a crash).
 
     A torn last line left by a crash mid-write is moved to `results.jsonl.torn` (kept, and no longer
     in the way of the rows appended after it).
@@ -232,7 +233,12 @@ class ResultWriter:
         self._f = open(self.path, "a", encoding="utf-8")
 
     def append(self, r: Result) -> None:
-        self._f.write(r.to_json() + "\n")
+        self.extend([r])
+
+    def extend(self, rows: list[Result]) -> None:
+        """Append `rows` (a case's, as they arrive together), then flush and fsync once: each fsync costs
+        milliseconds, and one per row was a fifth of a small CPU sweep's wall time."""
+        self._f.write("".join(r.to_json() + "\n" for r in rows))
         self._f.flush()
         os.fsync(self._f.fileno())
 

@@ -318,8 +318,7 @@ def execute(
             def record(case: Case, case_rows: list[Result]) -> None:
                 t1 = time.perf_counter()
                 case_rows = expectations.apply(case_rows, p.expectations)
-                for r in case_rows:
-                    writer.append(r)
+                writer.extend(case_rows)
                 rows.extend(case_rows)
                 for note in dict.fromkeys(r.reference_note for r in case_rows if r.reference_note):
                     if on_problem:
@@ -449,8 +448,7 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
                                   complete=info.complete, git=info.git))  # fmt: skip
     check_writable(out)
     with ResultWriter(out / "results.jsonl") as w:
-        for r in rows:
-            w.append(r)
+        w.extend(rows)
     merged_env = dict(envs[0])
     if len({e.get("host") for e in envs}) > 1 or len({e.get("gpu") for e in envs}) > 1:
         merged_env["merged_from"] = [{k: e.get(k) for k in ("host", "gpu", "device")} for e in envs]

@@ -244,3 +244,35 @@ def test_bad_cache_settings_are_one_line_exit_2(tmp_path, monkeypatch, args, env
     assert res.exit_code == 2, res.output
     assert words in res.output and "Traceback" not in res.output
     assert not (tmp_path / "reports").exists()
+
+
+def test_readers_beside_writers_never_see_a_torn_entry(tmp_path):
+    """Workers share the directory: a reader sees the old entry, the new one or none, never part of one."""
+    import threading
+
+    case = _case()
+    x = case.make_inputs()
+    expected, twin = case.op.expected(case.params, x, torch.float64), case.op.expected(case.params, x, case.torch_dtype)
+    cache = refcache.RefCache(tmp_path)
+    problems, hits, stop = [], [], threading.Event()
+
+    def write():
+        while not stop.is_set():
+            cache.put(case, expected, twin)
+
+    def read():
+        while not stop.is_set():
+            got, problem = cache.get(case)
+            hits.append(got is not None)
+            if problem:
+                problems.append(problem)
+
+    threads = [threading.Thread(target=f) for f in (write, write, read, read)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert problems == [] and sum(hits) > 10
+    assert not [p for p in tmp_path.iterdir() if p.suffix != ".ref"]  # no temporary file left behind

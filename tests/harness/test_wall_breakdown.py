@@ -3,6 +3,7 @@ of harness_cost attributes) stays under 5% of the wall, in run.json, summary.md 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -31,3 +32,21 @@ def test_a_small_cpu_sweep_leaves_little_unattributed(tmp_path):
     summary = (out / "summary.md").read_text()
     assert f"other {other:.1f} s" in summary and "worker start-up" in summary
     assert "worker start-up (import, load backends)" in (out / "report.html").read_text()
+
+
+def test_rows_are_fsynced_once_per_case_not_once_per_row(tmp_path, monkeypatch):
+    """Each fsync costs milliseconds: one per row was a fifth of a small CPU sweep's wall time."""
+    from attnbench import results
+    from attnbench.executor import Execution
+    from attnbench.runner import RunOptions
+    from attnbench.sweep import execute, plan
+
+    p = plan(["smoke"], "cpu", ["torch", "flashinfer", "vllm"], ["merge_state"])
+    p = dataclasses.replace(p, cases=p.cases[:3])
+    assert len(p.backends) > 1
+    synced = []
+    real = results.os.fsync
+    monkeypatch.setattr(results.os, "fsync", lambda fd: (synced.append(fd), real(fd)))
+    rows = execute(p, tmp_path / "run", RunOptions(timing=False), how=Execution(isolate=False), argv=[])
+    assert len(rows) == 3 * len(p.backends) and len(synced) == 3
+    assert len(read_results(tmp_path / "run" / "results.jsonl")) == len(rows)
