@@ -12,6 +12,7 @@ import json
 import os
 import signal
 import sys
+import time
 from collections import Counter
 from pathlib import Path
 from typing import Annotated
@@ -45,6 +46,8 @@ list_app = typer.Typer(help="List suites, ops, backends (capability matrix) and 
 app.add_typer(list_app, name="list")
 trace_app = typer.Typer(help="Traces of served batches (docs/trace.md): import them from other tools.")
 app.add_typer(trace_app, name="trace")
+cache_app = typer.Typer(help="The reference cache: float64 references kept between runs (docs/measurement.md).")
+app.add_typer(cache_app, name="cache")
 console = make_console(stderr=True)
 out_console = make_console(stderr=False)
 
@@ -201,12 +204,21 @@ def sweep(
             help="Do not fail a run where every row skipped, or where a backend named with -b skipped every case.",
         ),
     ] = False,
+    ref_cache: Annotated[
+        str | None,
+        typer.Option(
+            "--ref-cache",
+            help="Reference cache directory, or off (default: $ATTNBENCH_REF_CACHE, else ~/.cache/attnbench/refs).",
+            show_default=False,
+        ),
+    ] = None,
 ) -> None:
     """Run suites: check every backend against float64 references, time it, write results and a report.
 
     Known failures (the built-in expectations, a suite's `expect:`, --expect files) become xfail and
     do not fail the run; an expected failure that passes is xpass and does (exit 1).
     """
+    from attnbench import refcache
     from attnbench.report import render_all
     from attnbench.results import read_results
     from attnbench.rundir import planned, prepare_run_dir
@@ -221,6 +233,8 @@ def sweep(
             raise AttnbenchError(f"--max-cases must be at least 1, got {max_cases}")
         if expect and no_expect:
             raise AttnbenchError("--expect and --no-expect contradict each other")
+        refs = refcache.resolve(ref_cache)
+        max_refs = refcache.default_max_bytes()
         _load_backends(plugin)
         p = plan(suites or [], device, backend, op, keyword, case, parse_shard(shard), max_cases=max_cases,
                  expect_files=expect, expect=not no_expect, require=_parse_require(require), traces=trace,
@@ -263,7 +277,8 @@ def sweep(
                         sanitize=sanitize, sanitizer=sanitizer_exe)  # fmt: skip
         _stop_on_signals()
         try:
-            rows = execute(p, run_dir, RunOptions(timing=timing), on_rows, argv=sys.argv, how=how,
+            opts = RunOptions(timing=timing, ref_cache=str(refs) if refs else None, ref_cache_max=max_refs)
+            rows = execute(p, run_dir, opts, on_rows, argv=sys.argv, how=how,
                            on_problem=progress.problem, on_status=progress.status)  # fmt: skip
         except KeyboardInterrupt:
             interrupted = True
@@ -272,7 +287,9 @@ def sweep(
             lock.close()
             _fail(e)
     rows = read_results(run_dir / "results.jsonl") if (run_dir / "results.jsonl").exists() else rows
+    t_report = time.perf_counter()
     render_all(run_dir)
+    _record_report_time(run_dir, time.perf_counter() - t_report)
     lock.close()  # the run directory is whole: another sweep may --resume or --overwrite it
     _print_summary(rows, complete=not interrupted)
     _print_notes(rows)
@@ -285,6 +302,19 @@ def sweep(
         console.print("[yellow]interrupted: the report covers the cases that finished[/]")
         raise typer.Exit(130)
     raise typer.Exit(max(exit_code(rows), int(unverified)))
+
+
+def _record_report_time(run_dir: Path, seconds: float) -> None:
+    """run.json's costs.report_s: rendering the report comes after the wall time the report states, so
+    a later `attnbench report` shows it (beside, not inside, the wall)."""
+    from attnbench.runinfo import read_run, write_run
+
+    try:
+        info = read_run(run_dir)
+        info.costs = dict(info.costs) | {"report_s": round(seconds, 3)}
+        write_run(info, run_dir)
+    except (OSError, AttnbenchError):
+        pass  # the run is whole without it
 
 
 def _dry_run(p) -> None:
@@ -758,6 +788,39 @@ def profile(
             out.write_text(text)
         except OSError as e:
             _fail(AttnbenchError(f"--out {out}: cannot write there ({e.strerror or e})"))
+
+
+_CACHE_DIR = typer.Option("--ref-cache", help="The cache directory (default: as sweep's, from the environment).")
+
+
+def _cache_or_exit(ref_cache: str | None):
+    from attnbench import refcache
+
+    try:
+        cache = refcache.open_cache(refcache.resolve(ref_cache))
+    except AttnbenchError as e:
+        _fail(e)
+    if cache is None:
+        out_console.print("the reference cache is off (--ref-cache off or $ATTNBENCH_REF_CACHE=off)", highlight=False)
+        raise typer.Exit(0)
+    return cache
+
+
+@cache_app.command("info")
+def cache_info(ref_cache: Annotated[str | None, _CACHE_DIR] = None) -> None:
+    """Where the reference cache is, how many references it holds, their size and the cap."""
+    cache = _cache_or_exit(ref_cache)
+    entries = cache.entries()
+    size = sum(st.st_size for _, st in entries)
+    out_console.print(f"{cache.root}: {len(entries)} references, {size / 2**20:.1f} MiB of "
+                      f"{cache.max_bytes / 2**30:g} GiB (least recently used go first)", highlight=False)  # fmt: skip
+
+
+@cache_app.command("clear")
+def cache_clear(ref_cache: Annotated[str | None, _CACHE_DIR] = None) -> None:
+    """Delete every reference of the cache (only its entries: nothing else in the directory)."""
+    cache = _cache_or_exit(ref_cache)
+    out_console.print(f"{cache.root}: {cache.clear()} references deleted", highlight=False)
 
 
 @trace_app.command("import")

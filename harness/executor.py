@@ -53,8 +53,9 @@ class Execution:
 class Executor(Protocol):
     name: ClassVar[str]
 
-    def run(self, jobs: list[Job], record: Record) -> None:
-        """Run every job; rows reach `record` as they are produced."""
+    def run(self, jobs: list[Job], record: Record) -> dict[str, float]:
+        """Run every job; rows reach `record` as they are produced. Returns the costs outside the cases
+        (worker start-up: `worker_start_s`, `workers_started`), for run.json's wall breakdown."""
 
 
 @dataclass(frozen=True)
@@ -66,7 +67,7 @@ class InProcess:
     opts: RunOptions
     env: Mapping
 
-    def run(self, jobs: list[Job], record: Record) -> None:
+    def run(self, jobs: list[Job], record: Record) -> dict[str, float]:
         lost = ""
         for case, names in jobs:
             if lost:
@@ -83,6 +84,7 @@ class InProcess:
                     error_row(case, n, f"not run: CUDA context lost ({e.reason})") for n in names if n not in got
                 ]
                 record(case, e.rows + missing)
+        return {}
 
 
 @dataclass(frozen=True)
@@ -98,10 +100,10 @@ class Isolated:
     on_problem: Callable[[str], None] | None = None
     launch: WorkerLaunch = WorkerLaunch()
 
-    def run(self, jobs: list[Job], record: Record) -> None:
+    def run(self, jobs: list[Job], record: Record) -> dict[str, float]:
         pool = Pool(list(self.devices), self.opts, record, plugins=list(self.plugins), timeout_s=self.timeout_s,
                     log_dir=self.log_dir, on_problem=self.on_problem, launch=self.launch)  # fmt: skip
-        pool.run(jobs)
+        return pool.run(jobs)
 
 
 @dataclass(frozen=True)
@@ -113,14 +115,14 @@ class Sanitized:
     env: Mapping
     workers: Isolated  # launched under the sanitizer, one job per worker
 
-    def run(self, jobs: list[Job], record: Record) -> None:
+    def run(self, jobs: list[Job], record: Record) -> dict[str, float]:
         single: list[Job] = []
         for case, names in jobs:
             rows, todo = triage(case, [self.backends[n] for n in names], dict(self.env))
             if rows:
                 record(case, list(rows.values()))
             single += [(case, [b.name]) for b in todo]
-        self.workers.run(single, record)
+        return self.workers.run(single, record)
 
 
 def choose(

@@ -107,6 +107,15 @@ class Pool:
         self._problems_seen: set[str] = set()
         self._shared = len(set(devices)) < len(devices)  # some GPU has several workers
         self._alone: list[_Job] = []  # out of memory beside other workers: run again alone at the end
+        # seconds from each worker's start to its Ready (importing torch, loading backends), summed
+        # jobs_s: from handing a case to a worker to its last rows (the case plus messaging); worker_stop_s:
+        # waiting for workers to exit at the end
+        self.costs: dict[str, float] = {
+            "worker_start_s": 0.0,
+            "workers_started": 0,
+            "jobs_s": 0.0,
+            "worker_stop_s": 0.0,
+        }
 
     # ---- worker lifecycle ------------------------------------------------------------------------
     def _start(self, device: str) -> _Worker:
@@ -164,13 +173,15 @@ class Pool:
         self.on_rows(case, rows)
 
     # ---- the loop -------------------------------------------------------------------------------------
-    def run(self, jobs: list[tuple[Case, list[str]]]) -> None:
-        """Run each (case, backend names); rows arrive through `on_rows` as each case finishes."""
+    def run(self, jobs: list[tuple[Case, list[str]]]) -> dict[str, float]:
+        """Run each (case, backend names); rows arrive through `on_rows` as each case finishes. Returns
+        `costs`: the workers' start-up seconds (summed over workers) and how many started."""
         self._drain(deque(_Job(c, list(names)) for c, names in jobs if names), self.devices)
         if self._alone:  # out of memory beside other workers: once more, one worker per GPU
             retry, self._alone, self._shared = self._alone, [], False
             self.on_problem(f"{len(retry)} case(s) ran out of memory on a shared GPU: running them again alone")
             self._drain(deque(retry), list(dict.fromkeys(self.devices)))
+        return dict(self.costs)
 
     def _drain(self, queue: deque[_Job], devices: list[str]) -> None:
         workers = [self._start(d) for d in devices]
@@ -200,8 +211,10 @@ class Pool:
                         workers[i] = self._start(w.device) if queue or not self.launch.fresh_per_job else None
                 workers = [w for w in workers if w is not None]
         finally:
+            t0 = time.monotonic()
             for w in workers:
                 self._stop(w, kill=bool(w.job))
+            self.costs["worker_stop_s"] += time.monotonic() - t0
 
     def _dispatch(self, w: _Worker, job: _Job) -> None:
         w.job, w.stage, w.started, w.done = job, "", time.monotonic(), []
@@ -215,6 +228,8 @@ class Pool:
             return self._crashed(w, queue)
         if isinstance(msg, Ready):
             w.ready = True
+            self.costs["worker_start_s"] += time.monotonic() - w.started
+            self.costs["workers_started"] += 1
             for p in msg.problems:
                 if p not in self._problems_seen:
                     self._problems_seen.add(p)
@@ -241,6 +256,7 @@ class Pool:
                     self._emit(w, w.job.case, rows)
             if w.job and set(w.done) >= set(w.job.backends):
                 w.job = None
+                self.costs["jobs_s"] += time.monotonic() - w.started
         elif isinstance(msg, Lost):
             self.on_problem(f"{w.device}: CUDA context lost ({msg.reason}); restarting the worker")
             self._requeue_rest(w, queue)

@@ -168,8 +168,14 @@ class Result(BaseModel):
     derived: Derived = {}
     prepare_s: float | None = None  # layout conversion, plan(), JIT, compilation: never in `timing`
     prepare_info: dict[str, Any] = {}  # a backend's breakdown (jit_s, plan_s, variant)
-    reference_s: float | None = None  # float64 reference + twin, shared by every backend of the case
+    reference_s: float | None = None  # float64 reference + twin (computed or loaded), shared by the case's rows
+    reference_from: str | None = None  # "computed" | "cache" (the reference cache, harness/refcache.py)
+    reference_note: str = ""  # a reference cache problem met on the way (a corrupt entry, a full disk)
+    inputs_s: float | None = None  # building the case's inputs, shared by every backend of the case
+    call_s: float | None = None  # the checked call of this row's closure and the copy of the inputs it writes
     check_s: float | None = None  # the correctness checks of this row (outputs, side effects, staleness)
+    check_parts: dict[str, float] = {}  # check_s by check: outputs, determinism, invariance, stale
+    case_s: float | None = None  # the whole case in its process (every row of it), shared by its rows
     tolerance_why: str = ""
     deterministic: bool | None = None  # two calls on the same inputs gave bitwise identical outputs
     batch_invariant: bool | None = None  # a request's outputs were bitwise the same alone and in a reordered batch
@@ -212,7 +218,8 @@ def check_version(version: Any, what: str) -> None:
 
 
 class ResultWriter:
-    """Appends rows to `results.jsonl`, flushed and fsynced row by row (nothing lost on a crash).
+    """Appends rows to `results.jsonl`, flushed and fsynced as each batch (a case's rows) arrives
+    (nothing the supervisor received is lost on a crash).
 
     A torn last line left by a crash mid-write is moved to `results.jsonl.torn` (kept, and no longer
     in the way of the rows appended after it).
@@ -226,7 +233,12 @@ class ResultWriter:
         self._f = open(self.path, "a", encoding="utf-8")
 
     def append(self, r: Result) -> None:
-        self._f.write(r.to_json() + "\n")
+        self.extend([r])
+
+    def extend(self, rows: list[Result]) -> None:
+        """Append `rows` (a case's, as they arrive together), then flush and fsync once: each fsync costs
+        milliseconds, and one per row was a fifth of a small CPU sweep's wall time."""
+        self._f.write("".join(r.to_json() + "\n" for r in rows))
         self._f.flush()
         os.fsync(self._f.fileno())
 

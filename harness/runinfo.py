@@ -80,6 +80,8 @@ class RunInfo(BaseModel):
     stopped_by: str | None = None
     resumed: list[dict[str, Any]] = []
     precompile: list[dict[str, Any]] = []
+    references: dict[str, Any] | None = None  # computed, from_cache, cache (directory or "off"), problems
+    costs: dict[str, float] = {}  # wall time outside the cases: worker_start_s, record_s, report_s
     merged_from: list[Source] = []  # kind "merge": the runs combined
     missing_shards: list[str] = []  # kind "merge" with --partial: the shards K/N not among them
     rows: int | None = None

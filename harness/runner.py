@@ -38,6 +38,8 @@ class RunOptions:
     # calls after the checked one that must reproduce its bits (harness/checks.py says why 5); fewer only
     # where the execution cannot vary between calls (tests of kernels under the Triton interpreter)
     determinism_repeats: int = DETERMINISM_REPEATS
+    ref_cache: str | None = None  # reference cache directory (harness/refcache.py); None: off
+    ref_cache_max: int | None = None  # its cap in bytes; None: refcache.default_max_bytes()
 
 
 class ContextLost(Exception):
@@ -152,8 +154,13 @@ def run_case(
     Raises ContextLost when a backend broke the CUDA context. Runs with the case's GPU as the current
     device (kernels that launch on the current device, like Triton's, then find their tensors).
     """
+    t0 = time.perf_counter()
     with torch.cuda.device(torch.device(case.device)) if case.on_cuda else contextlib.nullcontext():
-        return _run_case(case, backends, opts, env, on_stage)
+        rows = _run_case(case, backends, opts, env, on_stage)
+    case_s = time.perf_counter() - t0
+    for r in rows:
+        r.case_s = case_s
+    return rows
 
 
 def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
@@ -169,9 +176,10 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
         stage("reference")
         t0 = time.perf_counter()
         pristine = case.make_inputs()
-        expected = op.expected(p, pristine, torch.float64)
-        twin = op.expected(p, pristine, case.torch_dtype)
         _sync(case)
+        inputs_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        expected, twin, ref = _reference(case, pristine, opts)
         ref_s = time.perf_counter() - t0
         flops, nbytes = op.flops(p, pristine), op.bytes(p, pristine)
     except Exception as e:
@@ -183,37 +191,43 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
         if context_lost(e):
             raise ContextLost([rows[b.name] for b in backends if b.name in rows], str(e)) from e
         return [rows[b.name] for b in backends]
+    shared = {"reference_s": ref_s, "inputs_s": inputs_s} | ref  # every row of the case carries them
 
     rule = rule_for(case)
     closures: dict[str, Callable] = {}
     for b in todo:
         stage(b.name)
         try:
+            t0 = time.perf_counter()
             work = clone_tensors(pristine)
+            copy_s = time.perf_counter() - t0
             t0 = time.perf_counter()
             fn = b.prepare(case, work)
             _sync(case)
             prep = time.perf_counter() - t0
+            t0 = time.perf_counter()
             outputs = call_untimed(fn)
             _sync(case)
+            call_s = copy_s + time.perf_counter() - t0
             absent = dict(getattr(fn, "absent", {}) or {})
             if broken := outputs_contract(op, p, outputs, absent):
-                rows[b.name] = _row(case, b.name, "error", broken, prepare_s=prep, reference_s=ref_s, env=env)
+                rows[b.name] = _row(case, b.name, "error", broken, prepare_s=prep, call_s=call_s, env=env, **shared)
                 continue
-            t0 = time.perf_counter()
-            verdict = check(op, p, pristine, work, outputs, expected, twin, rule, absent=absent)
+            parts: dict[str, float] = {}
+            with _timed(parts, "outputs"):
+                verdict = check(op, p, pristine, work, outputs, expected, twin, rule, absent=absent)
             determinism = {}
             if not verdict.malformed:
-                determinism = _determinism(case, b, fn, pristine, outputs, verdict, opts)
+                determinism = _determinism(case, b, fn, pristine, outputs, verdict, opts, parts)
                 again = functools.partial(call_untimed, fn)
-                stale_check(op, p, pristine, expected, again, work, outputs, verdict, lambda: _sync(case))
-            check_s = time.perf_counter() - t0
+                with _timed(parts, "stale"):
+                    stale_check(op, p, pristine, expected, again, work, outputs, verdict, lambda: _sync(case))
             status = "pass" if verdict.ok else "fail"
             failed = subjects(verdict.problems, [*op.outputs_for(p), *op.writes_for(p)])
             rows[b.name] = _row(
-                case, b.name, status, verdict.reason, metrics=verdict.metrics, prepare_s=prep, reference_s=ref_s,
-                check_s=check_s, prepare_info=_info(fn, absent), env=env, failed=failed,
-                **determinism,
+                case, b.name, status, verdict.reason, metrics=verdict.metrics, prepare_s=prep, call_s=call_s,
+                check_s=sum(parts.values()), check_parts=parts, prepare_info=_info(fn, absent), env=env,
+                failed=failed, **shared, **determinism,
             )  # fmt: skip
             closures[b.name] = fn
         except Unsupported as e:
@@ -224,7 +238,7 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
             reason = describe(e)
             if out_of_memory(e):
                 reason += f" (case inputs {_nbytes(pristine) / 2**30:.2f} GiB, cloned once per backend)"
-            rows[b.name] = _row(case, b.name, "error", reason, reference_s=ref_s, env=env)
+            rows[b.name] = _row(case, b.name, "error", reason, env=env, **shared)
             if context_lost(e):
                 raise ContextLost([rows[n] for n in rows], f"{b.name}: {e}") from e
             if case.on_cuda:
@@ -259,14 +273,50 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
     return [rows[b.name] for b in backends]
 
 
+def _reference(case: Case, pristine, opts: RunOptions) -> tuple[dict, dict, dict]:
+    """The float64 expectation and the native-precision twin of `case`, from the reference cache when
+    it holds them (harness/refcache.py), else computed (and stored there). The third value is what the
+    rows record: `reference_from` ("cache" | "computed") and `reference_note` (a cache problem)."""
+    from attnbench import refcache
+
+    op, p = case.op, case.params
+    cache = refcache.open_cache(opts.ref_cache, opts.ref_cache_max)
+    note = ""
+    if cache is not None:
+        hit, note = cache.get(case)
+        if hit is not None:
+            return *hit, {"reference_from": "cache"}
+    expected = op.expected(p, pristine, torch.float64)
+    twin = op.expected(p, pristine, case.torch_dtype)
+    _sync(case)
+    if cache is not None:
+        stored = cache.put(case, expected, twin)
+        note = "; ".join(filter(None, (note, stored)))
+    return expected, twin, {"reference_from": "computed"} | ({"reference_note": note} if note else {})
+
+
+@contextlib.contextmanager
+def _timed(parts: dict[str, float], name: str):
+    """Add the seconds the block takes to `parts[name]` (a row's `check_parts`)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        parts[name] = parts.get(name, 0.0) + time.perf_counter() - t0
+
+
 def _info(fn: Callable, absent: dict[str, str]) -> dict:
     """The row's prepare_info: the closure's `info`, plus the outputs its kernel does not produce."""
     return dict(getattr(fn, "info", {}) or {}) | ({"absent": absent} if absent else {})
 
 
-def _determinism(case: Case, b: Backend, fn: Callable, pristine, outputs: dict, verdict: Verdict, opts) -> dict:
+def _determinism(
+    case: Case, b: Backend, fn: Callable, pristine, outputs: dict, verdict: Verdict, opts, parts: dict[str, float]
+) -> dict:
     """Run-to-run determinism (always: `opts.determinism_repeats` more calls, see harness/checks.py) and batch
-    invariance (when asked); required ones, and determinism a backend declares, fail the row."""
+    invariance (when asked); required ones, and determinism a backend declares, fail the row. Their seconds
+    go to `parts` ("determinism", "invariance")."""
+    t0 = time.perf_counter()
     first = {k: v.clone() for k, v in outputs.items()}
     same = True
     for _ in range(opts.determinism_repeats):
@@ -278,13 +328,15 @@ def _determinism(case: Case, b: Backend, fn: Callable, pristine, outputs: dict, 
         if outputs_changed(first, again):
             same = False
             break
+    parts["determinism"] = time.perf_counter() - t0
     out = {"deterministic": same}
     promised = "deterministic" in case.require or getattr(b, "deterministic", False) is True
     if not same and promised:
         why = "required here" if "deterministic" in case.require else f"{b.name} declares itself deterministic"
         verdict.problems.append(f"not deterministic ({why}): calls on the same inputs gave different bits")
     if opts.invariance or case.invariance or "batch_invariant" in case.require:
-        out["batch_invariant"] = _batch_invariant(case, b, pristine, first)
+        with _timed(parts, "invariance"):
+            out["batch_invariant"] = _batch_invariant(case, b, pristine, first)
         if out["batch_invariant"] is False and "batch_invariant" in case.require:
             verdict.problems.append("not batch invariant: a request's output changed with the batch around it")
     return out

@@ -302,6 +302,7 @@ def execute(
     jobs = [(c, [b.name for b in p.backends if (c.id, b.name) not in done]) for c in p.cases]
     jobs = [(c, names) for c, names in jobs if names]
     rows: list[Result] = list(earlier)
+    costs: dict[str, float] = {"record_s": 0.0}  # writing rows (fsynced) and showing progress, in this process
     t0 = time.perf_counter()
     try:
         if records := precompile(p.backends, jobs, on_status):
@@ -315,17 +316,21 @@ def execute(
         with ResultWriter(results) as writer:
 
             def record(case: Case, case_rows: list[Result]) -> None:
+                t1 = time.perf_counter()
                 case_rows = expectations.apply(case_rows, p.expectations)
-                for r in case_rows:
-                    writer.append(r)
+                writer.extend(case_rows)
                 rows.extend(case_rows)
+                for note in dict.fromkeys(r.reference_note for r in case_rows if r.reference_note):
+                    if on_problem:
+                        on_problem(note)
                 if on_rows:
                     on_rows(case, case_rows)
+                costs["record_s"] += time.perf_counter() - t1
 
             executor = choose(
                 how, p.device, list(p.backends), opts, envmod.short(environment), out / "logs", on_problem
             )
-            executor.run(jobs, record)
+            costs.update(executor.run(jobs, record) or {})
         run_info.complete = True
     except BaseException as e:  # say in run.json why the sweep stopped (Ctrl-C, a harness error)
         run_info.stopped_by = describe(e, first_line=True) if isinstance(e, Exception) else type(e).__name__
@@ -335,8 +340,23 @@ def execute(
         run_info.wall_s = round(time.perf_counter() - t0, 3)
         run_info.complete = bool(run_info.complete)
         run_info.rows = len(rows)
+        run_info.references = reference_counts(rows[len(earlier) :], opts.ref_cache)
+        run_info.costs = {k: round(v, 3) for k, v in costs.items()}
         write_run(run_info, out)
     return rows
+
+
+def reference_counts(rows: list[Result], cache: str | None) -> dict[str, Any]:
+    """run.json's `references`: how many cases of these rows computed their reference and how many loaded it
+    from the reference cache (a case split over two workers by a crash counts in each), the cache
+    directory (or "off") and the cache problems met."""
+    made = {(r.case_id, r.reference_from) for r in rows if r.reference_from}
+    return {
+        "computed": sum(src == "computed" for _, src in made),
+        "from_cache": sum(src == "cache" for _, src in made),
+        "cache": cache or "off",
+        "problems": len({(r.case_id, r.reference_note) for r in rows if r.reference_note}),
+    }
 
 
 def precompile(backends: list[Backend], jobs: list[tuple[Case, list[str]]], on_status=None) -> list[dict]:
@@ -428,8 +448,7 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
                                   complete=info.complete, git=info.git))  # fmt: skip
     check_writable(out)
     with ResultWriter(out / "results.jsonl") as w:
-        for r in rows:
-            w.append(r)
+        w.extend(rows)
     merged_env = dict(envs[0])
     if len({e.get("host") for e in envs}) > 1 or len({e.get("gpu") for e in envs}) > 1:
         merged_env["merged_from"] = [{k: e.get(k) for k in ("host", "gpu", "device")} for e in envs]

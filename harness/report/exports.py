@@ -211,7 +211,18 @@ def write_summary_md(
     cost = harness_cost(rows, run)
     if cost["wall_s"]:
         parts = "; ".join(f"{p['what'].split(' (')[0]} {p['s']:.1f} s" for p in cost["parts"])
-        lines += ["", f"Wall {cost['wall_s']:.1f} s: {parts}; kernel time in timed windows {cost['kernel_s']:.2f} s."]
+        over = f" x {cost['workers']} workers" if cost["workers"] > 1 else ""
+        lines += [
+            "",
+            f"Wall {cost['wall_s']:.1f} s{over}: {parts}; kernel time in timed windows {cost['kernel_s']:.2f} s.",
+        ]
+    if refs := cost["references"]:
+        lines += [
+            "",
+            f"References: {refs.get('computed', 0)} computed, {refs.get('from_cache', 0)} loaded from the "
+            f"reference cache ({refs.get('cache', 'off')})"
+            + (f"; {refs['problems']} cache problem(s), see the sweep's warnings." if refs.get("problems") else "."),
+        ]
     xf = [r for r in rows if status_of(r) == "xfail"]
     if xf:
         lines += [

@@ -37,29 +37,84 @@ def measurement(rows) -> dict:
     }
 
 
+CHECK_KINDS = {  # a row's check_parts, in the order they run (harness/runner.py)
+    "outputs": "checks: outputs against the reference",
+    "determinism": "checks: determinism repeats",
+    "invariance": "checks: batch invariance",
+    "stale": "checks: stale-output run",
+}
+
+
 def harness_cost(rows, run: dict) -> dict:
-    """Where the run's wall time went: references, prepares, checks, timing (of which kernel time)."""
-    per_case_ref = {r.case_id: r.reference_s for r in rows if r.reference_s}
-    per_case_timing = {r.case_id: r.timing.get("wall_s", 0.0) for r in rows if r.timing}
+    """Where the run's wall time went, item by item, and "other" (the wall time no item accounts for).
+
+    Per case (counted once, from any of its rows): building inputs, the references (computed or loaded
+    from the reference cache), the timing of all its backends, and the case's own bookkeeping (its
+    time in the worker beyond the items: supports(), cost model, rows). Per row: prepare, the checked
+    call (with the copy of the inputs it writes), each check. Per run (run.json `costs`): precompile,
+    worker start-up, writing the rows, messaging between the processes, worker shutdown. With several
+    workers (`--gpus`) the items are machine time summed over them, measured against wall x workers.
+    """
+    costs = run.get("costs") or {}
+    by_case: dict[str, list] = {}
+    for r in rows:
+        by_case.setdefault(r.case_id, []).append(r)
+
+    def per_case(get) -> float:
+        return sum(next((v for r in rs if (v := get(r))), 0.0) for rs in by_case.values())
+
+    inputs = per_case(lambda r: r.inputs_s)
+    refs = per_case(lambda r: r.reference_s)
+    timing = per_case(lambda r: (r.timing or {}).get("wall_s"))
+    checks = {k: sum((r.check_parts or {}).get(k, 0.0) for r in rows) for k in CHECK_KINDS}
+    unsplit = sum(r.check_s or 0.0 for r in rows if r.check_s and not r.check_parts)  # rows of older runs
+    rows_s = sum((r.prepare_s or 0.0) + (r.call_s or 0.0) + (r.check_s or 0.0) for r in rows)
+    case_s = per_case(lambda r: r.case_s)
+    bookkeeping = max(0.0, case_s - inputs - refs - timing - rows_s) if case_s else 0.0
+    made = {(r.case_id, r.reference_from) for r in rows if r.reference_from}
+    computed = sum(src == "computed" for _, src in made)
+    loaded = sum(src == "cache" for _, src in made)
+    ref_what = "float64 references (+ native twins"
+    ref_what += f"; {computed} computed, {loaded} from the cache)" if made else ", inputs)"
     parts = {
         "precompile (batched JIT before the cases)": sum(r.get("s", 0.0) for r in run.get("precompile", [])),
-        "float64 references (+ native twins, inputs)": sum(per_case_ref.values()),
+        "worker start-up (import, load backends)": costs.get("worker_start_s", 0.0),
+        "input building": inputs,
+        ref_what: refs,
         "prepare (layout, plan, JIT, compile)": sum(r.prepare_s or 0.0 for r in rows),
-        "correctness checks": sum(r.check_s or 0.0 for r in rows),
-        "timing (warm-up, pilot, graph capture, sampling)": sum(per_case_timing.values()),
+        "checked calls (one per row, with its copy of the inputs)": sum(r.call_s or 0.0 for r in rows),
+        **{what: checks[k] for k, what in CHECK_KINDS.items()},
+        "timing (warm-up, pilot, graph capture, sampling)": timing,
+        "per-case bookkeeping (supports, cost model, rows)": bookkeeping,
+        "writing rows (results.jsonl, fsynced) and progress": costs.get("record_s", 0.0),
+        # a worker's job ends when its rows are written: what is left is sending cases and rows between processes
+        "worker messaging (cases and rows between processes)": max(
+            0.0, costs.get("jobs_s", 0.0) - case_s - costs.get("record_s", 0.0)
+        )
+        if costs.get("jobs_s")
+        else 0.0,
+        "worker shutdown": costs.get("worker_stop_s", 0.0),
     }
+    if unsplit:
+        parts["correctness checks"] = unsplit
+    parts = {k: v for k, v in parts.items() if v or k.startswith(("float64", "prepare", "timing", "precompile"))}
     kernel = sum(r.timing.get("kernel_s", 0.0) for r in rows if r.timing)
     wall = run.get("wall_s")
-    out = [{"what": k, "s": v, "pct": 100 * v / wall if wall else None} for k, v in parts.items()]
-    if wall:
-        out.append(
-            {
-                "what": "other (input copies, stale-output runs, writing)",
-                "s": wall - sum(parts.values()),
-                "pct": 100 * (wall - sum(parts.values())) / wall,
-            }
-        )
-    return {"parts": out, "kernel_s": kernel, "wall_s": wall, "complete": run.get("complete", True)}
+    workers = max(1, len(run.get("devices") or ())) if run.get("executor") == "isolated" else 1
+    budget = wall * workers if wall else None
+    out = [{"what": k, "s": v, "pct": 100 * v / budget if budget else None} for k, v in parts.items()]
+    if budget:
+        rest = budget - sum(parts.values())
+        out.append({"what": "other (not attributed)", "s": rest, "pct": 100 * rest / budget})
+    return {
+        "parts": out,
+        "kernel_s": kernel,
+        "wall_s": wall,
+        "workers": workers,
+        "report_s": costs.get("report_s"),
+        "references": run.get("references"),
+        "complete": run.get("complete", True),
+    }
 
 
 def peaks_view(env: dict) -> list[dict]:

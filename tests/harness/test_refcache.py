@@ -1,0 +1,278 @@
+"""The reference cache: a second identical run computes no reference, a change to the reference code or
+the input generation recomputes, a bad entry is never trusted, the cap holds, and off means off."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+
+import pytest
+import torch
+from typer.testing import CliRunner
+
+from attnbench import refcache
+from attnbench.backend import get_backend
+from attnbench.case import Case
+from attnbench.cli import app
+from attnbench.results import read_results
+from attnbench.runner import RunOptions, run_case
+
+MERGE = "merge_state/t33-h4-d64-fp32"
+
+
+def _case(case_id: str = MERGE) -> Case:
+    return Case.from_id(case_id)
+
+
+def _run(case: Case, root) -> list:
+    return run_case(case, [get_backend("torch")], RunOptions(timing=False, ref_cache=str(root)))
+
+
+def _sweep(out, *more):
+    args = ["sweep", "smoke", "--op", "merge_state", "-b", "torch", "--device", "cpu", "--out", str(out), *more]
+    return CliRunner().invoke(app, args, catch_exceptions=False)
+
+
+def test_a_second_sweep_computes_no_reference(tmp_path):
+    cache = tmp_path / "refs"
+    first = _sweep(tmp_path / "a", "--ref-cache", str(cache))
+    assert first.exit_code == 0, first.output
+    second = _sweep(tmp_path / "b", "--ref-cache", str(cache))
+    assert second.exit_code == 0, second.output
+    runs = [json.loads((tmp_path / d / "run.json").read_text())["references"] for d in "ab"]
+    n = len(read_results(tmp_path / "a" / "results.jsonl"))
+    assert runs[0] == {"computed": n, "from_cache": 0, "cache": str(cache), "problems": 0}
+    assert runs[1] == {"computed": 0, "from_cache": n, "cache": str(cache), "problems": 0}
+    assert f"References: 0 computed, {n} loaded from the reference cache" in (tmp_path / "b" / "summary.md").read_text()
+    # the same verdicts and the same errors, to the bit: the cached reference is the computed one
+    a, b = (read_results(tmp_path / d / "results.jsonl") for d in "ab")
+    assert [(r.case_id, r.status, r.metrics) for r in a] == [(r.case_id, r.status, r.metrics) for r in b]
+    assert {r.reference_from for r in b} == {"cache"}
+
+
+def test_the_cached_reference_is_bitwise_the_computed_one(tmp_path):
+    case = _case("decode/b2-l45-h4x2-d64-p16-bf16")
+    inputs = case.make_inputs()
+    expected = case.op.expected(case.params, inputs, torch.float64)
+    twin = case.op.expected(case.params, inputs, case.torch_dtype)
+    cache = refcache.RefCache(tmp_path)
+    assert cache.put(case, expected, twin) == ""
+    (got_expected, got_twin), problem = cache.get(case)
+    assert problem == ""
+    for want, got in ((expected, got_expected), (twin, got_twin)):
+        assert want.keys() == got.keys()
+        for k in want:
+            assert got[k].dtype == want[k].dtype and torch.equal(got[k], want[k]), k
+
+
+def test_the_key_covers_references_ops_and_input_helpers():
+    names = {(p.parent.name, p.name) for p in refcache.source_files(_case().op)}
+    assert {("references", "attention.py"), ("references", "gdn.py"), ("references", "spec.py")} <= names
+    assert {("ops", "attention.py"), ("ops", "rng.py"), ("ops", "distributions.py"), ("ops", "base.py")} <= names
+    assert {("harness", "buffers.py"), ("harness", "case.py")} <= names
+
+
+def test_a_changed_reference_source_recomputes(tmp_path, monkeypatch):
+    extra = tmp_path / "reference_under_edit.py"
+    extra.write_text("def reference(): return 1\n")
+    real = refcache.source_files
+    monkeypatch.setattr(refcache, "source_files", lambda op=None: [*real(op), extra])
+    case, root = _case(), tmp_path / "refs"
+    assert {r.reference_from for r in _run(case, root)} == {"computed"}
+    assert {r.reference_from for r in _run(case, root)} == {"cache"}
+    extra.write_text("def reference(): return 2\n")  # same size: the digest reads the bytes, not the stat
+    os.utime(extra, ns=(time.time_ns(), time.time_ns() + 1))
+    assert {r.reference_from for r in _run(case, root)} == {"computed"}
+    assert {r.reference_from for r in _run(case, root)} == {"cache"}
+
+
+def test_other_parameters_dtype_or_seed_are_other_entries(tmp_path):
+    root = tmp_path / "refs"
+    for cid in (MERGE, "merge_state/t33-h4-d64-bf16", "merge_state/t33-h4-d64-fp32-s1", "merge_state/t34-h4-d64-fp32"):
+        assert {r.reference_from for r in _run(_case(cid), root)} == {"computed"}, cid
+    assert len(refcache.RefCache(root).entries()) == 4
+
+
+def _entry(root):
+    (path, _), *rest = refcache.RefCache(root).entries()
+    assert not rest
+    return path
+
+
+def _flip_last_byte(b: bytes) -> bytes:
+    return b[:-1] + bytes([b[-1] ^ 1])
+
+
+@pytest.mark.parametrize(
+    "damage",
+    [
+        pytest.param(_flip_last_byte, id="one-bit-flipped"),
+        pytest.param(lambda b: b[: len(b) // 2], id="truncated"),
+        pytest.param(lambda b: b"", id="empty"),
+        pytest.param(lambda b: b"not an entry at all\n" + b[100:], id="garbage-header"),
+    ],
+)
+def test_a_corrupt_entry_is_recomputed_and_replaced(tmp_path, damage):
+    case, root = _case(), tmp_path / "refs"
+    good = _run(case, root)
+    path = _entry(root)
+    path.write_bytes(damage(path.read_bytes()))
+    rows = _run(case, root)
+    assert {r.reference_from for r in rows} == {"computed"}
+    assert all("is corrupt" in r.reference_note and path.name in r.reference_note for r in rows)
+    assert [r.metrics for r in rows] == [r.metrics for r in good]
+    assert {r.reference_from for r in _run(case, root)} == {"cache"}  # replaced by a good one
+
+
+def test_an_entry_of_another_case_under_this_key_is_not_trusted(tmp_path):
+    root = tmp_path / "refs"
+    a, b = _case(), _case("merge_state/t34-h4-d64-fp32")
+    _run(a, root)
+    entry_a = _entry(root)
+    key_b = refcache.key_of(refcache.key_material(b))
+    refcache.RefCache(root).path(key_b).write_bytes(entry_a.read_bytes())  # a consistent file, the wrong case
+    rows = _run(b, root)
+    assert {r.reference_from for r in rows} == {"computed"} and "another case" in rows[0].reference_note
+    assert {r.status for r in rows} == {"pass"}
+
+
+def test_a_write_that_fails_leaves_no_entry_and_no_temporary_file(tmp_path, monkeypatch):
+    case, root = _case(), tmp_path / "refs"
+
+    def fail(*a):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(refcache.os, "replace", fail)
+    rows = _run(case, root)
+    assert {r.reference_from for r in rows} == {"computed"} and "No space left" in rows[0].reference_note
+    assert list(root.iterdir()) == []
+
+
+def test_eviction_keeps_the_cache_under_its_cap_least_recently_used_first(tmp_path):
+    cases = [_case(f"merge_state/t{t}-h4-d64-fp32") for t in (30, 31, 32, 33)]
+    probe = refcache.RefCache(tmp_path / "probe")
+    sizes = []
+    for c in cases:
+        x = c.make_inputs()
+        probe.put(c, c.op.expected(c.params, x, torch.float64), c.op.expected(c.params, x, c.torch_dtype))
+    sizes = {p.name: st.st_size for p, st in probe.entries()}
+    cap = sum(sorted(sizes.values())[-3:])  # room for any three entries, never four
+    cache = refcache.RefCache(tmp_path / "refs", max_bytes=cap)
+    for i, c in enumerate(cases[:3]):
+        x = c.make_inputs()
+        assert cache.put(c, c.op.expected(c.params, x, torch.float64), c.op.expected(c.params, x, c.torch_dtype)) == ""
+        os.utime(cache.path(refcache.key_of(refcache.key_material(c))), (1000 + i, 1000 + i))  # 0 oldest
+    assert cache.get(cases[0])[0] is not None  # a hit makes case 0 the most recently used
+    x = cases[3].make_inputs()
+    c3 = cases[3]
+    cache.put(c3, c3.op.expected(c3.params, x, torch.float64), c3.op.expected(c3.params, x, c3.torch_dtype))
+    assert cache.size() <= cap
+    held = [c for c in cases if cache.get(c)[0] is not None]
+    assert held == [cases[0], cases[2], cases[3]]  # case 1 was the least recently used
+
+
+def test_an_entry_larger_than_the_cap_is_not_stored(tmp_path):
+    case = _case()
+    rows = run_case(case, [get_backend("torch")], RunOptions(timing=False, ref_cache=str(tmp_path), ref_cache_max=100))
+    assert {r.reference_from for r in rows} == {"computed"} and "larger than the cache's cap" in rows[0].reference_note
+    assert refcache.RefCache(tmp_path).entries() == []
+
+
+def test_off_means_off(tmp_path, monkeypatch):
+    monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path / "cache"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("ATTNBENCH_REF_CACHE")
+    res = _sweep(tmp_path / "a", "--ref-cache", "off")
+    assert res.exit_code == 0, res.output
+    refs = json.loads((tmp_path / "a" / "run.json").read_text())["references"]
+    assert refs["cache"] == "off" and refs["from_cache"] == 0 and refs["computed"] > 0
+    monkeypatch.setenv("ATTNBENCH_REF_CACHE", "off")
+    assert _sweep(tmp_path / "b").exit_code == 0
+    assert json.loads((tmp_path / "b" / "run.json").read_text())["references"]["cache"] == "off"
+    assert not any(p.is_file() for p in tmp_path.rglob("*.ref"))
+    assert not (tmp_path / "cache").exists() and not (tmp_path / "xdg").exists() and not (tmp_path / "home").exists()
+
+
+def test_the_default_directory_follows_the_environment(tmp_path, monkeypatch):
+    for var in ("ATTNBENCH_REF_CACHE", "ATTNBENCH_CACHE", "XDG_CACHE_HOME"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("HOME", str(tmp_path))
+    assert refcache.default_dir() == tmp_path / ".cache" / "attnbench" / "refs"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert refcache.default_dir() == tmp_path / "xdg" / "attnbench" / "refs"
+    monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path / "ab"))
+    assert refcache.default_dir() == tmp_path / "ab" / "refs"
+    monkeypatch.setenv("ATTNBENCH_REF_CACHE", str(tmp_path / "mine"))
+    assert refcache.default_dir() == tmp_path / "mine"
+    monkeypatch.setenv("ATTNBENCH_REF_CACHE", "OFF")
+    assert refcache.default_dir() is None
+    # the default run uses it: a sweep without --ref-cache fills $ATTNBENCH_REF_CACHE
+    monkeypatch.setenv("ATTNBENCH_REF_CACHE", str(tmp_path / "mine"))
+    assert _sweep(tmp_path / "run").exit_code == 0
+    assert len(refcache.RefCache(tmp_path / "mine").entries()) > 0
+
+
+def test_cache_clear_deletes_entries_and_nothing_else(tmp_path):
+    root = tmp_path / "refs"
+    _run(_case(), root)
+    (root / "notes.txt").write_text("mine")
+    res = CliRunner().invoke(app, ["cache", "info", "--ref-cache", str(root)])
+    assert res.exit_code == 0 and "1 references" in res.output
+    res = CliRunner().invoke(app, ["cache", "clear", "--ref-cache", str(root)])
+    assert res.exit_code == 0 and "1 references deleted" in res.output
+    assert [p.name for p in root.iterdir()] == ["notes.txt"]
+    assert {r.reference_from for r in _run(_case(), root)} == {"computed"}
+
+
+@pytest.mark.parametrize(
+    ("args", "env", "words"),
+    [
+        (["sweep", "--op", "merge_state", "--ref-cache", "FILE"], {}, "not a directory"),
+        (["sweep", "--op", "merge_state"], {"ATTNBENCH_REF_CACHE_MAX": "lots"}, "ATTNBENCH_REF_CACHE_MAX: 'lots'"),
+        (["cache", "info"], {"ATTNBENCH_REF_CACHE_MAX": "-1"}, "is not a size"),
+    ],
+)
+def test_bad_cache_settings_are_one_line_exit_2(tmp_path, monkeypatch, args, env, words):
+    (tmp_path / "FILE").write_text("")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ATTNBENCH_REF_CACHE", str(tmp_path / "refs"))
+    for k, v in env.items():
+        monkeypatch.setenv(k, v)
+    res = CliRunner().invoke(app, args)
+    assert res.exit_code == 2, res.output
+    assert words in res.output and "Traceback" not in res.output
+    assert not (tmp_path / "reports").exists()
+
+
+def test_readers_beside_writers_never_see_a_torn_entry(tmp_path):
+    """Workers share the directory: a reader sees the old entry, the new one or none, never part of one."""
+    import threading
+
+    case = _case()
+    x = case.make_inputs()
+    expected, twin = case.op.expected(case.params, x, torch.float64), case.op.expected(case.params, x, case.torch_dtype)
+    cache = refcache.RefCache(tmp_path)
+    problems, hits, stop = [], [], threading.Event()
+
+    def write():
+        while not stop.is_set():
+            cache.put(case, expected, twin)
+
+    def read():
+        while not stop.is_set():
+            got, problem = cache.get(case)
+            hits.append(got is not None)
+            if problem:
+                problems.append(problem)
+
+    threads = [threading.Thread(target=f) for f in (write, write, read, read)]
+    for t in threads:
+        t.start()
+    time.sleep(2.0)
+    stop.set()
+    for t in threads:
+        t.join()
+    assert problems == [] and sum(hits) > 10
+    assert not [p for p in tmp_path.iterdir() if p.suffix != ".ref"]  # no temporary file left behind
