@@ -253,6 +253,12 @@ def test_split_schedule():
     # B16 (128 programs): two splits fill the SMs twice (H100: 99 us against 104 with 11 splits)
     items, _ = split_schedule([4096] * 16, -1, 8, 64, 132, 3, **kw)
     assert len(items) == 32
+    # ... but not into splits shorter than FILL_KEYS (H100, 1024 keys: 29.9 us unsplit, 32.3 in two)
+    items, _ = split_schedule([1024] * 16, -1, 8, 64, 132, 3, **kw)
+    assert len(items) == 16
+    # with half the SMs idle, short splits still pay (B8, 1024 keys: 20.4 us in 4 splits, 24.5 unsplit)
+    items, _ = split_schedule([1024] * 8, -1, 8, 64, 132, 3, **kw)
+    assert len(items) == 32
     # over a wave unsplit (B64: 512 programs on 396 slots): the split count whose waves end soonest
     items, _ = split_schedule([4096] * 64, -1, 8, 64, 132, 3, **kw)
     assert len(items) == 3 * 64
@@ -261,7 +267,10 @@ def test_split_schedule():
     # skewed: the long request is cut finely, the short ones stay whole
     items, _ = split_schedule([4096] + [256] * 31, -1, 8, 64, 132, 3, **kw)
     counts = [sum(1 for b, _, _ in items if b == r) for r in range(32)]
-    assert counts[0] > 8 and set(counts[1:]) == {1}
+    assert counts[0] == 4 and set(counts[1:]) == {1}  # FILL_KEYS splits: 256 programs cover the SMs
+    items, _ = split_schedule([4096] + [128] * 3, -1, 8, 64, 132, 3, **kw)
+    counts = [sum(1 for b, _, _ in items if b == r) for r in range(4)]
+    assert counts[0] > 8 and set(counts[1:]) == {1}  # 32 programs: the long request cut finely
     # window: only the last W + 1 keys are scheduled
     items, _ = split_schedule([1000, 50], 99, 8, 64, 1, 1, **kw)
     assert [(b, s, e) for b, s, e in items] == [(0, 900, 1000), (1, 0, 50)]
