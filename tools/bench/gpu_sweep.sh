@@ -2,11 +2,13 @@
 # One GPU call: `attnbench sweep NAME ARGS...` into /tmp/runs/NAME, then results.jsonl, summary.md,
 # run.json and env.json copied to $OUT/NAME (the device tool brings back at most 8 files).
 # Usage (repo root, .gpu parts unpacked): bash tools/bench/gpu_sweep.sh NAME SECONDS SWEEP-ARGS...
+# Called again with the same NAME on the same machine, it resumes the run (--resume).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
 name=$1; secs=$2; shift 2
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/$name"
 python -c "import attnbench" 2>/dev/null || python -m pip install --no-deps --no-build-isolation -q -e . >/tmp/pip.log 2>&1
-timeout "$secs" python -m attnbench sweep "$@" --out "/tmp/runs/$name" >"/tmp/runs-$name.log" 2>&1
+again=(); [ -f "/tmp/runs/$name/run.json" ] && again=(--resume)  # a run cut by the time limit goes on
+timeout "$secs" python -m attnbench sweep "$@" "${again[@]}" --out "/tmp/runs/$name" >>"/tmp/runs-$name.log" 2>&1
 echo "== $name: sweep exit $?"; grep -v "^progress" "/tmp/runs-$name.log" | tail -25
 for f in results.jsonl summary.md run.json env.json; do cp "/tmp/runs/$name/$f" "$OUT/$name/" 2>/dev/null; done
