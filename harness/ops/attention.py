@@ -393,7 +393,7 @@ _PLANNED = (
 
 _PAGES = (
     "the page table: the bundled torch backend turns it into gather indices in prepare, so it is held until "
-    "backends read it on every call (a known escape of the selftest, stale-page-table)"
+    "backends read it on every call"
 )
 
 

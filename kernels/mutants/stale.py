@@ -10,6 +10,8 @@ op reads (`Op.perturbations`) and requires the outputs to follow.
 The fields are written here, per op, apart from the ops' declarations, so a class of inputs an op
 forgets to perturb leaves its mutant uncaught. A mutant does not touch outputs or the inputs a case
 writes (caches, state pools); where a case has none of its fields (no sinks, no fp8 scales) it skips.
+Inputs an op holds (`Op.held`: lengths, attention page tables) have no mutant here: the check does not
+change them, so it could not catch one (docs/conventions.md says why they are held).
 """
 
 from __future__ import annotations
@@ -21,12 +23,6 @@ from attnbench.errors import Unsupported
 
 ATTENTION = ("decode", "extend", "tree_verify")
 GDN = ("gdn_decode", "gdn_extend", "gdn_verify")
-
-
-PAGE_TABLE_HELD = (
-    "attention ops hold their page table (harness/ops/attention.py _PAGES): the bundled torch backend turns it "
-    "into gather indices in prepare, so the stale-output check does not move pages yet"
-)
 
 
 def _each(ops: tuple[str, ...], fields: tuple[str, ...]) -> dict[str, tuple[str, ...]]:
@@ -41,7 +37,6 @@ STALE_INPUTS: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
      _each(ATTENTION, ("v_cache", "v_new")) | _each(GDN, ("v",)) | {"merge_state": ("v_a", "v_b")}),
     ("sinks", "the sink logits", _each(ATTENTION, ("sinks",))),
     ("fp8-scales", "the fp8 KV scales", _each(ATTENTION, ("k_scale", "v_scale"))),
-    ("page-table", "the page table", _each(ATTENTION, ("kv_page_indices",))),
     ("custom-mask", "the custom mask", {"extend": ("custom_mask",)}),
     ("lses", "the partial states' LSEs", {"merge_state": ("s_a", "s_b")}),
     ("raw-gates", "the raw gates a, b", _each(("gdn_gating", "gdn_decode", "gdn_verify"), ("a", "b"))),
@@ -81,8 +76,6 @@ def snapshot_backend(name: str, fields: dict[str, tuple[str, ...]]) -> Backend:
     methods = {f"prepare_{op}": prepare for op in fields}
     return type(f"Snapshot_{name}", (Backend,), {"name": name, **methods})()
 
-
-KNOWN_ESCAPES = {"stale-page-table": PAGE_TABLE_HELD}
 
 STALE_MUTANTS = tuple(
     (f"stale-{label}", f"reads {what} as they were at prepare (a copy it made then)", fields)
