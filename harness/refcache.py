@@ -15,9 +15,17 @@ see the old file, the new one or none, never a torn one; an entry whose header, 
 contents do not check out is recomputed and replaced, never trusted: `get` says why, and the sweep
 prints it as a warning.
 
+Outputs that are inputs written in place (a KV cache, a state pool) are stored as the elements that
+differ from the case's pristine input (`_delta`): a pool of a gigabyte whose step writes a few slots
+costs a few slots. The pristine inputs are rebuilt from the same seed and source, so they are the
+same bits.
+
 Size: at most `max_bytes` (default `DEFAULT_MAX_BYTES`, 4 GiB; `$ATTNBENCH_REF_CACHE_MAX`). After each
-store the least recently used entries (by mtime, which a hit refreshes) are deleted until the total
-fits; an entry larger than the cap on its own is not stored.
+store the least recently used entries (by mtime, which a hit refreshes) written or used before this
+process started are deleted until the total fits; entries this run wrote or read stay, and a new
+entry that still does not fit is not kept. So a suite larger than the cap keeps the same first
+entries from run to run (a plain LRU would evict each entry just before the next run reads it, and
+hit nothing); an entry larger than the cap on its own is not stored.
 
 Where: `--ref-cache DIR|off` of `attnbench sweep`, else `$ATTNBENCH_REF_CACHE` (a directory or `off`),
 else `$ATTNBENCH_CACHE/refs`, else `$XDG_CACHE_HOME/attnbench/refs`, else `~/.cache/attnbench/refs`.
@@ -41,7 +49,7 @@ from typing import Any
 
 from attnbench.errors import AttnbenchError
 
-FORMAT = 1  # bump when the entry layout changes: older entries then miss
+FORMAT = 2  # bump when the entry layout changes: older entries then miss
 MAGIC = b"attnbench-ref"
 SUFFIX = ".ref"
 DEFAULT_MAX_BYTES = 4 * 2**30
@@ -50,6 +58,7 @@ _KEY = re.compile(r"^[0-9a-f]{64}\.ref$")
 _TMP = re.compile(r"^\.[0-9a-f]{64}\.ref\..+\.tmp$")
 
 _HARNESS = Path(__file__).resolve().parent  # the attnbench package (harness/)
+_STARTED = time.time()  # this process's start: entries written or read since then are never evicted
 _INPUT_HELPERS = ("buffers.py", "dtypes.py", "case.py")  # what make_inputs uses outside ops/
 
 
@@ -193,7 +202,7 @@ class RefCache:
     def path(self, key: str) -> Path:
         return self.root / f"{key}{SUFFIX}"
 
-    def get(self, case) -> tuple[tuple[dict, dict] | None, str]:
+    def get(self, case, inputs: Any = None) -> tuple[tuple[dict, dict] | None, str]:
         """((expected, twin) of `case` on its device, ""), or (None, why) for an entry that is there but
         does not check out, or (None, "") for a miss."""
         material = key_material(case)
@@ -208,7 +217,8 @@ class RefCache:
             entry = _decode(blob, case.device)
             if entry.get("key") != json.dumps(material, sort_keys=True):
                 raise ValueError("written for another case or source")
-            expected, twin = _tensors(entry.get("expected")), _tensors(entry.get("twin"))
+            expected = _undelta(_tensors(entry.get("expected")), entry.get("deltas", {}).get("expected", {}), inputs)
+            twin = _undelta(_tensors(entry.get("twin")), entry.get("deltas", {}).get("twin", {}), inputs)
         except Exception as e:  # corrupt, truncated, foreign: recomputed and overwritten
             why = (str(e).strip().splitlines() or [""])[0][:200]
             return None, f"reference cache entry {path} is corrupt ({type(e).__name__}: {why}): recomputed"
@@ -218,13 +228,23 @@ class RefCache:
             pass
         return (expected, twin), ""
 
-    def put(self, case, expected: dict, twin: dict) -> str:
-        """Store `case`'s reference (atomically); "" when stored, else why not (too large, disk error)."""
+    def put(self, case, expected: dict, twin: dict, inputs: Any = None) -> str:
+        """Store `case`'s reference (atomically); "" when stored, else why not (too large, disk error,
+        the cache full of this run's entries). `inputs`: the case's pristine inputs, against which
+        outputs written in place are stored as their changed elements."""
         import torch
 
         material = key_material(case)
+        exp_kept, exp_delta = _delta(expected, inputs)
+        twin_kept, twin_delta = _delta(twin, inputs)
+        entry = {
+            "key": json.dumps(material, sort_keys=True),
+            "expected": exp_kept,
+            "twin": twin_kept,
+            "deltas": {"expected": exp_delta, "twin": twin_delta},
+        }
         buf = io.BytesIO()
-        torch.save({"key": json.dumps(material, sort_keys=True), "expected": _cpu(expected), "twin": _cpu(twin)}, buf)
+        torch.save(entry, buf)
         payload = buf.getvalue()
         blob = b"%s %d %s\n" % (MAGIC, FORMAT, hashlib.sha256(payload).hexdigest().encode()) + payload
         if len(blob) > self.max_bytes:
@@ -243,6 +263,9 @@ class RefCache:
         except OSError as e:
             return f"reference cache {self.root}: could not store an entry ({e})"
         self.evict()
+        if self.size() > self.max_bytes:  # full of this run's entries: the new one goes, the others stay
+            _unlink(self.path(key))
+            return f"reference cache {self.root} full ({self.max_bytes} bytes of this run's entries): not kept"
         return ""
 
     def entries(self) -> list[tuple[Path, os.stat_result]]:
@@ -267,12 +290,14 @@ class RefCache:
     def size(self) -> int:
         return sum(st.st_size for _, st in self.entries())
 
-    def evict(self) -> int:
-        """Delete least recently used entries until the total is at most the cap; returns how many."""
+    def evict(self, since: float | None = None) -> int:
+        """Delete least recently used entries until the total is at most the cap, never one written or
+        read since `since` (default: this process's start); returns how many."""
+        since = _STARTED if since is None else since
         entries = self.entries()
         total, gone = sum(st.st_size for _, st in entries), 0
         for p, st in entries:
-            if total <= self.max_bytes:
+            if total <= self.max_bytes or st.st_mtime >= since:
                 break
             _unlink(p)
             total -= st.st_size
@@ -302,6 +327,47 @@ def open_cache(root: Path | str | None, max_bytes: int | None = None) -> RefCach
 
 def _cpu(tensors: dict) -> dict:
     return {k: v.detach().cpu() for k, v in tensors.items()}
+
+
+def _same_bits(a, b):
+    """Elementwise: `a` and `b` (same dtype) hold the same value, NaN equal to NaN."""
+    return (a == b) | (a.isnan() & b.isnan()) if a.is_floating_point() else a == b
+
+
+def _delta(tensors: dict, inputs: Any) -> tuple[dict, dict]:
+    """(`tensors` stored whole, {name: (flat indices, values)} of those that are an input of the same
+    name and shape written in place, stored as the elements that differ from it in their dtype)."""
+    import torch
+
+    whole, delta = {}, {}
+    for name, t in tensors.items():
+        base = getattr(inputs, name, None) if inputs is not None else None
+        if isinstance(base, torch.Tensor) and base.shape == t.shape and t.numel() > 0:
+            flat, ref = t.detach().reshape(-1), base.detach().to(t.dtype).reshape(-1)
+            idx = (~_same_bits(flat, ref)).nonzero().reshape(-1)
+            if idx.numel() * 3 < flat.numel():  # worth it (indices are int64)
+                delta[name] = {"idx": idx.cpu(), "val": flat[idx].cpu()}
+                continue
+        whole[name] = t.detach().cpu()
+    return whole, delta
+
+
+def _undelta(whole: dict, delta: Any, inputs: Any) -> dict:
+    """The tensors `_delta` split, rebuilt from the pristine `inputs` (on the inputs' device)."""
+    import torch
+
+    if not isinstance(delta, dict):
+        raise ValueError("bad deltas")
+    out = dict(whole)
+    for name, d in delta.items():
+        base = getattr(inputs, name, None) if inputs is not None else None
+        if not isinstance(base, torch.Tensor) or not isinstance(d, dict):
+            raise ValueError(f"delta of {name!r} without its input")
+        idx, val = d["idx"].to(base.device), d["val"].to(base.device)
+        flat = base.detach().to(val.dtype).reshape(-1).clone()
+        flat[idx] = val
+        out[name] = flat.view(base.shape)
+    return out
 
 
 def _tensors(d: Any) -> dict:

@@ -287,14 +287,14 @@ def _reference(case: Case, pristine, opts: RunOptions) -> tuple[dict, dict, dict
     cache = refcache.open_cache(opts.ref_cache, opts.ref_cache_max)
     note = ""
     if cache is not None:
-        hit, note = cache.get(case)
+        hit, note = cache.get(case, pristine)
         if hit is not None:
             return *hit, {"reference_from": "cache"}
     expected = op.expected(p, pristine, torch.float64)
     twin = op.expected(p, pristine, case.torch_dtype)
     _sync(case)
     if cache is not None:
-        stored = cache.put(case, expected, twin)
+        stored = cache.put(case, expected, twin, pristine)
         note = "; ".join(filter(None, (note, stored)))
     return expected, twin, {"reference_from": "computed"} | ({"reference_note": note} if note else {})
 

@@ -276,3 +276,53 @@ def test_readers_beside_writers_never_see_a_torn_entry(tmp_path):
         t.join()
     assert problems == [] and sum(hits) > 10
     assert not [p for p in tmp_path.iterdir() if p.suffix != ".ref"]  # no temporary file left behind
+
+
+def _store(cache, c):
+    x = c.make_inputs()
+    return cache.put(c, c.op.expected(c.params, x, torch.float64), c.op.expected(c.params, x, c.torch_dtype), x)
+
+
+def test_a_suite_larger_than_the_cap_keeps_its_first_entries_run_after_run(tmp_path, monkeypatch):
+    """A plain LRU evicts each entry just before the next run reads it (a cyclic suite over a small
+    cache hits nothing); entries this run wrote or read are never evicted, so the first ones stay."""
+    cases = [_case(f"merge_state/t{t}-h4-d64-fp32") for t in (30, 31, 32, 33)]
+    probe = refcache.RefCache(tmp_path / "probe")
+    for c in cases:
+        _store(probe, c)
+    cap = sum(sorted(st.st_size for _, st in probe.entries())[-2:])  # room for two entries, never three
+    cache = refcache.RefCache(tmp_path / "refs", max_bytes=cap)
+    for run in range(3):
+        monkeypatch.setattr(refcache, "_STARTED", time.time())
+        hits = [cache.get(c, c.make_inputs())[0] is not None for c in cases]
+        for c, hit in zip(cases, hits):
+            if not hit:
+                note = _store(cache, c)
+                assert note == "" or "not kept" in note
+        assert cache.size() <= cap
+        assert hits == ([False] * 4 if run == 0 else [True, True, False, False])
+        for p, _ in cache.entries():  # the next run starts later
+            os.utime(p, (time.time() - 10, time.time() - 10))
+
+
+def test_an_output_written_in_place_is_stored_as_its_changes(tmp_path):
+    """A KV cache the op writes is stored as the slots that differ from the pristine input, and comes
+    back bit for bit."""
+    case = Case.from_id("extend/b2-q6-pre17-h4x2-d64-p16-bf16")
+    x = case.make_inputs()
+    expected = case.op.expected(case.params, x, torch.float64)
+    twin = case.op.expected(case.params, x, case.torch_dtype)
+    assert "k_cache" in expected  # the extend tokens' keys are written into the cache
+    cache = refcache.RefCache(tmp_path)
+    assert cache.put(case, expected, twin, x) == ""
+    whole = refcache.RefCache(tmp_path / "whole")
+    assert whole.put(case, expected, twin) == ""  # no inputs: every tensor stored whole
+    ((_, st),), ((_, st_whole),) = cache.entries(), whole.entries()
+    assert st.st_size < 0.8 * st_whole.st_size
+    (got, got_twin), why = cache.get(case, case.make_inputs())
+    assert why == ""
+    for want, have in ((expected, got), (twin, got_twin)):
+        assert want.keys() == have.keys()
+        for k in want:
+            assert torch.equal(want[k].nan_to_num(7.0), have[k].nan_to_num(7.0)) and want[k].dtype == have[k].dtype
+    assert cache.get(case, None)[0] is None  # without the inputs the entry cannot be rebuilt: recomputed
