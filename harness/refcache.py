@@ -21,11 +21,13 @@ costs a few slots. The pristine inputs are rebuilt from the same seed and source
 same bits.
 
 Size: at most `max_bytes` (default `DEFAULT_MAX_BYTES`, 4 GiB; `$ATTNBENCH_REF_CACHE_MAX`). After each
-store the least recently used entries (by mtime, which a hit refreshes) written or used before this
-process started are deleted until the total fits; entries this run wrote or read stay, and a new
-entry that still does not fit is not kept. So a suite larger than the cap keeps the same first
-entries from run to run (a plain LRU would evict each entry just before the next run reads it, and
-hit nothing); an entry larger than the cap on its own is not stored.
+store the least recently used entries (by mtime, which a hit refreshes) not written or read in the
+last `KEEP_S` (a day) are deleted until the total fits; recent entries stay, and a new entry that
+still does not fit is not kept. So a suite whose references outweigh the cap keeps the same entries
+from run to run and hits on them: on an H100 the `ci` suite's references (float64 GDN state pools
+among them) outgrew 4 GiB, and a plain LRU, or one that spared only the running sweep's entries,
+evicted each entry just before the next run read it (0 of 18 loaded by a second run). An entry
+larger than the cap on its own is not stored.
 
 Where: `--ref-cache DIR|off` of `attnbench sweep`, else `$ATTNBENCH_REF_CACHE` (a directory or `off`),
 else `$ATTNBENCH_CACHE/refs`, else `$XDG_CACHE_HOME/attnbench/refs`, else `~/.cache/attnbench/refs`.
@@ -58,7 +60,7 @@ _KEY = re.compile(r"^[0-9a-f]{64}\.ref$")
 _TMP = re.compile(r"^\.[0-9a-f]{64}\.ref\..+\.tmp$")
 
 _HARNESS = Path(__file__).resolve().parent  # the attnbench package (harness/)
-_STARTED = time.time()  # this process's start: entries written or read since then are never evicted
+KEEP_S = 24 * 3600  # entries written or read this recently are never evicted (see Size in the docstring)
 _INPUT_HELPERS = ("buffers.py", "dtypes.py", "case.py")  # what make_inputs uses outside ops/
 
 
@@ -265,7 +267,7 @@ class RefCache:
         self.evict()
         if self.size() > self.max_bytes:  # full of this run's entries: the new one goes, the others stay
             _unlink(self.path(key))
-            return f"reference cache {self.root} full ({self.max_bytes} bytes of this run's entries): not kept"
+            return f"reference cache {self.root} full ({self.max_bytes} bytes of entries used today): not kept"
         return ""
 
     def entries(self) -> list[tuple[Path, os.stat_result]]:
@@ -292,8 +294,8 @@ class RefCache:
 
     def evict(self, since: float | None = None) -> int:
         """Delete least recently used entries until the total is at most the cap, never one written or
-        read since `since` (default: this process's start); returns how many."""
-        since = _STARTED if since is None else since
+        read since `since` (default: `KEEP_S` ago); returns how many."""
+        since = time.time() - KEEP_S if since is None else since
         entries = self.entries()
         total, gone = sum(st.st_size for _, st in entries), 0
         for p, st in entries:

@@ -285,7 +285,7 @@ def _store(cache, c):
 
 def test_a_suite_larger_than_the_cap_keeps_its_first_entries_run_after_run(tmp_path, monkeypatch):
     """A plain LRU evicts each entry just before the next run reads it (a cyclic suite over a small
-    cache hits nothing); entries this run wrote or read are never evicted, so the first ones stay."""
+    cache hits nothing); entries used in the last KEEP_S are never evicted, so the first ones stay."""
     cases = [_case(f"merge_state/t{t}-h4-d64-fp32") for t in (30, 31, 32, 33)]
     probe = refcache.RefCache(tmp_path / "probe")
     for c in cases:
@@ -293,7 +293,6 @@ def test_a_suite_larger_than_the_cap_keeps_its_first_entries_run_after_run(tmp_p
     cap = sum(sorted(st.st_size for _, st in probe.entries())[-2:])  # room for two entries, never three
     cache = refcache.RefCache(tmp_path / "refs", max_bytes=cap)
     for run in range(3):
-        monkeypatch.setattr(refcache, "_STARTED", time.time())
         hits = [cache.get(c, c.make_inputs())[0] is not None for c in cases]
         for c, hit in zip(cases, hits):
             if not hit:
@@ -301,8 +300,11 @@ def test_a_suite_larger_than_the_cap_keeps_its_first_entries_run_after_run(tmp_p
                 assert note == "" or "not kept" in note
         assert cache.size() <= cap
         assert hits == ([False] * 4 if run == 0 else [True, True, False, False])
-        for p, _ in cache.entries():  # the next run starts later
-            os.utime(p, (time.time() - 10, time.time() - 10))
+        for p, _ in cache.entries():  # the next run starts an hour later
+            os.utime(p, (time.time() - 3600, time.time() - 3600))
+    for p, _ in cache.entries():  # unused for two days: the next store may evict them
+        os.utime(p, (time.time() - 2 * 86400, time.time() - 2 * 86400))
+    assert _store(cache, cases[2]) == "" and cache.get(cases[2], cases[2].make_inputs())[0] is not None
 
 
 def test_an_output_written_in_place_is_stored_as_its_changes(tmp_path):
