@@ -267,6 +267,19 @@ def bind_launch(fn, grid: tuple[int, ...], args: tuple, kwargs: dict):
     return fast
 
 
+def bind_launches(launches: list[tuple], out: dict):
+    """The `(kernel, grid, args, kwargs)` launches as one zero-argument call (each bound by
+    `bind_launch`, no host sync between them) returning `out`."""
+    calls = [bind_launch(*launch) for launch in launches]
+
+    def run():
+        for call in calls:
+            call()
+        return out
+
+    return run
+
+
 _LN2_F64 = tl.constexpr(0.6931471805599453)
 _LOG2E_F64 = tl.constexpr(1.4426950408889634)
 

@@ -35,7 +35,7 @@ from attnbench.kernels.triton import tune
 from attnbench.kernels.triton.common import (
     LOG2E,
     arch,
-    bind_launch,
+    bind_launches,
     block_dv,
     dot_precision,
     exp2_,
@@ -372,6 +372,28 @@ def decode_chunk(sizes: list[int], units: int, block_n: int, sms: int, ctas_per_
     return next(chunk for c, _, chunk in costs if c <= best * 1.05)
 
 
+def split_tables(items: list[tuple[int, int, int]], requests: int, Hq: int, Dv: int, device) -> tuple:
+    """The device tables of a split schedule (`items` grouped by request): `(work [W, 4] int32:
+    request, first key, end key, 1 = write the final output; merge [M, 3] int32: request, first item,
+    end item, or None when nothing is split; part_o [W, Hq, Dv] and part_ml [W, 2, Hq] fp32 scratch
+    (one element each when nothing is split); splits per request)`."""
+    counts = [0] * requests
+    for b, _, _ in items:
+        counts[b] += 1
+    work = [(b, s, e, int(counts[b] == 1)) for b, s, e in items]
+    merge, w = [], 0
+    for b, n in enumerate(counts):
+        if n > 1:
+            merge.append((b, w, w + n))
+        w += n
+    work_t = torch.tensor(work, dtype=torch.int32).to(device)
+    merge_t = torch.tensor(merge, dtype=torch.int32).to(device) if merge else None
+    W = len(work) if merge else 1
+    part_o = torch.empty((W, Hq, Dv) if merge else (1, 1, 1), dtype=torch.float32, device=device)
+    part_ml = torch.empty((W, 2, Hq) if merge else (1, 2, 1), dtype=torch.float32, device=device)
+    return work_t, merge_t, part_o, part_ml, counts
+
+
 def split_schedule(
     lens: list[int], window: int, units: int, block_n: int, sms: int, ctas_per_sm: int,
     *, min_chunk: int, deterministic: bool, split_tile: int,
@@ -442,24 +464,8 @@ def plan_decode(
         list(x.seq_lens_host), x.window, Hkv * num_hb, cfg.block_n, sms, cfg.ctas_per_sm,
         min_chunk=min_chunk, deterministic=deterministic, split_tile=split_tile,
     )  # fmt: skip
-    counts = [0] * len(x.seq_lens_host)
-    for b, _, _ in items:
-        counts[b] += 1
-    work = [(b, s, e, int(counts[b] == 1)) for b, s, e in items]  # items are grouped by request
-    merge, w = [], 0
-    for b, n in enumerate(counts):
-        if n > 1:
-            merge.append((b, w, w + n))
-        w += n
-    W = len(work)
-    work_t = torch.tensor(work, dtype=torch.int32).to(device)
-    merge_t = torch.tensor(merge, dtype=torch.int32).to(device) if merge else None
-    if merge:
-        part_o = torch.empty(W, Hq, Dv, dtype=torch.float32, device=device)
-        part_ml = torch.empty(W, 2, Hq, dtype=torch.float32, device=device)
-    else:
-        part_o = torch.empty(1, 1, 1, dtype=torch.float32, device=device)
-        part_ml = torch.empty(1, 2, 1, dtype=torch.float32, device=device)
+    work_t, merge_t, part_o, part_ml, counts = split_tables(items, len(x.seq_lens_host), Hq, Dv, device)
+    W = work_t.shape[0]
     bdv = block_dv(Dv)
     meta = dict(
         G=G, NUM_HB=num_hb, DK=Dk, DV=Dv, DA=split.da, DB=split.db, BLOCK_DV=bdv,
@@ -476,7 +482,16 @@ def plan_decode(
         num_warps=4 if bdv >= 256 else 2,
     )  # fmt: skip
     return DecodePlan(
-        work_t, merge_t, part_o, part_ml, (Hkv * num_hb, W), (len(merge), Hq), meta, merge_meta, counts, cfg
+        work_t,
+        merge_t,
+        part_o,
+        part_ml,
+        (Hkv * num_hb, W),
+        (0 if merge_t is None else merge_t.shape[0], Hq),
+        meta,
+        merge_meta,
+        counts,
+        cfg,
     )
 
 
@@ -536,15 +551,7 @@ def decode(x, plan: DecodePlan) -> dict[str, torch.Tensor]:
 
 def bind_decode(x, plan: DecodePlan) -> Callable[[], dict[str, torch.Tensor]]:
     """`decode(x, plan)` as a zero-argument call with its kernels compiled and arguments bound now."""
-    calls = [bind_launch(*launch) for launch in _launches(x, plan)]
-    out = {"o": x.o, "lse": x.lse}
-
-    def run():
-        for call in calls:
-            call()
-        return out
-
-    return run
+    return bind_launches(_launches(x, plan), {"o": x.o, "lse": x.lse})
 
 
 def tuned_decode_config(x) -> tuple[DecodeConfig | None, dict]:

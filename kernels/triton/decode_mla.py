@@ -165,121 +165,6 @@ def _mla_decode_kernel(
         tl.store(part_ml + i_w * stride_mw + stride_ml + o_h, b_l, mask=m_h)
 
 
-@triton.jit
-def _mla_halves_block(
-    b_qa, b_qb, b_qr, b_ka, b_kb, b_kr, b_m, b_l, b_acc, m_n, qk_scale, scale_over_cap, cap_log2e,
-    MASKED: tl.constexpr, HAS_SOFTCAP: tl.constexpr, PRECISE_EXP: tl.constexpr,
-):  # fmt: skip
-    """One key block of a half-width program: `a` is the program's own half of the latent (its V),
-    `b` the other. Each part's dot starts from zero and `(a + b) + rope` is the same sum in both
-    programs of a head block (addition commutes exactly), so both get the same max and sum."""
-    zero = tl.zeros([b_qa.shape[0], b_ka.shape[0]], tl.float32)
-    b_sa = mma(b_qa, tl.trans(b_ka), zero, "tf32")
-    b_sb = mma(b_qb, tl.trans(b_kb), zero, "tf32")
-    b_sr = mma(b_qr, tl.trans(b_kr), zero, "tf32")
-    b_s = b_sa + b_sb + b_sr  # a + b == b + a in IEEE arithmetic: the same bits in both programs
-    if HAS_SOFTCAP:
-        b_s = soft_cap_scores(b_s, scale_over_cap, cap_log2e, PRECISE_EXP)
-    else:
-        b_s = b_s * qk_scale
-    if MASKED:
-        b_s = tl.where(m_n[None, :], b_s, float("-inf"))
-    b_mn = tl.maximum(b_m, tl.max(b_s, 1))
-    b_alpha = exp2_(b_m - b_mn, PRECISE_EXP)
-    b_p = exp2_(b_s - b_mn[:, None], PRECISE_EXP)
-    b_l = b_l * b_alpha + tl.sum(b_p, 1)
-    b_acc = mma(b_p.to(b_ka.dtype), b_ka, b_acc * b_alpha[:, None], "tf32")
-    return b_mn, b_l, b_acc
-
-
-@triton.jit
-def _mla_halves_decode_kernel(
-    q, kv, kv_page_indices, kv_indptr, sinks, work, o, lse, part_o, part_ml,
-    qk_scale, scale_over_cap, cap_log2e,
-    stride_qt, stride_qh, stride_kvp, stride_kvs,
-    stride_ot, stride_oh, stride_lt, stride_pw, stride_ph, stride_mw, stride_ml,
-    G: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_STAGES: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr, PRECISE_EXP: tl.constexpr,
-):  # fmt: skip
-    """`_mla_decode_kernel` with the value columns cut in two programs: each takes `BLOCK_H` (128) heads
-    and 256 of the 512 output columns, so the scores are a 128-row tile (two warpgroups, 64 heads
-    each, no copy of the scores and no layout change between the two dots) and both programs read the
-    same K blocks (adjacent in the grid: one DRAM read, two L2 reads)."""
-    i_u, i_w = tl.program_id(0), tl.program_id(1)
-    i_hb, i_dv = i_u // 2, i_u % 2
-    i_b = tl.load(work + i_w * 4)
-    n_start = tl.load(work + i_w * 4 + 1)
-    n_end = tl.load(work + i_w * 4 + 2)
-    is_final = tl.load(work + i_w * 4 + 3)
-
-    o_h = i_hb * BLOCK_H + tl.arange(0, BLOCK_H)
-    m_h = o_h < G
-    o_a = i_dv * 256 + tl.arange(0, 256)  # own half of the latent: the output columns
-    o_b = (1 - i_dv) * 256 + tl.arange(0, 256)
-    p_q = q + i_b * stride_qt + o_h[:, None] * stride_qh
-    b_qa = tl.load(p_q + o_a[None, :], mask=m_h[:, None], other=0.0)
-    b_qb = tl.load(p_q + o_b[None, :], mask=m_h[:, None], other=0.0)
-    b_qr = tl.load(p_q + 512 + tl.arange(0, 64)[None, :], mask=m_h[:, None], other=0.0)
-
-    p_pages = kv_page_indices + tl.load(kv_indptr + i_b)
-    b_m = tl.full([BLOCK_H], float("-inf"), tl.float32)
-    b_l = tl.zeros([BLOCK_H], tl.float32)
-    b_acc = tl.zeros([BLOCK_H, 256], tl.float32)
-    o_nb = tl.arange(0, BLOCK_N)
-    body_lo = tl.cdiv(n_start, BLOCK_N) * BLOCK_N
-    body_hi = tl.maximum(body_lo, (n_end // BLOCK_N) * BLOCK_N)
-    if n_start != body_lo:  # masked head block
-        o_n = body_lo - BLOCK_N + o_nb
-        m_n = (o_n >= n_start) & (o_n < n_end)
-        p_row = kv + tl.load(p_pages + (body_lo - BLOCK_N) // PAGE_SIZE).to(tl.int64) * stride_kvp
-        p_row = p_row + (o_n % PAGE_SIZE) * stride_kvs
-        b_ka = tl.load(p_row[:, None] + o_a[None, :], mask=m_n[:, None], other=0.0)
-        b_kb = tl.load(p_row[:, None] + o_b[None, :], mask=m_n[:, None], other=0.0)
-        b_kr = tl.load(p_row[:, None] + 512 + tl.arange(0, 64)[None, :], mask=m_n[:, None], other=0.0)
-        b_m, b_l, b_acc = _mla_halves_block(
-            b_qa, b_qb, b_qr, b_ka, b_kb, b_kr, b_m, b_l, b_acc, m_n, qk_scale, scale_over_cap,
-            cap_log2e, True, HAS_SOFTCAP, PRECISE_EXP,
-        )  # fmt: skip
-    for n0 in tl.range(body_lo, body_hi, BLOCK_N, num_stages=NUM_STAGES):
-        i_page = tl.load(p_pages + n0 // PAGE_SIZE)
-        p_row = kv + i_page.to(tl.int64) * stride_kvp + (n0 % PAGE_SIZE + o_nb) * stride_kvs
-        b_ka = tl.load(p_row[:, None] + o_a[None, :])
-        b_kb = tl.load(p_row[:, None] + o_b[None, :])
-        b_kr = tl.load(p_row[:, None] + 512 + tl.arange(0, 64)[None, :])
-        b_m, b_l, b_acc = _mla_halves_block(
-            b_qa, b_qb, b_qr, b_ka, b_kb, b_kr, b_m, b_l, b_acc, o_nb, qk_scale, scale_over_cap,
-            cap_log2e, False, HAS_SOFTCAP, PRECISE_EXP,
-        )  # fmt: skip
-    if n_end > body_hi:  # masked tail block
-        o_n = body_hi + o_nb
-        m_n = o_n < n_end
-        p_row = kv + tl.load(p_pages + body_hi // PAGE_SIZE).to(tl.int64) * stride_kvp
-        p_row = p_row + (o_n % PAGE_SIZE) * stride_kvs
-        b_ka = tl.load(p_row[:, None] + o_a[None, :], mask=m_n[:, None], other=0.0)
-        b_kb = tl.load(p_row[:, None] + o_b[None, :], mask=m_n[:, None], other=0.0)
-        b_kr = tl.load(p_row[:, None] + 512 + tl.arange(0, 64)[None, :], mask=m_n[:, None], other=0.0)
-        b_m, b_l, b_acc = _mla_halves_block(
-            b_qa, b_qb, b_qr, b_ka, b_kb, b_kr, b_m, b_l, b_acc, m_n, qk_scale, scale_over_cap,
-            cap_log2e, True, HAS_SOFTCAP, PRECISE_EXP,
-        )  # fmt: skip
-    if is_final != 0:
-        if HAS_SINKS:
-            b_sink = tl.load(sinks + o_h, mask=m_h, other=0.0)
-        else:
-            b_sink = b_m  # unused
-        b_o = finish_o(b_acc, b_m, b_l, b_sink, HAS_SINKS, PRECISE_EXP)
-        p_o = o + i_b * stride_ot + o_h[:, None] * stride_oh + o_a[None, :]
-        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_h[:, None])
-        if i_dv == 0:  # both programs hold the same max and sum
-            tl.store(lse + i_b * stride_lt + o_h, finish_lse(b_m, b_l, b_sink, HAS_SINKS, PRECISE_EXP), mask=m_h)
-    else:
-        p_part = part_o + i_w * stride_pw + o_h[:, None] * stride_ph + o_a[None, :]
-        tl.store(p_part, b_acc / b_l[:, None], mask=m_h[:, None])
-        if i_dv == 0:
-            tl.store(part_ml + i_w * stride_mw + o_h, b_m, mask=m_h)
-            tl.store(part_ml + i_w * stride_mw + stride_ml + o_h, b_l, mask=m_h)
-
-
 # ---- when this kernel applies, and its launch configuration --------------------------------------
 
 
@@ -293,7 +178,6 @@ class MLAConfig:
     num_stages: int = 2
     use_tma: bool = True
     warp_specialize: bool = False
-    halves: bool = False  # the value columns cut in two programs of block_h heads each (_mla_halves_decode_kernel)
 
 
 def mla_config(group: int, page_size: int, sm: int) -> MLAConfig:
@@ -319,8 +203,6 @@ def mla_unsupported(x, config: MLAConfig) -> str | None:
         return f"{x.q.dtype} queries (the tiles are sized for 16-bit operands)"
     if k.dtype != x.q.dtype:  # fp8 caches: converting the tiles in registers spilled 900 bytes (sm_90 ptxas)
         return f"{k.dtype} cache with {x.q.dtype} queries"
-    if config.halves and config.use_tma:
-        return "the half-width kernel loads by pointers only"
     if config.block_n < 16 or page % config.block_n:
         return f"page size {page}: blocks of {config.block_n} keys (at least 16, whole pages' parts)"
     if k.stride(-1) != 1 or k.stride(1) != k.stride(2) * Hkv or k.stride(2) != Dk:
@@ -397,7 +279,7 @@ def plan_mla_decode(
         a decode.py `DecodePlan` (its `meta` for `_mla_decode_kernel`) with `descriptors` attached.
     """
     from attnbench.kernels.triton.common import arch, sm_count
-    from attnbench.kernels.triton.decode import DecodePlan, split_schedule
+    from attnbench.kernels.triton.decode import DecodePlan, split_schedule, split_tables
 
     device = x.q.device
     T, Hq, _ = x.q.shape
@@ -410,15 +292,14 @@ def plan_mla_decode(
         raise ValueError("decode takes exactly one query per request")
     if deterministic and split_tile % cfg.block_n:
         raise ValueError(f"split_tile ({split_tile}) must be a multiple of block_n ({cfg.block_n})")
-    parts = 2 if cfg.halves else 1  # programs per head block (value columns cut in two)
-    units = -(-Hq // cfg.block_h) * parts
+    units = -(-Hq // cfg.block_h)
     visible = [L - max(0, L - 1 - x.window) if x.window >= 0 else L for L in x.seq_lens_host]
     if deterministic:
         chunk = split_tile
     else:
         sms = num_sms or sm_count(device)
         key_bytes = (D_LATENT + D_ROPE) * x.k_cache.element_size()
-        partial_keys = -(-cfg.block_h * (D_LATENT // parts + 2) * 4 // key_bytes)
+        partial_keys = -(-cfg.block_h * (D_LATENT + 2) * 4 // key_bytes)
         n = splits or mla_splits(visible, units, sms * WAVE_CTAS, cfg.block_n, partial_keys)
         chunk = -(-max(visible) // n)
         chunk = max(cfg.block_n, -(-chunk // cfg.block_n) * cfg.block_n)
@@ -426,32 +307,29 @@ def plan_mla_decode(
         list(x.seq_lens_host), x.window, units, cfg.block_n, 1, 1,
         min_chunk=chunk, deterministic=True, split_tile=chunk,
     )  # fmt: skip
-    counts = [0] * len(x.seq_lens_host)
-    for b, _, _ in items:
-        counts[b] += 1
-    work = [(b, s, e, int(counts[b] == 1)) for b, s, e in items]
-    merge, w = [], 0
-    for b, n in enumerate(counts):
-        if n > 1:
-            merge.append((b, w, w + n))
-        w += n
-    W = len(work)
-    work_t = torch.tensor(work, dtype=torch.int32).to(device)
-    merge_t = torch.tensor(merge, dtype=torch.int32).to(device) if merge else None
-    shape_o, shape_ml = ((W, Hq, D_LATENT), (W, 2, Hq)) if merge else ((1, 1, 1), (1, 2, 1))
-    part_o = torch.empty(shape_o, dtype=torch.float32, device=device)
-    part_ml = torch.empty(shape_ml, dtype=torch.float32, device=device)
+    work_t, merge_t, part_o, part_ml, counts = split_tables(items, len(x.seq_lens_host), Hq, D_LATENT, device)
+    W = work_t.shape[0]
     precise = False  # 16-bit queries only
     meta = dict(
         G=Hq, PAGE_SIZE=page, BLOCK_H=cfg.block_h, BLOCK_N=cfg.block_n, NUM_STAGES=cfg.num_stages,
         HAS_SOFTCAP=x.soft_cap > 0, HAS_SINKS=x.sinks is not None, PRECISE_EXP=precise, num_warps=cfg.num_warps,
+        USE_TMA=cfg.use_tma, WARP_SPECIALIZE=cfg.warp_specialize,
     )  # fmt: skip
-    if not cfg.halves:
-        meta |= dict(USE_TMA=cfg.use_tma, WARP_SPECIALIZE=cfg.warp_specialize)
     merge_meta = dict(  # BLOCK_S fixed: the merge's summation order never depends on the batch
         DV=D_LATENT, BLOCK_DV=D_LATENT, BLOCK_S=16, HAS_SINKS=x.sinks is not None, PRECISE_EXP=precise, num_warps=4
     )  # fmt: skip
-    plan = DecodePlan(work_t, merge_t, part_o, part_ml, (units, W), (len(merge), Hq), meta, merge_meta, counts, cfg)
+    plan = DecodePlan(
+        work_t,
+        merge_t,
+        part_o,
+        part_ml,
+        (units, W),
+        (0 if merge_t is None else merge_t.shape[0], Hq),
+        meta,
+        merge_meta,
+        counts,
+        cfg,
+    )
     plan.descriptors = make_descriptors(x, cfg)
     return plan
 
@@ -465,16 +343,15 @@ def _launches(x, plan) -> list[tuple]:
     sinks = x.sinks if x.sinks is not None else lse  # never read without sinks
     scale, cap = x.sm_scale, x.soft_cap
     lat, rope = plan.descriptors
-    halves = plan.config.halves
     args = (
-        q, k, *(() if halves else (lat, rope)), x.kv_page_indices, x.kv_indptr, sinks, plan.work,
+        q, k, lat, rope, x.kv_page_indices, x.kv_indptr, sinks, plan.work,
         o, lse, plan.part_o, plan.part_ml,
         scale * LOG2E, scale / cap if cap > 0 else 0.0, cap * LOG2E,
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         o.stride(0), o.stride(1), lse.stride(0),
         plan.part_o.stride(0), plan.part_o.stride(1), plan.part_ml.stride(0), plan.part_ml.stride(1),
     )  # fmt: skip
-    out = [(_mla_halves_decode_kernel if halves else _mla_decode_kernel, plan.grid, args, plan.meta)]
+    out = [(_mla_decode_kernel, plan.grid, args, plan.meta)]
     if plan.merge is not None:
         out.append(merge_launch(x.qo_indptr, plan, sinks, o, lse))
     return out
@@ -482,14 +359,6 @@ def _launches(x, plan) -> list[tuple]:
 
 def bind_mla_decode(x, plan):
     """The decode of `x` under `plan` as a zero-argument call, kernels compiled and arguments bound now."""
-    from attnbench.kernels.triton.common import bind_launch
+    from attnbench.kernels.triton.common import bind_launches
 
-    calls = [bind_launch(*launch) for launch in _launches(x, plan)]
-    out = {"o": x.o, "lse": x.lse}
-
-    def run():
-        for call in calls:
-            call()
-        return out
-
-    return run
+    return bind_launches(_launches(x, plan), {"o": x.o, "lse": x.lse})

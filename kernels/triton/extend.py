@@ -45,7 +45,7 @@ from attnbench.kernels.triton import tune
 from attnbench.kernels.triton.common import (
     LOG2E,
     arch,
-    bind_launch,
+    bind_launches,
     exp2_,
     finish_lse,
     finish_o,
@@ -481,15 +481,7 @@ def extend(x, plan: ExtendPlan) -> dict[str, torch.Tensor]:
 
 def bind_extend(x, plan: ExtendPlan) -> Callable[[], dict[str, torch.Tensor]]:
     """`extend(x, plan)` as a zero-argument call with its kernel compiled and arguments bound now."""
-    calls = [bind_launch(*launch) for launch in _launches(x, plan)]  # no host sync in the call
-    out = {"o": x.o, "lse": x.lse}
-
-    def run():
-        for call in calls:
-            call()
-        return out
-
-    return run
+    return bind_launches(_launches(x, plan), {"o": x.o, "lse": x.lse})
 
 
 def tuned_extend_config(x) -> tuple[ExtendConfig | None, dict]:

@@ -32,10 +32,6 @@ VARIANTS: dict[str, tuple[MLAConfig | None, int | None]] = {
     "n32-ptr-3st": (MLAConfig(64, 32, 8, 3, False), None),
     "h32-n64-tma-4w": (MLAConfig(32, 64, 4, 2, True), None),
     "n64-tma-ws": (MLAConfig(64, 64, 8, 2, True, True), None),
-    "halves-n32-2st": (MLAConfig(128, 32, 8, 2, False, False, True), None),
-    "halves-n32-3st": (MLAConfig(128, 32, 8, 3, False, False, True), None),
-    "halves-n32-2st-s1": (MLAConfig(128, 32, 8, 2, False, False, True), 1),
-    "halves-n32-2st-s2": (MLAConfig(128, 32, 8, 2, False, False, True), 2),
 }
 
 

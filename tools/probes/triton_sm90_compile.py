@@ -80,7 +80,7 @@ def _launches(case_id: str):
 
         default = decode_mla.mla_config(x.q.shape[1], x.k_cache.shape[1], 90)
         if kw.pop("mla", 1) and decode_mla.mla_unsupported(x, default) is None:
-            flags = ("use_tma", "warp_specialize", "halves")
+            flags = ("use_tma", "warp_specialize")
             cfg = decode_mla.MLAConfig(**(vars(default) | {k: bool(v) if k in flags else v for k, v in kw.items()}))
             return decode_mla._launches(x, decode_mla.plan_mla_decode(x, config=cfg, num_sms=132))
     if case.op_name == "decode":

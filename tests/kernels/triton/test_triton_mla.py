@@ -15,8 +15,7 @@ pytest.importorskip("triton")
 if os.environ.get("TRITON_INTERPRET") != "1":
     pytest.skip("Triton kernels run on the CPU under TRITON_INTERPRET=1 (conftest sets it)", allow_module_level=True)
 
-import attnbench  # noqa: E402
-from attnbench.backend import get_backend, implements  # noqa: E402
+from attnbench.backend import get_backend  # noqa: E402
 from attnbench.case import Case  # noqa: E402
 from attnbench.kernels.triton import decode_mla as m  # noqa: E402
 from tests.support.helpers import KERNEL_REPEATS, run_one  # noqa: E402
@@ -67,33 +66,3 @@ def test_splits_fill_waves_and_keep_partials_small():
     assert m.mla_splits([4096] * 32, 2, 132, 64, 114) == 2
     assert m.mla_splits([4096], 2, 132, 64, 114) > 8  # one request: spread over the SMs
     assert m.mla_splits([64] * 4, 2, 132, 64, 114) == 1  # nothing to split
-
-
-class _Fixed(attnbench.Backend):
-    """decode on the MLA kernel with a fixed config and split count (the knobs the backend plans)."""
-
-    name = "triton-mla-fixed"
-    config = None
-    splits = None
-
-    def available(self):
-        return None
-
-    @implements("decode")
-    def prepare_decode(self, case, x):
-        plan = m.plan_mla_decode(x, config=self.config, splits=self.splits)
-        return m.bind_mla_decode(x, plan)
-
-
-@pytest.mark.parametrize("splits", [1, 3])
-@pytest.mark.parametrize("case_id", CASES)
-def test_half_width_kernel_matches_float64(case_id, splits):
-    """The value columns cut in two programs of 128 heads (`halves`): both programs must agree on the
-    max and sum (one LSE), with and without splits."""
-    be = _Fixed()
-    x = Case.from_id(case_id, "cpu").make_inputs()
-    be.config = m.MLAConfig(128, 16, 8, 2, False, False, True)
-    assert m.mla_unsupported(x, be.config) is None
-    be.splits = splits
-    r = run_one(case_id, be, repeats=KERNEL_REPEATS)
-    assert r.status == "pass", r.reason
