@@ -112,7 +112,7 @@ def test_decode_splits(case_id):
     case = Case.from_id(case_id)
     pristine = case.make_inputs()
     work = clone_tensors(pristine)
-    plan = plan_decode(work, min_chunk=32, num_sms=16)  # small splits: several per request
+    plan = plan_decode(work, min_chunk=32, num_sms=132)  # few programs on many SMs: several small splits
     assert max(plan.splits) >= 2 and plan.merge is not None, plan.splits
     assert len(set(plan.splits)) > 1 or case.params.lens == "equal", "lengths should give uneven split counts"
     verdict = _verdict(case, pristine, work, decode(work, plan))
@@ -165,7 +165,8 @@ def test_default_decode_depends_on_batch_but_stays_correct():
     case = Case.from_id("decode/b4-l300-mixed-h8x2-d64-p16-bf16")
     x = case.make_inputs()
     alone = _request(x, 0)
-    kw = dict(min_chunk=32, num_sms=1)  # few SMs: the batch changes the split of request 0
+    # 16 SMs: alone, request 0 is split over them; in the batch every SM is busy and it stays whole
+    kw = dict(min_chunk=32, num_sms=16)
     assert plan_decode(alone, **kw).splits != plan_decode(x, **kw).splits[:1]
     work = clone_tensors(x)
     verdict = _verdict(case, x, work, decode(work, plan_decode(work, **kw)))
@@ -479,7 +480,7 @@ def test_fp8_decode(case_id, split):
     pristine = case.make_inputs()
     assert pristine.k_cache.element_size() == 1 and pristine.k_scale is not None
     work = clone_tensors(pristine)
-    plan = plan_decode(work, min_chunk=32, num_sms=16) if split else plan_decode(work)
+    plan = plan_decode(work, min_chunk=32, num_sms=132) if split else plan_decode(work)
     assert plan.meta["KV_FP8"] in (1, 2)
     assert (plan.merge is not None) == split, plan.splits
     verdict = _verdict(case, pristine, work, decode(work, plan))
