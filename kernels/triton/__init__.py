@@ -117,12 +117,12 @@ class _TritonAttention(Backend):
         }
         return run
 
-    def mla_decode(self, case_x, knobs):
-        """The absorbed-MLA decode kernel (decode_mla.py) where it applies (None: the generic kernel runs)."""
+    def mla_decode(self, x, knobs):
+        """The absorbed-MLA decode kernel (decode_mla.py) where it applies (None: the generic kernel runs;
+        always under a `block_n` knob, which sizes the generic kernel's steps)."""
         from attnbench.kernels.triton import decode_mla as m
         from attnbench.kernels.triton.common import arch
 
-        x = case_x
         if "block_n" in knobs:
             return None
         cfg = m.mla_config(x.q.shape[1], x.k_cache.shape[1], arch(x.q.device))

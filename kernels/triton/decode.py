@@ -337,6 +337,26 @@ def balanced_chunk(sizes: list[int], units: int, block_n: int, target_programs: 
     return -(-chunk // block_n) * block_n
 
 
+def split_counts(sizes: list[int], units: int, block_n: int, slots: int, min_chunk: int, max_splits: int):
+    """For n = 1, 2, ... splits of the longest of `sizes` (keys): `(n, chunk, programs, waves)`, the
+    chunk rounded up to `block_n`, every request cut into `ceil(size / chunk)` splits of `units`
+    programs each, `waves` of `slots` resident programs; it stops before a chunk under `min_chunk`."""
+    longest = max(sizes)
+    for n in range(1, max_splits + 1):
+        per_split = -(-longest // n)
+        chunk = -(-per_split // block_n) * block_n
+        if n > 1 and chunk < min_chunk:
+            return
+        programs = sum(-(-size // chunk) for size in sizes) * units
+        yield n, chunk, programs, -(-programs // slots)
+
+
+def fewest_within(costs: list[tuple[float, int]], slack: float) -> int:
+    """The first (fewest splits) value of `costs` `[(cost, value)]` whose cost is within `slack` of the least."""
+    best = min(c for c, _ in costs)
+    return next(v for c, v in costs if c <= best * (1 + slack))
+
+
 def decode_chunk(sizes: list[int], units: int, block_n: int, sms: int, ctas_per_sm: int, min_chunk: int) -> int:
     """Keys per split of the default decode plan, for requests of `sizes` visible keys, each run by
     `units` programs per split, on `sms` SMs holding `ctas_per_sm` programs each.
@@ -344,8 +364,9 @@ def decode_chunk(sizes: list[int], units: int, block_n: int, sms: int, ctas_per_
     - Few programs unsplit (at most `FILL_CTAS` per SM): the keys are balanced over `FILL_CTAS x sms`
       programs, one wave (`balanced_chunk`), so short batches are split only as far as the SMs need;
       where the unsplit programs already cover half the SMs or more, into splits of `FILL_KEYS` keys
-      at least (a skewed batch still cuts its long requests; the merge and the partials cost more than a second program per SM gains: H100, B16,
-      1024 keys, 29.9 us unsplit against 32.3 in two splits; 4096 keys, 99.2 in two against 102.0).
+      at least: a skewed batch still cuts its long requests, and a uniform one is not cut where the
+      merge and the partials cost more than a second program per SM gains (H100, B16: 1024 keys,
+      29.9 us unsplit against 32.3 in two splits; 4096 keys, 99.2 in two against 102.0).
     - More: the split count whose waves of programs end soonest, each program costing its keys plus
       `STEP_KEYS` (`ceil(programs / slots) x (chunk + STEP_KEYS)`); the fewest splits within 5%.
 
@@ -359,17 +380,8 @@ def decode_chunk(sizes: list[int], units: int, block_n: int, sms: int, ctas_per_
         if 2 * programs >= sms:  # half the SMs or more busy already: splits of FILL_KEYS at least
             chunk = max(chunk, -(-min(FILL_KEYS, max(sizes)) // block_n) * block_n)
         return chunk
-    longest, slots = max(sizes), sms * ctas_per_sm
-    costs = []
-    for n in range(1, 17):
-        per_split = -(-longest // n)
-        chunk = -(-per_split // block_n) * block_n
-        if n > 1 and chunk < min_chunk:
-            break
-        programs = sum(-(-size // chunk) for size in sizes) * units
-        costs.append((-(-programs // slots) * (chunk + STEP_KEYS), n, chunk))
-    best = min(c for c, _, _ in costs)
-    return next(chunk for c, _, chunk in costs if c <= best * 1.05)
+    counts = split_counts(sizes, units, block_n, sms * ctas_per_sm, min_chunk, 16)
+    return fewest_within([(waves * (chunk + STEP_KEYS), chunk) for _, chunk, _, waves in counts], 0.05)
 
 
 def split_tables(items: list[tuple[int, int, int]], requests: int, Hq: int, Dv: int, device) -> tuple:

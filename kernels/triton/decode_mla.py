@@ -192,7 +192,7 @@ def mla_config(group: int, page_size: int, sm: int) -> MLAConfig:
 
 def mla_unsupported(x, config: MLAConfig) -> str | None:
     """Why `x` cannot take this kernel (None: it can). The generic decode kernel runs the rest."""
-    T, Hq, Dk = x.q.shape
+    _, _, Dk = x.q.shape
     Hkv, page, Dv = x.k_cache.shape[2], x.k_cache.shape[1], x.v_cache.shape[-1]
     k = x.k_cache
     if (Hkv, Dk, Dv) != (1, D_LATENT + D_ROPE, D_LATENT):
@@ -220,28 +220,17 @@ def mla_splits(lens: list[int], units: int, slots: int, block_n: int, partial_ke
     Modeled time (in key loads) of `s` splits: waves of programs, each wave as long as its longest
     split, plus the partial outputs each split writes and the merge reads back (`partial_keys`: the
     keys whose K/V bytes equal one split's partials, written and read: counted twice), spread over
-    the `slots` resident programs. The fewest splits within 2% of the best wins (fewer partials).
+    the `slots` resident programs, and never below perfect balance. The fewest splits within 2% of
+    the best wins (fewer partials).
     """
-    longest = max(lens)
-    total = sum(lens)
-    best, best_t = 1, None
-    costs = []
-    for s in range(1, max_splits + 1):
-        per_split = -(-longest // s)
-        chunk = -(-per_split // block_n) * block_n
-        if s > 1 and chunk < 2 * block_n:
-            break
-        programs = sum(-(-L // chunk) for L in lens) * units
-        waves = -(-programs // slots)
-        t = waves * chunk + (2 * partial_keys * programs / slots if s > 1 else 0.0)
-        t = max(t, total * units / slots)  # never below perfect balance
-        costs.append((s, t))
-        if best_t is None or t < best_t:
-            best, best_t = s, t
-    for s, t in costs:  # fewest splits within 2% of the best
-        if t <= best_t * 1.02:
-            return s
-    return best
+    from attnbench.kernels.triton.decode import fewest_within, split_counts
+
+    balanced = sum(lens) * units / slots
+    costs = [
+        (max(waves * chunk + (2 * partial_keys * programs / slots if n > 1 else 0.0), balanced), n)
+        for n, chunk, programs, waves in split_counts(lens, units, block_n, slots, 2 * block_n, max_splits)
+    ]
+    return fewest_within(costs, 0.02)
 
 
 def make_descriptors(x, config: MLAConfig) -> tuple:
