@@ -9,6 +9,7 @@ denominator only, absorbed MLA (Dk = 576 = 512 latent + 64 rope, Dv = 512, Hkv =
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import itertools
 import math
@@ -20,7 +21,17 @@ from pydantic import Field, model_validator
 
 from attnbench.buffers import alloc_output, output_bytes
 from attnbench.ops import rng
-from attnbench.ops.base import IdField, Op, OutputSpec, Params, magnitude_key, tensor_bytes
+from attnbench.ops.base import (
+    IdField,
+    Op,
+    OutputSpec,
+    Params,
+    Perturbation,
+    magnitude_key,
+    negate,
+    negated,
+    tensor_bytes,
+)
 from attnbench.ops.distributions import Distribution, Sampler, lse_like
 from attnbench.ops.paged import (
     draft_layout,
@@ -374,6 +385,49 @@ _ATTN_ID = (
 EXPLICIT = "lens"  # id token prefix of explicit lengths' digest: `lens3fa2c1d0`
 
 
+_PLANNED = (
+    "per-request lengths: a backend plans its launch from them in prepare (FlashInfer's plan()), and every "
+    "buffer is sized by them"
+)
+
+
+_PAGES = (
+    "the page table: the bundled torch backend turns it into gather indices in prepare, so it is held until "
+    "backends read it on every call"
+)
+
+
+def _shares_k(x: AttentionInputs) -> bool:
+    """MLA: the values are the keys' latent part (v_cache is a view of k_cache)."""
+    return x.v_cache.untyped_storage().data_ptr() == x.k_cache.untyped_storage().data_ptr()
+
+
+def _negate_keys(p, x: AttentionInputs, cache: bool) -> None:
+    """Every key negated; MLA: the rope part only (the latent part is the values')."""
+    dv = x.v_cache.shape[-1] if _shares_k(x) else 0
+    for t in ((x.k_cache,) if cache else ()) + ((x.k_new,) if x.k_new is not None else ()):
+        negate(t[..., dv:])
+
+
+def _double_scales(p, x: AttentionInputs) -> None:
+    """fp8 scales x 2 (still powers of two): every key and value the kernel dequantises doubles."""
+    seen = set()
+    for t in (x.k_scale, x.v_scale):
+        if t.data_ptr() not in seen:
+            seen.add(t.data_ptr())
+            t.mul_(2)
+
+
+def _complement_mask(p, x: AttentionInputs) -> None:
+    """Every visibility flipped but each query's own key (visible) and the rows that see nothing (empty)."""
+    offsets = x.mask_indptr.tolist()
+    for b, (L, n) in enumerate(zip(x.seq_lens_host, x.q_lens_host)):
+        block = x.custom_mask[offsets[b] : offsets[b + 1]].view(n, L)
+        empty = ~block.any(1, keepdim=True)
+        block.copy_(~block & ~empty)
+        block[torch.arange(n), torch.arange(L - n, L)] = ~empty[:, 0]
+
+
 class _PagedAttentionOp(Op):
     family = "attention"
     explicit: tuple[str, ...] = ()  # the params holding explicit per-request lengths
@@ -626,18 +680,39 @@ class _PagedAttentionOp(Op):
             changes["mask_indptr"] = torch.tensor([0] + sizes, device=dev).cumsum(0)
         return dataclasses.replace(x, **changes), rows
 
-    def perturb(self, x: AttentionInputs) -> None:
-        # Negating the values negates every output row that has a visible key, whatever the scores.
-        negate(x.v_cache)
-        if x.v_new is not None:
-            negate(x.v_new)
+    held = {
+        "kv_indptr": _PLANNED,
+        "seq_lens": _PLANNED,
+        "qo_indptr": _PLANNED,
+        "mask_indptr": _PLANNED,
+        "slot_mapping": "where the new tokens are saved: it addresses the written cache, which a backend may hold in "
+        "its own layout from prepare on",
+        "kv_page_indices": _PAGES,
+        "full_page_indices": _PAGES,
+        "full_to_swa": _PAGES,
+    }
+
+    def perturbations(self, p: AttentionParams) -> tuple[Perturbation, ...]:
+        """Queries, keys, values, sinks and fp8 scales by value; a custom mask by its complement (own key
+        kept). Lengths and page tables are held (`held` says why).
+        A case that saves its new K/V writes the caches: only the new tokens change then, and the pages stay."""
+        save = getattr(p, "new_kv", "shared") == "save"
+        cache = () if save else ("k_cache",)
+        perts = [
+            negated("queries", ("q",)),
+            Perturbation("keys", (*cache, "k_new"), functools.partial(_negate_keys, cache=bool(cache))),
+            negated("values", (*(() if save else ("v_cache",)), "v_new")),
+        ]
+        if p.sinks:
+            perts.append(negated("sinks", ("sinks",)))
+        if p.kv_dtype != "auto":
+            perts.append(Perturbation("fp8 scales", ("k_scale", "v_scale"), _double_scales))
+        if getattr(p, "mask", "causal") == "custom":
+            perts.append(Perturbation("custom mask", ("custom_mask",), _complement_mask))
+        return tuple(perts)
 
     def row_requests(self, p, x: AttentionInputs):
         return torch.repeat_interleave(torch.arange(len(x.q_lens_host)), torch.tensor(x.q_lens_host))
-
-    def must_change(self, p, x: AttentionInputs, expected):
-        # o -> -o: every nonzero output element flips; rows without a visible key stay 0, LSEs stay
-        return {"o": expected["o"] != 0}
 
     # ---- cost model ---------------------------------------------------------------------------
     def _pairs_and_tokens(self, p: AttentionParams, x: AttentionInputs) -> tuple[int, int]:
@@ -707,14 +782,6 @@ def quantize(x: torch.Tensor, scale: torch.Tensor | None, dtype: torch.dtype) ->
     if scale is None:
         return x.to(dtype)
     return (x.float() / scale.view(-1, 1)).to(dtype)
-
-
-def negate(t: torch.Tensor) -> None:
-    """In place, exactly, any float dtype (fp8 by its sign bit: some builds have no fp8 arithmetic)."""
-    if t.element_size() == 1:
-        t.view(torch.uint8).bitwise_xor_(0x80)
-    else:
-        t.neg_()
 
 
 def dequantize(stored: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
@@ -810,6 +877,11 @@ class ExtendOp(_PagedAttentionOp):
         return self._build(p, dtype, seed, device, kv_lens, q_lens, p.new_kv)
 
 
+def _shift_lses(p, x: MergeStateInputs) -> None:
+    x.s_a.add_(1.0)
+    x.s_b.sub_(1.0)
+
+
 class MergeStateOp(Op):
     """Merge two partial (output, LSE) states over disjoint key sets (split-KV / cascade)."""
 
@@ -860,15 +932,12 @@ class MergeStateOp(Op):
                      lse=alloc_output((len(order), *x.lse.shape[1:]), x.lse.dtype, x.lse.device))  # fmt: skip
         return MergeStateInputs(x.v_a[rows], x.s_a[rows], x.v_b[rows], x.s_b[rows], **fresh), rows
 
-    def perturb(self, x: MergeStateInputs) -> None:
-        x.v_a.neg_()
-        x.v_b.neg_()
+    def perturbations(self, p: MergeStateParams) -> tuple[Perturbation, ...]:
+        """Values negated; LSEs shifted apart (a by +1, b by -1: the weights move, -inf stays -inf)."""
+        return (negated("values", ("v_a", "v_b")), Perturbation("lses", ("s_a", "s_b"), _shift_lses))
 
     def row_requests(self, p, x: MergeStateInputs):
         return torch.arange(x.v_a.shape[0])  # every token is its own pair of partial states
-
-    def must_change(self, p, x: MergeStateInputs, expected):
-        return {"o": expected["o"] != 0}  # o -> -o; two empty states merge to 0 whatever the values
 
     def flops(self, p: MergeStateParams, x) -> float:
         return 4.0 * p.tokens * p.heads * p.head_dim

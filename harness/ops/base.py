@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any, ClassVar, Literal, get_args, get_origin, get_type_hints
 
@@ -63,6 +64,64 @@ class OutputSpec:
     magnitude: bool = False
 
 
+@dataclass(frozen=True)
+class Perturbation:
+    """One class of inputs an op reads, and how it may change between calls (the stale-output check).
+
+    A server rewrites a closure's inputs in place between steps, so a closure must read every input's
+    current contents on every call. The stale-output check (harness/checks.py `stale_check`) applies
+    an op's perturbations to a copy of the inputs, writes them into the closure's buffers in place,
+    calls the closure again and requires every output (and written input) to be right for the new
+    inputs.
+
+    `name`: the class as messages name it ("queries", "page table"). `fields`: the input fields it
+    changes: inputs the case only reads, never an output or an input the case writes (a backend may
+    hold those in its own layout from `prepare` on). `apply(p, x)`: changes those fields of `x` in
+    place so that `x` stays an input `build_inputs` could have made for the same parameters: values
+    only, or metadata (indices, page tables, per-request order) with every buffer consistent with it.
+    A perturbation may leave the outputs as they were (a page table permuted with the pages it names);
+    then only a closure that cached the old input fails.
+    """
+
+    name: str
+    fields: tuple[str, ...]
+    apply: Callable[[Any, Any], None]
+
+
+def negate(t: torch.Tensor | None) -> None:
+    """In place, exactly, any float dtype (fp8 by its sign bit: some builds have no fp8 arithmetic)."""
+    if t is None:
+        return
+    if t.element_size() == 1 and t.is_floating_point():
+        t.view(torch.uint8).bitwise_xor_(0x80)
+    else:
+        t.neg_()
+
+
+def negated(name: str, fields: tuple[str, ...]) -> Perturbation:
+    """The perturbation negating every named field that is not None (values: a sign flip keeps a
+    distribution's shape, and every output that depends on them changes)."""
+
+    def apply(p, x) -> None:
+        for f in fields:
+            negate(getattr(x, f))
+
+    return Perturbation(name, fields, apply)
+
+
+def rolled(name: str, fields: tuple[str, ...], dim: int = 0) -> Perturbation:
+    """The perturbation rotating every named field by one along `dim` (per-request metadata such as
+    slot indices: request b takes request b-1's; a no-op for a batch of one)."""
+
+    def apply(p, x) -> None:
+        for f in fields:
+            t = getattr(x, f)
+            if t is not None:
+                t.copy_(t.roll(1, dim))
+
+    return Perturbation(name, fields, apply)
+
+
 def tensor_bytes(shape: tuple[int, ...], dtype: torch.dtype) -> int:
     """Bytes of a dense tensor of `shape` and `dtype`."""
     return math.prod(shape) * dtype.itemsize
@@ -74,14 +133,14 @@ def magnitude_key(name: str) -> str:
 
 
 _REQUIRED_ATTRIBUTES = ("family", "Params", "id_fields", "outputs")
-_REQUIRED_METHODS = ("build_inputs", "input_bytes", "expected", "perturb")
+_REQUIRED_METHODS = ("build_inputs", "input_bytes", "expected", "perturbations")
 
 
 class Op:
     """Base class of op contracts. Subclasses set the class attributes and implement the methods.
 
     A class that sets `name` is a concrete op: defining it without `family`, `Params`, `id_fields`,
-    `outputs` or its own `build_inputs`, `expected` and `perturb` is a TypeError at import (classes
+    `outputs` or its own `build_inputs`, `input_bytes`, `expected` and `perturbations` is a TypeError at import (classes
     without a `name` are shared bases and are not checked).
     """
 
@@ -90,6 +149,8 @@ class Op:
     Params: ClassVar[type[Params]]
     id_fields: ClassVar[tuple[IdField, ...]]
     outputs: ClassVar[dict[str, OutputSpec]]
+    # read inputs no perturbation changes, each with why (the stale-output check leaves them alone)
+    held: ClassVar[dict[str, str]] = {}
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -160,21 +221,13 @@ class Op:
         """
         return None
 
-    def perturb(self, inputs: Any) -> None:
-        """Change, in place, a data input so that a correct implementation's outputs change
-        (at least the elements `must_change` names)."""
-        raise NotImplementedError
+    def perturbations(self, p: Params) -> tuple[Perturbation, ...]:
+        """Every class of inputs this case reads, each with a valid in-place change (`Perturbation`).
 
-    def must_change(self, p: Params, inputs: Any, expected: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Output elements that `perturb` changes in every correct implementation, by output name.
-
-        Bool masks broadcastable to the outputs, from the pristine inputs and the float64 expectation.
-        The stale-output check requires a change among them, and does not run when none is True (e.g.
-        attention where no query sees a key: every output is 0 and -inf whatever the values). Default:
-        every element the contract specifies.
+        Together with `held` (read inputs left alone, with why) they name every tensor input the case
+        reads that is neither an output nor written (tests/harness/test_stale_check.py holds each op to it).
         """
-        free = self.unspecified(p, inputs)
-        return {name: ~free[name] if name in free else torch.ones((), dtype=torch.bool) for name in self.outputs_for(p)}
+        raise NotImplementedError
 
     # ---- cost model (documented in docs/conventions.md) ---------------------------------------
     def flops(self, p: Params, inputs: Any) -> float:

@@ -61,6 +61,7 @@ Cost model (what `flops()` and `bytes()` count; per v-head, summed over heads an
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -69,7 +70,7 @@ from pydantic import Field, model_validator
 
 from attnbench.buffers import alloc_output, output_bytes
 from attnbench.ops import rng
-from attnbench.ops.base import IdField, Op, OutputSpec, Params, tensor_bytes
+from attnbench.ops.base import IdField, Op, OutputSpec, Params, Perturbation, negated, rolled, tensor_bytes
 from attnbench.references import gdn as ref
 
 CHUNK = 64  # the chunk size the gdn_extend cost model counts
@@ -332,6 +333,34 @@ def _dims_features(p: GDNParams) -> list[str]:
     return f
 
 
+_LENGTHS = "per-request lengths: a backend plans its launch from them in prepare, and every buffer is sized by them"
+
+
+def _scale_gate_params(p, x) -> None:
+    """Decay rates x 2 (A_log + ln 2) and dt_bias halved (exact): every gate moves."""
+    x.A_log.add_(math.log(2.0))
+    x.dt_bias.mul_(0.5)
+
+
+def _gate_parameters() -> Perturbation:
+    return Perturbation("gate parameters", ("A_log", "dt_bias"), _scale_gate_params)
+
+
+def _move_gates(p, x) -> None:
+    """Log decays halved (still < 0), beta -> 1 - beta (still in (0, 1))."""
+    x.g.mul_(0.5)
+    x.beta.copy_(1.0 - x.beta)
+
+
+def _regrow(p, x) -> None:
+    """Another tree of the same size for every request, seeded from the current one (deterministic)."""
+    seed = int(
+        (x.parents.long() * torch.arange(1, x.parents.numel() + 1).view_as(x.parents).to(x.parents.device)).sum()
+    )
+    new = _tree_parents(x.parents.shape[0], x.parents.shape[1], torch.Generator().manual_seed(seed + 1))
+    x.parents.copy_(new)
+
+
 # ---- gdn_gating -------------------------------------------------------------------------------------
 class GDNGatingOp(Op):
     """g = -exp(A_log) softplus(a + dt_bias) (threshold 20), beta = sigmoid(b), fp32 outputs."""
@@ -366,12 +395,8 @@ class GDNGatingOp(Op):
         g, beta = ref.gating(x.A_log, x.a, x.dt_bias, x.b, precision=precision)
         return {"g": g, "beta": beta}
 
-    def perturb(self, x: GatingInputs) -> None:
-        x.a.neg_()
-        x.b.neg_()
-
-    def must_change(self, p, x: GatingInputs, expected):
-        return {"g": x.a != 0, "beta": x.b != 0}  # softplus(-a + d) != softplus(a + d) iff a != 0
+    def perturbations(self, p: GatingParams) -> tuple[Perturbation, ...]:
+        return (negated("raw gates", ("a", "b")), _gate_parameters())
 
     def bytes(self, p: GatingParams, x: GatingInputs) -> float:
         el = x.a.element_size()
@@ -484,8 +509,23 @@ class CausalConv1dOp(Op):
         )  # fmt: skip
         return {"y": y, "conv_states": states}
 
-    def perturb(self, x: ConvInputs) -> None:
-        x.x.neg_()
+    held = {
+        "query_start_loc": _LENGTHS,
+        "has_initial_state": "read in prefill mode only, where it is rotated (update and verify modes continue every "
+        "request from its pool state)",
+    }
+
+    def perturbations(self, p: ConvParams) -> tuple[Perturbation, ...]:
+        """Inputs, weights (and bias) by value; slots and initial-state flags rotated among the requests;
+        verify mode (the pool only read): the pool's states by value, and a tree's parents redrawn."""
+        perts = [negated("inputs", ("x",)), negated("weights", ("weight", "bias")), rolled("slots", ("cache_indices",))]
+        if p.mode == "prefill":
+            perts.append(rolled("initial-state flags", ("has_initial_state",)))
+        if p.mode == "verify":
+            perts.append(negated("states", ("conv_states",)))
+            if p.tree:
+                perts.append(Perturbation("tree", ("parents",), _regrow))
+        return tuple(perts)
 
     def row_requests(self, p, x: ConvInputs):
         return torch.repeat_interleave(torch.arange(len(x.lens_host)), torch.tensor(x.lens_host))
@@ -566,8 +606,27 @@ class _GDNOp(Op):
         b = _randn((T, p.heads_v), dtype, gen, device, std=1.5)
         return a.to(dtype), b, A_log, dt_bias
 
-    def perturb(self, x: GDNInputs) -> None:
-        x.v.neg_()
+    held = {
+        "cu_seqlens": _LENGTHS,
+        "mixed_qkv": "the packed storage of q, k and v (packed decode): the perturbations of those change it",
+    }
+
+    def perturbations(self, p: GDNParams) -> tuple[Perturbation, ...]:
+        """q, k, v by value; the gates (raw gates and their parameters, or extend's g and beta); the
+        slots (and extend's initial-state flags) rotated among the requests; verify (the pool only
+        read): the pool's states by value, and a tree's parents redrawn."""
+        perts = [negated("queries", ("q",)), negated("keys", ("k",)), negated("values", ("v",))]
+        if self.name == "gdn_extend":
+            perts += [Perturbation("gates", ("g", "beta"), _move_gates)]
+            perts += [rolled("initial-state flags", ("has_initial_state",))]
+        else:
+            perts += [negated("raw gates", ("a", "b")), _gate_parameters()]
+        perts.append(rolled("slots", ("state_indices",)))
+        if self.name == "gdn_verify":
+            perts.append(negated("states", ("state_pool",)))
+            if p.tree:
+                perts.append(Perturbation("tree", ("parents",), _regrow))
+        return tuple(perts)
 
     def row_requests(self, p, x: GDNInputs):
         return torch.repeat_interleave(torch.arange(len(x.lens_host)), torch.tensor(x.lens_host))
@@ -860,9 +919,14 @@ class GDNCommitOp(Op):
         )
         return {"state_pool": pool, "conv_states": conv}
 
-    def perturb(self, x: CommitInputs) -> None:
-        x.inter_states.neg_()
-        x.inter_conv_windows.neg_()
+    def perturbations(self, p: GDNCommitParams) -> tuple[Perturbation, ...]:
+        """The verify buffers by value; the accepted tokens and the slots rotated among the requests."""
+        return (
+            negated("intermediate states", ("inter_states",)),
+            negated("conv windows", ("inter_conv_windows",)),
+            rolled("accepted tokens", ("last_accepted",)),
+            rolled("slots", ("state_indices",)),
+        )
 
     def bytes(self, p: GDNCommitParams, x: CommitInputs) -> float:
         state = 4 * p.heads_v * p.head_dim_k * p.head_dim_v + p.dim * (p.width - 1) * x.conv_states.element_size()

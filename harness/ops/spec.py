@@ -29,7 +29,7 @@ from attnbench.ops.attention import (
     _generators,
     _lengths,
 )
-from attnbench.ops.base import IdField, Op, OutputSpec, Params, tensor_bytes
+from attnbench.ops.base import IdField, Op, OutputSpec, Params, Perturbation, rolled, tensor_bytes
 from attnbench.ops.trees import DRAFT_VOCAB, NAMED, TreeFields, request_parents, simulate_eagle_draft
 from attnbench.references import spec as ref
 
@@ -111,6 +111,16 @@ class TreeVerifyOp(ExtendOp):
     Params = TreeVerifyParams
     id_fields = tuple(f for f in _ATTN_ID if f.fields[0] in TreeVerifyParams.model_fields and f.fields[0] != "window")
     id_fields += _TREE_ID
+
+    held = ExtendOp.held | {
+        "custom_mask": "the tree's mask: another mask would be another tree than tree_mask and tree_positions name",
+        "tree_mask": "the tree the custom mask was built from (a kernel taking custom_mask need not read it)",
+        "tree_positions": "the tree tokens' positions, fixed by the tree and the prefix lengths",
+    }
+
+    def perturbations(self, p: TreeVerifyParams) -> tuple[Perturbation, ...]:
+        """Extend's, but the mask: the tree is the case's (`held`)."""
+        return tuple(q for q in super().perturbations(p) if q.name != "custom mask")
 
     def parse_id_tokens(self, tokens: list[str]) -> dict:
         return _parse_tree_tokens(self, tokens)
@@ -202,6 +212,14 @@ def _int_bytes(x) -> float:
     return float(sum(t.numel() * t.element_size() for t in vars(x).values() if isinstance(t, torch.Tensor)))
 
 
+def _redraft(p: EagleBuildTreeParams, x: EagleBuildTreeInputs) -> None:
+    """Another EAGLE draft of the same shape, seeded from the current one (deterministic)."""
+    seed = int(x.parent_list.sum()) * 31 + int(x.selected_index.sum()) + 1
+    draft = simulate_eagle_draft(p.batch, p.topk, p.depth, p.draft_tokens, torch.Generator().manual_seed(seed))
+    x.parent_list.copy_(draft.parent_list)
+    x.selected_index.copy_(draft.selected_index)
+
+
 class EagleBuildTreeOp(Op):
     """SGLang build_tree_kernel_efficient: tree mask, positions and retrieve links of EAGLE drafts."""
 
@@ -274,9 +292,13 @@ class EagleBuildTreeOp(Op):
         )
         return tree._asdict()
 
-    def perturb(self, x: EagleBuildTreeInputs) -> None:
-        # One verified token fewer per request: every position moves (a full mask shrinks, in bounds).
-        x.seq_lens.sub_(1)
+    def perturbations(self, p: EagleBuildTreeParams) -> tuple[Perturbation, ...]:
+        """Another draft (a new simulated one: parent_list and selected_index together), and the prefix
+        lengths rotated among the requests (`lens: mixed`; their sum, and so a full mask's size, stays)."""
+        return (
+            Perturbation("draft", ("parent_list", "selected_index"), _redraft),
+            rolled("prefix lengths", ("seq_lens",)),
+        )
 
     def bytes(self, p, x: EagleBuildTreeInputs) -> float:
         return _int_bytes(x)
@@ -300,6 +322,18 @@ class VerifyGreedyInputs:
     predicts: torch.Tensor  # in/out [B * n] int32: written on the accepted path only
     accept_index: torch.Tensor  # output [B, num_spec_steps] int32
     accept_length: torch.Tensor  # output [B] int32
+
+
+def _shift_drafts(p, x: VerifyGreedyInputs) -> None:
+    x.candidates[:, 1:].add_(2 * DRAFT_VOCAB)  # the root's token is the verified one: kept
+
+
+def _rotate_rows(p, x: VerifyGreedyInputs) -> None:
+    """Node i of request b moves from flat row b n + j to b n + (j + 1) % n; its target token with it."""
+    B, n = x.retrive_index.shape
+    first = torch.arange(B, device=x.retrive_index.device)[:, None] * n
+    x.retrive_index.copy_(first + (x.retrive_index - first + 1) % n)
+    x.target_predict.copy_(x.target_predict.view(B, n).roll(1, 1).view_as(x.target_predict))
 
 
 class VerifyGreedyOp(Op):
@@ -373,9 +407,17 @@ class VerifyGreedyOp(Op):
         )  # fmt: skip
         return v._asdict()
 
-    def perturb(self, x: VerifyGreedyInputs) -> None:
-        # Target tokens no draft holds: nothing is accepted and the root's bonus token changes.
-        x.target_predict.add_(DRAFT_VOCAB)
+    def perturbations(self, p: VerifyGreedyParams) -> tuple[Perturbation, ...]:
+        """Target tokens no draft holds (nothing accepted, the root's bonus changes); draft tokens moved
+        out of the target's range likewise; every node's row in the flat buffers rotated within its
+        request (retrive_index, and target_predict with it); whole trees rotated among the requests."""
+        trees = ("candidates", "retrive_next_token", "retrive_next_sibling", "target_predict")
+        return (
+            Perturbation("target tokens", ("target_predict",), lambda p, x: x.target_predict.add_(DRAFT_VOCAB)),
+            Perturbation("draft tokens", ("candidates",), _shift_drafts),
+            Perturbation("retrieve index", ("retrive_index", "target_predict"), _rotate_rows),
+            rolled("trees", trees),
+        )
 
     def bytes(self, p, x: VerifyGreedyInputs) -> float:
         return _int_bytes(x)

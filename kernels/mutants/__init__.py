@@ -16,6 +16,7 @@ import torch
 
 from attnbench.backend import Backend
 from attnbench.kernels.mutants.interactions import INTERACTION_MUTANTS
+from attnbench.kernels.mutants.stale import STALE_MUTANTS, snapshot_backend
 from attnbench.kernels.mutants.upstream import UPSTREAM_MUTANTS
 from attnbench.kernels.torch.attention import paged_attention
 from attnbench.kernels.torch.merge import merge_state
@@ -214,6 +215,8 @@ MUTANTS: tuple[Mutant, ...] = (
         "tree_verify/b3-pre21-mixed-h8x2-d64-p16-treebinary-depth2-bf16",), lambda: _SiblingLeak()),
     # bugs where features meet and at numeric edges: no case written for them (selftest finds the first)
     *(Mutant(name, bug, (), factory) for name, bug, factory in INTERACTION_MUTANTS),
+    # closures that cache one class of inputs at prepare (kernels/mutants/stale.py): no case written either
+    *(Mutant(name, bug, (), lambda n=name, f=fields: snapshot_backend(n, f)) for name, bug, fields in STALE_MUTANTS),
     # real bugs from upstream trackers (kernels/mutants/upstream.py): no case written for them either
     *(Mutant(u.name, u.bug, (), u.backend, u.source, u.known_escape) for u in UPSTREAM_MUTANTS),
 )  # fmt: skip

@@ -11,12 +11,12 @@ from attnbench.ops.attention import MergeStateOp
 
 def test_every_registered_op_defines_every_hook():
     for op in OPS.values():
-        for hook in ("build_inputs", "expected", "perturb"):
+        for hook in ("build_inputs", "expected", "perturbations"):
             assert getattr(type(op), hook) is not getattr(Op, hook), (op.name, hook)
 
 
 def test_a_missing_method_is_an_error_at_class_definition():
-    with pytest.raises(TypeError, match=r"op 'half' .* lacks input_bytes\(\), perturb\(\)"):
+    with pytest.raises(TypeError, match=r"op 'half' .* lacks input_bytes\(\), perturbations\(\)"):
 
         class Half(Op):
             name = "half"
@@ -47,5 +47,5 @@ def test_a_missing_attribute_is_an_error_and_shared_bases_are_not_checked():
             def expected(self, p, inputs, precision):
                 return {}
 
-            def perturb(self, inputs):
-                pass
+            def perturbations(self, p):
+                return ()
