@@ -22,6 +22,7 @@ from pydantic import Field, model_validator
 from attnbench.buffers import alloc_output, output_bytes
 from attnbench.ops import rng
 from attnbench.ops.base import (
+    WEIGHTS,
     IdField,
     Op,
     OutputSpec,
@@ -409,15 +410,6 @@ def _negate_keys(p, x: AttentionInputs, cache: bool) -> None:
         negate(t[..., dv:])
 
 
-def _double_scales(p, x: AttentionInputs) -> None:
-    """fp8 scales x 2 (still powers of two): every key and value the kernel dequantises doubles."""
-    seen = set()
-    for t in (x.k_scale, x.v_scale):
-        if t.data_ptr() not in seen:
-            seen.add(t.data_ptr())
-            t.mul_(2)
-
-
 def _complement_mask(p, x: AttentionInputs) -> None:
     """Every visibility flipped but each query's own key (visible) and the rows that see nothing (empty)."""
     offsets = x.mask_indptr.tolist()
@@ -681,6 +673,9 @@ class _PagedAttentionOp(Op):
         return dataclasses.replace(x, **changes), rows
 
     held = {
+        "sinks": WEIGHTS,
+        "k_scale": WEIGHTS,
+        "v_scale": WEIGHTS,
         "kv_indptr": _PLANNED,
         "seq_lens": _PLANNED,
         "qo_indptr": _PLANNED,
@@ -693,8 +688,8 @@ class _PagedAttentionOp(Op):
     }
 
     def perturbations(self, p: AttentionParams) -> tuple[Perturbation, ...]:
-        """Queries, keys, values, sinks and fp8 scales by value; a custom mask by its complement (own key
-        kept). Lengths and page tables are held (`held` says why).
+        """Queries, keys and values by value; a custom mask by its complement (own key kept). Lengths,
+        page tables and weights (sinks, fp8 scales) are held (`held` says why).
         A case that saves its new K/V writes the caches: only the new tokens change then, and the pages stay."""
         save = getattr(p, "new_kv", "shared") == "save"
         cache = () if save else ("k_cache",)
@@ -703,10 +698,6 @@ class _PagedAttentionOp(Op):
             Perturbation("keys", (*cache, "k_new"), functools.partial(_negate_keys, cache=bool(cache))),
             negated("values", (*(() if save else ("v_cache",)), "v_new")),
         ]
-        if p.sinks:
-            perts.append(negated("sinks", ("sinks",)))
-        if p.kv_dtype != "auto":
-            perts.append(Perturbation("fp8 scales", ("k_scale", "v_scale"), _double_scales))
         if getattr(p, "mask", "causal") == "custom":
             perts.append(Perturbation("custom mask", ("custom_mask",), _complement_mask))
         return tuple(perts)

@@ -98,6 +98,15 @@ def negate(t: torch.Tensor | None) -> None:
         t.neg_()
 
 
+WEIGHTS = (
+    "model weights: constant for a layer, never rewritten between steps (a server calls the same kernel with "
+    "each layer's own weights), so a backend may take them as host numbers or precompute from them in prepare "
+    "(FlashInfer's run(k_scale=float))"
+)
+"""Why an op holds a model weight (`Op.held`): fp8 KV scales, attention sinks, GDN gate parameters, conv
+weights. The stale-output check follows a server, which rewrites activations and metadata in place."""
+
+
 def negated(name: str, fields: tuple[str, ...]) -> Perturbation:
     """The perturbation negating every named field that is not None (values: a sign flip keeps a
     distribution's shape, and every output that depends on them changes)."""

@@ -61,7 +61,6 @@ Cost model (what `flops()` and `bytes()` count; per v-head, summed over heads an
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -70,7 +69,17 @@ from pydantic import Field, model_validator
 
 from attnbench.buffers import alloc_output, output_bytes
 from attnbench.ops import rng
-from attnbench.ops.base import IdField, Op, OutputSpec, Params, Perturbation, negated, rolled, tensor_bytes
+from attnbench.ops.base import (
+    WEIGHTS,
+    IdField,
+    Op,
+    OutputSpec,
+    Params,
+    Perturbation,
+    negated,
+    rolled,
+    tensor_bytes,
+)
 from attnbench.references import gdn as ref
 
 CHUNK = 64  # the chunk size the gdn_extend cost model counts
@@ -336,16 +345,6 @@ def _dims_features(p: GDNParams) -> list[str]:
 _LENGTHS = "per-request lengths: a backend plans its launch from them in prepare, and every buffer is sized by them"
 
 
-def _scale_gate_params(p, x) -> None:
-    """Decay rates x 2 (A_log + ln 2) and dt_bias halved (exact): every gate moves."""
-    x.A_log.add_(math.log(2.0))
-    x.dt_bias.mul_(0.5)
-
-
-def _gate_parameters() -> Perturbation:
-    return Perturbation("gate parameters", ("A_log", "dt_bias"), _scale_gate_params)
-
-
 def _move_gates(p, x) -> None:
     """Log decays halved (still < 0), beta -> 1 - beta (still in (0, 1))."""
     x.g.mul_(0.5)
@@ -395,8 +394,10 @@ class GDNGatingOp(Op):
         g, beta = ref.gating(x.A_log, x.a, x.dt_bias, x.b, precision=precision)
         return {"g": g, "beta": beta}
 
+    held = {"A_log": WEIGHTS, "dt_bias": WEIGHTS}
+
     def perturbations(self, p: GatingParams) -> tuple[Perturbation, ...]:
-        return (negated("raw gates", ("a", "b")), _gate_parameters())
+        return (negated("raw gates", ("a", "b")),)
 
     def bytes(self, p: GatingParams, x: GatingInputs) -> float:
         el = x.a.element_size()
@@ -510,15 +511,17 @@ class CausalConv1dOp(Op):
         return {"y": y, "conv_states": states}
 
     held = {
+        "weight": WEIGHTS,
+        "bias": WEIGHTS,
         "query_start_loc": _LENGTHS,
         "has_initial_state": "read in prefill mode only, where it is rotated (update and verify modes continue every "
         "request from its pool state)",
     }
 
     def perturbations(self, p: ConvParams) -> tuple[Perturbation, ...]:
-        """Inputs, weights (and bias) by value; slots and initial-state flags rotated among the requests;
-        verify mode (the pool only read): the pool's states by value, and a tree's parents redrawn."""
-        perts = [negated("inputs", ("x",)), negated("weights", ("weight", "bias")), rolled("slots", ("cache_indices",))]
+        """Inputs by value; slots and initial-state flags rotated among the requests; verify mode (the pool
+        only read): the pool's states by value, and a tree's parents redrawn. The weights are held."""
+        perts = [negated("inputs", ("x",)), rolled("slots", ("cache_indices",))]
         if p.mode == "prefill":
             perts.append(rolled("initial-state flags", ("has_initial_state",)))
         if p.mode == "verify":
@@ -607,12 +610,14 @@ class _GDNOp(Op):
         return a.to(dtype), b, A_log, dt_bias
 
     held = {
+        "A_log": WEIGHTS,
+        "dt_bias": WEIGHTS,
         "cu_seqlens": _LENGTHS,
         "mixed_qkv": "the packed storage of q, k and v (packed decode): the perturbations of those change it",
     }
 
     def perturbations(self, p: GDNParams) -> tuple[Perturbation, ...]:
-        """q, k, v by value; the gates (raw gates and their parameters, or extend's g and beta); the
+        """q, k, v by value; the gates (raw gates, or extend's g and beta; their parameters are held); the
         slots (and extend's initial-state flags) rotated among the requests; verify (the pool only
         read): the pool's states by value, and a tree's parents redrawn."""
         perts = [negated("queries", ("q",)), negated("keys", ("k",)), negated("values", ("v",))]
@@ -620,7 +625,7 @@ class _GDNOp(Op):
             perts += [Perturbation("gates", ("g", "beta"), _move_gates)]
             perts += [rolled("initial-state flags", ("has_initial_state",))]
         else:
-            perts += [negated("raw gates", ("a", "b")), _gate_parameters()]
+            perts += [negated("raw gates", ("a", "b"))]
         perts.append(rolled("slots", ("state_indices",)))
         if self.name == "gdn_verify":
             perts.append(negated("states", ("state_pool",)))

@@ -4,11 +4,12 @@ Conventions converted (attnbench.ops.gdn is canonical):
 - fla takes `[B, T, H, *]` tensors; varlen is `B = 1` with `cu_seqlens` (int64). Our packed `[T, H, *]`
   tensors become `[1, T, H, *]` views.
 - fla's `g` is log-space like ours; its state is `[N, HV, K, V]` like ours, but it has no state pool:
-  it reads a dense initial state per request and returns the final states as a new tensor. `prepare`
-  gathers the requests' slots into that dense `[B, HV, K, V]` initial state once (zeros for padding
-  rows and for requests without one), the timed closure is fla's call alone (it reads the same
-  initial state on every call), and the closure's `finalize` scatters the final states of the last
-  call into the pool, untimed (harness/backend.py).
+  it reads a dense initial state per request and returns the final states as a new tensor. The timed
+  closure gathers the requests' slots into that dense `[B, HV, K, V]` initial state (zeros for padding
+  rows and for requests without one) and calls fla: what a server holding a pool pays to use fla, and
+  the pool is read as it is on every call (a server rewrites it, and the slots, between steps; a
+  gather once in prepare was a stale output on the H100). The closure's `finalize` scatters the final
+  states of the last call into the slots the requests name then, untimed (harness/backend.py).
 - gdn_decode fuses the gating in fla's kernel (`use_gate_in_kernel` with A_log and dt_bias on the raw
   `a`; `use_beta_sigmoid_in_kernel` on the raw `b`); gdn_extend passes our fp32 g and beta.
 - q/k are L2-normalised in fla's kernels (`use_qk_l2norm_in_kernel=True`, eps 1e-6), q scaled by
@@ -20,19 +21,20 @@ from __future__ import annotations
 import torch
 
 
-def _dense_initial_state(x, use: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dense `[B, HV, K, V]` initial states: the pool slots of the rows in `use`, zeros elsewhere;
-    the batch rows of real requests; their slots). Built in prepare."""
+def _dense_initial_state(x, use: torch.Tensor) -> torch.Tensor:
+    """The dense `[B, HV, K, V]` initial states: the pool slots of the rows where `use` holds, zeros
+    elsewhere. Called inside the timed closure, without a host sync."""
     idx = x.state_indices.long()
-    h0 = x.state_pool.new_zeros(x.batch, *x.state_pool.shape[1:])
-    h0[use] = x.state_pool[idx[use]]
-    rows = (idx >= 0).nonzero().flatten()
-    return h0, rows, idx[rows]
+    h0 = x.state_pool.index_select(0, idx.clamp(min=0))
+    return torch.where(use.view(-1, 1, 1, 1), h0, torch.zeros((), dtype=h0.dtype, device=h0.device))
 
 
-def _scatter_final(x, last: dict, rows: torch.Tensor, slots: torch.Tensor):
+def _scatter_final(x, last: dict):
+    """`finalize`: the last call's final states into the slots of the real requests (as they are now)."""
+
     def finalize(outputs):
-        x.state_pool[slots] = last["ht"][rows]
+        rows = (x.state_indices >= 0).nonzero().flatten()
+        x.state_pool[x.state_indices[rows].long()] = last["ht"][rows]
         return outputs
 
     return finalize
@@ -42,11 +44,11 @@ def prepare_decode(case, x):
     from fla.ops.gated_delta_rule import fused_recurrent_gated_delta_rule
 
     B, HV, V = x.batch, x.v.shape[1], x.v.shape[2]
-    h0, rows, slots = _dense_initial_state(x, x.state_indices >= 0)
     last = {}
 
     def run():
         with torch.no_grad():
+            h0 = _dense_initial_state(x, x.state_indices >= 0)
             o, last["ht"] = fused_recurrent_gated_delta_rule(
                 x.q[:, None], x.k[:, None], x.v[:, None], g=x.a[:, None], beta=x.b[:, None], scale=x.scale,
                 initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
@@ -54,8 +56,10 @@ def prepare_decode(case, x):
             )  # fmt: skip
         return {"o": o.view(B, HV, V)}
 
-    run.finalize = _scatter_final(x, last, rows, slots)
-    run.info = {"variant": "fused_recurrent_gated_delta_rule (gates in kernel; dense states gathered in prepare)"}
+    run.finalize = _scatter_final(x, last)
+    run.info = {
+        "variant": "fused_recurrent_gated_delta_rule (gates in kernel; dense states gathered from the pool in the call)"
+    }
     return run
 
 
@@ -64,17 +68,17 @@ def prepare_extend(case, x):
 
     cu = x.cu_seqlens.long()
     cu_cpu = torch.tensor([0, *torch.tensor(x.lens_host).cumsum(0).tolist()], dtype=torch.long)
-    h0, rows, slots = _dense_initial_state(x, x.has_initial_state.to(x.state_indices.device))
     last = {}
 
     def run():
         with torch.no_grad():
+            h0 = _dense_initial_state(x, x.has_initial_state.to(x.state_indices.device) & (x.state_indices >= 0))
             o, last["ht"] = chunk_gated_delta_rule(
                 x.q[None], x.k[None], x.v[None], x.g[None], x.beta[None], scale=x.scale, initial_state=h0,
                 output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,
             )  # fmt: skip
         return {"o": o[0]}
 
-    run.finalize = _scatter_final(x, last, rows, slots)
-    run.info = {"variant": "chunk_gated_delta_rule (chunk 64; dense states gathered in prepare)"}
+    run.finalize = _scatter_final(x, last)
+    run.info = {"variant": "chunk_gated_delta_rule (chunk 64; dense states gathered from the pool in the call)"}
     return run

@@ -10,8 +10,9 @@ op reads (`Op.perturbations`) and requires the outputs to follow.
 The fields are written here, per op, apart from the ops' declarations, so a class of inputs an op
 forgets to perturb leaves its mutant uncaught. A mutant does not touch outputs or the inputs a case
 writes (caches, state pools); where a case has none of its fields (no sinks, no fp8 scales) it skips.
-Inputs an op holds (`Op.held`: lengths, attention page tables) have no mutant here: the check does not
-change them, so it could not catch one (docs/conventions.md says why they are held).
+Inputs an op holds (`Op.held`: lengths, attention page tables, model weights such as fp8 scales, sinks,
+gate parameters and conv weights) have no mutant here: the check does not change them, so it could not
+catch one (docs/conventions.md says why they are held).
 """
 
 from __future__ import annotations
@@ -35,16 +36,11 @@ STALE_INPUTS: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
     ("keys", "the keys", _each(ATTENTION, ("k_cache", "k_new")) | _each(GDN, ("k",))),
     ("values", "the values",
      _each(ATTENTION, ("v_cache", "v_new")) | _each(GDN, ("v",)) | {"merge_state": ("v_a", "v_b")}),
-    ("sinks", "the sink logits", _each(ATTENTION, ("sinks",))),
-    ("fp8-scales", "the fp8 KV scales", _each(ATTENTION, ("k_scale", "v_scale"))),
     ("custom-mask", "the custom mask", {"extend": ("custom_mask",)}),
     ("lses", "the partial states' LSEs", {"merge_state": ("s_a", "s_b")}),
     ("raw-gates", "the raw gates a, b", _each(("gdn_gating", "gdn_decode", "gdn_verify"), ("a", "b"))),
-    ("gate-parameters", "A_log and dt_bias",
-     _each(("gdn_gating", "gdn_decode", "gdn_verify"), ("A_log", "dt_bias"))),
     ("gates", "the gates g, beta", {"gdn_extend": ("g", "beta")}),
     ("conv-inputs", "the conv inputs x", {"causal_conv1d": ("x",)}),
-    ("conv-weights", "the conv weight and bias", {"causal_conv1d": ("weight", "bias")}),
     ("slots", "the state slots of the requests",
      {"causal_conv1d": ("cache_indices",), "gdn_commit": ("state_indices",)} | _each(GDN, ("state_indices",))),
     ("initial-state-flags", "has_initial_state", _each(("causal_conv1d", "gdn_extend"), ("has_initial_state",))),

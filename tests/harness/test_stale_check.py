@@ -137,7 +137,26 @@ def test_each_built_in_stale_mutant_is_caught_on_every_case_of_its_ops_here(muta
 
 def test_a_stale_output_names_the_class_it_did_not_follow():
     case = Case.from_id("decode/b3-l70-skewed-h8x2-d64-p16-swa7-cap5-sink-bf16", "cpu")
-    row = run_one(case, snapshot_backend("snap", {"decode": ("sinks",)}))
-    assert row.reason.startswith("stale output: the sinks (sinks) changed in place and the closure did not follow: "), (
+    row = run_one(case, snapshot_backend("snap", {"decode": ("q",)}))
+    assert row.reason.startswith("stale output: the queries (q) changed in place and the closure did not follow: "), (
         row.reason
     )
+
+
+@pytest.mark.parametrize(
+    "case_id, fields",
+    [
+        ("decode/b2-l300-h4x4-d96x64-p1-topk4-swa90-peaked-fp8_e4m3-bf16", ("k_scale", "v_scale")),
+        ("decode/b3-l70-skewed-h8x2-d64-p16-swa7-cap5-sink-bf16", ("sinks",)),
+        ("gdn_decode/b5-h2x4-d16x16-pad1-bf16", ("A_log", "dt_bias")),
+        ("gdn_gating/t33-h4-bf16", ("A_log", "dt_bias")),
+        ("causal_conv1d/b3-t3-mixed-c40-initmixed-fp16", ("weight", "bias")),
+    ],
+)
+def test_a_closure_that_takes_model_weights_in_prepare_passes(case_id, fields):
+    """Weights are per-layer constants a server never rewrites (FlashInfer takes the fp8 scales as host
+    floats, an H100 run "caught" it): a closure holding a copy of them from prepare is correct."""
+    case = Case.from_id(case_id, "cpu")
+    assert set(fields) <= set(case.op.held)
+    row = run_one(case, snapshot_backend("weights", {case.op_name: fields}))
+    assert row.status == "pass", row.reason
