@@ -2,15 +2,15 @@
 
 For one case: backends that do not support it become `skip` rows; the inputs are built once and the
 float64 reference and the native-precision twin computed once; each backend gets its own clone of the
-inputs, `prepare` (timed apart, by host clock), one checked call, one stale-output call on perturbed
-inputs; then the closures of all backends that ran are timed together, interleaved. Any exception
-becomes an `error` row for that backend only.
+inputs, `prepare` (timed apart, by host clock), one checked call, then the checks of
+`RunOptions.checks` in order (harness/checklist.py: outputs, determinism repeats, batch invariance,
+stale output); then the closures of all backends that ran are timed together, interleaved. Any
+exception becomes an `error` row for that backend only. The runner knows no check by name.
 """
 
 from __future__ import annotations
 
 import contextlib
-import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,15 +18,17 @@ from dataclasses import dataclass
 import torch
 
 from attnbench.backend import Backend
-from attnbench.buffers import bitwise_equal, clone_tensors
+from attnbench.buffers import clone_tensors
 from attnbench.case import Case
-from attnbench.checks import DETERMINISM_REPEATS, Verdict, check, outputs_changed, outputs_contract, stale_check
+from attnbench.checklist import CheckContext, active, runnable
+from attnbench.checks import DETERMINISM_REPEATS, outputs_contract
 from attnbench.errors import Unsupported, describe, out_of_memory
 from attnbench.expectations import subjects
 from attnbench.peaks import roofline
+from attnbench.prepared import PreparedCall, call_untimed, sync_device
 from attnbench.results import Result
 from attnbench.timing import Rotation, TimingConfig, time_closures
-from attnbench.tolerance import rule_for
+from attnbench.tolerance import Rule, rule_for
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class RunOptions:
     determinism_repeats: int = DETERMINISM_REPEATS
     ref_cache: str | None = None  # reference cache directory (harness/refcache.py); None: off
     ref_cache_max: int | None = None  # its cap in bytes; None: refcache.default_max_bytes()
+    checks: tuple | None = None  # the checks every row goes through, in order; None: checklist.active()
 
 
 class ContextLost(Exception):
@@ -75,16 +78,7 @@ def _nbytes(inputs) -> int:
 
 
 def _sync(case: Case) -> None:
-    if case.on_cuda:
-        torch.cuda.synchronize(torch.device(case.device))
-
-
-def call_untimed(fn: Callable) -> dict:
-    """One call of a closure outside the timed window, then its `finalize` (harness/backend.py), if any:
-    the outputs and written inputs in the canonical layout, as the checks read them."""
-    outputs = fn()
-    finalize = getattr(fn, "finalize", None)
-    return finalize(outputs) if finalize is not None else outputs
+    sync_device(case)
 
 
 def error_row(case: Case, backend: str, reason: str, env: dict | None = None) -> Result:
@@ -164,16 +158,58 @@ def run_case(
 
 
 def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
+    """Orchestration only: triage, the case's inputs and reference, each backend prepared and checked
+    (`_run_backend`), then the closures timed together (`_time`)."""
     env = env or {}
     stage = on_stage or (lambda name: None)
     rows, todo = triage(case, backends, env)
-    if not todo:
-        return [rows[b.name] for b in backends]
+    if todo:
+        stage("reference")
+        built = _build(case, opts)
+        if isinstance(built, _BuildFailed):
+            e = built.error
+            for b in todo:
+                rows[b.name] = _row(case, b.name, "error", f"building inputs/reference failed: {describe(e)}{built.size}",
+                                    env=env)  # fmt: skip
+            if context_lost(e):
+                raise ContextLost([rows[b.name] for b in backends if b.name in rows], str(e)) from e
+        else:
+            closures: dict[str, Callable] = {}
+            memo: dict[str, dict] = {}  # per check: what the backends of the case share
+            for b in todo:
+                stage(b.name)
+                rows[b.name], fn = _run_backend(case, b, built, opts, env, memo, rows)
+                if fn is not None:
+                    closures[b.name] = fn
+            _time(case, todo, built, closures, rows, opts, stage)
+    return [rows[b.name] for b in backends]
 
+
+@dataclass
+class _Built:
+    """A case's inputs and references, built once and shared by its backends."""
+
+    pristine: object
+    expected: dict
+    twin: dict
+    shared: dict  # the fields every row of the case carries (reference_s, inputs_s, reference_from...)
+    flops: float
+    nbytes: float
+    rule: Rule
+
+
+@dataclass
+class _BuildFailed:
+    error: Exception
+    size: str  # " (inputs N GiB)" when the inputs were built, else ""
+
+
+def _build(case: Case, opts: RunOptions) -> _Built | _BuildFailed:
+    """The case's inputs, the float64 reference and the twin, FLOPs, bytes and the tolerance rule;
+    or what went wrong."""
     op, p = case.op, case.params
     pristine = None
     try:
-        stage("reference")
         t0 = time.perf_counter()
         pristine = case.make_inputs()
         _sync(case)
@@ -183,98 +219,107 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
         ref_s = time.perf_counter() - t0
         flops, nbytes = op.flops(p, pristine), op.bytes(p, pristine)
     except Exception as e:
-        size = f" (inputs {_nbytes(pristine) / 2**30:.2f} GiB)" if pristine is not None else ""
-        for b in todo:
-            rows[b.name] = _row(
-                case, b.name, "error", f"building inputs/reference failed: {describe(e)}{size}", env=env
-            )
-        if context_lost(e):
-            raise ContextLost([rows[b.name] for b in backends if b.name in rows], str(e)) from e
-        return [rows[b.name] for b in backends]
+        return _BuildFailed(e, f" (inputs {_nbytes(pristine) / 2**30:.2f} GiB)" if pristine is not None else "")
     shared = {"reference_s": ref_s, "inputs_s": inputs_s} | ref  # every row of the case carries them
+    return _Built(pristine, expected, twin, shared, flops, nbytes, rule_for(case))
 
-    rule = rule_for(case)
-    closures: dict[str, Callable] = {}
-    stale_memo: dict = {}  # the perturbed inputs' expectations, shared by the backends of the case
-    for b in todo:
-        stage(b.name)
-        try:
-            t0 = time.perf_counter()
-            work = clone_tensors(pristine)
-            copy_s = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            fn = b.prepare(case, work)
-            _sync(case)
-            prep = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            outputs = call_untimed(fn)
-            _sync(case)
-            call_s = copy_s + time.perf_counter() - t0
-            absent = dict(getattr(fn, "absent", {}) or {})
-            if broken := outputs_contract(op, p, outputs, absent):
-                rows[b.name] = _row(case, b.name, "error", broken, prepare_s=prep, call_s=call_s, env=env, **shared)
-                continue
-            parts: dict[str, float] = {}
-            with _timed(parts, "outputs"):
-                verdict = check(op, p, pristine, work, outputs, expected, twin, rule, absent=absent)
-            determinism = {}
-            if not verdict.malformed:
-                determinism = _determinism(case, b, fn, pristine, outputs, verdict, opts, parts)
-                again = functools.partial(call_untimed, fn)
-                with _timed(parts, "stale"):
-                    stale_check(
-                        op, p, pristine, again, work, verdict, lambda: _sync(case), rule, case.torch_dtype, absent,
-                        stale_memo,
-                    )  # fmt: skip
-            status = "pass" if verdict.ok else "fail"
-            failed = subjects(verdict.problems, [*op.outputs_for(p), *op.writes_for(p)])
-            rows[b.name] = _row(
-                case, b.name, status, verdict.reason, metrics=verdict.metrics, prepare_s=prep, call_s=call_s,
-                check_s=sum(parts.values()), check_parts=parts, prepare_info=_info(fn, absent), env=env,
-                failed=failed, **shared, **determinism,
-            )  # fmt: skip
-            closures[b.name] = fn
-        except Unsupported as e:
-            rows[b.name] = _row(case, b.name, "skip", str(e), env=env)
-        except KeyboardInterrupt:
-            raise
-        except BaseException as e:  # also SystemExit (a library's sys.exit): this row's error, not the sweep's end
-            reason = describe(e)
-            if out_of_memory(e):
-                reason += f" (case inputs {_nbytes(pristine) / 2**30:.2f} GiB, cloned once per backend)"
-            rows[b.name] = _row(case, b.name, "error", reason, env=env, **shared)
-            if context_lost(e):
-                raise ContextLost([rows[n] for n in rows], f"{b.name}: {e}") from e
-            if case.on_cuda:
-                torch.cuda.empty_cache()
-    if opts.timing and closures:
-        stage("timing")
-        # graph mode rotates over closures prepared on fresh copies of the inputs
-        by_name = {b.name: b for b in todo}
-        factories = {n: (lambda b=by_name[n]: b.prepare(case, clone_tensors(pristine))) for n in closures}
-        try:
-            stats = time_closures(closures, case.device, opts.timing_config, Rotation(factories, nbytes))
-        except KeyboardInterrupt:
-            raise
-        except BaseException as e:
-            for name in closures:
-                rows[name].status, rows[name].reason = "error", f"timing failed: {describe(e)}"
-            if context_lost(e):
-                raise ContextLost([rows[n] for n in rows], f"timing: {e}") from e
-            stats = {}
-        for name, st in stats.items():
-            secs = st.median_us * 1e-6
-            rows[name].timing = st.to_dict()
-            rows[name].derived = {
-                "flops": flops,
-                "bytes": nbytes,
-                "tflops": flops / secs / 1e12 if secs > 0 else 0.0,
-                "tbps": nbytes / secs / 1e12 if secs > 0 else 0.0,
-            } | roofline(flops, nbytes, secs, opts.peaks, case.dtype)
-    else:
+
+def _run_backend(
+    case: Case, b: Backend, built: _Built, opts: RunOptions, env: dict, memo: dict, rows: dict
+) -> tuple[Result, Callable | None]:
+    """One backend's row: a copy of the inputs, `prepare`, the checked call, then the checks of
+    `opts.checks` in order (harness/checklist.py). Returns the row and the closure to time (None when
+    it did not run to a verdict). Any exception is this row's error (ContextLost when it broke the
+    CUDA context, carrying the rows so far)."""
+    op, p, shared = case.op, case.params, built.shared
+    try:
+        t0 = time.perf_counter()
+        work = clone_tensors(built.pristine)
+        copy_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        fn = b.prepare(case, work)
+        _sync(case)
+        prep = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        outputs = call_untimed(fn)
+        _sync(case)
+        call_s = copy_s + time.perf_counter() - t0
+        call = PreparedCall(case, b, built.pristine, work, fn)
+        absent = call.absent
+        if broken := outputs_contract(op, p, outputs, absent):
+            return _row(case, b.name, "error", broken, prepare_s=prep, call_s=call_s, env=env, **shared), None
+        ctx = CheckContext(call, outputs, built.expected, built.twin, built.rule, opts, memo=memo)
+        parts, fields = _apply_checks(ctx, opts.checks if opts.checks is not None else active())
+        verdict = ctx.verdict
+        failed = subjects(verdict.problems, [*op.outputs_for(p), *op.writes_for(p)])
+        row = _row(
+            case, b.name, "pass" if verdict.ok else "fail", verdict.reason, prepare_s=prep, call_s=call_s,
+            check_s=sum(parts.values()), check_parts=parts, prepare_info=_info(fn, absent), env=env,
+            failed=failed, **shared, **fields,
+        )  # fmt: skip
+        return row, fn
+    except Unsupported as e:
+        return _row(case, b.name, "skip", str(e), env=env), None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # also SystemExit (a library's sys.exit): this row's error, not the sweep's end
+        reason = describe(e)
+        if out_of_memory(e):
+            reason += f" (case inputs {_nbytes(built.pristine) / 2**30:.2f} GiB, cloned once per backend)"
+        row = _row(case, b.name, "error", reason, env=env, **shared)
+        if context_lost(e):
+            raise ContextLost([*(rows[n] for n in rows), row], f"{b.name}: {e}") from e
+        if case.on_cuda:
+            torch.cuda.empty_cache()
+        return row, None
+
+
+def _apply_checks(ctx: CheckContext, checks) -> tuple[dict[str, float], dict]:
+    """Each check that applies, in order: its seconds (`check_parts`) and the row fields it records."""
+    parts: dict[str, float] = {}
+    fields: dict = {}
+    for c in checks:
+        if not runnable(c, ctx):
+            continue
+        with _timed(parts, c.name):
+            got = c.run(ctx) or {}
+        if stray := set(got) - set(c.records):
+            raise TypeError(f"check {c.name!r} returned {sorted(stray)}, which it does not declare in `records`")
+        fields |= got
+    return parts, fields
+
+
+def _time(case: Case, todo: list[Backend], built: _Built, closures: dict, rows: dict, opts: RunOptions, stage) -> None:
+    """Time the closures that ran, interleaved (when timing is on), and add FLOPs, bytes and the
+    roofline to their rows."""
+    flops, nbytes = built.flops, built.nbytes
+    if not (opts.timing and closures):
         for name in closures:
             rows[name].derived = {"flops": flops, "bytes": nbytes} | roofline(flops, nbytes, 0.0, None, case.dtype)
-    return [rows[b.name] for b in backends]
+        return
+    stage("timing")
+    # graph mode rotates over closures prepared on fresh copies of the inputs
+    by_name = {b.name: b for b in todo}
+    factories = {n: (lambda b=by_name[n]: b.prepare(case, clone_tensors(built.pristine))) for n in closures}
+    try:
+        stats = time_closures(closures, case.device, opts.timing_config, Rotation(factories, nbytes))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
+        for name in closures:
+            rows[name].status, rows[name].reason = "error", f"timing failed: {describe(e)}"
+        if context_lost(e):
+            raise ContextLost([rows[n] for n in rows], f"timing: {e}") from e
+        stats = {}
+    for name, st in stats.items():
+        secs = st.median_us * 1e-6
+        rows[name].timing = st.to_dict()
+        rows[name].derived = {
+            "flops": flops,
+            "bytes": nbytes,
+            "tflops": flops / secs / 1e12 if secs > 0 else 0.0,
+            "tbps": nbytes / secs / 1e12 if secs > 0 else 0.0,
+        } | roofline(flops, nbytes, secs, opts.peaks, case.dtype)
 
 
 def _reference(case: Case, pristine, opts: RunOptions) -> tuple[dict, dict, dict]:
@@ -312,53 +357,3 @@ def _timed(parts: dict[str, float], name: str):
 def _info(fn: Callable, absent: dict[str, str]) -> dict:
     """The row's prepare_info: the closure's `info`, plus the outputs its kernel does not produce."""
     return dict(getattr(fn, "info", {}) or {}) | ({"absent": absent} if absent else {})
-
-
-def _determinism(
-    case: Case, b: Backend, fn: Callable, pristine, outputs: dict, verdict: Verdict, opts, parts: dict[str, float]
-) -> dict:
-    """Run-to-run determinism (always: `opts.determinism_repeats` more calls, see harness/checks.py) and batch
-    invariance (when asked); required ones, and determinism a backend declares, fail the row. Their seconds
-    go to `parts` ("determinism", "invariance")."""
-    t0 = time.perf_counter()
-    first = {k: v.clone() for k, v in outputs.items()}
-    same = True
-    for _ in range(opts.determinism_repeats):
-        if case.op.writes_for(case.params):  # the call moved its inputs on (states, caches): again from pristine
-            again = call_untimed(b.prepare(case, clone_tensors(pristine)))
-        else:
-            again = call_untimed(fn)
-        _sync(case)
-        if outputs_changed(first, again):
-            same = False
-            break
-    parts["determinism"] = time.perf_counter() - t0
-    out = {"deterministic": same}
-    promised = "deterministic" in case.require or getattr(b, "deterministic", False) is True
-    if not same and promised:
-        why = "required here" if "deterministic" in case.require else f"{b.name} declares itself deterministic"
-        verdict.problems.append(f"not deterministic ({why}): calls on the same inputs gave different bits")
-    if opts.invariance or case.invariance or "batch_invariant" in case.require:
-        with _timed(parts, "invariance"):
-            out["batch_invariant"] = _batch_invariant(case, b, pristine, first)
-        if out["batch_invariant"] is False and "batch_invariant" in case.require:
-            verdict.problems.append("not batch invariant: a request's output changed with the batch around it")
-    return out
-
-
-def _batch_invariant(case: Case, b: Backend, pristine, reference: dict) -> bool | None:
-    """Request 0 alone, and the whole batch reversed, must reproduce the batch's outputs bit for bit."""
-    op, p = case.op, case.params
-    n = len(pristine.seq_lens_host) if hasattr(pristine, "seq_lens_host") else None
-    n = n if n is not None else next(iter(reference.values())).shape[0]
-    for order in ([0], list(range(n))[::-1]) if n > 1 else ([0],):
-        sub = op.subset(p, pristine, order)
-        if sub is None:
-            return None
-        inputs, rows = sub
-        got = call_untimed(b.prepare(case, clone_tensors(inputs)))
-        _sync(case)
-        for k, ref_out in reference.items():
-            if not bool(bitwise_equal(got[k], ref_out[rows]).all()):
-                return False
-    return True
