@@ -81,15 +81,10 @@ class Case:
         return self.op.make_inputs(self.params, self.torch_dtype, self.seed, torch.device(self.device))
 
     @classmethod
-    def from_id(cls, case_id: str, device: str = "cpu", traces=()) -> Case:
-        """Parse an id back into a case (parameters not in the id take their defaults).
-
-        An id naming explicit per-request lengths by digest (`lens3fa2c1d0`, a replayed batch) is looked
-        up in `traces` (paths) and the built-in traces (attnbench.trace)."""
-        from attnbench import trace
-
-        if trace.EXPLICIT_TOKEN.search(case_id) and (found := trace.find_case(case_id, traces, device)):
-            return found
+    def from_id(cls, case_id: str, device: str = "cpu") -> Case:
+        """Parse an id back into a case (parameters not in the id take their defaults). Only parses: an
+        id naming explicit per-request lengths by digest (`lens3fa2c1d0`, a replayed batch) cannot be
+        parsed (ValueError); `attnbench.trace.case_from_id` looks those up in the traces."""
         op_name, _, rest = case_id.partition("/")
         op = get_op(op_name)
         dtype, seed, rest_tokens = "bf16", 0, []

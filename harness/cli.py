@@ -94,20 +94,13 @@ def _stop_on_signals() -> None:
 
 
 def _load_backends(plugins: list[str] | None) -> None:
-    """Built-in, installed (entry points) and named backends. A plugin the user named that does not
-    load is an error (exit 2); an installed one that does not load is a warning, printed once."""
-    known = len(backend_mod.LOAD_PROBLEMS)
-    backend_mod.load_builtin()
-    backend_mod.load_entry_points()
-    for problem in dict.fromkeys(backend_mod.LOAD_PROBLEMS[known:]):
+    """Built-in, installed (entry points) and named backends (attnbench.session.load_backends). A plugin
+    the user named that does not load is an error (exit 2); an installed one that does not load is a
+    warning, printed once."""
+    from attnbench.session import load_backends
+
+    for problem in load_backends(tuple(plugins or ())):
         console.print(f"[yellow]warning:[/] {esc(problem)}", highlight=False, soft_wrap=True)
-    for p in plugins or ():
-        before = len(backend_mod.LOAD_PROBLEMS)
-        backend_mod.load_plugin(p)
-        if len(backend_mod.LOAD_PROBLEMS) > before:
-            problem = backend_mod.LOAD_PROBLEMS.pop()
-            del backend_mod.LOAD_PROBLEMS[before:]
-            raise AttnbenchError(f"--plugin: {problem}")
 
 
 @app.command()
@@ -223,7 +216,8 @@ def sweep(
     from attnbench.results import read_results
     from attnbench.rundir import planned, prepare_run_dir
     from attnbench.runner import RunOptions
-    from attnbench.sweep import Execution, default_out, execute, exit_code, parse_gpus, parse_shard, plan
+    from attnbench.session import Session
+    from attnbench.sweep import Execution, default_out, execute, exit_code, parse_gpus, parse_shard
 
     _enable_faulthandler()
     try:
@@ -235,11 +229,12 @@ def sweep(
             raise AttnbenchError("--expect and --no-expect contradict each other")
         refs = refcache.resolve(ref_cache)
         max_refs = refcache.default_max_bytes()
-        _load_backends(plugin)
-        p = plan(suites or [], device, backend, op, keyword, case, parse_shard(shard), max_cases=max_cases,
-                 expect_files=expect, expect=not no_expect, require=_parse_require(require), traces=trace,
-                 plan_only=dry_run)  # fmt: skip
-        for w in p.warnings:
+        session = Session.open(suites or [], device, backend, plugin or (), ops=op, keywords=keyword,
+                               case_ids=case, shard=parse_shard(shard), max_cases=max_cases, expect_files=expect,
+                               expect=not no_expect, require=_parse_require(require), traces=trace,
+                               plan_only=dry_run)  # fmt: skip
+        p = session.plan
+        for w in session.warnings:
             console.print(f"[yellow]warning:[/] {esc(w)}", highlight=False, soft_wrap=True)
         devices = tuple(parse_gpus(gpus, p.device))
         if resume and out is None:
@@ -627,7 +622,8 @@ def compare(
     cv-multiple x CV). With --also, the baseline pools several runs: median of medians, the hull of
     their CIs, CV at least the spread between them. Writes compare.html, compare.md and compare.json.
     """
-    from attnbench.compare import GateRule, compare_runs, write_comparison
+    from attnbench.compare import GateRule, compare_runs
+    from attnbench.report.comparison import write_comparison
     from attnbench.rundir import check_writable
 
     try:
@@ -767,14 +763,14 @@ def profile(
     A trace, not a benchmark (speed comes from `attnbench sweep`): prepare runs outside it, the closure
     once untraced, then --calls times traced; the table separates the adapter's torch ops from the library's.
     """
-    from attnbench.case import Case
     from attnbench.profile import profile_case, render
     from attnbench.sweep import resolve_device
+    from attnbench.trace import case_from_id
 
     try:
         _load_backends(plugin)
         dev = resolve_device(device)
-        case = Case.from_id(case_id, dev, traces=tuple(trace))
+        case = case_from_id(case_id, dev, tuple(trace))
         chosen = backend_mod.select_backends(backend) if backend else list(backend_mod.all_backends().values())
     except (AttnbenchError, ValueError, KeyError) as e:
         _fail(e)

@@ -39,6 +39,7 @@ from collections import Counter
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
+from attnbench.clocks import GPU, timing_kind
 from attnbench.errors import AttnbenchError
 from attnbench.results import Result, read_results
 
@@ -228,8 +229,6 @@ def _speed(b: dict, n: dict, rule: GateRule) -> tuple[str, dict]:
 
 def _judged(r: Result) -> dict | None:
     """The timing a speed verdict may use: a GPU clock's (host clocks are correctness-only), else None."""
-    from attnbench.report.ranking import GPU, timing_kind
-
     return r.timing if r.timing and timing_kind(r) == GPU else None
 
 
@@ -366,16 +365,3 @@ def compare_runs(base: Path | list[Path], new: Path, rule: GateRule | None = Non
     changes = compare_rows(pool_runs([read_results(p) for p in paths]), read_results(pn), rule)
     label = " + ".join(str(b) for b in bases)
     return Comparison(label, str(new), rule, changes, _env(paths[0]), _env(pn))
-
-
-def write_comparison(cmp: Comparison, out: Path) -> list[Path]:
-    """compare.md, compare.html and compare.json in `out`."""
-    from attnbench.report.comparison import render_compare_html, render_compare_md
-
-    out = Path(out)
-    out.mkdir(parents=True, exist_ok=True)
-    files = [out / "compare.md", out / "compare.html", out / "compare.json"]
-    files[0].write_text(render_compare_md(cmp), encoding="utf-8")
-    files[1].write_text(render_compare_html(cmp), encoding="utf-8")
-    files[2].write_text(json.dumps(cmp.to_dict(), indent=1), encoding="utf-8")
-    return files

@@ -25,9 +25,10 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from attnbench.compare import Comparison, GateRule, compare_runs, write_comparison
+from attnbench.compare import Comparison, GateRule, compare_runs
 from attnbench.errors import AttnbenchError
 from attnbench.report.common import md_text
+from attnbench.report.comparison import write_comparison
 from attnbench.results import Result, check_version, read_results
 from attnbench.verified import missing_rows, unverified
 

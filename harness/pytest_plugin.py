@@ -5,7 +5,10 @@
 
 Each (case, backend) of the suites becomes one test, `attnbench:<suite>::<case id>[<backend>]`, that
 asserts the correctness verdict (a skip row is a pytest skip; a fail or error row fails with the
-reason and the command that re-runs it). With `--attnbench-benchmark-json PATH` (or
+reason and the command that re-runs it). The suites run through the same session as `attnbench
+sweep` (harness/session.py): the same backends and expectations, so a known failure (the built-in
+findings, a suite's `expect:`, `--attnbench-expect FILE`) is an xfail, and an expected failure that
+passes (xpass) fails, as it fails a sweep. With `--attnbench-benchmark-json PATH` (or
 `--attnbench-timing`) passing rows are also timed by the harness's timing function, one backend at a
 time (use `attnbench sweep` for backends interleaved), and PATH receives the timings in
 pytest-benchmark's JSON format, so `pytest-benchmark compare PATH ...` works on it.
@@ -35,6 +38,7 @@ import pytest
 
 _KEY = "attnbench-benchmark"
 _ISOLATED = pytest.StashKey["Isolated"]()
+_SESSION = pytest.StashKey["object"]()  # attnbench.session.Session
 BATCH = 32  # tests run in one attnbench worker before it is replaced (a worker start costs seconds)
 
 
@@ -51,6 +55,18 @@ def pytest_addoption(parser):
         default=[],
         metavar="FILE_OR_MODULE",
         help="import backends from this file or module",
+    )
+    group.addoption(
+        "--attnbench-expect",
+        action="append",
+        default=[],
+        metavar="YAML",
+        help="expected failures, as `attnbench sweep --expect` (covered fails are xfail, passes fail as xpass)",
+    )
+    group.addoption(
+        "--attnbench-no-expect",
+        action="store_true",
+        help="apply no expectations (built-in, suites', --attnbench-expect): every fail fails",
     )
     group.addoption("--attnbench-timing", action="store_true", help="time every passing case")
     group.addoption(
@@ -206,8 +222,12 @@ class AttnbenchItem(pytest.Item):
             row = self.row = self.config.stash[_ISOLATED].row(self)
         else:
             row = self.row = run_case(self.case, [self.backend], RunOptions(timing=self.timing))[0]
+        row = self.row = self.config.stash[_SESSION].verdicts([row])[0]
         if row.status == "skip":
             pytest.skip(row.reason)
+        if row.status == "xfail":
+            expected = row.expected or {}
+            pytest.xfail(f"{row.reason} (known failure: {expected.get('why', '')} [{expected.get('where', '')}])")
         if row.status in ("fail", "error", "xpass"):
             plugins = self.config.getoption("attnbench_plugin")
             raise CaseFailed(row, rerun_command(self.case, self.backend.name, plugins))
@@ -258,21 +278,22 @@ def pytest_collection_modifyitems(session, config, items):
     suites = config.getoption("attnbench")
     if not suites:
         return
-    from attnbench import backend as backend_mod
     from attnbench.errors import AttnbenchError
-    from attnbench.sweep import plan
+    from attnbench.session import Session
 
-    backend_mod.load_builtin()
-    backend_mod.load_entry_points()
-    for p in config.getoption("attnbench_plugin"):
-        backend_mod.load_plugin(p)
-    if backend_mod.LOAD_PROBLEMS:
-        raise pytest.UsageError("attnbench: " + "; ".join(backend_mod.LOAD_PROBLEMS))
     timing = bool(config.getoption("attnbench_timing") or config.getoption("attnbench_benchmark_json"))
+    expect_files, no_expect = config.getoption("attnbench_expect"), config.getoption("attnbench_no_expect")
     try:
-        p = plan(suites, _device(config), config.getoption("attnbench_backend") or None)
+        if expect_files and no_expect:
+            raise AttnbenchError("--attnbench-expect and --attnbench-no-expect contradict each other")
+        s = Session.open(suites, _device(config), config.getoption("attnbench_backend") or None,
+                         config.getoption("attnbench_plugin"), expect_files=expect_files, expect=not no_expect)  # fmt: skip
     except AttnbenchError as e:
         raise pytest.UsageError(f"attnbench: {e}") from None
+    for w in s.warnings:
+        config.issue_config_time_warning(pytest.PytestConfigWarning(f"attnbench: {w}"), stacklevel=2)
+    config.stash[_SESSION] = s
+    p = s.plan
     nodes = {
         s.name: SuiteNode.from_parent(session, name=f"attnbench:{s.name}", nodeid=f"attnbench:{s.name}")
         for s in p.suites

@@ -16,9 +16,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from attnbench.backend import get_backend
 from attnbench.case import Case
-from attnbench.runner import RunOptions, run_case
+from attnbench.runner import RunOptions
 
 DEFAULT_SUITES = ("smoke",)
 
@@ -76,21 +75,25 @@ def _supports(backend, case: Case) -> bool:
 
 
 def run(device: str = "cpu", reference: str = "torch", suites: tuple[str, ...] = DEFAULT_SUITES) -> Report:
+    """The session of a sweep of `suites` with the reference backend (attnbench.session), the mutants
+    run beside it. No expectations: a mutant's fail must stay a fail, never become a known failure."""
     from attnbench.kernels.mutants import MUTANTS
-    from attnbench.suite import load
+    from attnbench.session import Session
 
-    good = get_backend(reference)
+    session = Session.open(list(suites), device, [reference], expect=False)
+    (good,) = session.plan.backends
     outcomes = {m.name: Outcome(m.name, m.bug, known_escape=m.known_escape) for m in MUTANTS}
     mutants = {m.name: m.backend() for m in MUTANTS}
     failures: list[tuple[str, str, str]] = []
-    cases = [c for s in suites for c in load(s, device).cases]
+    cases = session.plan.cases
+    opts = RunOptions(timing=False)
     n_run = 0
     for case in cases:
         todo = [n for n, o in outcomes.items() if not o.case_id and _supports(mutants[n], case)]
         if not todo:
             continue
         n_run += 1
-        rows = run_case(case, [good, *(mutants[n] for n in todo)], RunOptions(timing=False))
+        rows = session.run_case(case, opts, [good, *(mutants[n] for n in todo)])
         if rows[0].status != "pass":  # a case the reference fails proves nothing about the mutants
             failures.append((case.id, rows[0].status, rows[0].reason))
             continue
@@ -107,7 +110,7 @@ def run(device: str = "cpu", reference: str = "torch", suites: tuple[str, ...] =
     for m in MUTANTS:  # named cases: each must still catch its mutant
         for cid in m.cases:
             case = Case.from_id(cid, device)
-            ref_row, bad_row = run_case(case, [good, m.backend()], RunOptions(timing=False))
+            ref_row, bad_row = session.run_case(case, opts, [good, m.backend()])
             if ref_row.status != "pass":
                 failures.append((cid, ref_row.status, ref_row.reason))
             if bad_row.status != "fail":

@@ -28,11 +28,9 @@ from __future__ import annotations
 
 import itertools
 import math
-from importlib import resources
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
-import yaml
 from pydantic import (
     BaseModel,
     BeforeValidator,
@@ -52,6 +50,7 @@ from attnbench.case import Case, Tolerance
 from attnbench.dtypes import DTYPES
 from attnbench.errors import AttnbenchError, SuiteError
 from attnbench.ops import OPS
+from attnbench.presets import presets, suites_dir
 from attnbench.tolerance import DEFAULT_FACTOR, DEFAULT_FLOOR, MAX_FACTOR, MAX_FLOOR
 
 Scalar = StrictInt | StrictFloat | StrictStr | bool | None
@@ -217,7 +216,7 @@ class Suite:
 
 # ---- locating suites -----------------------------------------------------------------------------
 def builtin_dir() -> Path:
-    return Path(str(resources.files("attnbench.suites")))
+    return suites_dir()
 
 
 def builtin_names() -> list[str]:
@@ -239,9 +238,11 @@ def resolve(name_or_path: str) -> Path:
     raise SuiteError(name_or_path, None, f"no such suite; built-in suites: {', '.join(builtin_names())}")
 
 
-def presets() -> dict[str, dict[str, dict[str, Any]]]:
-    """Model presets: model -> preset key (op family) -> parameter values."""
-    return yaml.safe_load((builtin_dir() / "models" / "presets.yaml").read_text(encoding="utf-8"))
+def from_trace(name_or_path: str, device: str = "cpu", max_cases: int | None = None) -> Suite:
+    """`sweep --trace X`: a suite of one trace entry (its name: the trace's file stem)."""
+    path = trace.resolve(name_or_path)
+    spec = SuiteSpec(name=path.stem, cases=[Entry(trace=str(path))])
+    return Suite(path, spec, [b.case for b in trace.read(path, device, max_cases, suite=path.stem)])
 
 
 # ---- loading --------------------------------------------------------------------------------------

@@ -30,7 +30,7 @@ from attnbench.results import SCHEMA_VERSION, Result, ResultWriter, read_results
 from attnbench.rundir import check_writable
 from attnbench.runinfo import RunInfo, Shard, Source, git_info, read_run, write_run
 from attnbench.runner import RunOptions
-from attnbench.suite import MAX_CASES, Suite, load
+from attnbench.suite import MAX_CASES, Suite, from_trace, load
 from attnbench.suites import CPU_DEFAULT, GPU_DEFAULT
 from attnbench.verified import missing_rows
 
@@ -71,6 +71,11 @@ class Plan:
         for name in ("suites", "cases", "backends", "expectations", "named"):
             object.__setattr__(self, name, tuple(getattr(self, name)))
         object.__setattr__(self, "filters", MappingProxyType(dict(self.filters)))
+
+    def verdicts(self, rows: list[Result]) -> list[Result]:
+        """A case's rows with this plan's expectations applied: a covered fail becomes xfail, a covered
+        row that passed xpass (the one place every entry point gets its verdicts from)."""
+        return expectations.apply(rows, list(self.expectations))
 
     def named_records(self) -> list[dict[str, Any]]:
         """The -b arguments as run.json's `named_backends` records (attnbench.verified)."""
@@ -165,7 +170,7 @@ def plan(
     device = resolve_device(device)
     names = suite_names or ([] if case_ids or traces else default_suites(device))
     suites = [load(n, device, max_cases, plan_only) for n in names]
-    replays = [trace_mod.as_suite(t, device, max_cases) for t in traces or ()]
+    replays = [from_trace(t, device, max_cases) for t in traces or ()]
     if not case_ids:
         suites += replays
     cases = [c for s in suites for c in s.cases]
@@ -208,7 +213,7 @@ def _once(cases: list[Case]) -> list[Case]:
 
 def _case_from_id(case_id: str, device: str, traces: list[Path] = ()) -> Case:
     try:
-        return Case.from_id(case_id, device, traces)
+        return trace_mod.case_from_id(case_id, device, traces)
     except (ValueError, AttnbenchError) as e:
         raise AttnbenchError(f"cannot parse case id {case_id!r}: {e}") from None
 
@@ -317,7 +322,7 @@ def execute(
 
             def record(case: Case, case_rows: list[Result]) -> None:
                 t1 = time.perf_counter()
-                case_rows = expectations.apply(case_rows, p.expectations)
+                case_rows = p.verdicts(case_rows)
                 writer.extend(case_rows)
                 rows.extend(case_rows)
                 for note in dict.fromkeys(r.reference_note for r in case_rows if r.reference_note):

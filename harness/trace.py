@@ -30,6 +30,7 @@ from attnbench.case import Case, Tolerance
 from attnbench.dtypes import DTYPES
 from attnbench.errors import SuiteError
 from attnbench.ops import OPS
+from attnbench.presets import presets, suites_dir
 
 EXPLICIT_TOKEN = re.compile(r"(^|[/-])lens[0-9a-f]{8}(-|$)")  # a case id naming explicit lengths by digest
 OPS_REPLAYED = ("decode", "extend")  # ops whose batches are per-request lengths over a paged cache
@@ -48,8 +49,6 @@ class Batch:
 
 # ---- locating traces -------------------------------------------------------------------------------
 def builtin_dir() -> Path:
-    from attnbench.suite import builtin_dir as suites_dir
-
     return suites_dir() / "traces"
 
 
@@ -98,8 +97,6 @@ def read(
     Raises SuiteError naming the file and line of the first problem; a trace of more than `max_cases`
     batches is refused before a line is parsed.
     """
-    from attnbench.suite import presets
-
     path = Path(path)
     if max_cases is not None and (n := count_batches(path)) > max_cases:
         raise SuiteError(path, None, f"the trace holds {n:,} batches, more than {max_cases:,} (raise --max-cases)")
@@ -190,13 +187,12 @@ def _prefix_from_keys(params: dict[str, Any]) -> dict[str, Any]:
     return params | {"prefix_lens": [a - b for a, b in zip(kv, q)]}
 
 
-def as_suite(name_or_path: str, device: str = "cpu", max_cases: int | None = None):
-    """`sweep --trace X`: a suite of one trace entry (its name: the trace's file stem)."""
-    from attnbench.suite import Entry, Suite, SuiteSpec
-
-    path = resolve(name_or_path)
-    spec = SuiteSpec(name=path.stem, cases=[Entry(trace=str(path))])
-    return Suite(path, spec, [b.case for b in read(path, device, max_cases, suite=path.stem)])
+def case_from_id(case_id: str, device: str = "cpu", traces: list[Path] = ()) -> Case:
+    """The case an id names: a replayed batch's (explicit lengths by digest) from `traces` (paths) or the
+    built-in traces, any other parsed (`Case.from_id`; ValueError when it cannot be)."""
+    if EXPLICIT_TOKEN.search(case_id) and (found := find_case(case_id, traces, device)):
+        return found
+    return Case.from_id(case_id, device)
 
 
 def find_case(case_id: str, traces: list[Path] = (), device: str = "cpu") -> Case | None:

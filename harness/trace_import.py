@@ -159,7 +159,7 @@ def import_files(files: list[Path], blobs: Path | None = None, dtype: str = "bf1
     Blob paths resolve against `blobs`, then the file's folder and each folder above it (the dataset
     root holds `workloads/` and `blob/`).
     """
-    from attnbench.suite import presets
+    from attnbench.presets import presets
 
     known = presets()
     out = Imported()

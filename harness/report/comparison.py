@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 from attnbench.compare import ORDER, Comparison
 from attnbench.report import changes, plots
 from attnbench.report.common import asset, fmt, md_text, template
@@ -107,3 +110,14 @@ def render_compare_html(cmp: Comparison) -> str:
         css=asset("style.css"),
         js=asset("tables.js"),
     )
+
+
+def write_comparison(cmp: Comparison, out: Path) -> list[Path]:
+    """compare.md, compare.html and compare.json in `out`."""
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    files = [out / "compare.md", out / "compare.html", out / "compare.json"]
+    files[0].write_text(render_compare_md(cmp), encoding="utf-8")
+    files[1].write_text(render_compare_html(cmp), encoding="utf-8")
+    files[2].write_text(json.dumps(cmp.to_dict(), indent=1), encoding="utf-8")
+    return files

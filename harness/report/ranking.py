@@ -27,21 +27,8 @@ from attnbench.results import Status
 
 TIE_RULE = GateRule()  # the gate's rule: a difference it would call "same" or "noisy" is a tie here
 
-GPU = "gpu"
-HOST = "host clock (CPU)"
-INTERPRETER = "host clock under TRITON_INTERPRET=1 (Triton kernels interpreted)"
-
-
-def timing_kind(r) -> str | None:
-    """What clock a row's timing came from: GPU, HOST or INTERPRETER (None when untimed)."""
-    t = r.timing
-    if not t:
-        return None
-    env = r.env or {}
-    interp = t.get("interpreter") or env.get("triton_interpret") or str(env.get("TRITON_INTERPRET", "")) == "1"
-    if interp or "interpret" in str(t.get("clock", "")):
-        return INTERPRETER
-    return GPU if t.get("clock") == "cuda-events" else HOST
+# what clock a row's timing came from (attnbench.clocks; re-exported: the report's readers use them from here)
+from attnbench.clocks import GPU, HOST, INTERPRETER, timing_kind  # noqa: E402, F401
 
 
 def rankable(r) -> bool:

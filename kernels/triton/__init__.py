@@ -21,21 +21,15 @@ extend (MLA and tree_verify included) for bf16, fp16 and fp32 queries.
 from __future__ import annotations
 
 import importlib.util
-import os
 from dataclasses import replace
 
 from attnbench.backend import Backend, Knob, implements, register_backend
 from attnbench.kernels.triton.gdn_backend import TritonGDN
+from attnbench.kernels.triton.limits import MAX_DK, MAX_DV, attention_head_dims, interpreting, on_device  # noqa: F401
 from attnbench.kernels.triton.spec_backend import TritonSpec
 
 DETERMINISTIC_SPLIT_TILE = 256
 MLA_DETERMINISTIC_SPLIT_TILE = 2048  # the generic planner's deterministic MLA tile (head dims only)
-MAX_DK, MAX_DV = 576, 512  # the largest head dims the launch configs are sized for (absorbed MLA)
-
-
-def interpreting() -> bool:
-    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
-    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
 
 
 def _triton_missing() -> str | None:
@@ -45,21 +39,6 @@ def _triton_missing() -> str | None:
         import triton  # noqa: F401
     except Exception as e:  # a broken install is a reason, not a crash
         return f"triton does not import: {type(e).__name__}: {e}"
-    return None
-
-
-def on_device(backend, case) -> str | None:
-    """Every op of the triton backends: a CUDA case, or any case under the CPU interpreter."""
-    if not case.on_cuda and not interpreting():
-        return f"case on {case.device}: Triton runs on CUDA (or set TRITON_INTERPRET=1 for the CPU)"
-    return None
-
-
-def attention_head_dims(backend, case) -> str | None:
-    """decode, extend and tree_verify: the launch configs are sized for head dims up to MAX_DK/MAX_DV."""
-    p = case.params
-    if p.head_dim > MAX_DK or p.dv > MAX_DV:
-        return f"head dims {p.head_dim}/{p.dv}: tiles are sized for at most {MAX_DK}/{MAX_DV}"
     return None
 
 

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from attnbench.kernels.triton import interpreting  # noqa: F401 (re-exported to the launchers)
+from attnbench.kernels.triton.limits import interpreting  # noqa: F401 (re-exported to the launchers)
 
 LOG2E = 1.4426950408889634  # exp(x) = exp2(x * LOG2E)
 LN2 = 0.6931471805599453  # ln(x) = log2(x) * LN2

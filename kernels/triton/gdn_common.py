@@ -16,7 +16,7 @@ import torch
 import triton
 import triton.language as tl
 
-from attnbench.kernels.triton import interpreting
+from attnbench.kernels.triton.limits import interpreting
 
 INTERPRET = interpreting()
 L2_EPS = tl.constexpr(1e-6)  # q / sqrt(sum q^2 + eps), as FLA and SGLang

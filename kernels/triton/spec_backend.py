@@ -8,19 +8,14 @@ Triton is imported when a kernel is prepared, so the backend package imports wit
 from __future__ import annotations
 
 from attnbench.backend import implements
-
-
-def _attention_head_dims(backend, case):
-    from attnbench.kernels.triton import attention_head_dims
-
-    return attention_head_dims(backend, case)
+from attnbench.kernels.triton.limits import attention_head_dims
 
 
 class TritonSpec:
     """Mixin for the triton `Backend` (whose attention class has `prepare_extend`): tree_verify,
     eagle_build_tree and verify_greedy."""
 
-    @implements("tree_verify", limits=_attention_head_dims)
+    @implements("tree_verify", limits=attention_head_dims)
     def prepare_tree_verify(self, case, x):
         return self.prepare_extend(case, x)
 

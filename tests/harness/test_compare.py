@@ -13,7 +13,8 @@ import attnbench
 import synthetic
 from attnbench.backend import _INSTANCES, _REGISTRY
 from attnbench.cli import app
-from attnbench.compare import GateRule, compare_pair, compare_rows, compare_runs, write_comparison
+from attnbench.compare import GateRule, compare_pair, compare_rows, compare_runs
+from attnbench.report.comparison import write_comparison
 
 CASES = [f"decode/b{b}-l{l}-h32x8-d128-bf16" for b in (1, 8, 64) for l in (1024, 4096)]
 

@@ -20,8 +20,9 @@ from typer.testing import CliRunner
 
 import synthetic
 from attnbench.cli import app
-from attnbench.compare import compare_runs, write_comparison
+from attnbench.compare import compare_runs
 from attnbench.report import render_all
+from attnbench.report.comparison import write_comparison
 from cdp import CHROMIUM, Chromium
 
 pytestmark = pytest.mark.skipif(

@@ -216,8 +216,9 @@ def _paced_class():
 
 
 def test_gate_end_to_end_on_the_decode_suite(registered, tmp_path):
-    from attnbench.compare import compare_runs, write_comparison
+    from attnbench.compare import compare_runs
     from attnbench.report import render_all
+    from attnbench.report.comparison import write_comparison
     from attnbench.sweep import Execution, execute, plan
 
     registered("paced", _paced_class())

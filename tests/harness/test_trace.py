@@ -295,7 +295,9 @@ def test_case_from_id_resolves_replayed_ids_through_the_traces_given():
     from attnbench.case import Case
 
     batch = trace.read(TINY)[2]
-    again = Case.from_id(batch.case.id, "cpu", [TINY])
+    again = trace.case_from_id(batch.case.id, "cpu", [TINY])
     assert (again.op_name, again.params, again.dtype) == (batch.case.op_name, batch.case.params, batch.case.dtype)
     with pytest.raises(ValueError, match="no trace given"):
+        trace.case_from_id(batch.case.id, "cpu")
+    with pytest.raises(ValueError, match="no trace given"):  # Case.from_id only parses: it reads no trace
         Case.from_id(batch.case.id, "cpu")

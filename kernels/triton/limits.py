@@ -1,0 +1,29 @@
+"""What the triton backends can run: CUDA cases (or any case under the CPU interpreter), head dims up
+to the launch configs' sizes. Imported by the package (which re-exports these names) and by its
+kernel modules, so that none of them imports the package itself."""
+
+from __future__ import annotations
+
+import os
+
+MAX_DK, MAX_DV = 576, 512  # the largest head dims the launch configs are sized for (absorbed MLA)
+
+
+def interpreting() -> bool:
+    """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
+    return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
+
+
+def on_device(backend, case) -> str | None:
+    """Every op of the triton backends: a CUDA case, or any case under the CPU interpreter."""
+    if not case.on_cuda and not interpreting():
+        return f"case on {case.device}: Triton runs on CUDA (or set TRITON_INTERPRET=1 for the CPU)"
+    return None
+
+
+def attention_head_dims(backend, case) -> str | None:
+    """decode, extend and tree_verify: the launch configs are sized for head dims up to MAX_DK/MAX_DV."""
+    p = case.params
+    if p.head_dim > MAX_DK or p.dv > MAX_DV:
+        return f"head dims {p.head_dim}/{p.dv}: tiles are sized for at most {MAX_DK}/{MAX_DV}"
+    return None

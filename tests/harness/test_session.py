@@ -1,0 +1,61 @@
+"""One session for every entry point (harness/session.py): a suite with a known failure gets the same
+statuses from `attnbench sweep` and from `pytest --attnbench`, expectations applied both ways."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+
+# torch's merge_state, its output zeroed on two cases: one listed as a known failure, one not
+PLANTED = """
+import attnbench
+from attnbench.kernels.torch import TorchBackend
+
+BROKEN = {"merge_state/t33-h4-d64-fp32", "merge_state/t17-h2-d32-fp16"}
+
+@attnbench.register_backend("planted")
+class Planted(TorchBackend):
+    def prepare_merge_state(self, case, x):
+        inner = super().prepare_merge_state(case, x)
+        def run():
+            out = inner()
+            if case.id in BROKEN:
+                out["o"].zero_()
+            return out
+        return run
+"""
+
+# the broken case is a known failure (xfail); a case that passes is listed too (xpass: the run fails)
+EXPECT = """
+expect:
+  - backend: planted
+    cases: [merge_state/t33-h4-d64-fp32, merge_state/t33-h4-d64-bf16]
+    why: planted known failure
+"""
+
+_OUTCOME = {"pass": "PASSED", "xfail": "XFAIL", "fail": "FAILED", "error": "FAILED", "xpass": "FAILED"}
+
+
+def test_sweep_and_pytest_give_a_suite_with_a_known_failure_the_same_statuses(tmp_path):
+    (tmp_path / "planted.py").write_text(PLANTED, encoding="utf-8")
+    (tmp_path / "expect.yaml").write_text(EXPECT, encoding="utf-8")
+    run = lambda *a: subprocess.run([sys.executable, "-m", *a], cwd=tmp_path, capture_output=True, text=True,
+                                    timeout=900)  # fmt: skip
+    swept = run("attnbench", "sweep", "smoke", "--op", "merge_state", "--device", "cpu", "-b", "torch", "-b", "planted",
+                "--plugin", "planted.py", "--expect", "expect.yaml", "--out", "run")  # fmt: skip
+    assert swept.returncode == 1, swept.stdout + swept.stderr  # the xpass and the plain fail
+    rows = [json.loads(line) for line in (tmp_path / "run" / "results.jsonl").read_text().splitlines()]
+    statuses = {(r["case_id"], r["backend"]): r["status"] for r in rows}
+    assert statuses[("merge_state/t33-h4-d64-fp32", "planted")] == "xfail"
+    assert statuses[("merge_state/t33-h4-d64-bf16", "planted")] == "xpass"
+    assert statuses[("merge_state/t17-h2-d32-fp16", "planted")] == "fail"
+
+    tested = run("pytest", "-p", "no:cacheprovider", "-rA", "--attnbench", "smoke", "-k", "merge_state",
+                 "--attnbench-device", "cpu", "--attnbench-backend", "torch", "--attnbench-backend", "planted",
+                 "--attnbench-plugin", "planted.py", "--attnbench-expect", "expect.yaml")  # fmt: skip
+    assert tested.returncode == 1, tested.stdout + tested.stderr
+    found = re.findall(r"^(PASSED|FAILED|XFAIL|SKIPPED) attnbench:smoke::(\S+)\[(\S+?)\]", tested.stdout, re.M)
+    outcomes = {(case, backend): outcome for outcome, case, backend in found}
+    assert outcomes == {key: _OUTCOME[s] for key, s in statuses.items()}, tested.stdout
