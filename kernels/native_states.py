@@ -2,7 +2,7 @@
 
 attnbench's pool is `[N, HV, K, V]`; SGLang's Triton pool, FlashInfer's GDN kernels and verify
 buffers hold `[N, HV, V, K]` (K contiguous). Backends own the layout of stateful inputs
-(ARCHITECTURE.md): `prepare` converts the pristine pool once (`state_v_major`), the timed closure runs
+(docs/architecture.md): `prepare` converts the pristine pool once (`state_v_major`), the timed closure runs
 the kernel on the native pool, and the closure's `finalize` writes the states back
 (`state_canonical_`) for checking, untimed.
 """

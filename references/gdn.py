@@ -1,6 +1,6 @@
 """Float64 references for the Gated DeltaNet (GDN) family: gating, causal conv1d, and the gated delta rule.
 
-Written from the math in ARCHITECTURE.md ("GDN") and the SGLang/FLA semantics it summarises; importable
+Written from the math in docs/architecture.md ("GDN") and the SGLang/FLA semantics it summarises; importable
 on its own (plain tensors in, plain tensors out, nothing from `attnbench.kernels` or the harness).
 
 Gating (per token and v-head), softplus with threshold 20 (`x` itself above it)::

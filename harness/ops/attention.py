@@ -1,6 +1,6 @@
 """Attention-family op contracts: `decode`, `extend`, `merge_state`.
 
-Canonical semantics (ARCHITECTURE.md): paged KV `[P, page_size, Hkv, D]` with CSR page tables, natural
+Canonical semantics (docs/architecture.md): paged KV `[P, page_size, Hkv, D]` with CSR page tables, natural
 log LSE `[T, Hq]` fp32, GQA head h -> kv head h // (Hq / Hkv), bottom-right causal, window_left W
 (W + 1 keys including the query's own), soft cap before masking, sinks as per-head logits in the
 denominator only, absorbed MLA (Dk = 576 = 512 latent + 64 rope, Dv = 512, Hkv = 1, V = the latent).

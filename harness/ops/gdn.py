@@ -1,7 +1,7 @@
 """GDN-family op contracts: `gdn_gating`, `causal_conv1d`, `gdn_decode`, `gdn_extend`, `gdn_verify`,
 `gdn_commit`.
 
-Canonical semantics (ARCHITECTURE.md "GDN"; the math is in `attnbench.references.gdn`):
+Canonical semantics (docs/architecture.md "GDN"; the math is in `attnbench.references.gdn`):
 
 - Heads: `H` q/k heads, `HV` v-heads (GVA: v-head `hv` reads q/k head `hv // (HV / H)`), head dims
   `K` (q/k) and `V`. q and k arrive raw (not normalised); kernels L2-normalise them
