@@ -3,101 +3,23 @@
 from __future__ import annotations
 
 import csv
-import json
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
+from attnbench.columns import csv_columns, md_table
 from attnbench.counts import FAILING, STATUSES, count, status_of
 from attnbench.report.common import md_text
 from attnbench.results import Result
 
-CSV_COLUMNS = (
-    "case_id",
-    "op",
-    "backend",
-    "status",
-    "reason",
-    "dtype",
-    "seed",
-    "suite",
-    "median_us",
-    "ci95_lo_us",
-    "ci95_hi_us",
-    "p10_us",
-    "p90_us",
-    "min_us",
-    "cv",
-    "n",
-    "clock",
-    "mode",
-    "converged",
-    "n_throttled",
-    "tflops",
-    "tbps",
-    "intensity",
-    "roofline_pct",
-    "limiter",
-    "flops",
-    "bytes",
-    "o_max_abs",
-    "o_bound",
-    "lse_max_abs",
-    "lse_bound",
-    "prepare_s",
-    "check_s",
-    "reference_s",
-    "params",
-)
-
-
-def _csv_row(r: Result) -> dict:
-    t, d, m = r.timing or {}, r.derived or {}, r.metrics or {}
-    ci = t.get("ci95_us") or [None, None]
-    return {
-        "case_id": r.case_id,
-        "op": r.op,
-        "backend": r.backend,
-        "status": r.status,
-        "reason": r.reason,
-        "dtype": r.dtype,
-        "seed": r.seed,
-        "suite": r.suite,
-        "median_us": t.get("median_us"),
-        "ci95_lo_us": ci[0],
-        "ci95_hi_us": ci[1],
-        "p10_us": t.get("p10_us"),
-        "p90_us": t.get("p90_us"),
-        "min_us": t.get("min_us"),
-        "cv": t.get("cv"),
-        "n": t.get("n"),
-        "clock": t.get("clock"),
-        "mode": t.get("mode"),
-        "converged": t.get("converged"),
-        "n_throttled": t.get("n_throttled"),
-        "tflops": d.get("tflops"),
-        "tbps": d.get("tbps"),
-        "intensity": d.get("intensity"),
-        "roofline_pct": d.get("roofline_pct"),
-        "limiter": d.get("limiter"),
-        "flops": d.get("flops"),
-        "bytes": d.get("bytes"),
-        "o_max_abs": m.get("o", {}).get("max_abs"),
-        "o_bound": m.get("o", {}).get("bound"),
-        "lse_max_abs": m.get("lse", {}).get("max_abs"),
-        "lse_bound": m.get("lse", {}).get("bound"),
-        "prepare_s": r.prepare_s,
-        "check_s": r.check_s,
-        "reference_s": r.reference_s,
-        "params": json.dumps(r.params, sort_keys=True),
-    }
-
 
 def write_csv(rows: list[Result], path: Path) -> None:
+    """results.csv: one line per row, the columns of the registry (attnbench.columns.csv_columns)."""
+    cols = csv_columns(rows)
     with open(path, "w", newline="", encoding="utf-8") as f:
-        w = csv.DictWriter(f, fieldnames=CSV_COLUMNS)
-        w.writeheader()
+        w = csv.writer(f)
+        w.writerow([c.name for c in cols])
         for r in rows:
-            w.writerow(_csv_row(r))
+            w.writerow(["" if (v := c.get(r)) is None else v for c in cols])
 
 
 def _properties(r: Result) -> list[str]:
@@ -155,6 +77,9 @@ def write_junit(rows: list[Result], path: Path, run: dict | None = None) -> None
         )
     out += ["</testsuite>", "</testsuites>"]
     Path(path).write_text("\n".join(out) + "\n", encoding="utf-8")
+
+
+_MD = {"case_id": lambda v: f"`{v}`", "backend": md_text, "reason": md_text}  # how summary.md writes them
 
 
 def write_summary_md(
@@ -225,21 +150,14 @@ def write_summary_md(
         ]
     xf = [r for r in rows if status_of(r) == "xfail"]
     if xf:
-        lines += [
-            "",
-            "### Known failures (xfail: not counted as failures)",
-            "",
-            "| case | backend | reason |",
-            "|---|---|---|",
-        ]
-        lines += [f"| `{r.case_id}` | {md_text(r.backend)} | {md_text(r.reason)} |" for r in xf[:100]]
+        lines += ["", "### Known failures (xfail: not counted as failures)", ""]
+        lines += md_table(xf[:100], [("case_id", "case"), "backend", "reason"], _MD)
         if len(xf) > 100:
             lines.append(f"| … and {len(xf) - 100} more in results.jsonl | | |")
     bad = [r for r in rows if status_of(r) in FAILING]
     if bad:
-        lines += ["", "### Failing rows", "", "| case | backend | status | reason |", "|---|---|---|---|"]
-        for r in bad[:200]:
-            lines.append(f"| `{r.case_id}` | {md_text(r.backend)} | {status_of(r)} | {md_text(r.reason)} |")
+        lines += ["", "### Failing rows", ""]
+        lines += md_table(bad[:200], [("case_id", "case"), "backend", "status", "reason"], _MD)
         if len(bad) > 200:
             lines.append(f"| ... | | | {len(bad) - 200} more in results.jsonl |")
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")

@@ -1,0 +1,56 @@
+"""The column registry (harness/columns.py): results.csv and summary.md's row tables come from it, and
+every op's outputs get error columns."""
+
+from __future__ import annotations
+
+import csv
+
+from attnbench import checklist
+from attnbench.columns import csv_columns, md_table
+from attnbench.ops import OPS
+from attnbench.report.exports import write_csv
+from attnbench.results import Result
+
+
+def _row(op, metrics, **kw):
+    return Result(case_id=f"{op}/x", op=op, backend="torch", status="pass", metrics=metrics, **kw)
+
+
+def test_every_op_output_has_error_columns():
+    names = {c.name for c in csv_columns()}
+    for op in OPS.values():
+        for out, spec in op.outputs.items():
+            wanted = {f"{out}_wrong"} if spec.exact else {f"{out}_max_abs", f"{out}_bound"}
+            assert wanted <= names, (op.name, out)
+
+
+def test_results_csv_carries_gdn_spec_and_written_input_errors(tmp_path):
+    rows = [
+        _row("gdn_gating", {"g": {"max_abs": 1e-7, "bound": 2e-7}, "beta": {"max_abs": 3e-7, "bound": 4e-7}}),
+        _row("eagle_build_tree", {"retrive_index": {"exact": True, "wrong": 12}}),
+        _row(
+            "gdn_decode",
+            {"o": {"max_abs": 5e-4, "bound": 1e-3}, "pool_only_here": {"max_abs": 0.5, "bound": 1.0}},
+            deterministic=True,
+        ),  # fmt: skip
+    ]
+    write_csv(rows, tmp_path / "results.csv")
+    got = list(csv.DictReader(open(tmp_path / "results.csv", encoding="utf-8")))
+    assert got[0]["beta_max_abs"] == "3e-07" and got[0]["g_bound"] == "2e-07" and got[0]["o_max_abs"] == ""
+    assert got[1]["retrive_index_wrong"] == "12"
+    assert got[2]["pool_only_here_max_abs"] == "0.5" and got[2]["o_bound"] == "0.001"  # a written input too
+    assert got[2]["deterministic"] == "True" and got[0]["deterministic"] == ""
+
+
+def test_a_registered_check_s_records_become_columns(monkeypatch):
+    class Toy:
+        name, needs, records = "toy", frozenset({"outputs"}), ("toy_ok",)
+
+    monkeypatch.setattr(checklist, "_ACTIVE", [*checklist.CHECKS, Toy()])
+    assert [c.name for c in csv_columns()][-3:] == ["deterministic", "batch_invariant", "toy_ok"]
+
+
+def test_markdown_row_tables_come_from_the_registry():
+    rows = [_row("decode", {}, reason="o: abs error | 2")]
+    lines = md_table(rows, [("case_id", "case"), "backend", "reason"], {"case_id": lambda v: f"`{v}`"})
+    assert lines == ["| case | backend | reason |", "|---|---|---|", "| `decode/x` | torch | o: abs error | 2 |"]
