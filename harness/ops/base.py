@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 import re
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Literal, get_args, get_origin, get_type_hints
 
 import torch
@@ -141,6 +141,25 @@ def magnitude_key(name: str) -> str:
     return f"{name}.magnitude"
 
 
+@dataclass(frozen=True)
+class SmokeSpace:
+    """An op's part of the generated `smoke` suite (harness/ops/coverage.py: every pair of values of two
+    axes in at least one case). Literal and bool fields of `Params` are axes over all their values by
+    themselves; every other field needs values here or a held value with its reason.
+
+    - `space`: field -> values; `"a,b"` ties fields into one compound axis of tuples (only some tuples
+      are meaningful); `"dtype"` the case dtypes.
+    - `held`: field -> (its one value in smoke, why it is not an axis).
+    - `seeds`: cases every plan starts from (axis -> value; axes left out take their first value).
+    - `seed_ids`: case ids other tests and CI expectations name, kept in smoke as seeds.
+    """
+
+    space: dict[str, list[Any]]
+    held: dict[str, tuple[Any, str]] = field(default_factory=dict)
+    seeds: list[dict[str, Any]] = field(default_factory=list)
+    seed_ids: list[str] = field(default_factory=list)
+
+
 _REQUIRED_ATTRIBUTES = ("family", "Params", "id_fields", "outputs")
 _REQUIRED_METHODS = ("build_inputs", "input_bytes", "expected", "perturbations")
 
@@ -160,6 +179,8 @@ class Op:
     outputs: ClassVar[dict[str, OutputSpec]]
     # read inputs no perturbation changes, each with why (the stale-output check leaves them alone)
     held: ClassVar[dict[str, str]] = {}
+    # its part of the generated smoke suite (harness/ops/coverage.py); None: the op is not in smoke
+    smoke: ClassVar[SmokeSpace | None] = None
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)

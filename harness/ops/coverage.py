@@ -5,11 +5,11 @@ with GQA), so `smoke` is generated, not hand-listed: for each op, every pair of 
 that the op's contract allows appears in at least one case.
 
 Axes come from the op's parameter model: every `Literal` and `bool` field is an axis over all its
-values by construction; other fields take the values listed in `SPACE` (numeric edges included:
-decode lengths in the thousands, a non-default scale); a few fields are tied into one compound axis
-(`heads_q,heads_kv`) because only some tuples are meaningful; the case dtype is an axis too. A field
-that is neither an axis nor `HELD` (with the reason) is an error, so a new parameter cannot be left
-out. A pair the contract forbids (the op's validation rejects every case holding it, e.g. `empty_rows`
+values by construction; other fields take the values the op lists in its `smoke` space (`Op.smoke`,
+an ops.base.SmokeSpace declared with the op: numeric edges included, decode lengths in the thousands,
+a non-default scale); a few fields are tied into one compound axis (`heads_q,heads_kv`) because only
+some tuples are meaningful; the case dtype is an axis too. A field that is neither an axis nor held
+(with the reason) is an error, so a new parameter cannot be left out. A pair the contract forbids (the op's validation rejects every case holding it, e.g. `empty_rows`
 without a custom mask) is never silently dropped: it is listed as forbidden with the validator's
 message (`attnbench list ops --coverage`, or `python -m attnbench.ops.coverage`).
 
@@ -32,121 +32,15 @@ from typing import Any, Literal, get_args, get_origin, get_type_hints
 from pydantic import ValidationError
 
 from attnbench.ops import OPS
+from attnbench.ops.base import SmokeSpace
 
 Value = Any
-_ATTN = {
-    # (12, 4): a group of 3 with several kv heads, so a kernel that pads the group to a power of two
-    # and strides by the padded size reads the wrong heads (one kv head would hide it)
-    "heads_q,heads_kv": [(4, 4), (8, 2), (8, 1), (16, 1), (12, 4)],
-    "head_dim,head_dim_v": [(64, None), (13, None), (96, 64), (576, 512)],
-    "page_size": [1, 16, 64],
-    "window": [-1, 6, 90],
-    "soft_cap": [0.0, 5.0],
-    "sm_scale": [None, 0.09],
-    "dtype": ["bf16", "fp16", "fp32"],
-}
-_GDN = {
-    "heads_qk,heads_v": [(2, 2), (1, 4), (2, 6)],
-    # (128, 128), the production shape: K and V wider than a 64-wide tile (per-tile norms, tiled states)
-    "head_dim_k,head_dim_v": [(16, 16), (32, 16), (16, 48), (128, 128)],
-    "scale": [None, 0.4],
-    "dtype": ["bf16", "fp16", "fp32"],
-}
-_TREE = {"tree,depth,topk,draft_tokens": [("chain", 4, None, None), ("binary", 2, None, None),
-                                          ("typical", 3, 4, None), ("0_1_0.0_0.1_1.0", 2, None, None),
-                                          ("eagle", 3, 2, 6), ("eagle", 5, 4, 32), ("chain", 0, None, None)]}  # fmt: skip
 
-# Values of the fields that are not Literal/bool (those are axes over all their values automatically).
-# Batches of variable-length requests reach 5: with 3 or fewer, every request is the first, the second
-# (whose offset is request 0's length) or the last (whose offset is total minus its own length), so a
-# kernel that derives offsets from request 0 or from the end lands on the right rows by accident.
-SPACE: dict[str, dict[str, list[Value]]] = {
-    # draft decode (draft_topk > 1): (topk, own draft tokens) tied, since a step without candidates is refused;
-    # kv_len - step leaves a partial last prefix page at every page size > 1 (the per-candidate copies)
-    # kv_len 1024: a multiple of every power-of-two split size (a last split computed as L % split vanishes)
-    "decode": _ATTN | {"batch": [2, 5], "kv_len": [1, 45, 300, 1024, 4000],
-                       "draft_topk,draft_step": [(1, 1), (4, 1), (2, 3)]},
-    # q_len 130: a causal query tile of 64 or 128 rows filled, and one more partial one
-    "extend": _ATTN | {"batch": [2, 5], "q_len": [1, 7, 24, 130], "prefix_len": [0, 21, 120]},
-    "tree_verify": _ATTN | {
-        "heads_q,heads_kv": [(8, 2), (16, 1)], "head_dim,head_dim_v": [(64, None), (576, 512)],
-        "tree,depth,topk,draft_tokens": [("chain", 4, None, None), ("0_1_0.0_0.1_1.0", 2, None, None),
-                                         ("eagle", 3, 2, 6), ("chain", 0, None, None)],
-        "batch": [2, 5], "prefix_len": [1, 21, 100], "window": [-1], "page_size": [1, 16]},
-    "merge_state": {"tokens": [17, 33], "heads": [2, 4], "head_dim": [32, 64], "dtype": ["bf16", "fp16", "fp32"]},
-    "eagle_build_tree": {"batch": [1, 3], "prefix_len": [1, 40],
-                         "topk,depth,draft_tokens": [(1, 5, 6), (2, 3, 6), (4, 4, 16), (8, 2, 8)]},
-    "verify_greedy": _TREE | {"batch": [1, 4], "accept": [0.0, 0.7, 1.0]},
-    "gdn_gating": {"tokens": [1, 33, 300], "heads_v": [4, 6], "dtype": ["bf16", "fp16", "fp32"]},
-    # dim 130: channels over more than one 64- or 128-wide tile (per-tile bias and weight offsets)
-    "causal_conv1d": {"batch": [1, 3, 5], "seq_len": [1, 2, 3, 9, 40], "dim": [40, 48, 130],
-                      "width": [2, 3, 4], "pad": [0, 1], "dtype": ["bf16", "fp16", "fp32"]},
-    "gdn_decode": _GDN | {"batch": [3, 6], "pad": [0, 1, 2]},
-    # seq_len 300: five 64-token chunks, past a 256-token split (state carried and decayed across it)
-    "gdn_extend": _GDN | {"batch": [1, 5], "seq_len": [1, 3, 64, 150, 300]},
-    "gdn_verify": _GDN | {"batch": [2, 5], "draft": [1, 3, 8], "pad": [0, 1]},
-    "gdn_commit": {"batch": [1, 3, 5], "draft": [1, 3, 8], "heads_v": [2, 3],
-                   "head_dim_k,head_dim_v": [(16, 16), (32, 16)], "dim": [40, 48, 130], "width": [2, 3, 4],
-                   "pad": [0, 1], "dtype": ["bf16", "fp16", "fp32"]},
-}  # fmt: skip
 
-# Fields held at one value in smoke, with the reason (anything else must be an axis).
-_REPLAYED = "explicit per-request lengths come from replayed traces (tests/harness/test_trace.py), not from pairs"
-HELD: dict[str, dict[str, tuple[Value, str]]] = {
-    "decode": {"kv_lens": (None, _REPLAYED)},
-    "extend": {"q_lens": (None, _REPLAYED), "prefix_lens": (None, _REPLAYED)},
-}
-
-# Cases every plan starts from (their pairs count as covered): ids that other tests and CI gates name
-# stay in smoke. Axes they leave out take their first value.
-SEEDS: dict[str, list[dict[str, Value]]] = {
-    "decode": [
-        *(
-            {"batch": 2, "kv_len": 45, "heads_q,heads_kv": (4, 2), "head_dim,head_dim_v": (dim, None), "page_size": 16}
-            for dim in (13, 64, 80, 96, 128, 256)
-        ),
-        # Long dense sums in 16-bit: thousands of visible keys (no window), diffuse scores (normal), a
-        # 16-bit cache and output. Low-precision accumulation shows only where all of these meet, which
-        # pairwise coverage does not promise (it may pair the long length with a window or fp8 only).
-        *(
-            {"batch": 5, "kv_len": 4000, "lens": "mixed", "heads_q,heads_kv": (8, 2), "page_size": 16, "dtype": dt}
-            for dt in ("bf16", "fp16")
-        ),
-        # Sinks over a long dense row: a split-KV kernel must add the sink once, to the merged state, output
-        # included; the sink's share of the mass is visible in fp32 over 1024 keys. Every request holds
-        # exactly 1024 keys, a multiple of every power-of-two split size.
-        {"batch": 2, "kv_len": 1024, "heads_q,heads_kv": (8, 2), "page_size": 16, "sinks": True, "dtype": "fp32"},
-    ],
-    "merge_state": [
-        {"tokens": 33, "heads": 4, "head_dim": 64, "dtype": "fp32"},
-        {"tokens": 33, "heads": 4, "head_dim": 64, "dtype": "bf16"},
-        {"tokens": 17, "heads": 2, "head_dim": 32, "distribution": "peaked", "dtype": "bf16"},
-    ],
-    # update mode fixes five axes (seq_len 1, lens, init, tree, pad): the greedy fill and its random
-    # repairs miss completions of (batch, update) and (width, update), which would be listed as forbidden
-    # though allowed; one update case per batch and width
-    "causal_conv1d": [
-        {"batch": b, "mode": "update", "width": w, "dim": c, "dtype": dt}
-        for b, w, c, dt in ((1, 2, 40, "bf16"), (3, 3, 48, "fp16"), (5, 4, 40, "fp32"))
-    ],
-}
-
-# Case ids that CI expectations (suites/expectations/findings.yaml) name: kept in smoke as seeds.
-SEED_IDS: list[str] = [
-    *(
-        f"decode/b3-l{n}-mixed-h{h}-d128-p{p}-bf16"
-        for n in (37, 80)
-        for h in ("4x4", "8x1", "8x2")
-        for p in (1, 16, 64)
-    ),
-    "decode/b3-l70-skewed-h8x2-d64-p16-cap5-bf16",
-    "decode/b3-l70-skewed-h8x2-d64-p16-swa7-cap5-sink-bf16",
-    "extend/b2-q8-pre30-h8x2-d64-p1-cap5-bf16",
-    "extend/b2-q8-pre30-h8x2-d64-p1-swa5-cap5-sink-bf16",
-    "gdn_extend/b2-t70-h1x2-d32x16-fp32",
-    "gdn_extend/b2-t70-h1x2-d32x16-initnone-fp32",
-    "gdn_decode/b5-h2x4-d16x16-packed-bf16",
-]
+def _smoke(op_name: str) -> SmokeSpace:
+    """The op's own smoke space (`Op.smoke`, declared beside its parameters); an op without one has
+    only its Literal and bool axes."""
+    return OPS[op_name].smoke or SmokeSpace(space={})
 
 
 def _seed_from_id(case_id: str, axes: list[Axis]) -> dict[str, Value]:
@@ -209,9 +103,10 @@ def _key(v: Value) -> Value:
 
 
 def axes_for(op_name: str) -> list[Axis]:
-    """The axes of an op: Literal/bool fields automatically, the rest from SPACE; every field accounted for."""
+    """The axes of an op: Literal/bool fields automatically, the rest from its smoke space; every field
+    accounted for."""
     op = OPS[op_name]
-    space, held = SPACE.get(op_name, {}), HELD.get(op_name, {})
+    space, held = _smoke(op_name).space, _smoke(op_name).held
     hints = get_type_hints(op.Params)
     in_space = {f for name in space for f in name.split(",")}
     axes = [Axis(name, list(vals)) for name, vals in space.items() if vals and len(vals) >= 1]
@@ -225,8 +120,8 @@ def axes_for(op_name: str) -> list[Axis]:
             axes.append(Axis(name, list(get_args(ann))))
         else:
             raise KeyError(
-                f"{op_name}.{name}: not an axis of the smoke coverage; give it values in "
-                "attnbench.ops.coverage.SPACE (or hold it in HELD with a reason)"
+                f"{op_name}.{name}: not an axis of the smoke coverage; give it values in the op's "
+                "`smoke` space (SmokeSpace.space, or hold it in SmokeSpace.held with a reason)"
             )
     return axes
 
@@ -261,7 +156,8 @@ def generate(op_name: str) -> Coverage:
     axes = axes_for(op_name)
     cov = Coverage(op_name, axes)
     uncovered = dict.fromkeys(cov.pairs())  # ordered set
-    for seed in SEEDS.get(op_name, []) + [_seed_from_id(i, axes) for i in SEED_IDS if i.startswith(op_name + "/")]:
+    smoke = _smoke(op_name)
+    for seed in smoke.seeds + [_seed_from_id(i, axes) for i in smoke.seed_ids]:
         case = {ax.name: seed.get(ax.name, ax.values[0]) for ax in axes}
         if why := _valid(op_name, case):
             raise ValueError(f"{op_name}: seed case {seed} is invalid: {why}")
@@ -347,7 +243,7 @@ def smoke_path() -> Path:
 _HEADER = """\
 # GENERATED by `python -m attnbench.ops.coverage --write` from each op's parameter space: every pair
 # of values of two axes that an op allows appears in at least one case (all-pairs coverage). Do not
-# edit by hand: change attnbench/ops/coverage.py (SPACE, HELD) or the op's parameters, and rewrite.
+# edit by hand: change the op's `smoke` space (harness/ops/<family>.py) or its parameters, and rewrite.
 name: smoke
 description: >
   Pairwise coverage of every op's parameters and features on small shapes (numeric edges included:

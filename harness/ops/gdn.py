@@ -76,6 +76,7 @@ from attnbench.ops.base import (
     OutputSpec,
     Params,
     Perturbation,
+    SmokeSpace,
     negated,
     rolled,
     tensor_bytes,
@@ -361,10 +362,21 @@ def _regrow(p, x) -> None:
 
 
 # ---- gdn_gating -------------------------------------------------------------------------------------
+# smoke coverage (harness/ops/coverage.py) shared by gdn_decode, gdn_extend and gdn_verify
+GDN_SMOKE = {
+    "heads_qk,heads_v": [(2, 2), (1, 4), (2, 6)],
+    # (128, 128), the production shape: K and V wider than a 64-wide tile (per-tile norms, tiled states)
+    "head_dim_k,head_dim_v": [(16, 16), (32, 16), (16, 48), (128, 128)],
+    "scale": [None, 0.4],
+    "dtype": ["bf16", "fp16", "fp32"],
+}
+
+
 class GDNGatingOp(Op):
     """g = -exp(A_log) softplus(a + dt_bias) (threshold 20), beta = sigmoid(b), fp32 outputs."""
 
     name = "gdn_gating"
+    smoke = SmokeSpace(space={"tokens": [1, 33, 300], "heads_v": [4, 6], "dtype": ["bf16", "fp16", "fp32"]})
     family = "gdn"
     preset_key = "gdn_gating"
     Params = GatingParams
@@ -412,6 +424,18 @@ class CausalConv1dOp(Op):
     `intermediate_conv_windows` for `gdn_commit` (module docstring)."""
 
     name = "causal_conv1d"
+    smoke = SmokeSpace(
+        # dim 130: channels over more than one 64- or 128-wide tile (per-tile bias and weight offsets)
+        space={"batch": [1, 3, 5], "seq_len": [1, 2, 3, 9, 40], "dim": [40, 48, 130],
+               "width": [2, 3, 4], "pad": [0, 1], "dtype": ["bf16", "fp16", "fp32"]},
+        # update mode fixes five axes (seq_len 1, lens, init, tree, pad): the greedy fill and its random
+        # repairs miss completions of (batch, update) and (width, update), which would be listed as forbidden
+        # though allowed; one update case per batch and width
+        seeds=[
+            {"batch": b, "mode": "update", "width": w, "dim": c, "dtype": dt}
+            for b, w, c, dt in ((1, 2, 40, "bf16"), (3, 3, 48, "fp16"), (5, 4, 40, "fp32"))
+        ],
+    )  # fmt: skip
     family = "gdn"
     preset_key = "gdn_conv"
     Params = ConvParams
@@ -649,6 +673,9 @@ class GDNDecodeOp(_GDNOp):
     """One recurrent step per request over the state pool, gating fused; `packed` reads mixed_qkv."""
 
     name = "gdn_decode"
+    smoke = SmokeSpace(
+        space=GDN_SMOKE | {"batch": [3, 6], "pad": [0, 1, 2]}, seed_ids=["gdn_decode/b5-h2x4-d16x16-packed-bf16"]
+    )
     Params = GDNDecodeParams
     id_fields = _id_fields(GDNDecodeParams)
 
@@ -710,6 +737,11 @@ class GDNExtendOp(_GDNOp):
     """Chunked varlen prefill: initial states from the pool (where `has_initial_state`), final states back."""
 
     name = "gdn_extend"
+    smoke = SmokeSpace(
+        # seq_len 300: five 64-token chunks, past a 256-token split (state carried and decayed across it)
+        space=GDN_SMOKE | {"batch": [1, 5], "seq_len": [1, 3, 64, 150, 300]},
+        seed_ids=["gdn_extend/b2-t70-h1x2-d32x16-fp32", "gdn_extend/b2-t70-h1x2-d32x16-initnone-fp32"],
+    )
     Params = GDNExtendParams
     id_fields = _id_fields(GDNExtendParams)
 
@@ -781,6 +813,7 @@ class GDNVerifyOp(_GDNOp):
     """Target verify: `draft` tokens per request, the state after every step kept, the pool untouched."""
 
     name = "gdn_verify"
+    smoke = SmokeSpace(space=GDN_SMOKE | {"batch": [2, 5], "draft": [1, 3, 8], "pad": [0, 1]})
     Params = GDNVerifyParams
     id_fields = _id_fields(GDNVerifyParams)
     outputs = {
@@ -865,6 +898,11 @@ class GDNCommitOp(Op):
     """
 
     name = "gdn_commit"
+    smoke = SmokeSpace(
+        space={"batch": [1, 3, 5], "draft": [1, 3, 8], "heads_v": [2, 3],
+               "head_dim_k,head_dim_v": [(16, 16), (32, 16)], "dim": [40, 48, 130], "width": [2, 3, 4],
+               "pad": [0, 1], "dtype": ["bf16", "fp16", "fp32"]},
+    )  # fmt: skip
     family = "gdn"
     preset_key = "gdn_commit"
     Params = GDNCommitParams

@@ -23,13 +23,14 @@ from pydantic import Field, model_validator
 from attnbench.buffers import alloc_output, output_bytes
 from attnbench.ops.attention import (
     _ATTN_ID,
+    ATTENTION_SMOKE,
     AttentionInputs,
     AttentionParams,
     ExtendOp,
     _generators,
     _lengths,
 )
-from attnbench.ops.base import IdField, Op, OutputSpec, Params, Perturbation, rolled, tensor_bytes
+from attnbench.ops.base import IdField, Op, OutputSpec, Params, Perturbation, SmokeSpace, rolled, tensor_bytes
 from attnbench.ops.trees import DRAFT_VOCAB, NAMED, TreeFields, request_parents, simulate_eagle_draft
 from attnbench.references import spec as ref
 
@@ -106,6 +107,13 @@ class TreeVerifyOp(ExtendOp):
     """Tree tokens of each request over its paged prefix plus the tree, under the tree mask."""
 
     name = "tree_verify"
+    smoke = SmokeSpace(
+        space=ATTENTION_SMOKE | {
+            "heads_q,heads_kv": [(8, 2), (16, 1)], "head_dim,head_dim_v": [(64, None), (576, 512)],
+            "tree,depth,topk,draft_tokens": [("chain", 4, None, None), ("0_1_0.0_0.1_1.0", 2, None, None),
+                                             ("eagle", 3, 2, 6), ("chain", 0, None, None)],
+            "batch": [2, 5], "prefix_len": [1, 21, 100], "window": [-1], "page_size": [1, 16]},
+    )  # fmt: skip
     family = "spec"
     preset_key = "attention"
     Params = TreeVerifyParams
@@ -224,6 +232,10 @@ class EagleBuildTreeOp(Op):
     """SGLang build_tree_kernel_efficient: tree mask, positions and retrieve links of EAGLE drafts."""
 
     name = "eagle_build_tree"
+    smoke = SmokeSpace(
+        space={"batch": [1, 3], "prefix_len": [1, 40],
+               "topk,depth,draft_tokens": [(1, 5, 6), (2, 3, 6), (4, 4, 16), (8, 2, 8)]},
+    )  # fmt: skip
     family = "spec"
     Params = EagleBuildTreeParams
     id_fields = (
@@ -340,6 +352,12 @@ class VerifyGreedyOp(Op):
     """SGLang verify_tree_greedy: accept the longest tree path that agrees with the target's argmax."""
 
     name = "verify_greedy"
+    smoke = SmokeSpace(
+        space={"tree,depth,topk,draft_tokens": [("chain", 4, None, None), ("binary", 2, None, None),
+                                                ("typical", 3, 4, None), ("0_1_0.0_0.1_1.0", 2, None, None),
+                                                ("eagle", 3, 2, 6), ("eagle", 5, 4, 32), ("chain", 0, None, None)],
+               "batch": [1, 4], "accept": [0.0, 0.7, 1.0]},
+    )  # fmt: skip
     family = "spec"
     Params = VerifyGreedyParams
     id_fields = (IdField("b", ("batch",), always=True),) + _TREE_ID + (IdField("acc", ("accept",)),)
