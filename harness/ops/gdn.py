@@ -618,8 +618,8 @@ class _GDNOp(Op):
 
     def perturbations(self, p: GDNParams) -> tuple[Perturbation, ...]:
         """q, k, v by value; the gates (raw gates, or extend's g and beta; their parameters are held); the
-        slots (and extend's initial-state flags) rotated among the requests; verify (the pool only
-        read): the pool's states by value, and a tree's parents redrawn."""
+        slots (and extend's initial-state flags) rotated among the requests; verify: a tree's parents
+        redrawn (its pool is held, as decode's and extend's, which write it)."""
         perts = [negated("queries", ("q",)), negated("keys", ("k",)), negated("values", ("v",))]
         if self.name == "gdn_extend":
             perts += [Perturbation("gates", ("g", "beta"), _move_gates)]
@@ -627,10 +627,8 @@ class _GDNOp(Op):
         else:
             perts += [negated("raw gates", ("a", "b"))]
         perts.append(rolled("slots", ("state_indices",)))
-        if self.name == "gdn_verify":
-            perts.append(negated("states", ("state_pool",)))
-            if p.tree:
-                perts.append(Perturbation("tree", ("parents",), _regrow))
+        if self.name == "gdn_verify" and p.tree:
+            perts.append(Perturbation("tree", ("parents",), _regrow))
         return tuple(perts)
 
     def row_requests(self, p, x: GDNInputs):
@@ -786,6 +784,10 @@ class GDNVerifyOp(_GDNOp):
     outputs = {
         "o": OutputSpec(("token", "head", "dim"), floor_units="head_dim_k"),
         "inter_states": OutputSpec(("request", "step", "head", "k", "v"), floor_units="head_dim_k"),
+    }
+    held = _GDNOp.held | {
+        "state_pool": "the state pool decode and extend write: a backend may hold it in its own layout from "
+        "prepare on (SGLang's and FlashInfer's [N, HV, V, K]), and verify only reads it"
     }
 
     def features(self, p: GDNVerifyParams) -> tuple[str, ...]:
