@@ -26,7 +26,7 @@ from attnbench.case import Case
 from attnbench.errors import AttnbenchError, describe
 from attnbench.executor import Execution, choose
 from attnbench.expectations import Expectation
-from attnbench.results import SCHEMA_VERSION, Result, ResultWriter, read_results
+from attnbench.results import SCHEMA_VERSION, Result, ResultWriter, read_results, read_run_results, results_file
 from attnbench.rundir import check_writable
 from attnbench.runinfo import RunInfo, Shard, Source, git_info, read_run, write_run
 from attnbench.runner import RunOptions
@@ -410,8 +410,8 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
         raise AttnbenchError("merge needs at least one run directory")
     out = Path(out)
     for run in runs:
-        if not (run / "results.jsonl").is_file():
-            raise AttnbenchError(f"{run}: no results.jsonl here")
+        if not run.is_dir() or results_file(run) is None:
+            raise AttnbenchError(f"{run}: no results.jsonl here (nor results.jsonl.gz)")
         if out.resolve() == run.resolve():
             raise AttnbenchError(f"--out {out} is one of the runs being merged; choose a new directory")
     if (out / "results.jsonl").exists():
@@ -431,7 +431,7 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
     sources = []
     torn: list[str] = []
     for run, info in zip(runs, infos, strict=True):
-        got = read_results(run / "results.jsonl")
+        got = read_run_results(run)
         torn += [f"{run}: {why}" for why in missing_rows(info.to_dict(), got)]
         if torn and not partial:
             raise AttnbenchError(f"{torn[0]} (pass --partial to merge what is there, marked incomplete)")
@@ -526,7 +526,7 @@ def _same_device(runs: list[Path], infos: list[RunInfo], envs: list[dict]) -> No
 
 def _timing_mode(run: Path, info: RunInfo) -> str:
     if info.timing is None:  # run.json from before versioning without it: the rows tell
-        timed = any(r.timing for r in read_results(run / "results.jsonl"))
+        timed = any(r.timing for r in read_run_results(run))
     else:
         timed = info.timing
     return "timed" if timed else "untimed (correctness only)"
