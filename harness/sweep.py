@@ -445,7 +445,7 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
             sources += info.merged_from
         else:
             sources.append(Source(path=str(run), device=info.device, shard=info.shard, rows=len(got),
-                                  complete=info.complete, git=info.git))  # fmt: skip
+                                  complete=info.complete, git=info.git, kept=_kept_outside_wall(info, len(got))))  # fmt: skip
     check_writable(out)
     with ResultWriter(out / "results.jsonl") as w:
         w.extend(rows)
@@ -475,6 +475,8 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
         started=min((i.started for i in infos if i.started), default=None),
         finished=max((i.finished for i in infos if i.finished), default=None),
         wall_s=round(sum(walls), 3) if walls else None,  # machine time of all the runs together
+        costs=_summed_costs(infos),  # the same: the wall breakdown of the merge is that of its runs together
+        precompile=[r for i in infos for r in i.precompile],
         complete=not missing and not torn and all(i.complete is not False for i in infos),
         stopped_by="; ".join(torn) or None,  # a torn run's rows are missing: the gate says so
         merged_from=sources,
@@ -483,6 +485,25 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
     )
     write_run(info, out)
     return rows
+
+
+def _kept_outside_wall(info: RunInfo, rows: int) -> int:
+    """How many of a run's first rows its wall time does not hold: those a resumed sweep kept from its
+    earlier processes, or every row of a run that recorded no wall time (report.measure.counted_rows)."""
+    if info.wall_s is None:
+        return rows
+    kept = info.resumed[-1].get("rows_kept", 0) if info.resumed else 0
+    return min(rows, kept) if isinstance(kept, int) else 0
+
+
+def _summed_costs(infos: list[RunInfo]) -> dict[str, float]:
+    """run.json `costs` of a merge: each item summed over the runs that recorded a wall time."""
+    out: dict[str, float] = {}
+    for info in infos:
+        if info.wall_s is not None:
+            for k, v in info.costs.items():
+                out[k] = round(out.get(k, 0.0) + v, 3)
+    return out
 
 
 def _merged_tolerances(infos: list[RunInfo]) -> list[dict]:
