@@ -80,8 +80,8 @@ def harness_cost(rows, run: dict) -> dict:
     Per case (counted once, from any of its rows): building inputs, the references (computed or loaded
     from the reference cache), the timing of all its backends, and the case's own bookkeeping (its
     time in the worker beyond the items: supports(), cost model, rows). Per row: prepare, the checked
-    call (with the copy of the inputs it writes), each check. Per run (run.json `costs`): precompile,
-    worker start-up, writing the rows, messaging between the processes, worker shutdown. With several
+    call (with the copy of the inputs it writes), each check. Per run (run.json `costs`): set-up
+    (environment capture, peaks, git, run.json), precompile, worker start-up, writing the rows, messaging between the processes, worker shutdown. With several
     workers (`--gpus`) the items are machine time summed over them, measured against wall x workers.
     """
     costs = run.get("costs") or {}
@@ -107,6 +107,7 @@ def harness_cost(rows, run: dict) -> dict:
     ref_what = "float64 references (+ native twins"
     ref_what += f"; {computed} computed, {loaded} from the cache)" if made else ", inputs)"
     parts = {
+        "run set-up (environment, peaks, git, run.json, kept rows)": costs.get("setup_s", 0.0),
         "precompile (batched JIT before the cases)": sum(r.get("s", 0.0) for r in run.get("precompile", [])),
         "worker start-up (import, load backends)": costs.get("worker_start_s", 0.0),
         "input building": inputs,

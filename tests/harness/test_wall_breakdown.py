@@ -24,7 +24,7 @@ def test_a_small_cpu_sweep_leaves_little_unattributed(tmp_path):
     parts = {p["what"].split(" (")[0]: p["s"] for p in cost["parts"]}
     assert sum(parts.values()) == pytest.approx(run["wall_s"])
     assert all(v >= 0 for v in parts.values()), parts
-    for item in ("worker start-up", "input building", "float64 references", "checked calls", "writing rows",
+    for item in ("run set-up", "worker start-up", "input building", "float64 references", "checked calls", "writing rows",
                  "checks: outputs against the reference", "checks: determinism repeats", "worker shutdown"):  # fmt: skip
         assert parts.get(item, 0) > 0, (item, parts)
     other = parts["other"]
