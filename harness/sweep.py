@@ -416,8 +416,8 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
             raise AttnbenchError(f"{run}: no results.jsonl here (nor results.jsonl.gz)")
         if out.resolve() == run.resolve():
             raise AttnbenchError(f"--out {out} is one of the runs being merged; choose a new directory")
-    if (out / "results.jsonl").exists():
-        raise AttnbenchError(f"--out {out} already holds results.jsonl; choose a new directory")
+    if out.is_dir() and (held := results_file(out)) is not None:
+        raise AttnbenchError(f"--out {out} already holds {held.name}; choose a new directory")
     infos = [read_run(run) for run in runs]
     envs = [_read_env(run) for run in runs]
     _same_device(runs, infos, envs)

@@ -80,6 +80,8 @@ def test_every_command_reads_a_gzipped_run_as_its_jsonl(tmp_path):
     code, out = _invoke("merge", base_gz, "--out", tmp_path / "merged")
     assert code == 1 and "FAILED: 2 failing rows" in out, out  # the run's own failing rows, as from the plain one
     assert read_results(tmp_path / "merged" / "results.jsonl") == read_run_results(base_gz)
+    code, out = _invoke("merge", base_plain, "--out", new_gz)  # a run kept gzipped is never merged into
+    assert code == 2 and "already holds results.jsonl.gz" in out
 
 
 def test_a_damaged_gzip_is_one_line_naming_the_file(tmp_path):
