@@ -307,7 +307,12 @@ def execute(
     # record: writing rows (fsynced) and showing progress, in this process
     costs: dict[str, float] = {"setup_s": time.perf_counter() - t0, "record_s": 0.0}
     try:
-        if records := precompile(p.backends, jobs, on_status):
+        t1 = time.perf_counter()
+        records = precompile(p.backends, jobs, on_status)
+        # all of it: asking each backend available(), supports() and precompile_keys() over the cases
+        # (a library's import, in this process) as well as the batched builds each record times
+        costs["precompile_s"] = time.perf_counter() - t1
+        if records:
             run_info.precompile = records
             for r in records:
                 if "error" in r and on_problem:

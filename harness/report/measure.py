@@ -108,7 +108,10 @@ def harness_cost(rows, run: dict) -> dict:
     ref_what += f"; {computed} computed, {loaded} from the cache)" if made else ", inputs)"
     parts = {
         "run set-up (environment, peaks, git, run.json, kept rows)": costs.get("setup_s", 0.0),
-        "precompile (batched JIT before the cases)": sum(r.get("s", 0.0) for r in run.get("precompile", [])),
+        # run.json before costs.precompile_s: the batched builds alone
+        "precompile (available(), supports(), what to build; batched JIT before the cases)": costs.get(
+            "precompile_s", sum(r.get("s", 0.0) for r in run.get("precompile", []))
+        ),
         "worker start-up (import, load backends)": costs.get("worker_start_s", 0.0),
         "input building": inputs,
         ref_what: refs,

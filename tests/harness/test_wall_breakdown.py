@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import time
 
 import pytest
 from typer.testing import CliRunner
@@ -104,3 +105,25 @@ def test_a_resumed_run_counts_only_the_rows_its_own_process_produced(tmp_path):
     mcost = harness_cost(read_results(tmp_path / "merged" / "results.jsonl"), merged)
     assert mcost["rows_left_out"] == 2
     _check_breakdown(mcost, merged["wall_s"])
+
+
+def test_precompile_counts_the_time_spent_finding_what_to_build(tmp_path, monkeypatch):
+    """Precompile asks every backend available() (a library's import, in the supervisor), supports() and
+    precompile_keys() over the cases before any build: all of it is the precompile part, not "other"."""
+    from attnbench import sweep
+    from attnbench.executor import Execution
+    from attnbench.runner import RunOptions
+
+    real = sweep.precompile
+
+    def slow(*args, **kw):  # a library import of half a second among the available() calls
+        time.sleep(0.5)
+        return real(*args, **kw)
+
+    monkeypatch.setattr(sweep, "precompile", slow)
+    p = sweep.plan(["smoke"], "cpu", ["torch"], ["merge_state"])
+    p = dataclasses.replace(p, cases=p.cases[:3])
+    rows = sweep.execute(p, tmp_path / "run", RunOptions(timing=False), how=Execution(isolate=False), argv=[])
+    run = json.loads((tmp_path / "run" / "run.json").read_text())
+    parts = _check_breakdown(harness_cost(rows, run), run["wall_s"])
+    assert parts["precompile"] >= 0.5, parts
