@@ -40,7 +40,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from attnbench.errors import AttnbenchError
-from attnbench.results import Result, read_results
+from attnbench.results import Result, read_results, results_file
 
 REGRESSIONS = ("broke", "slower", "xpass")
 COVERAGE_LOSS = ("missing", "now skipped")
@@ -307,10 +307,9 @@ def compare_rows(base: list[Result], new: list[Result], rule: GateRule | None = 
 
 
 def _results_path(run: Path) -> Path:
-    run = Path(run)
-    path = run / "results.jsonl" if run.is_dir() else run
-    if not path.is_file():
-        raise AttnbenchError(f"{run}: no results.jsonl here")
+    path = results_file(run)
+    if path is None:
+        raise AttnbenchError(f"{run}: no results.jsonl here (nor results.jsonl.gz)")
     return path
 
 
