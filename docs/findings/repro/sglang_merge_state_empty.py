@@ -71,4 +71,10 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except Exception:  # a crash is not the finding: exit 3, so 1 always means "still there"
+        import traceback
+
+        traceback.print_exc()
+        sys.exit(3)
