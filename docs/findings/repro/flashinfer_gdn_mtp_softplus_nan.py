@@ -90,7 +90,9 @@ def main(argv=None) -> int:
     nan_s = torch.isnan(inter.cpu()).flatten(3).any(dim=-1)[0]
     print(f"a + dt_bias of head 0 = {a_.gate} (float32 exp overflows past 88.72); other heads 0")
     print(f"expected: finite o, max|o_ref| = {o_ref.abs().max().item():.4g}")
-    print(f"actual: NaN in o at (token, head) = {nan_o.nonzero().tolist()}, NaN in intermediate states at {nan_s.nonzero().tolist()}")
+    print(
+        f"actual: NaN in o at (token, head) = {nan_o.nonzero().tolist()}, NaN in intermediate states at {nan_s.nonzero().tolist()}"
+    )
     finite = ~torch.isnan(o)
     err = (o[finite] - o_ref[finite]).abs().max().item() if finite.any() else float("nan")
     print(f"max |o - ref| over the finite entries: {err:.3g}")

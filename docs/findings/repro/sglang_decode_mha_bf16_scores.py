@@ -31,8 +31,15 @@ def parse_args(argv=None):
     p.add_argument("--device", default="cuda")
     p.add_argument("--seq-len", type=int, default=64)
     p.add_argument("--head-dim", type=int, default=128)
-    p.add_argument("--dtype", default="bf16", choices=["bf16", "fp16"], help="fp16 runs in the CPU interpreter (it has no bf16 scalar ops)")
-    p.add_argument("--score-std", type=float, default=8.0, help="standard deviation of the scaled scores q.k * sm_scale")
+    p.add_argument(
+        "--dtype",
+        default="bf16",
+        choices=["bf16", "fp16"],
+        help="fp16 runs in the CPU interpreter (it has no bf16 scalar ops)",
+    )
+    p.add_argument(
+        "--score-std", type=float, default=8.0, help="standard deviation of the scaled scores q.k * sm_scale"
+    )
     return p.parse_args(argv)
 
 
@@ -53,7 +60,21 @@ def run_decode(fn, q, k, v, sm_scale, dev):
     lse = torch.empty(B, Hq, splits, dtype=torch.float32, device=dev)
     num_kv_splits = torch.full((B,), splits, dtype=torch.int32, device=dev)
     o = torch.empty(B, Hq, Dv, dtype=q.dtype, device=dev)
-    fn(q.to(dev), k.to(dev), v.to(dev), o, kv_indptr, kv_indices, logits, lse, num_kv_splits, splits, sm_scale, 1.0, 1.0)
+    fn(
+        q.to(dev),
+        k.to(dev),
+        v.to(dev),
+        o,
+        kv_indptr,
+        kv_indices,
+        logits,
+        lse,
+        num_kv_splits,
+        splits,
+        sm_scale,
+        1.0,
+        1.0,
+    )
     return o.double().cpu()
 
 
@@ -78,7 +99,9 @@ def main(argv=None) -> int:
     o_grp = run_decode(decode_attention_fwd, q.expand(1, 2, D).contiguous(), k, v, sm_scale, dev)[0, 0]
     ulp = 2.0 ** (math.floor(math.log2(o_ref.abs().max().item())) - mant)  # one ulp of the dtype at max|o|
     e_mha, e_grp = (o_mha - o_ref).abs().max().item(), (o_grp - o_ref).abs().max().item()
-    print(f"{a.dtype}, L = {L}, D = {D}, score std {a.score_std}: max|o| = {o_ref.abs().max().item():.4g}, one {a.dtype} ulp there = {ulp:.3g}")
+    print(
+        f"{a.dtype}, L = {L}, D = {D}, score std {a.score_std}: max|o| = {o_ref.abs().max().item():.4g}, one {a.dtype} ulp there = {ulp:.3g}"
+    )
     print(f"MHA path     (heads 1/1): max |o - ref| = {e_mha:.4g} ({e_mha / ulp:.1f} ulps)")
     print(f"grouped path (heads 2/1): max |o - ref| = {e_grp:.4g} ({e_grp / ulp:.1f} ulps)")
     if e_mha > 4 * ulp:

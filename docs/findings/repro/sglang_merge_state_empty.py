@@ -57,14 +57,18 @@ def main(argv=None) -> int:
     merge_state_triton(v_a.to(dev), s_a.to(dev), v_b.to(dev), s_b.to(dev), o, lse)
     o, lse = o.double().cpu(), lse.double().cpu()
 
-    print(f"token 0 (both empty): expected o = 0, lse = -inf; got o[0,0,:4] = {o[0, 0, :4].tolist()}, lse[0] = {lse[0].tolist()}")
+    print(
+        f"token 0 (both empty): expected o = 0, lse = -inf; got o[0,0,:4] = {o[0, 0, :4].tolist()}, lse[0] = {lse[0].tolist()}"
+    )
     err_other = (o[1:] - o_ref[1:]).abs().max().item()
     print(f"tokens 1..{T - 1} (not both empty): max |o - ref| = {err_other:.3g} (bf16 output, bound 2^-7 * max|o|)")
     nan = torch.isnan(o).any().item() or torch.isnan(lse).any().item()
     ok_empty = bool((o[0] == 0).all() and torch.isneginf(lse[0]).all())
     ok_rest = err_other <= 2**-7 * max(o_ref[1:].abs().max().item(), 1.0)
     if nan or not ok_empty or not ok_rest:
-        print(f"FINDING PRESENT: NaN in output: {nan}; empty+empty gives (0, -inf): {ok_empty}; other tokens right: {ok_rest}")
+        print(
+            f"FINDING PRESENT: NaN in output: {nan}; empty+empty gives (0, -inf): {ok_empty}; other tokens right: {ok_rest}"
+        )
         return 1
     print("FIXED: two empty states merge to (0, -inf)")
     return 0

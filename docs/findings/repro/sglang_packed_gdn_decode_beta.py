@@ -79,7 +79,16 @@ def main(argv=None) -> int:
     out = torch.empty(B, 1, HV, V, dtype=torch.bfloat16, device=dev)
     idx = torch.arange(B, dtype=torch.int32, device=dev)
     fused_recurrent_gated_delta_rule_packed_decode(
-        mixed, a.to(dev), b.to(dev), A_log.to(dev), dt_bias.to(dev), scale, pool_d, out, idx, use_qk_l2norm_in_kernel=True
+        mixed,
+        a.to(dev),
+        b.to(dev),
+        A_log.to(dev),
+        dt_bias.to(dev),
+        scale,
+        pool_d,
+        out,
+        idx,
+        use_qk_l2norm_in_kernel=True,
     )
     h = pool_d.double().cpu()
     e_exact, e_round = (h - h_exact).abs().max().item(), (h - h_round).abs().max().item()
