@@ -233,7 +233,9 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
                 check_s=sum(parts.values()), check_parts=parts, prepare_info=_info(fn, absent), env=env,
                 failed=failed, **shared, **determinism,
             )  # fmt: skip
-            closures[b.name] = fn
+            # without timing nothing calls it again: drop it, so its copy of the inputs (a production-size pool
+            # of gigabytes, suites/large.yaml) is freed before the next backend's is made
+            closures[b.name] = fn if opts.timing else None
         except Unsupported as e:
             rows[b.name] = _row(case, b.name, "skip", str(e), env=env)
         except KeyboardInterrupt:
