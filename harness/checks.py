@@ -390,7 +390,7 @@ def _base(op, params, pristine: Any, work: Any) -> Any:
     caches) the closure's inputs as its calls left them (a backend may hold those in its own layout
     from `prepare` on, so they are never reset), with the outputs as they were before any call."""
     if not op.writes_for(params):
-        return clone_tensors(pristine)
+        return pristine  # `_perturbed` copies what it changes
     base = clone_tensors(work)
     outs = set(op.outputs_for(params))
     for name, t in tensor_fields(base).items():
@@ -404,7 +404,7 @@ def _perturbed(op, params, base: Any, chosen, precision: torch.dtype, memo: dict
     memoised in `memo` under `key` (the same for every backend of a case when `base` is pristine)."""
     if memo is not None and key in memo:
         return memo[key]
-    x = clone_tensors(base)
+    x = clone_tensors(base, only={f for pert in chosen for f in pert.fields})
     for pert in chosen:
         pert.apply(params, x)
     got = (x, op.expected(params, x, torch.float64), op.expected(params, x, precision))
