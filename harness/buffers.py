@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Iterable
 from typing import Any
 
 import torch
@@ -62,17 +63,28 @@ def bitwise_equal(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return bits(a) == bits(b)
 
 
-def clone_tensors(obj: Any) -> Any:
+def clone_tensors(obj: Any, only: Iterable[str] | None = None) -> Any:
     """Deep-copy every tensor field of a dataclass, keeping views that share storage as views.
 
     Each distinct storage is copied once (padding included), and every tensor is rebuilt on the copy
-    with its own offset, shape and strides.
+    with its own offset, shape and strides. With `only` (field names), just the storages of those
+    fields are copied, with every field that views one of them; the other fields are the same tensors
+    (a perturbed copy of a multi-GB input then costs the fields it changes).
     """
     copies: dict[tuple[str, int], torch.UntypedStorage] = {}
+
+    def key_of(t: torch.Tensor) -> tuple[str, int]:
+        return (str(t.device), t.untyped_storage().data_ptr())
+
+    wanted = None
+    if only is not None:
+        wanted = {key_of(t) for f in only if isinstance(t := getattr(obj, f), torch.Tensor)}
 
     def clone(t: torch.Tensor) -> torch.Tensor:
         s = t.untyped_storage()
         key = (str(t.device), s.data_ptr())
+        if wanted is not None and key not in wanted:
+            return t
         if key not in copies:
             copies[key] = s.clone()
         return torch.empty(0, dtype=t.dtype, device=t.device).set_(copies[key], t.storage_offset(), t.shape, t.stride())

@@ -503,19 +503,19 @@ def report(
 ) -> None:
     """Re-render report.html, results.csv, junit.xml and summary.md from a run's results.jsonl."""
     from attnbench.report import render_all
-    from attnbench.results import read_results
+    from attnbench.results import read_run_results, results_file
 
-    if not (run_dir / "results.jsonl").is_file():
-        _fail(AttnbenchError(f"{run_dir}: no results.jsonl here"))
+    if not run_dir.is_dir() or results_file(run_dir) is None:
+        _fail(AttnbenchError(f"{run_dir}: no results.jsonl here (nor results.jsonl.gz)"))
     try:
         if baseline:
-            names = sorted({r.backend for r in read_results(run_dir / "results.jsonl")})
+            names = sorted({r.backend for r in read_run_results(run_dir)})
             if baseline not in names:
                 raise AttnbenchError(
                     f"--baseline {baseline!r} is not a backend of this run; it has: {', '.join(names)}"
                 )
-        if against is not None and not (against / "results.jsonl").is_file():
-            raise AttnbenchError(f"--against {against}: no results.jsonl here")
+        if against is not None and results_file(against) is None:
+            raise AttnbenchError(f"--against {against}: no results.jsonl here (nor results.jsonl.gz)")
         render_all(run_dir, baseline, against)
     except AttnbenchError as e:  # an unreadable results.jsonl or run.json: file:line and what is wrong
         _fail(e)

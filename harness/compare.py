@@ -41,7 +41,7 @@ from pathlib import Path
 
 from attnbench.clocks import GPU, timing_kind
 from attnbench.errors import AttnbenchError
-from attnbench.results import Result, read_results
+from attnbench.results import Result, read_results, results_file
 
 REGRESSIONS = ("broke", "slower", "xpass")
 COVERAGE_LOSS = ("missing", "now skipped")
@@ -306,10 +306,9 @@ def compare_rows(base: list[Result], new: list[Result], rule: GateRule | None = 
 
 
 def _results_path(run: Path) -> Path:
-    run = Path(run)
-    path = run / "results.jsonl" if run.is_dir() else run
-    if not path.is_file():
-        raise AttnbenchError(f"{run}: no results.jsonl here")
+    path = results_file(run)
+    if path is None:
+        raise AttnbenchError(f"{run}: no results.jsonl here (nor results.jsonl.gz)")
     return path
 
 

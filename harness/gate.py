@@ -29,7 +29,7 @@ from attnbench.compare import Comparison, GateRule, compare_runs
 from attnbench.errors import AttnbenchError
 from attnbench.report.common import md_text
 from attnbench.report.comparison import write_comparison
-from attnbench.results import Result, check_version, read_results
+from attnbench.results import Result, check_version, read_run_results, results_file
 from attnbench.verified import missing_rows, unverified
 
 MARKER = "<!-- attnbench-gate -->"  # the one pull-request comment the workflow updates carries it
@@ -72,9 +72,9 @@ def decide(
     """The gate's verdict for the run directory `run`, against `baselines` (pooled) when given.
     `allow_skipped`: a run that skipped everything, or a -b backend that skipped every case, passes."""
     run = Path(run)
-    if not (run / "results.jsonl").is_file():
+    if results_file(run) is None:
         raise AttnbenchError(f"{run}: no results.jsonl here (did the sweep start?)")
-    rows = read_results(run / "results.jsonl")
+    rows = read_run_results(run)
     info, env = _json(run / "run.json"), _json(run / "env.json")
     if not isinstance(info, dict):
         raise AttnbenchError(f"{run / 'run.json'}: not a JSON object")
@@ -87,8 +87,8 @@ def decide(
     reasons += missing_rows(info, rows)
     for base in baselines or ():
         base_dir = Path(base) if Path(base).is_dir() else Path(base).parent
-        if (base_dir / "results.jsonl").is_file():
-            base_rows = read_results(base_dir / "results.jsonl")
+        if results_file(base_dir) is not None:
+            base_rows = read_run_results(base_dir)
             reasons += [f"baseline {base}: {why}" for why in missing_rows(_json(base_dir / "run.json"), base_rows)]
     if not allow_skipped:
         reasons += unverified(rows, info.get("named_backends") or [])

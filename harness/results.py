@@ -1,5 +1,9 @@
 """Result rows: one per (case, backend), appended to `results.jsonl` as soon as each exists.
 
+A run directory's rows are read in one place, `read_run_results` (or `results_file` for the path): a
+run kept compressed (`results.jsonl.gz`, as reports/examples stores its larger runs) reads exactly as
+one with `results.jsonl`.
+
 The row schema is versioned: every row carries `schema_version` (files written before versioning have
 none and read as version 1). A reader refuses rows of a newer version than it knows, with one line.
 
@@ -13,9 +17,11 @@ fields are validated on read, unknown ones are kept, and readers use them as pla
 
 from __future__ import annotations
 
+import gzip
 import json
 import os
 import sys
+import zlib
 from collections.abc import Callable
 from enum import StrEnum
 from pathlib import Path
@@ -27,6 +33,8 @@ from typing_extensions import TypedDict
 from attnbench.errors import AttnbenchError
 
 SCHEMA_VERSION = 2  # 1: the unversioned rows and run.json written before (read as they are)
+RESULTS = "results.jsonl"  # a run directory's rows, appended as they arrive
+GZIPPED = RESULTS + ".gz"  # the same rows stored compressed (reports/examples); read, never appended to
 
 
 class Status(StrEnum):
@@ -274,18 +282,47 @@ def _print_warning(message: str) -> None:
         print(f"warning: {message}", file=sys.stderr)
 
 
+def results_file(run: Path) -> Path | None:
+    """The file holding a run's rows: `run` itself when it is a file; in a run directory `results.jsonl`,
+    else `results.jsonl.gz` (the rows stored compressed); None when the directory has neither.
+    With both present `results.jsonl` is read: it is the one a sweep appends to (`gunzip -k` leaves both)."""
+    run = Path(run)
+    if run.is_file():
+        return run
+    return next((f for f in (run / RESULTS, run / GZIPPED) if f.is_file()), None)
+
+
+def read_run_results(run: Path, on_warning: Callable[[str], None] | None = None) -> list[Result]:
+    """Rows of a run directory (or of a results file, plain or gzipped), as `read_results` reads them.
+    AttnbenchError "RUN: no results.jsonl here" when there are none."""
+    path = results_file(run)
+    if path is None:
+        raise AttnbenchError(f"{run}: no {RESULTS} here (nor {GZIPPED})")
+    return read_results(path, on_warning)
+
+
+def _text(path: Path) -> str:
+    """A results file's text; a `.gz` file is decompressed. SchemaError naming the file when unreadable."""
+    try:
+        if path.name.endswith(".gz"):
+            with gzip.open(path, "rt", encoding="utf-8") as f:
+                return f.read()
+        return path.read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise SchemaError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    except (gzip.BadGzipFile, EOFError, zlib.error) as e:
+        raise SchemaError(f"{path}: not a whole gzip file ({e or type(e).__name__})") from None
+
+
 def read_results(path: Path, on_warning: Callable[[str], None] | None = None) -> list[Result]:
-    """Rows of a `results.jsonl`; nothing is dropped without a word.
+    """Rows of a `results.jsonl` (or of a gzipped `results.jsonl.gz`); nothing is dropped without a word.
 
     A torn last line (a crash mid-write) is left out with a warning naming `file:line` (given to
     `on_warning`; by default printed once to stderr). Any other line that is not a valid row raises
     SchemaError naming `file:line` and what is wrong, as does a row of a newer schema version.
     """
     path = Path(path)
-    try:
-        lines = path.read_text(encoding="utf-8").splitlines()
-    except UnicodeDecodeError as e:
-        raise SchemaError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+    lines = _text(path).splitlines()
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     rows = []
     for i, line in enumerate(lines):

@@ -6,7 +6,8 @@ AttnbenchError, exit 2, nothing touched) when:
 - `--out` is a file, or a directory (or the nearest existing parent) that cannot be written;
 - the directory already holds a run's files and neither `--resume` (keep its rows, run the rest) nor
   `--overwrite` (replace them) was given;
-- `--resume` is asked of a directory whose recorded plan (suites, backends, filters, device, timing)
+- `--resume` is asked of a directory whose rows are only compressed (`results.jsonl.gz`: gunzip it), or
+  of a directory whose recorded plan (suites, backends, filters, device, timing)
   differs from this one: the message names what differs;
 - another sweep is writing into the directory: each sweep holds an exclusive `flock` on
   `.attnbench.lock` in it for as long as it runs (the kernel releases it when the process ends, so
@@ -24,7 +25,16 @@ from typing import IO, Any
 from attnbench.errors import AttnbenchError
 from attnbench.results import check_version, read_results
 
-RUN_FILES = ("results.jsonl", "run.json", "env.json", "report.html", "results.csv", "junit.xml", "summary.md")
+RUN_FILES = (
+    "results.jsonl",
+    "results.jsonl.gz",
+    "run.json",
+    "env.json",
+    "report.html",
+    "results.csv",
+    "junit.xml",
+    "summary.md",
+)
 PLAN_KEYS = ("device", "suites", "traces", "backends", "filters", "timing")
 
 
@@ -122,6 +132,11 @@ def _check_existing(out: Path, plan_info: dict[str, Any], resume: bool, overwrit
         raise AttnbenchError(
             f"--out {out} already holds a run ({', '.join(existing)}): add --resume to complete it "
             "or --overwrite to replace it, or choose another --out"
+        )
+    if resume and (out / "results.jsonl.gz").exists() and not (out / "results.jsonl").exists():
+        raise AttnbenchError(
+            f"--resume: {out} keeps its rows compressed (results.jsonl.gz) and a sweep appends to results.jsonl: "
+            f"gunzip {out / 'results.jsonl.gz'} first"
         )
     if resume and (out / "results.jsonl").exists():
         try:

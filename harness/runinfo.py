@@ -45,6 +45,7 @@ class Source(BaseModel):
     device: str | None = None
     shard: Shard | None = None
     rows: int = 0
+    kept: int = 0  # its first rows, which its wall time does not hold (a resumed run's earlier processes')
     complete: bool | None = None
     git: Git | None = None
 

@@ -180,7 +180,10 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
                 stage(b.name)
                 rows[b.name], fn = _run_backend(case, b, built, opts, env, memo, rows)
                 if fn is not None:
-                    closures[b.name] = fn
+                    # without timing nothing calls it again: drop it, so its copy of the inputs (a production-size
+                    # pool of gigabytes, suites/large.yaml) is freed before the next backend's is made
+                    closures[b.name] = fn if opts.timing else None
+                del fn
             _time(case, todo, built, closures, rows, opts, stage)
     return [rows[b.name] for b in backends]
 

@@ -26,7 +26,7 @@ from attnbench.case import Case
 from attnbench.errors import AttnbenchError, describe
 from attnbench.executor import Execution, choose
 from attnbench.expectations import Expectation
-from attnbench.results import SCHEMA_VERSION, Result, ResultWriter, read_results
+from attnbench.results import SCHEMA_VERSION, Result, ResultWriter, read_results, read_run_results, results_file
 from attnbench.rundir import check_writable
 from attnbench.runinfo import RunInfo, Shard, Source, git_info, read_run, write_run
 from attnbench.runner import RunOptions
@@ -258,6 +258,7 @@ def execute(
     not run again; everything without a row is. With `sanitize`, nothing is timed (and no peaks measured).
     """
     how.check()
+    t0 = time.perf_counter()  # the run's wall time starts here: set-up, precompile, cases, until the last row
     if how.sanitize:
         opts = replace(opts, timing=False)
     out.mkdir(parents=True, exist_ok=True)
@@ -307,10 +308,16 @@ def execute(
     jobs = [(c, [b.name for b in p.backends if (c.id, b.name) not in done]) for c in p.cases]
     jobs = [(c, names) for c, names in jobs if names]
     rows: list[Result] = list(earlier)
-    costs: dict[str, float] = {"record_s": 0.0}  # writing rows (fsynced) and showing progress, in this process
-    t0 = time.perf_counter()
+    # set-up: reading kept rows, the environment, peaks (measured once per device), git, run.json;
+    # record: writing rows (fsynced) and showing progress, in this process
+    costs: dict[str, float] = {"setup_s": time.perf_counter() - t0, "record_s": 0.0}
     try:
-        if records := precompile(p.backends, jobs, on_status):
+        t1 = time.perf_counter()
+        records = precompile(p.backends, jobs, on_status)
+        # all of it: asking each backend available(), supports() and precompile_keys() over the cases
+        # (a library's import, in this process) as well as the batched builds each record times
+        costs["precompile_s"] = time.perf_counter() - t1
+        if records:
             run_info.precompile = records
             for r in records:
                 if "error" in r and on_problem:
@@ -415,12 +422,12 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
         raise AttnbenchError("merge needs at least one run directory")
     out = Path(out)
     for run in runs:
-        if not (run / "results.jsonl").is_file():
-            raise AttnbenchError(f"{run}: no results.jsonl here")
+        if not run.is_dir() or results_file(run) is None:
+            raise AttnbenchError(f"{run}: no results.jsonl here (nor results.jsonl.gz)")
         if out.resolve() == run.resolve():
             raise AttnbenchError(f"--out {out} is one of the runs being merged; choose a new directory")
-    if (out / "results.jsonl").exists():
-        raise AttnbenchError(f"--out {out} already holds results.jsonl; choose a new directory")
+    if out.is_dir() and (held := results_file(out)) is not None:
+        raise AttnbenchError(f"--out {out} already holds {held.name}; choose a new directory")
     infos = [read_run(run) for run in runs]
     envs = [_read_env(run) for run in runs]
     _same_device(runs, infos, envs)
@@ -436,7 +443,7 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
     sources = []
     torn: list[str] = []
     for run, info in zip(runs, infos, strict=True):
-        got = read_results(run / "results.jsonl")
+        got = read_run_results(run)
         torn += [f"{run}: {why}" for why in missing_rows(info.to_dict(), got)]
         if torn and not partial:
             raise AttnbenchError(f"{torn[0]} (pass --partial to merge what is there, marked incomplete)")
@@ -450,7 +457,7 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
             sources += info.merged_from
         else:
             sources.append(Source(path=str(run), device=info.device, shard=info.shard, rows=len(got),
-                                  complete=info.complete, git=info.git))  # fmt: skip
+                                  complete=info.complete, git=info.git, kept=_kept_outside_wall(info, len(got))))  # fmt: skip
     check_writable(out)
     with ResultWriter(out / "results.jsonl") as w:
         w.extend(rows)
@@ -480,6 +487,8 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
         started=min((i.started for i in infos if i.started), default=None),
         finished=max((i.finished for i in infos if i.finished), default=None),
         wall_s=round(sum(walls), 3) if walls else None,  # machine time of all the runs together
+        costs=_summed_costs(infos),  # the same: the wall breakdown of the merge is that of its runs together
+        precompile=[r for i in infos for r in i.precompile],
         complete=not missing and not torn and all(i.complete is not False for i in infos),
         stopped_by="; ".join(torn) or None,  # a torn run's rows are missing: the gate says so
         merged_from=sources,
@@ -488,6 +497,25 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
     )
     write_run(info, out)
     return rows
+
+
+def _kept_outside_wall(info: RunInfo, rows: int) -> int:
+    """How many of a run's first rows its wall time does not hold: those a resumed sweep kept from its
+    earlier processes, or every row of a run that recorded no wall time (report.measure.counted_rows)."""
+    if info.wall_s is None:
+        return rows
+    kept = info.resumed[-1].get("rows_kept", 0) if info.resumed else 0
+    return min(rows, kept) if isinstance(kept, int) else 0
+
+
+def _summed_costs(infos: list[RunInfo]) -> dict[str, float]:
+    """run.json `costs` of a merge: each item summed over the runs that recorded a wall time."""
+    out: dict[str, float] = {}
+    for info in infos:
+        if info.wall_s is not None:
+            for k, v in info.costs.items():
+                out[k] = round(out.get(k, 0.0) + v, 3)
+    return out
 
 
 def _merged_tolerances(infos: list[RunInfo]) -> list[dict]:
@@ -531,7 +559,7 @@ def _same_device(runs: list[Path], infos: list[RunInfo], envs: list[dict]) -> No
 
 def _timing_mode(run: Path, info: RunInfo) -> str:
     if info.timing is None:  # run.json from before versioning without it: the rows tell
-        timed = any(r.timing for r in read_results(run / "results.jsonl"))
+        timed = any(r.timing for r in read_run_results(run))
     else:
         timed = info.timing
     return "timed" if timed else "untimed (correctness only)"

@@ -90,11 +90,11 @@ def missing_rows(run: dict[str, Any], rows: Sequence) -> list[str]:
 
 def missing_in(run: Path) -> list[str]:
     """`missing_rows` of a run directory (or of its results.jsonl), read from its files."""
-    from attnbench.results import read_results
+    from attnbench.results import read_run_results
 
-    results = Path(run) / "results.jsonl" if Path(run).is_dir() else Path(run)
+    directory = Path(run) if Path(run).is_dir() else Path(run).parent
     try:
-        info = json.loads((results.parent / "run.json").read_text(encoding="utf-8"))
+        info = json.loads((directory / "run.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
         info = {}
-    return missing_rows(info if isinstance(info, dict) else {}, read_results(results))
+    return missing_rows(info if isinstance(info, dict) else {}, read_run_results(run))

@@ -12,10 +12,14 @@ from __future__ import annotations
 import torch
 
 
-def state_v_major(pool: torch.Tensor) -> torch.Tensor:
+def state_v_major(pool: torch.Tensor, spare: int = 0) -> torch.Tensor:
     """Canonical GDN states `[..., K, V]` -> SGLang's/FlashInfer's native `[..., V, K]` (a new
-    contiguous tensor: state[..., k, v] == native[..., v, k])."""
-    return pool.transpose(-1, -2).contiguous()
+    contiguous tensor: state[..., k, v] == native[..., v, k]); with `spare`, that many zero slots
+    follow the pool's own (a scratch slot for `zero_fresh_states_`)."""
+    native = pool.transpose(-1, -2)
+    if spare:
+        native = torch.cat([native, native.new_zeros(spare, *native.shape[1:])])
+    return native.contiguous()
 
 
 def state_canonical_(dst: torch.Tensor, native: torch.Tensor, slots: torch.Tensor | None = None) -> torch.Tensor:
@@ -31,6 +35,10 @@ def state_canonical_(dst: torch.Tensor, native: torch.Tensor, slots: torch.Tenso
 def zero_fresh_states_(native_pool: torch.Tensor, slots: torch.Tensor, has_initial_state: torch.Tensor) -> None:
     """Pool-indexed extend kernels (SGLang's chunked GDN, FlashInfer's with `state_indices`) always read
     a request's slot; a request without an initial state starts from a slot the server cleared when
-    it allocated it. Clear those slots of the native pool (in place, in `prepare`)."""
-    fresh = slots.long()[~has_initial_state.to(slots.device)]
-    native_pool[fresh] = 0
+    it scheduled it. Clear those slots of the native pool, in place, in the timed call (the flags and
+    slots are the batch's, rewritten between steps) and without a host sync: `native_pool` carries one
+    spare slot at its end (`state_v_major(pool, spare=1)`), which the other requests' entries (and
+    padding, -1) clear instead."""
+    s = slots.long()
+    keep = has_initial_state.to(s.device) | (s < 0)
+    native_pool.index_fill_(0, torch.where(keep, native_pool.shape[0] - 1, s), 0)

@@ -300,6 +300,46 @@ def recurrent_gated_delta_rule(
     return o, final, states
 
 
+def _chunk_step(S, qc, kc, vc, gc, bc, r, acc):
+    """One chunk of the WY / UT form (module docstring) for a batch: S `[B, HV, K, V]`; qc/kc
+    `[B, HV, n, K]` (q^, k^, operands already rounded); vc `[B, HV, n, V]`; gc/bc `[B, HV, n]`.
+    Returns (o `[B, HV, n, V]`, S after the chunk). A token with q = k = v = g = beta = 0 (padding
+    after a sequence's end) changes nothing: its rows and columns of L, W, U and Aqk are 0."""
+    n = qc.shape[-2]
+    gam = torch.cumsum(gc, dim=-1)  # [B, HV, n]
+    diff = gam[..., :, None] - gam[..., None, :]  # gamma_t - gamma_s
+    strict = torch.ones(n, n, dtype=torch.bool, device=qc.device).tril(-1)
+    causal = torch.ones(n, n, dtype=torch.bool, device=qc.device).tril()
+    decay = torch.exp(torch.where(causal, diff, torch.zeros_like(diff)))  # <= 1 where used
+    L = torch.where(strict, bc[..., :, None] * decay * (kc @ kc.transpose(-1, -2)), torch.zeros_like(diff))
+    eye = torch.eye(n, dtype=acc, device=qc.device).expand_as(L)
+    Tm = r(torch.linalg.solve_triangular(eye + L, eye, upper=False, unitriangular=True))
+    W = r(Tm @ r(kc * (bc * torch.exp(gam))[..., None]))  # [B, HV, n, K]
+    U = r(Tm @ r(vc * bc[..., None]))  # [B, HV, n, V]
+    Sr = r(S)
+    Unew = r(U - W @ Sr)
+    Aqk = r(torch.where(causal, (qc @ kc.transpose(-1, -2)) * decay, torch.zeros_like(diff)))
+    o = r(qc * torch.exp(gam)[..., None]) @ Sr + Aqk @ Unew
+    last = gam[..., -1:]  # [B, HV, 1]
+    S = S * torch.exp(last)[..., None] + kc.transpose(-1, -2) @ r(Unew * torch.exp(last - gam)[..., None])
+    return o, S
+
+
+def _take(x: torch.Tensor, pos: torch.Tensor, valid: torch.Tensor) -> torch.Tensor:
+    """Packed `x [T, HV, *]` at positions `pos [B, C]` -> `[B, HV, C, *]`, zero where not `valid`."""
+    t = x[pos]
+    keep = valid.view(*valid.shape, *([1] * (t.dim() - 2)))
+    return torch.where(keep, t, torch.zeros((), dtype=t.dtype, device=t.device)).transpose(1, 2)
+
+
+def _rounder(precision: torch.dtype):
+    """A matmul operand in the kernel's input dtype (the twin), or as it is (float64)."""
+    acc = _acc(precision)
+    if precision == D64:
+        return lambda x: x
+    return lambda x: x.to(precision).to(acc)
+
+
 def chunk_gated_delta_rule(
     q: torch.Tensor,
     k: torch.Tensor,
@@ -326,43 +366,22 @@ def chunk_gated_delta_rule(
     HV, V = v.shape[1], v.shape[2]
     low = precision != D64
     acc = _acc(precision)
-
-    def r(x: torch.Tensor) -> torch.Tensor:  # a matmul operand in the kernel's input dtype
-        return x.to(precision).to(acc) if low else x
-
+    r = _rounder(precision)
     scale = K**-0.5 if scale is None else scale
     qh, kh = _prepare_qk(q, k, HV, scale, normalize_qk, acc)
-    qh, kh = r(qh).transpose(0, 1), r(kh).transpose(0, 1)  # [HV, T, K]
-    vf = v.to(acc).transpose(0, 1)  # [HV, T, V]
-    gf, bf = g.to(acc).transpose(0, 1), beta.to(acc).transpose(0, 1)  # [HV, T]
-    S = torch.zeros(HV, K, V, dtype=acc, device=q.device)
+    qh, kh = r(qh).transpose(0, 1)[None], r(kh).transpose(0, 1)[None]  # [1, HV, T, K]
+    vf = v.to(acc).transpose(0, 1)[None]  # [1, HV, T, V]
+    gf, bf = g.to(acc).transpose(0, 1)[None], beta.to(acc).transpose(0, 1)[None]  # [1, HV, T]
+    S = torch.zeros(1, HV, K, V, dtype=acc, device=q.device)
     if initial_state is not None:
-        S = initial_state.to(acc).clone()
-    o = torch.empty(HV, T, V, dtype=acc, device=q.device)
+        S = initial_state.to(acc).clone()[None]
+    o = torch.empty(1, HV, T, V, dtype=acc, device=q.device)
     for c0 in range(0, T, chunk_size):
         c1 = min(T, c0 + chunk_size)
-        n = c1 - c0
-        qc, kc, vc = qh[:, c0:c1], kh[:, c0:c1], vf[:, c0:c1]
-        gam = torch.cumsum(gf[:, c0:c1], dim=1)  # [HV, n]
-        bc = bf[:, c0:c1]
-        diff = gam[:, :, None] - gam[:, None, :]  # gamma_t - gamma_s
-        strict = torch.ones(n, n, dtype=torch.bool, device=q.device).tril(-1)
-        causal = torch.ones(n, n, dtype=torch.bool, device=q.device).tril()
-        decay = torch.exp(torch.where(causal, diff, torch.zeros_like(diff)))  # <= 1 where used
-        L = torch.where(strict, bc[:, :, None] * decay * (kc @ kc.transpose(1, 2)), torch.zeros_like(diff))
-        eye = torch.eye(n, dtype=acc, device=q.device).expand(HV, n, n)
-        Tm = torch.linalg.solve_triangular(eye + L, eye, upper=False, unitriangular=True)
-        Tm = r(Tm)
-        W = r(Tm @ r(kc * (bc * torch.exp(gam))[..., None]))  # [HV, n, K]
-        U = r(Tm @ r(vc * bc[..., None]))  # [HV, n, V]
-        Sr = r(S)
-        Unew = r(U - W @ Sr)
-        Aqk = r(torch.where(causal, (qc @ kc.transpose(1, 2)) * decay, torch.zeros_like(diff)))
-        o[:, c0:c1] = r(qc * torch.exp(gam)[..., None]) @ Sr + Aqk @ Unew
-        last = gam[:, -1:]  # [HV, 1]
-        S = S * torch.exp(last)[..., None] + kc.transpose(1, 2) @ r(Unew * torch.exp(last - gam)[..., None])
-    o = o.transpose(0, 1)
-    return (o.to(v.dtype) if low else o), S
+        sl = slice(c0, c1)
+        o[:, :, sl], S = _chunk_step(S, qh[:, :, sl], kh[:, :, sl], vf[:, :, sl], gf[:, :, sl], bf[:, :, sl], r, acc)
+    o = o[0].transpose(0, 1)
+    return (o.to(v.dtype) if low else o), S[0]
 
 
 # ---- pool-addressed ops ----------------------------------------------------------------------------
@@ -508,19 +527,35 @@ def gdn_extend(
         o `[T, HV, V]` and the pool after the call (float64, or float32 for the twin).
     """
     acc = _acc(precision)
-    o = torch.empty(v.shape, dtype=v.dtype if precision != D64 else D64, device=v.device)
+    r = _rounder(precision)
+    T, H, K = q.shape
+    HV, V = v.shape[1], v.shape[2]
+    scale = K**-0.5 if scale is None else scale
+    starts = cu_seqlens.long()
+    lens = starts[1:] - starts[:-1]
+    # chunk c of every request still running, at once: requests stay aligned to their own first token,
+    # and the positions past a request's end are zero tokens (`_chunk_step`: they change nothing)
+    qh, kh = _prepare_qk(q, k, HV, scale, True, acc)
+    qh, kh = r(qh), r(kh)
+    vf, gf, bf = v.to(acc), g.to(acc), beta.to(acc)
+    idx = state_indices.long()
+    init = has_initial_state.to(idx.device) & (idx >= 0)
+    S = torch.where(
+        init[:, None, None, None], state_pool[idx.clamp(min=0)].to(acc), torch.zeros((), dtype=acc, device=q.device)
+    )
+    o = torch.zeros(T, HV, V, dtype=acc, device=q.device)
+    steps = torch.arange(chunk_size, device=q.device)
+    host_lens = lens.tolist()
+    for c0 in range(0, max(host_lens, default=0), chunk_size):
+        act = torch.tensor([b for b, n in enumerate(host_lens) if n > c0], device=q.device)  # still running
+        at = c0 + steps[None, :]  # [1, C] positions within each request
+        valid = at < lens[act, None]  # [A, C]
+        pos = torch.where(valid, starts[act, None] + at, torch.zeros_like(at))
+        oc, S[act] = _chunk_step(S[act], *(_take(x, pos, valid) for x in (qh, kh, vf, gf, bf)), r, acc)
+        o[pos[valid]] = oc.transpose(1, 2)[valid]
     pool = state_pool.to(acc).clone()
-    starts = cu_seqlens.tolist()
-    for bi, (idx, init) in enumerate(zip(state_indices.tolist(), has_initial_state.tolist(), strict=True)):
-        s, e = starts[bi], starts[bi + 1]
-        h0 = state_pool[idx] if init else None
-        ob, final = chunk_gated_delta_rule(
-            q[s:e], k[s:e], v[s:e], g[s:e], beta[s:e], scale=scale, initial_state=h0,
-            chunk_size=chunk_size, precision=precision,
-        )  # fmt: skip
-        o[s:e] = ob
-        pool[idx] = final
-    return o, pool
+    pool[idx[idx >= 0]] = S[idx >= 0]
+    return (o.to(v.dtype) if precision != D64 else o), pool
 
 
 def gdn_commit(

@@ -73,6 +73,13 @@ class AttentionParams(Params):
         "auto", description="KV cache dtype; auto = the case dtype"
     )
     kv_scale: Literal["tensor", "head"] = Field("tensor", description="fp8 KV: one scale per tensor or per kv head")
+    pool_pages: int | None = Field(
+        None,
+        ge=1,
+        description="pages in the KV pool (default: the pages the batch needs + ~12% spare): a production-size "
+        "pool with every page a request uses at its end, past 2^31 elements where it is that large (int32 "
+        "offsets); the pages before are spare and NaN",
+    )
 
     @model_validator(mode="after")
     def _shapes(self):
@@ -85,6 +92,8 @@ class AttentionParams(Params):
             )
         if self.kv_scale == "head" and self.kv_dtype == "auto":
             raise ValueError("kv_scale head needs an fp8 kv_dtype (an unquantised cache has no scales)")
+        if self.pool_pages is not None and getattr(self, "draft_topk", 1) > 1:
+            raise ValueError("pool_pages with draft_topk > 1 is not supported: the draft layout sizes its own pool")
         return self
 
     @property
@@ -271,6 +280,10 @@ class AttentionInputs:
     # decode draft_topk > 1: rows b * draft_topk + c are the candidates of request b; their tables name
     # the same prefix pages (kernels may exploit that; the reference reads each row's table as is)
     draft_topk: int = 1
+    # pool_pages: the first page of the region requests' pages are drawn from (0 for a default pool); the
+    # pages before it are spare. The reference reads only the region, so a pool past 2^31 elements costs
+    # no float64 copy (`written_rows`)
+    pool_base: int = 0
 
     @property
     def page_size(self) -> int:
@@ -381,6 +394,7 @@ _ATTN_ID = (
     IdField("", ("distribution",)),
     IdField("", ("kv_dtype",)),
     IdField("kvscale", ("kv_scale",)),
+    IdField("pages", ("pool_pages",)),
 )
 
 
@@ -490,7 +504,7 @@ class _PagedAttentionOp(Op):
             layout = draft_layout(prefix, topk, step, p.page_size, host, device)
             sizes = [P + topk * step for P in prefix]  # per request: its prefix, then every candidate's own tokens
         else:
-            layout = make_layout(kv_lens, p.page_size, host, device)
+            layout = make_layout(kv_lens, p.page_size, host, device, p.pool_pages)
             sizes = kv_lens
         swa = getattr(p, "kv_pool", "full") == "swa"
         full_pages = full_to_swa = None
@@ -582,6 +596,7 @@ class _PagedAttentionOp(Op):
             full_page_indices=full_pages,
             full_to_swa=full_to_swa,
             draft_topk=draft[0] if draft else 1,
+            pool_base=layout.base,
         )
 
     def _bytes_for(self, p: AttentionParams, dtype, kv_lens, q_lens, new_kv: str, mask: bool) -> int:
@@ -591,7 +606,8 @@ class _PagedAttentionOp(Op):
         distinct = need
         if (topk := getattr(p, "draft_topk", 1)) > 1:  # candidates share their request's full prefix pages
             distinct, _ = draft_pages([L - p.draft_step for L in kv_lens[::topk]], topk, p.draft_step, p.page_size)
-        slots = pool_pages(distinct) * p.page_size * Hkv
+        pages = pool_pages(distinct) if p.pool_pages is None else p.pool_pages
+        slots = pages * p.page_size * Hkv
         cache = FP8.get(p.kv_dtype, dtype)
         total = tensor_bytes((slots, Dk), cache) + (0 if p.mla else tensor_bytes((slots, Dv), cache))
         total += (
@@ -608,7 +624,7 @@ class _PagedAttentionOp(Op):
         if mask:
             total += sum(n * L for n, L in zip(q_lens, kv_lens)) + 8 * (B + 1)
         if getattr(p, "kv_pool", "full") == "swa":
-            total += 4 * (need + pool_pages(need))  # full_page_indices, full_to_swa (int32)
+            total += 4 * (need + pages)  # full_page_indices, full_to_swa (int32)
         return total
 
     def input_bytes(self, p, dtype, seed: int) -> int:
@@ -616,7 +632,13 @@ class _PagedAttentionOp(Op):
         new_kv = getattr(p, "new_kv", "shared")
         return self._bytes_for(p, dtype, kv_lens, q_lens, new_kv, getattr(p, "mask", "causal") == "custom")
 
+    def written_rows(self, p, x: AttentionInputs) -> dict[str, int]:
+        """A production-size pool (`pool_pages`): the expectation of the saved caches covers the pages from
+        `pool_base` on; the spare pages before must stay bitwise as they were."""
+        return {name: x.pool_base for name in self.writes_for(p)} if x.pool_base else {}
+
     def expected(self, p, x: AttentionInputs, precision):
+        x = _pool_region(x)
         k_cache, v_cache, k_new, v_new = x.k_cache, x.v_cache, x.k_new, x.v_new
         if x.k_scale is not None:  # the reference reads exactly what the kernel reads: dequantised fp8
             k_cache, v_cache = dequantize(k_cache, x.k_scale), dequantize(v_cache, x.v_scale)
@@ -750,6 +772,20 @@ class _PagedAttentionOp(Op):
             total += new * (2 if x.save_kv else 1)
         total += (x.kv_page_indices.numel() + x.kv_indptr.numel() + x.seq_lens.numel()) * 4
         return float(total)
+
+
+def _pool_region(x: AttentionInputs) -> AttentionInputs:
+    """`x` over the pool's pages from `pool_base` on (views; page ids and slots relative to them): what
+    the reference reads, so a pool past 2^31 elements is never copied or converted whole."""
+    base = x.pool_base
+    if not base:
+        return x
+    k = x.k_cache[base:]
+    v = k[..., : x.v_cache.shape[-1]] if _shares_k(x) else x.v_cache[base:]
+    slots = None if x.slot_mapping is None else x.slot_mapping - base * x.page_size
+    return dataclasses.replace(
+        x, k_cache=k, v_cache=v, kv_page_indices=x.kv_page_indices - base, slot_mapping=slots, pool_base=0
+    )
 
 
 FP8 = {"fp8_e4m3": torch.float8_e4m3fn, "fp8_e5m2": torch.float8_e5m2}

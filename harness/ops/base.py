@@ -205,6 +205,12 @@ class Op:
         """Inputs this case writes (side effects), each compared with its expected final value."""
         return {}
 
+    def written_rows(self, p: Params, inputs: Any) -> dict[str, int]:
+        """Written inputs whose expectation covers only rows `[start:]` of dim 0, by name (a production-size
+        pool whose requests all sit at its end, `pool_pages` / `state_slots`): the check compares those rows
+        with the expectation and requires every row before `start` bitwise unchanged. Default: none."""
+        return {}
+
     def unspecified(self, p: Params, inputs: Any) -> dict[str, torch.Tensor]:
         """Output elements the contract leaves open, by output name: bool masks broadcastable to the
         output, True where any value is fine (e.g. rows of padding requests). They are not compared."""

@@ -129,6 +129,13 @@ class GDNParams(Params):
     head_dim_k: int = Field(128, ge=1)
     head_dim_v: int = Field(128, ge=1)
     scale: float | None = Field(None, gt=0.0, description="multiplies the normalised q; default K**-0.5")
+    state_slots: int | None = Field(
+        None,
+        ge=1,
+        description="slots in the state pool (default: the batch + ~12% spare): a production-size pool with every "
+        "slot a request uses at its end, past 2^31 elements where it is that large (int32 offsets); the slots "
+        "before are spare and NaN",
+    )
 
     @model_validator(mode="after")
     def _heads(self):
@@ -256,6 +263,9 @@ class GDNInputs:
     parents: torch.Tensor | None = None  # [B, draft] int32 (tree verify): -1 = the pool state
     inter_states: torch.Tensor | None = None  # [B, draft, HV, K, V] fp32 output (verify)
     lens_host: tuple[int, ...] = ()
+    # state_slots: the first slot of the region requests' slots are drawn from (0 for a default pool); the
+    # slots before it are spare (NaN). The reference reads only the region (`Op.written_rows`)
+    pool_base: int = 0
 
     @property
     def batch(self) -> int:
@@ -303,13 +313,18 @@ def _pool_slots(batch: int) -> int:
     return batch + max(2, batch // 8)
 
 
-def _slots(batch: int, pad: int, host: torch.Generator) -> tuple[int, list[int]]:
-    """(pool size, slot per request): shuffled distinct slots, ~12% spare, `pad` random rows at -1."""
+def _slots(batch: int, pad: int, host: torch.Generator, total: int | None = None) -> tuple[int, list[int], int]:
+    """(pool size, slot per request, first slot of the requests' region): shuffled distinct slots, ~12%
+    spare, `pad` random rows at -1. `total` (`state_slots`) makes the pool that large, the requests' slots
+    drawn from its last `_pool_slots(batch)` slots (the rest spare)."""
     pool = _pool_slots(batch)
-    slots = torch.randperm(pool, generator=host)[:batch].tolist()
+    if total is not None and total < pool:
+        raise ValueError(f"state_slots {total} cannot hold {batch} requests and their spare slots ({pool} slots)")
+    base = 0 if total is None else total - pool
+    slots = (torch.randperm(pool, generator=host)[:batch] + base).tolist()
     for i in torch.randperm(batch, generator=host)[:pad].tolist():
         slots[i] = -1
-    return pool, slots
+    return base + pool, slots, base
 
 
 def _tree_parents(batch: int, draft: int, host: torch.Generator) -> torch.Tensor:
@@ -498,7 +513,7 @@ class CausalConv1dOp(Op):
         B, D, W = p.batch, p.dim, p.width
         lens = _lengths(B, p.seq_len, p.lens, host)
         init = _initial(B, p.init, host)
-        N, slots = _slots(B, p.pad, host)
+        N, slots, _ = _slots(B, p.pad, host)
         T = sum(lens)
         qsl = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
         verify = p.mode == "verify"
@@ -588,7 +603,17 @@ _GDN_ID = (
     IdField("packed", ("packed",)),
     IdField("tree", ("tree",)),
     IdField("scale", ("scale",)),
+    IdField("slots", ("state_slots",)),
 )
+
+
+def _pool_region(x: GDNInputs) -> tuple[torch.Tensor, torch.Tensor]:
+    """(the pool's slots from `pool_base` on (a view), the requests' slots relative to them; padding stays
+    negative): what the reference reads, so a pool past 2^31 elements is never copied or converted whole."""
+    if not x.pool_base:
+        return x.state_pool, x.state_indices
+    idx = x.state_indices
+    return x.state_pool[x.pool_base :], torch.where(idx >= 0, idx - x.pool_base, idx)
 
 
 def _id_fields(params: type[Params]) -> tuple[IdField, ...]:
@@ -603,7 +628,7 @@ class _GDNOp(Op):
     def _bytes_for(self, p: GDNParams, dtype, T: int, B: int, raw_gates: bool) -> int:
         """Bytes of q, k, v (or mixed_qkv, the same), the state pool, slots, o and the gates of T tokens."""
         H, HV, K, V = p.heads_qk, p.heads_v, p.head_dim_k, p.head_dim_v
-        pool = tensor_bytes((_pool_slots(B), HV, K, V), torch.float32)
+        pool = tensor_bytes((p.state_slots or _pool_slots(B), HV, K, V), torch.float32)
         total = 2 * tensor_bytes((T, H, K), dtype) + tensor_bytes((T, HV, V), dtype) + pool + 4 * B
         if raw_gates:  # a, b; A_log, dt_bias
             total += 2 * tensor_bytes((T, HV), dtype) + tensor_bytes((HV,), torch.float32) + tensor_bytes((HV,), dtype)
@@ -619,8 +644,20 @@ class _GDNOp(Op):
             _randn((T, HV, V), dtype, gen, device),
         )
 
-    def _pool(self, p: GDNParams, N: int, gen, device) -> torch.Tensor:
-        return _randn((N, p.heads_v, p.head_dim_k, p.head_dim_v), torch.float32, gen, device, std=0.5)
+    def _pool(self, p: GDNParams, N: int, gen, device, base: int = 0) -> torch.Tensor:
+        """Random states in slots `base..N-1` (the requests' region); the spare slots before it NaN."""
+        shape = (p.heads_v, p.head_dim_k, p.head_dim_v)
+        region = _randn((N - base, *shape), torch.float32, gen, device, std=0.5)
+        if not base:
+            return region
+        pool = torch.full((N, *shape), float("nan"), dtype=torch.float32, device=device)
+        pool[base:] = region
+        return pool
+
+    def written_rows(self, p, x: GDNInputs) -> dict[str, int]:
+        """A production-size pool (`state_slots`): the expectation covers the slots from `pool_base` on; the
+        spare slots before must stay bitwise as they were."""
+        return {name: x.pool_base for name in self.writes_for(p)} if x.pool_base else {}
 
     def _raw_gates(self, p: GDNParams, T: int, dtype, gen, device, edges: bool = True):
         """Raw gates; with `edges`, every 16th `a` (from the 5th) in 20..120: softplus's linear branch and
@@ -642,8 +679,8 @@ class _GDNOp(Op):
 
     def perturbations(self, p: GDNParams) -> tuple[Perturbation, ...]:
         """q, k, v by value; the gates (raw gates, or extend's g and beta; their parameters are held); the
-        slots (and extend's initial-state flags) rotated among the requests; verify (the pool only
-        read): the pool's states by value, and a tree's parents redrawn."""
+        slots (and extend's initial-state flags) rotated among the requests; verify: a tree's parents
+        redrawn (its pool is held, as decode's and extend's, which write it)."""
         perts = [negated("queries", ("q",)), negated("keys", ("k",)), negated("values", ("v",))]
         if self.name == "gdn_extend":
             perts += [Perturbation("gates", ("g", "beta"), _move_gates)]
@@ -651,10 +688,8 @@ class _GDNOp(Op):
         else:
             perts += [negated("raw gates", ("a", "b"))]
         perts.append(rolled("slots", ("state_indices",)))
-        if self.name == "gdn_verify":
-            perts.append(negated("states", ("state_pool",)))
-            if p.tree:
-                perts.append(Perturbation("tree", ("parents",), _regrow))
+        if self.name == "gdn_verify" and p.tree:
+            perts.append(Perturbation("tree", ("parents",), _regrow))
         return tuple(perts)
 
     def row_requests(self, p, x: GDNInputs):
@@ -699,7 +734,7 @@ class GDNDecodeOp(_GDNOp):
     def build_inputs(self, p: GDNDecodeParams, dtype, seed, device) -> GDNInputs:
         host, gen = _generators(seed, device)
         B, H, HV, K, V = p.batch, p.heads_qk, p.heads_v, p.head_dim_k, p.head_dim_v
-        N, slots = _slots(B, p.pad, host)
+        N, slots, base = _slots(B, p.pad, host, p.state_slots)
         mixed = None
         if p.packed:
             mixed = _randn((B, 2 * H * K + HV * V), dtype, gen, device)
@@ -711,7 +746,7 @@ class GDNDecodeOp(_GDNOp):
         a, b, A_log, dt_bias = self._raw_gates(p, B, dtype, gen, device)
         return GDNInputs(
             q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, mixed_qkv=mixed,
-            state_pool=self._pool(p, N, gen, device),
+            state_pool=self._pool(p, N, gen, device, base), pool_base=base,
             state_indices=torch.tensor(slots, dtype=torch.int32, device=device),
             o=alloc_output((B, HV, V), dtype, device),
             scale=p.q_scale,
@@ -719,8 +754,9 @@ class GDNDecodeOp(_GDNOp):
         )  # fmt: skip
 
     def expected(self, p, x: GDNInputs, precision):
+        pool, slots = _pool_region(x)
         o, pool = ref.gdn_decode(
-            x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, x.state_pool, x.state_indices, scale=x.scale,
+            x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, pool, slots, scale=x.scale,
             precision=precision,
         )  # fmt: skip
         return {"o": o, "state_pool": pool}
@@ -770,7 +806,7 @@ class GDNExtendOp(_GDNOp):
         B = p.batch
         lens = _lengths(B, p.seq_len, p.lens, host)
         init = _initial(B, p.init, host)
-        N, slots = _slots(B, 0, host)
+        N, slots, base = _slots(B, 0, host, p.state_slots)
         T = sum(lens)
         q, k, v = self._qkv(p, T, dtype, gen, device)
         a, b, A_log, dt_bias = self._raw_gates(p, T, dtype, gen, device, edges=False)
@@ -778,7 +814,7 @@ class GDNExtendOp(_GDNOp):
         cu = torch.tensor([0] + lens, dtype=torch.int64).cumsum(0).to(torch.int32)
         return GDNInputs(
             q=q, k=k, v=v, g=g.float(), beta=beta.float(),
-            state_pool=self._pool(p, N, gen, device),
+            state_pool=self._pool(p, N, gen, device, base), pool_base=base,
             state_indices=torch.tensor(slots, dtype=torch.int32, device=device),
             cu_seqlens=cu.to(device),
             has_initial_state=torch.tensor(init, dtype=torch.bool, device=device),
@@ -788,8 +824,9 @@ class GDNExtendOp(_GDNOp):
         )  # fmt: skip
 
     def expected(self, p, x: GDNInputs, precision):
+        pool, slots = _pool_region(x)
         o, pool = ref.gdn_extend(
-            x.q, x.k, x.v, x.g, x.beta, x.state_pool, x.state_indices, x.cu_seqlens, x.has_initial_state,
+            x.q, x.k, x.v, x.g, x.beta, pool, slots, x.cu_seqlens, x.has_initial_state,
             scale=x.scale, precision=precision,
         )  # fmt: skip
         return {"o": o, "state_pool": pool}
@@ -820,6 +857,10 @@ class GDNVerifyOp(_GDNOp):
         "o": OutputSpec(("token", "head", "dim"), floor_units="head_dim_k"),
         "inter_states": OutputSpec(("request", "step", "head", "k", "v"), floor_units="head_dim_k"),
     }
+    held = _GDNOp.held | {
+        "state_pool": "the state pool decode and extend write: a backend may hold it in its own layout from "
+        "prepare on (SGLang's and FlashInfer's [N, HV, V, K]), and verify only reads it"
+    }
 
     def features(self, p: GDNVerifyParams) -> tuple[str, ...]:
         f = [_heads_feature(p), *_dims_features(p), "tree" if p.tree else "chain"]
@@ -844,13 +885,13 @@ class GDNVerifyOp(_GDNOp):
     def build_inputs(self, p: GDNVerifyParams, dtype, seed, device) -> GDNInputs:
         host, gen = _generators(seed, device)
         B, T, HV, K, V = p.batch, p.draft, p.heads_v, p.head_dim_k, p.head_dim_v
-        N, slots = _slots(B, p.pad, host)
+        N, slots, base = _slots(B, p.pad, host, p.state_slots)
         q, k, v = self._qkv(p, B * T, dtype, gen, device)
         a, b, A_log, dt_bias = self._raw_gates(p, B * T, dtype, gen, device)
         parents = _tree_parents(B, T, host).to(device) if p.tree else None
         return GDNInputs(
             q=q, k=k, v=v, a=a, b=b, A_log=A_log, dt_bias=dt_bias, parents=parents,
-            state_pool=self._pool(p, N, gen, device),
+            state_pool=self._pool(p, N, gen, device, base), pool_base=base,
             state_indices=torch.tensor(slots, dtype=torch.int32, device=device),
             o=alloc_output((B * T, HV, V), dtype, device),
             inter_states=alloc_output((B, T, HV, K, V), torch.float32, device),
@@ -866,7 +907,7 @@ class GDNVerifyOp(_GDNOp):
 
         o, states = ref.gdn_verify(
             per_request(x.q), per_request(x.k), per_request(x.v), per_request(x.a), per_request(x.b),
-            x.A_log, x.dt_bias, x.state_pool, x.state_indices, x.parents, scale=x.scale, precision=precision,
+            x.A_log, x.dt_bias, *_pool_region(x), x.parents, scale=x.scale, precision=precision,
         )  # fmt: skip
         return {"o": o.flatten(0, 1), "inter_states": states}
 
@@ -942,7 +983,7 @@ class GDNCommitOp(Op):
     def build_inputs(self, p: GDNCommitParams, dtype, seed, device) -> CommitInputs:
         host, gen = _generators(seed, device)
         B, T, HV, K, V, D, W = p.batch, p.draft, p.heads_v, p.head_dim_k, p.head_dim_v, p.dim, p.width
-        N, slots = _slots(B, p.pad, host)
+        N, slots, _ = _slots(B, p.pad, host)
         if p.accept == "mixed":  # 0..T accepted tokens per request (padding requests too: to be ignored)
             last = torch.randint(-1, T, (B,), generator=host, dtype=torch.int32)
         else:

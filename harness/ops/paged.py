@@ -27,6 +27,7 @@ class PagedLayout:
     seq_lens: list[int]
     kv_indptr: torch.Tensor  # [B+1] int32
     kv_page_indices: torch.Tensor  # [nnz] int32
+    base: int = 0  # first page of the region the pages are drawn from (`pool_base`); pages before it: spare
 
     def slots(self, b: int, start: int, stop: int) -> torch.Tensor:
         """Token slots (page * page_size + offset, int64) of positions start..stop-1 of request b."""
@@ -40,14 +41,29 @@ def pool_pages(needed: int) -> int:
     return needed + max(2, needed // 8)
 
 
-def make_layout(seq_lens: list[int], page_size: int, generator: torch.Generator, device) -> PagedLayout:
-    """A page table with pages drawn at random, without repetition, from a pool with ~12% spare pages."""
+def pool_base(needed: int, pool: int | None) -> int:
+    """First page of the region a pool of `pool` pages (None: the default, `pool_pages(needed)`) hands to
+    requests that need `needed` pages: its last `pool_pages(needed)` pages, so a production-size pool
+    puts every page a request uses past the offsets of a small one (past 2^31 elements where the pool
+    is that large); the pages before the region are spare (NaN: a kernel that reads one fails)."""
+    region = pool_pages(needed)
+    if pool is not None and pool < region:
+        raise ValueError(f"a pool of {pool} pages cannot hold {needed} pages and their spares ({region} pages)")
+    return 0 if pool is None else pool - region
+
+
+def make_layout(
+    seq_lens: list[int], page_size: int, generator: torch.Generator, device, pool: int | None = None
+) -> PagedLayout:
+    """A page table with pages drawn at random, without repetition, from a pool with ~12% spare pages;
+    `pool` (pages) makes the pool that large with the pages drawn from its end (`pool_base`)."""
     need = [-(-n // page_size) for n in seq_lens]
     total = sum(need)
-    num_pages = pool_pages(total)
-    perm = torch.randperm(num_pages, generator=generator, device="cpu")[:total].to(torch.int32)
+    base = pool_base(total, pool)
+    perm = torch.randperm(pool_pages(total), generator=generator, device="cpu")[:total] + base
     indptr = torch.tensor([0] + need, dtype=torch.int64).cumsum(0).to(torch.int32)
-    return PagedLayout(page_size, num_pages, list(seq_lens), indptr.to(device), perm.to(device))
+    num_pages = base + pool_pages(total)
+    return PagedLayout(page_size, num_pages, list(seq_lens), indptr.to(device), perm.to(torch.int32).to(device), base)
 
 
 def poisoned_cache(layout: PagedLayout, heads: int, dim: int, dtype, device) -> torch.Tensor:
@@ -73,10 +89,13 @@ def swa_pool(layout: PagedLayout, generator: torch.Generator) -> tuple[PagedLayo
     `kv_indptr`; freed positions point to pages that now belong to other requests, which the caller
     fills with their data), `full_to_swa`.
     """
-    full_to_swa = torch.randperm(layout.num_pages, generator=generator, device="cpu").to(torch.int32)
+    base = layout.base  # a production-size pool: the bijection permutes its end region, the rest maps to itself
+    tail = torch.randperm(layout.num_pages - base, generator=generator, device="cpu") + base
+    full_to_swa = torch.cat([torch.arange(base), tail]).to(torch.int32)
     table = full_to_swa[layout.kv_page_indices.cpu().long()].to(layout.kv_page_indices.device)
     mapping = full_to_swa.to(layout.kv_page_indices.device)
-    return PagedLayout(layout.page_size, layout.num_pages, layout.seq_lens, layout.kv_indptr, table), mapping
+    swa = PagedLayout(layout.page_size, layout.num_pages, layout.seq_lens, layout.kv_indptr, table, base)
+    return swa, mapping
 
 
 def window_start_page(first_query: int, window: int, page_size: int) -> int:

@@ -7,7 +7,7 @@ from pathlib import Path
 
 from attnbench.report.exports import write_csv, write_junit, write_summary_md
 from attnbench.report.html import default_baseline, render_html
-from attnbench.results import read_results
+from attnbench.results import read_run_results
 from attnbench.runinfo import read_run
 
 
@@ -22,7 +22,7 @@ def render_all(run_dir: Path, baseline: str | None = None, against: Path | None 
     """(Re-)write every rendered file of a run; `baseline` is the backend speedups are relative to;
     `against` a baseline run whose comparison ("what changed") joins the first screen."""
     run_dir = Path(run_dir)
-    rows = read_results(run_dir / "results.jsonl")
+    rows = read_run_results(run_dir)
     env, run = _load_json(run_dir / "env.json"), read_run(run_dir).to_dict()
     baseline = baseline or default_baseline(rows)
     comparison = None

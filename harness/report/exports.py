@@ -141,6 +141,10 @@ def write_summary_md(
             "",
             f"Wall {cost['wall_s']:.1f} s{over}: {parts}; kernel time in timed windows {cost['kernel_s']:.2f} s.",
         ]
+        if cost["rows_left_out"]:
+            lines[-1] += (f" These are the items of the {cost['rows_counted']} rows this wall time produced; the "
+                          f"{cost['rows_left_out']} rows kept from earlier processes (a resumed run) spent their "
+                          "time outside it.")  # fmt: skip
     if refs := cost["references"]:
         lines += [
             "",

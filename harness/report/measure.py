@@ -45,17 +45,47 @@ CHECK_KINDS = {  # a row's check_parts, in the order they run (harness/runner.py
 }
 
 
+def counted_rows(rows: list, run: dict) -> list:
+    """The rows whose seconds `run`'s wall time holds, in the order of the results file.
+
+    A sweep's `wall_s` is its own process's: a resumed sweep (run.json `resumed`) keeps the rows of the
+    earlier processes first in results.jsonl (a sweep only appends), `resumed[-1].rows_kept` of them,
+    and their seconds were spent inside those processes' walls, so they are left out. A merge's
+    `wall_s` is the sum of its runs' walls: each run's rows follow one another in merge order
+    (`merged_from`, with `rows` each) and the first `kept` rows of each (its earlier processes' rows, or
+    all of a run that recorded no wall) are left out. Where run.json does not say (older files, row
+    counts that disagree with the file), every row counts.
+    """
+    if run.get("kind") == "merge":
+        sources = run.get("merged_from") or []
+        if sum(src.get("rows", 0) for src in sources) != len(rows):
+            return list(rows)
+        out, at = [], 0
+        for src in sources:
+            n = src.get("rows", 0)
+            out += rows[at + min(n, src.get("kept", 0)) : at + n]
+            at += n
+        return out
+    resumed = run.get("resumed") or []
+    kept = resumed[-1].get("rows_kept", 0) if resumed and isinstance(resumed[-1], dict) else 0
+    return list(rows[kept:]) if isinstance(kept, int) and 0 < kept <= len(rows) else list(rows)
+
+
 def harness_cost(rows, run: dict) -> dict:
     """Where the run's wall time went, item by item, and "other" (the wall time no item accounts for).
+
+    Only the rows this wall time produced count (`counted_rows`): rows a resumed sweep kept from its
+    earlier processes are left out (`rows_left_out`), so no item holds seconds spent outside the wall.
 
     Per case (counted once, from any of its rows): building inputs, the references (computed or loaded
     from the reference cache), the timing of all its backends, and the case's own bookkeeping (its
     time in the worker beyond the items: supports(), cost model, rows). Per row: prepare, the checked
-    call (with the copy of the inputs it writes), each check. Per run (run.json `costs`): precompile,
-    worker start-up, writing the rows, messaging between the processes, worker shutdown. With several
+    call (with the copy of the inputs it writes), each check. Per run (run.json `costs`): set-up
+    (environment capture, peaks, git, run.json), precompile, worker start-up, writing the rows, messaging between the processes, worker shutdown. With several
     workers (`--gpus`) the items are machine time summed over them, measured against wall x workers.
     """
     costs = run.get("costs") or {}
+    everything, rows = rows, counted_rows(list(rows), run)
     by_case: dict[str, list] = {}
     for r in rows:
         by_case.setdefault(r.case_id, []).append(r)
@@ -77,7 +107,11 @@ def harness_cost(rows, run: dict) -> dict:
     ref_what = "float64 references (+ native twins"
     ref_what += f"; {computed} computed, {loaded} from the cache)" if made else ", inputs)"
     parts = {
-        "precompile (batched JIT before the cases)": sum(r.get("s", 0.0) for r in run.get("precompile", [])),
+        "run set-up (environment, peaks, git, run.json, kept rows)": costs.get("setup_s", 0.0),
+        # run.json before costs.precompile_s: the batched builds alone
+        "precompile (available(), supports(), what to build; batched JIT before the cases)": costs.get(
+            "precompile_s", sum(r.get("s", 0.0) for r in run.get("precompile", []))
+        ),
         "worker start-up (import, load backends)": costs.get("worker_start_s", 0.0),
         "input building": inputs,
         ref_what: refs,
@@ -110,6 +144,8 @@ def harness_cost(rows, run: dict) -> dict:
         "parts": out,
         "kernel_s": kernel,
         "wall_s": wall,
+        "rows_counted": len(rows),
+        "rows_left_out": len(everything) - len(rows),
         "workers": workers,
         "report_s": costs.get("report_s"),
         "references": run.get("references"),

@@ -15,12 +15,13 @@ Kernels (FlashInfer 0.7.2.post1, SM90+):
 States live in FlashInfer's layout from `prepare` on (kernels/native_states.py): the pool is converted
 once to K-last `[N, HV, V, K]` and the kernels address it by `state_indices` (decode: `initial_state`
 + `initial_state_indices`, fp32 legacy path, -1 skipped with o written as zeros; verify: the MTP pool;
-extend: `state_indices` with `output_state` the same pool, requests without an initial state on a
-slot cleared in prepare). The timed closure is the FlashInfer call alone (plus, for packed decode,
+extend: `state_indices` with `output_state` the same pool, the slots of requests without an initial
+state cleared in the call, as a server clears a new request's slot). The timed closure is the FlashInfer call alone (plus, for packed decode,
 the split of mixed_qkv into contiguous q/k/v FlashInfer needs); the closure's `finalize` writes the
 touched slots (and verify's `[B, T, HV, V, K]` intermediate states) back into the canonical
-`[.., K, V]` tensors after the call, untimed. Extend's linear-space gate alpha = exp(g) is computed
-in prepare (the harness never perturbs g).
+`[.., K, V]` tensors after the call, untimed. Extend's timed call also computes the linear-space gate
+alpha = exp(g) and clears the fresh requests' slots: a server rewrites g and the batch's flags every
+step (on an H100, exp(g) taken once in prepare was a stale output).
 """
 
 from __future__ import annotations
@@ -51,9 +52,10 @@ def gdn_unsupported(case) -> str | None:
     return None
 
 
-def _native_pool(x):
-    """(FlashInfer's K-last pool, the finalize that writes the real requests' slots back)."""
-    pool = states.state_v_major(x.state_pool)
+def _native_pool(x, spare: int = 0):
+    """(FlashInfer's K-last pool (and `spare` scratch slots), the finalize that writes the real
+    requests' slots back)."""
+    pool = states.state_v_major(x.state_pool, spare)
     idx = x.state_indices.long()
     slots = idx[idx >= 0]
 
@@ -126,13 +128,13 @@ class FlashInferGDN:
     def prepare_gdn_extend(self, case, x):
         from flashinfer.gdn_prefill import chunk_gated_delta_rule
 
-        pool, finalize = _native_pool(x)
-        states.zero_fresh_states_(pool, x.state_indices, x.has_initial_state)
+        pool, finalize = _native_pool(x, spare=1)
         cu = x.cu_seqlens.long()
-        alpha = torch.exp(x.g)  # FlashInfer's gate is the linear-space decay
         max_len = max(x.lens_host)
 
         def run():
+            states.zero_fresh_states_(pool, x.state_indices, x.has_initial_state)
+            alpha = torch.exp(x.g)  # FlashInfer's gate is the linear-space decay
             chunk_gated_delta_rule(
                 x.q, x.k, x.v, g=alpha, beta=x.beta, scale=x.scale, initial_state=pool, output_final_state=True,
                 cu_seqlens=cu, use_qk_l2norm_in_kernel=True, output=x.o, output_state=pool,
@@ -141,5 +143,7 @@ class FlashInferGDN:
             return {"o": x.o}
 
         run.finalize = finalize
-        run.info = {"variant": "chunk_gated_delta_rule (fp32 K-last pool from prepare, state_indices)"}
+        run.info = {
+            "variant": "exp(g), fresh slots cleared + chunk_gated_delta_rule (fp32 K-last pool from prepare, state_indices)"
+        }
         return run

@@ -62,6 +62,19 @@ class Bugs:
     causal_tile_diagonal: bool = False  # extend: the last row of each full 64-row query tile misses its own key
     sink_split_o_unscaled: bool = False  # split-KV: the sink enters the merged LSE but not the output's denominator
     split_tail_dropped: bool = False  # split-KV: the last split holds L % SPLIT keys (none when L is a multiple)
+    offset_bits: int = 0  # a cache slot's element offset (slot x H x D) wraps in a signed int of this width (0: none)
+
+
+def wrapped_rows(slots: torch.Tensor, row_elems: int, rows: int, bits: int) -> torch.Tensor:
+    """The rows a kernel addresses when it computes `slot * row_elems` (element offsets into a pool of
+    `rows` rows) in a signed integer of `bits` bits: the offset wraps past 2^(bits-1) (int32: past 2^31
+    elements, SGLang #20389, vLLM #47671). Where the real kernel would then read or write before the
+    buffer (garbage or an illegal address), this reads the pool at the wrapped offset modulo its size;
+    offsets that fit are unchanged. `slots` int64; returns int64 rows."""
+    off = slots * row_elems
+    half = 1 << (bits - 1)
+    wrapped = (off + half) % (2 * half) - half
+    return torch.remainder(wrapped, rows * row_elems) // row_elems
 
 
 def _keys(x, b: int, bugs: Bugs):
@@ -79,13 +92,17 @@ def _keys(x, b: int, bugs: Bugs):
     if bugs.page_past_end and L % ps == 0 and hi < entries.numel():
         page = torch.where(page == hi - 1, page + 1, page)  # a full last page read from the entry after it
     slots = entries[page] * ps + pos % ps
+    k_rows = v_rows = slots
+    if bugs.offset_bits:
+        k_rows = wrapped_rows(slots, x.k_cache[0, 0].numel(), x.k_cache.shape[0] * ps, bugs.offset_bits)
+        v_rows = wrapped_rows(slots, x.v_cache[0, 0].numel(), x.v_cache.shape[0] * ps, bugs.offset_bits)
     k_scale, v_scale = x.k_scale, x.v_scale
     if bugs.swapped_scales:
         k_scale, v_scale = v_scale, k_scale
     if bugs.scale_head0 and k_scale is not None:
         k_scale, v_scale = k_scale[:1], v_scale[:1]
-    K = x.k_cache.view(-1, *x.k_cache.shape[2:])[slots].float()
-    V = x.v_cache.reshape(-1, *x.v_cache.shape[2:])[slots].float()
+    K = x.k_cache.view(-1, *x.k_cache.shape[2:])[k_rows].float()
+    V = x.v_cache.reshape(-1, *x.v_cache.shape[2:])[v_rows].float()
     if k_scale is not None:
         raw_k, raw_v = K, V
         K, V = K * k_scale.view(-1, 1), V * v_scale.view(-1, 1)
@@ -99,10 +116,17 @@ def _keys(x, b: int, bugs: Bugs):
     return K, V
 
 
+def _wrapped_slots(x, bits: int):
+    """`x` with its new tokens' slots where a `bits`-bit offset computation sends them (K and V alike:
+    the mutant's caches have the same row size, MLA's V is K's latent)."""
+    rows = x.k_cache.shape[0] * x.page_size
+    return dataclasses.replace(x, slot_mapping=wrapped_rows(x.slot_mapping, x.k_cache[0, 0].numel(), rows, bits))
+
+
 def attend(x, bugs: Bugs) -> dict[str, torch.Tensor]:
     """Decode/extend attention, one request at a time, float32, with the bugs switched on."""
     if x.save_kv:
-        save_new_kv(x)
+        save_new_kv(_wrapped_slots(x, bugs.offset_bits) if bugs.offset_bits else x)
     Hq, Hkv = x.q.shape[1], x.k_cache.shape[2]
     G = Hq // Hkv
     h = torch.arange(Hq, device=x.q.device)

@@ -45,7 +45,7 @@ STALE_INPUTS: tuple[tuple[str, str, dict[str, tuple[str, ...]]], ...] = (
      {"causal_conv1d": ("cache_indices",), "gdn_commit": ("state_indices",)} | _each(GDN, ("state_indices",))),
     ("initial-state-flags", "has_initial_state", _each(("causal_conv1d", "gdn_extend"), ("has_initial_state",))),
     ("read-only-states", "the state pool it only reads (verify)",
-     {"causal_conv1d": ("conv_states",), "gdn_verify": ("state_pool",)}),
+     {"causal_conv1d": ("conv_states",)}),
     ("tree-parents", "the tree's parents", _each(("causal_conv1d", "gdn_verify"), ("parents",))),
     ("verify-states", "the verify buffers", {"gdn_commit": ("inter_states", "inter_conv_windows")}),
     ("accepted-tokens", "the last accepted token per request", {"gdn_commit": ("last_accepted",)}),

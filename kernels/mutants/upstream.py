@@ -109,6 +109,17 @@ UPSTREAM_MUTANTS: tuple[Upstream, ...] = (
         lambda: _a("query-rows-uniform-offset", uniform_q_offset=True),
     ),
     Upstream(
+        "kv-offset-int32",
+        "paged decode/extend computes a cache slot's element offset (slot x heads x dim) in int32: past 2^31 "
+        "elements it wraps and reads (and saves to) another place in the pool",
+        "sgl-project/sglang issue #20389; vllm-project/vllm #47671 and #50427 (as attnbench issue #36 cites them: "
+        "kernels computing page * stride in int32, wrong once a production pool passes 2^31 elements; the "
+        "threads themselves not re-read for this mutant)",
+        lambda: _a("kv-offset-int32", offset_bits=32),
+        known_escape="its offsets wrap only in a pool past 2^31 elements (4 GiB of bf16 per cache): suites/large.yaml "
+        "on a GPU catches it, no CPU suite can hold such a pool",
+    ),
+    Upstream(
         "gdn-beta-rounded-to-input-dtype",
         "beta = sigmoid(b) computed in fp32, rounded to b's dtype (bf16/fp16), stored back as fp32",
         "vllm-project/vllm PR #53877 (packed GDN decode) and sgl-project/sglang PR #40362 (fused_gdn_gating on "

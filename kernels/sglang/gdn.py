@@ -81,9 +81,10 @@ def prepare_conv(case, x):
     return run
 
 
-def _native_pool(x):
-    """(SGLang's pool `[N, HV, V, K]`, the slots the kernel writes, the finalize that writes them back)."""
-    pool = states.state_v_major(x.state_pool)
+def _native_pool(x, spare: int = 0):
+    """(SGLang's pool `[N, HV, V, K]` (and `spare` scratch slots), the slots the kernel writes, the
+    finalize that writes them back)."""
+    pool = states.state_v_major(x.state_pool, spare)
     slots = _real_slots(x.state_indices)
 
     def back(outputs):
@@ -127,10 +128,10 @@ def prepare_decode(case, x):
 
 def prepare_extend(case, x):
     mod = _lib.module("chunk")
-    pool, _, back = _native_pool(x)
-    states.zero_fresh_states_(pool, x.state_indices, x.has_initial_state)
+    pool, _, back = _native_pool(x, spare=1)
 
     def run():
+        states.zero_fresh_states_(pool, x.state_indices, x.has_initial_state)  # as the server's scheduler does
         o, _, _ = mod.chunk_gated_delta_rule(
             x.q[None], x.k[None], x.v[None], x.g[None], x.beta[None], scale=x.scale, initial_state=pool,
             initial_state_indices=x.state_indices, cu_seqlens=x.cu_seqlens, use_qk_l2norm_in_kernel=True,
@@ -138,7 +139,7 @@ def prepare_extend(case, x):
         return {"o": o[0]}
 
     run.finalize = back
-    run.info = {"variant": "chunk_gated_delta_rule (pool [N, HV, V, K] from prepare)"}
+    run.info = {"variant": "fresh slots cleared + chunk_gated_delta_rule (pool [N, HV, V, K] from prepare)"}
     return run
 
 

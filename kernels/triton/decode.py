@@ -266,8 +266,14 @@ def decode_config(group: int, dk: int, dv: int, sm: int) -> DecodeConfig:
     return DecodeConfig(block_h, block_n, 4, stages, 3 if block_h <= 16 else 2)
 
 
-def decode_candidates(group: int, dk: int, dv: int, sm: int) -> list[DecodeConfig]:
-    """Configs worth timing on the device (the heuristic's choice first)."""
+def decode_candidates(group: int, dk: int, dv: int, sm: int, kv_fp8: bool = False) -> list[DecodeConfig]:
+    """Configs worth timing on the device (the heuristic's choice first).
+
+    fp8 caches add 2-warp programs, 4 per SM: their tiles reach the tensor cores through byte-wide
+    shared-memory loads and conversions, so the kernel is bound by issue rather than bandwidth and
+    more, smaller programs keep more copies in flight where the batch fills the SMs (H100, Llama-3 8B
+    heads, page 16, tools/bench/decode_fp8.yaml: B64 L4096 273.6 -> 253.6 us, B64 L8192 529.1 -> 502.1,
+    B128 L8192 1025.3 -> 986.8; at B16 they lose, 151.8 -> 168.7 at L8192, and the tuner keeps 4 warps)."""
     first = decode_config(group, dk, dv, sm)
     if first.block_h == 1:
         more = [DecodeConfig(1, 32, 4, 4, 4), DecodeConfig(1, 128, 8, 3, 2)]
@@ -278,6 +284,8 @@ def decode_candidates(group: int, dk: int, dv: int, sm: int) -> list[DecodeConfi
             DecodeConfig(first.block_h, first.block_n // 2, 4, 4, 4),
             DecodeConfig(first.block_h, first.block_n * 2, 8, 3, 1),
         ]
+        if kv_fp8 and first.block_h == 16:
+            more.append(DecodeConfig(16, first.block_n, 2, first.num_stages, 4))
     return [first] + [c for c in more if c != first]
 
 
@@ -583,5 +591,5 @@ def tuned_decode_config(x) -> tuple[DecodeConfig | None, dict]:
         "decode", G, Dk, Dv, x.k_cache.shape[1], x.q.dtype, x.k_cache.dtype, x.window >= 0, x.soft_cap > 0,
         x.sinks is not None, len(x.seq_lens_host) >= 32, (work.bit_length() if not mla else 0),
     )  # fmt: skip
-    cands = decode_candidates(G, Dk, Dv, arch(device))
+    cands = decode_candidates(G, Dk, Dv, arch(device), kv_fp8=bool(kv_fp8_code(x.k_cache.dtype)))
     return tune.pick(key, cands, lambda cfg: bind_decode(x, plan_decode(x, config=cfg)))

@@ -69,7 +69,10 @@ def test_a_family_is_compiled_once_with_the_union_of_its_keys(tmp_path, monkeypa
     (rec,) = run["precompile"]
     assert rec["backends"] == ["fam-a", "fam-b"] and rec["keys"] == 4 and rec["summary"] == "built 4"
     assert rec["s"] >= 0 and run["wall_s"] >= rec["s"]
-    assert "precompile (batched JIT before the cases)" in (out / "report.html").read_text()
+    assert (
+        "precompile (available(), supports(), what to build; batched JIT before the cases)"
+        in (out / "report.html").read_text()
+    )
     assert {r.status for r in read_results(out / "results.jsonl")} == {"pass", "skip"}
 
 

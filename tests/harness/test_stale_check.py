@@ -160,3 +160,23 @@ def test_a_closure_that_takes_model_weights_in_prepare_passes(case_id, fields):
     assert set(fields) <= set(case.op.held)
     row = run_one(case, snapshot_backend("weights", {case.op_name: fields}))
     assert row.status == "pass", row.reason
+
+
+def test_a_perturbed_copy_clones_only_what_it_changes_and_keeps_views():
+    """`clone_tensors(x, only=...)`: the named fields' storages (and every field viewing them) are copied,
+    views stay views of the copy; the other fields are the same tensors (a multi-GB pool is not copied
+    once per perturbation)."""
+    case = Case.from_id("gdn_decode/b3-h1x4-d16x16-pad1-packed-fp32", "cpu")
+    x = case.make_inputs()
+    y = clone_tensors(x, only={"q"})
+    assert y.state_pool is x.state_pool and y.a is x.a
+    assert y.q is not x.q and bool(bitwise_equal(y.q, x.q).all())
+    # packed decode: q, k and v view mixed_qkv; the copy keeps them views of one new storage
+    shared = {
+        n
+        for n in ("q", "k", "v", "mixed_qkv")
+        if getattr(x, n).untyped_storage().data_ptr() == x.q.untyped_storage().data_ptr()
+    }
+    assert len(shared) > 1
+    assert len({getattr(y, n).untyped_storage().data_ptr() for n in shared}) == 1
+    assert y.mixed_qkv.untyped_storage().data_ptr() != x.mixed_qkv.untyped_storage().data_ptr()

@@ -21,6 +21,15 @@ def test_gdn_state_layout_round_trip():
 
 
 def test_zero_fresh_states_clears_only_requests_without_one():
-    native = torch.ones(4, 1, 2, 2)
-    conv.zero_fresh_states_(native, torch.tensor([2, 0, 3], dtype=torch.int32), torch.tensor([True, False, False]))
-    assert native[[0, 3]].abs().sum() == 0 and bool((native[[1, 2]] == 1).all())
+    """In place and sync-free (the timed call runs it): entries that keep their state, and padding (-1),
+    clear the spare slot at the end instead."""
+    native = conv.state_v_major(torch.ones(4, 1, 2, 2), spare=1)
+    assert native.shape == (5, 1, 2, 2) and native[4].abs().sum() == 0 and bool((native[:4] == 1).all())
+    native[4] = 1
+    conv.zero_fresh_states_(
+        native, torch.tensor([2, 0, 3, -1], dtype=torch.int32), torch.tensor([True, False, False, False])
+    )
+    assert native[[0, 3, 4]].abs().sum() == 0 and bool((native[[1, 2]] == 1).all())
+    native = conv.state_v_major(torch.ones(4, 1, 2, 2), spare=1)
+    conv.zero_fresh_states_(native, torch.tensor([2, 0, -1], dtype=torch.int32), torch.tensor([False, True, False]))
+    assert native[2].abs().sum() == 0 and bool((native[[0, 1, 3]] == 1).all())

@@ -280,3 +280,27 @@ def test_extend_varlen_writes_final_states_and_ignores_slots_without_initial_sta
     torch.testing.assert_close(after[0], s1, rtol=1e-11, atol=1e-12)
     assert torch.equal(after[1], pool[1])  # empty request with an initial state: unchanged
     assert torch.equal(after[2], pool[2]) and torch.equal(after[4], pool[4])
+
+
+def test_extend_runs_every_request_chunk_by_chunk_as_one_sequence_would():
+    """gdn_extend takes chunk c of every running request at once (zero tokens past a request's end):
+    the same outputs and states as the one-sequence chunked form per request, reference and twin."""
+    g0 = torch.Generator().manual_seed(5)
+    lens = [130, 5, 64, 1]
+    T, H, HV, K, V = sum(lens), 2, 4, 16, 8
+    q, k = torch.randn(T, H, K, generator=g0).bfloat16(), torch.randn(T, H, K, generator=g0).bfloat16()
+    v = torch.randn(T, HV, V, generator=g0).bfloat16()
+    gg, beta = -torch.rand(T, HV, generator=g0), torch.rand(T, HV, generator=g0)
+    pool = torch.randn(6, HV, K, V, generator=g0)
+    idx, init = torch.tensor([5, 0, 2, 3]), torch.tensor([True, False, True, True])
+    cu = torch.tensor([0, *torch.tensor(lens).cumsum(0).tolist()])
+    for precision, tol in ((torch.float64, 1e-12), (torch.bfloat16, 1e-6)):
+        o, after = ref.gdn_extend(q, k, v, gg, beta, pool, idx, cu, init, precision=precision)
+        for b, (s, e) in enumerate(zip(cu[:-1].tolist(), cu[1:].tolist())):
+            h0 = pool[idx[b]] if init[b] else None
+            ob, sb = ref.chunk_gated_delta_rule(
+                q[s:e], k[s:e], v[s:e], gg[s:e], beta[s:e], initial_state=h0, precision=precision
+            )
+            torch.testing.assert_close(o[s:e].double(), ob.double(), rtol=tol, atol=tol)
+            torch.testing.assert_close(after[idx[b]].double(), sb.double(), rtol=tol, atol=tol)
+        assert torch.equal(after[[1, 4]].double(), pool[[1, 4]].double())

@@ -704,3 +704,15 @@ def test_interpreter_bf16_cast_truncates():
     _cast[(1,)](x, y)
     assert x.to(torch.bfloat16).tolist() == [73.5, -73.5]
     assert y.tolist() == [73.0, -73.0]
+
+
+def test_fp8_decode_candidates_add_two_warp_programs_only_for_fp8_caches():
+    """fp8 tiles make the kernel issue-bound: the tuner also times 2-warp programs planned 4 per SM
+    (measured faster on an H100 at B64+); bf16 keeps its candidates."""
+    from attnbench.kernels.triton.decode import DecodeConfig, decode_candidates
+
+    bf16 = decode_candidates(4, 128, 128, 90)
+    fp8 = decode_candidates(4, 128, 128, 90, kv_fp8=True)
+    assert fp8[: len(bf16)] == bf16 and fp8[0] == bf16[0]
+    assert DecodeConfig(16, 64, 2, 3, 4) in fp8 and all(c.num_warps > 2 for c in bf16)
+    assert decode_candidates(1, 128, 128, 90, kv_fp8=True) == decode_candidates(1, 128, 128, 90)  # MHA: no dot

@@ -1,0 +1,134 @@
+"""Production-size pools (`pool_pages`, `state_slots`): every page and slot a request uses sits at the end
+of the pool, the spare region before it is NaN, and the reference and checks read only the requests'
+region. suites/large.yaml puts such pools past 2^31 elements on a GPU; here the same mechanism runs
+on small pools, and the int32 offset mutant's address arithmetic is checked at 2^31 on index tensors."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from attnbench.backend import get_backend
+from attnbench.case import Case
+from attnbench.kernels.mutants import MUTANTS
+from attnbench.kernels.mutants.interactions import Bugs, attention_mutant, wrapped_rows
+from attnbench.suite import load
+from helpers import KERNEL_REPEATS, run_one
+
+# decode, MLA decode, extend saving its new K/V, a sliding-window layer's own pool, and GDN
+# decode/extend/verify, each with its pool grown and its requests at the end
+CASES = [
+    "decode/b3-l70-mixed-h8x2-d64-p16-pages200-bf16",
+    "decode/b2-l40-h16x1-d576x512-p16-mla-scale0.1352337788608801-pages40-bf16",
+    "extend/b2-q8-pre30-h8x2-d64-p4-pages300-bf16",
+    "extend/b2-q8-pre30-h8x2-d64-p4-swa5-poolswa-sink-pages300-bf16",
+    "gdn_decode/b4-h2x4-d32x32-pad1-slots40-fp32",
+    "gdn_extend/b3-t20-mixed-h2x4-d32x32-initmixed-slots40-bf16",
+    "gdn_verify/b3-t4-h2x4-d32x32-pad1-tree-slots40-bf16",
+]
+
+
+@pytest.mark.parametrize("case_id", CASES)
+def test_requests_sit_at_the_end_of_the_pool_and_the_spare_region_is_nan(case_id):
+    case = Case.from_id(case_id)
+    x = case.make_inputs()
+    base = x.pool_base
+    assert base > 0
+    if hasattr(x, "state_pool"):
+        assert x.state_pool.shape[0] == case.params.state_slots
+        real = x.state_indices[x.state_indices >= 0]
+        assert bool((real >= base).all()) and bool((real < case.params.state_slots).all())
+        assert bool(x.state_pool[:base].isnan().all())
+        assert not bool(x.state_pool[base:].isnan().any())
+    else:
+        assert x.k_cache.shape[0] == case.params.pool_pages
+        assert int(x.kv_page_indices.min()) >= base
+        assert bool(x.k_cache[:base].float().isnan().all()) and bool(x.v_cache[:base].float().isnan().all())
+        if x.full_to_swa is not None:  # a bijection of the end region, the spare pages map to themselves
+            assert torch.equal(x.full_to_swa[:base], torch.arange(base, dtype=torch.int32))
+            assert sorted(x.full_to_swa.tolist()) == list(range(x.k_cache.shape[0]))
+
+
+@pytest.mark.parametrize("case_id", CASES)
+def test_the_reference_reads_only_the_requests_region(case_id):
+    """The expectation of a written pool covers the region only, so a pool past 2^31 elements is never
+    copied whole (nor converted to float64); and it equals the default pool's (the same requests)."""
+    case = Case.from_id(case_id)
+    x = case.make_inputs()
+    want = case.op.expected(case.params, x, torch.float64)
+    rows = case.op.written_rows(case.params, x)
+    for name in case.op.writes_for(case.params):
+        assert rows[name] == x.pool_base
+        assert want[name].shape[0] == getattr(x, name).shape[0] - x.pool_base
+
+
+@pytest.mark.parametrize("backend", ["torch", "triton"])
+@pytest.mark.parametrize("case_id", CASES)
+def test_torch_and_triton_pass_with_the_requests_at_the_end_of_the_pool(case_id, backend):
+    row = run_one(case_id, get_backend(backend), repeats=KERNEL_REPEATS)
+    assert row.status == "pass", row.reason
+
+
+# ---- offsets computed in a narrow integer -----------------------------------------------------------
+def test_wrapped_rows_is_int32_multiplication_past_2_31():
+    """At production size: `slot * row_elems` wraps exactly as an int32 product does (two's complement)."""
+    row_elems = 8 * 128  # a token slot of 8 kv heads x 128
+    rows = 2_162_688  # the page-size-1 decode pool of suites/large.yaml: 2.21e9 elements
+    slots = torch.tensor([0, 5, 2**21 - 1, 2**21, 2**21 + 7, rows - 1], dtype=torch.int64)
+    got = wrapped_rows(slots, row_elems, rows, 32)
+    int32_offsets = slots.to(torch.int32) * torch.tensor(row_elems, dtype=torch.int32)  # wraps
+    assert torch.equal(got, torch.remainder(int32_offsets.long(), rows * row_elems) // row_elems)
+    fits = slots * row_elems < 2**31
+    assert torch.equal(got[fits], slots[fits])  # below 2^31 elements nothing changes
+    assert not bool((got[~fits] == slots[~fits]).any())  # past it every slot goes elsewhere
+
+
+def test_kv_offset_int32_mutant_is_registered_with_its_escape_named():
+    m = {m.name: m for m in MUTANTS}["kv-offset-int32"]
+    assert "2^31" in m.known_escape and m.source
+
+
+@pytest.mark.parametrize(
+    "case_id",
+    ["decode/b3-l70-mixed-h8x2-d64-p16-pages200-bf16", "extend/b2-q8-pre30-h8x2-d64-p4-pages300-bf16"],
+)
+def test_a_large_pool_catches_narrow_offsets_that_a_default_pool_hides(case_id):
+    """The int32 mutant's rule at a width these small pools pass (2^17 elements): the default pool's
+    pages sit below it and the mutant passes; the same requests at the end of a grown pool fail it
+    (reads of the NaN spare region, or saves into it). suites/large.yaml does the same at 2^31."""
+    narrow = attention_mutant("kv-offset-narrow", Bugs(offset_bits=18))
+    big = run_one(case_id, narrow)
+    assert big.status == "fail", big.reason
+    small = run_one(case_id.replace("-pages200", "").replace("-pages300", ""), narrow)
+    assert small.status == "pass", small.reason
+
+
+def test_a_write_into_the_spare_region_is_named():
+    """Saves sent to a wrapped slot land in the spare pages: the check names them."""
+    narrow = attention_mutant("kv-offset-narrow", Bugs(offset_bits=18))
+    row = run_one("extend/b2-q8-pre30-h8x2-d64-p4-pages300-bf16", narrow)
+    assert row.status == "fail"
+    assert row.metrics["k_cache"]["spare_changed"] > 0 and row.metrics["v_cache"]["spare_changed"] > 0
+
+
+def test_the_large_suite_is_past_2_31_elements_and_2_32_bytes():
+    suite = load("large", "cpu", plan_only=True)
+    ops = set()
+    for c in suite.cases:
+        p = c.params
+        if hasattr(p, "pool_pages"):
+            elems, size = p.pool_pages * p.page_size * p.heads_kv * p.head_dim, 2  # bf16
+            ops.add(f"{c.op_name}-{p.kv_pool}-{'mla' if p.mla else 'mha'}")
+        else:
+            elems, size = p.state_slots * p.heads_v * p.head_dim_k * p.head_dim_v, 4  # fp32 states
+            ops.add(c.op_name)
+        assert elems > 2**31 and elems * size > 2**32, c.id
+    assert {"decode-full-mha", "extend-full-mha", "decode-full-mla", "decode-swa-mha", "extend-swa-mha"} <= ops
+    assert {"gdn_decode", "gdn_extend", "gdn_verify"} <= ops
+
+
+def test_a_pool_too_small_for_its_requests_is_a_clear_error():
+    with pytest.raises(Exception, match="cannot hold"):
+        Case.from_id("decode/b3-l70-mixed-h8x2-d64-p16-pages5-bf16").make_inputs()
+    with pytest.raises(Exception, match="cannot hold"):
+        Case.from_id("gdn_decode/b4-h2x4-d32x32-slots3-fp32").make_inputs()
