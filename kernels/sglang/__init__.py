@@ -2,7 +2,8 @@
 prefix, merge_state) and its GDN Triton kernels (gating, causal conv1d, decode, chunked extend,
 target verify), driven through the installed package (sglang 0.5.10.post1), never copied; and
 `sglang-cute`, SGLang's CuTe DSL GDN decode (cute.py); `sgl-kernel`, its CUDA EAGLE tree kernels
-(sgl_kernel.py).
+(sgl_kernel.py); `sglang-unified`, the extend of its deterministic inference (one-stage kernel over a
+unified token table); `sglang-prefill`, its `context_attention_fwd` (extend without a prefix).
 
 Import-guarded: without sglang (or the small modules its kernel files import) the backend is listed
 with the reason and how to install it (tools/install-deployed.sh, docs/deployed.md), and every case
@@ -33,9 +34,9 @@ def _conv(backend, case) -> str | None:
     return None
 
 
-@register_backend("sglang")
-class SGLangBackend(Backend):
-    description = f"SGLang {_lib.PINNED} Triton kernels: split-KV decode, extend, merge_state, GDN"
+class _SGLangTriton(Backend):
+    """What SGLang's Triton backends share: the import guard and the device (CUDA, or the interpreter)."""
+
     backend_limits = on_device
 
     def available(self) -> str | None:
@@ -47,6 +48,11 @@ class SGLangBackend(Backend):
         if not torch.cuda.is_available() and not interpreting():
             return "no CUDA device (set TRITON_INTERPRET=1 to run SGLang's Triton kernels in the CPU interpreter)"
         return None
+
+
+@register_backend("sglang")
+class SGLangBackend(_SGLangTriton):
+    description = f"SGLang {_lib.PINNED} Triton kernels: split-KV decode, extend, merge_state, GDN"
 
     @implements("decode", limits=_attention)
     def prepare_decode(self, case, x):
@@ -79,6 +85,28 @@ class SGLangBackend(Backend):
     @implements("gdn_verify", limits=_gdn)
     def prepare_gdn_verify(self, case, x):
         return gdn.prepare_verify(case, x)
+
+
+@register_backend("sglang-unified")
+class SGLangUnifiedBackend(_SGLangTriton):
+    description = (
+        f"SGLang {_lib.PINNED} deterministic extend (enable_deterministic_inference): "
+        "build_unified_kv_indices + extend_attention_fwd_unified"
+    )
+    deterministic = True  # SGLang's batch-invariant path: calls on the same inputs must agree bit for bit
+
+    @implements("extend", limits=lambda backend, case: attn.unified_unsupported(case))
+    def prepare_extend(self, case, x):
+        return attn.prepare_extend_unified(case, x)
+
+
+@register_backend("sglang-prefill")
+class SGLangPrefillBackend(_SGLangTriton):
+    description = f"SGLang {_lib.PINNED} prefill_attention.context_attention_fwd: extend without a prefix"
+
+    @implements("extend", limits=lambda backend, case: attn.prefill_unsupported(case))
+    def prepare_extend(self, case, x):
+        return attn.prepare_prefill(case, x)
 
 
 @register_backend("sglang-cute")
