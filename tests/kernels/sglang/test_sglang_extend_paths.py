@@ -164,3 +164,50 @@ def test_timed_closure_is_sglangs_calls_alone(backend, case_id, kernels, saves, 
     with rec:
         fn()
     assert rec.outside == ["index_put_"] * saves
+
+
+# ---- what SGLang's deterministic extend does differently (findings; the rows fail, with these reasons) --
+SWA_CUSTOM = "extend/b2-q6-pre21-h4x2-d16-p4-custom-swa6-fp16"
+
+
+@pytest.mark.interpreter
+def test_unified_reads_custom_mask_rows_with_the_windowed_length(unified, monkeypatch):
+    """docs/findings.md: with a window, `extend_attention_fwd_unified` reads the custom mask rows with
+    the unified table's length (windowed prefix + new tokens) from column 0, while SGLang's server
+    builds them over the whole prefix (`seq_mask_len = draft * (seq_lens + draft)`; the two-stage kernel
+    skips `window_kv_offsets` columns). The same inputs pass through the two-stage `extend_attention_fwd`,
+    and pass here once the mask rows are cut to the window (so the rest of the call is right)."""
+    import torch
+
+    from attnbench.kernels.sglang import _lib
+    from attnbench.kernels.sglang import conventions as conv
+
+    r = run_one(SWA_CUSTOM, unified, repeats=KERNEL_REPEATS)
+    assert r.status == "fail" and r.reason.startswith("o:"), f"{r.status}: {r.reason}"
+    assert run_one(SWA_CUSTOM, _backend("sglang"), repeats=KERNEL_REPEATS).status == "pass"
+
+    p = Case.from_id(SWA_CUSTOM).params
+    mod = _lib.module("extend_attention")
+    kernel = mod.extend_attention_fwd_unified
+
+    def windowed_rows(*args, custom_mask, mask_indptr, **kwargs):
+        """The mask SGLang hands the kernel, each request's rows cut to its windowed table's columns."""
+        offsets, rows = mask_indptr.tolist(), []
+        for b in range(len(offsets) - 1):
+            L = p.prefix_len + p.q_len
+            start, _ = conv.extend_prefix_range(p.prefix_len, p.window)
+            rows.append(custom_mask[offsets[b] : offsets[b + 1]].view(p.q_len, L)[:, start:].reshape(-1))
+        indptr = torch.tensor([0] + [t.numel() for t in rows]).cumsum(0)
+        return kernel(*args, custom_mask=torch.cat(rows), mask_indptr=indptr, **kwargs)
+
+    monkeypatch.setattr(mod, "extend_attention_fwd_unified", windowed_rows)
+    r = run_one(SWA_CUSTOM, unified, repeats=KERNEL_REPEATS)
+    assert r.status == "pass", f"{r.status}: {r.reason}"
+
+
+@pytest.mark.interpreter
+def test_unified_empty_mask_rows_are_nan(unified):
+    """As SGLang's two-stage extend (docs/findings.md, a limit: its masks let a token see itself): a
+    custom-mask row that sees no key is acc / deno = 0 / 0."""
+    r = run_one("extend/b2-q6-pre5-h4x2-d16-p4-custom-emptyrows-fp16", unified, repeats=KERNEL_REPEATS)
+    assert r.status == "fail" and "NaN" in r.reason, f"{r.status}: {r.reason}"
