@@ -28,12 +28,6 @@ def _gdn(backend, case) -> str | None:
     return gdn.gdn_unsupported(case)
 
 
-def _conv(backend, case) -> str | None:
-    if case.params.mode == "verify":  # SGLang's causal_conv1d_update has intermediate_conv_window: not adapted yet
-        return "the sglang adapter does not drive causal_conv1d verify mode (intermediate conv windows)"
-    return None
-
-
 class _SGLangTriton(Backend):
     """What SGLang's Triton backends share: the import guard and the device (CUDA, or the interpreter)."""
 
@@ -70,7 +64,7 @@ class SGLangBackend(_SGLangTriton):
     def prepare_gdn_gating(self, case, x):
         return gdn.prepare_gating(case, x)
 
-    @implements("causal_conv1d", limits=_conv)
+    @implements("causal_conv1d")
     def prepare_causal_conv1d(self, case, x):
         return gdn.prepare_conv(case, x)
 

@@ -211,3 +211,31 @@ def test_unified_empty_mask_rows_are_nan(unified):
     custom-mask row that sees no key is acc / deno = 0 / 0."""
     r = run_one("extend/b2-q6-pre5-h4x2-d16-p4-custom-emptyrows-fp16", unified, repeats=KERNEL_REPEATS)
     assert r.status == "fail" and "NaN" in r.reason, f"{r.status}: {r.reason}"
+
+
+# ---- causal_conv1d verify through causal_conv1d_update -----------------------------------------------
+def test_eagle_links_by_hand():
+    """Tree 0 -> {1, 2}, 1 -> {3}, 2 -> {4, 5}: first children and next siblings, -1 for none."""
+    import torch
+
+    from attnbench.kernels.sglang.conventions import eagle_links
+
+    nxt, sib = eagle_links(torch.tensor([[-1, 0, 0, 1, 2, 2]], dtype=torch.int32))
+    assert nxt.tolist() == [[1, 3, 4, -1, -1, -1]]
+    assert sib.tolist() == [[-1, 2, -1, -1, 5, -1]]
+
+
+@pytest.mark.interpreter
+@pytest.mark.parametrize(
+    "case_id",
+    [
+        "causal_conv1d/b3-t4-c16-verify-fp16",
+        "causal_conv1d/b3-t4-c16-verify-tree-fp16",
+        "causal_conv1d/b3-t5-c48-verify-tree-pad1-fp32",
+    ],
+)
+def test_conv_verify_writes_the_pool_and_nothing_else_is_wrong(case_id):
+    """docs/findings.md: SGLang's verify writes the conv pool (its server restores it at commit); y and
+    the intermediate windows (a tree's through the next-token/sibling links) pass."""
+    r = run_one(case_id, _backend("sglang"), repeats=KERNEL_REPEATS)
+    assert r.status == "fail" and r.reason == "input conv_states was modified", f"{r.status}: {r.reason}"
