@@ -4,7 +4,7 @@ A server runs extend, decode, verify and commit on one `ssm_states` pool with di
 (SGLang's hybrid backend: FlashInfer extend, CuTe DSL decode, Triton verify), each addressing the same
 memory in its own layout. The per-op cases hand every backend the canonical pool and convert it back
 after the call, so a layout disagreement between two kernels never shows. A chain case names its steps
-(`op@backend`, in order), the pool's layout (`kv` `[N, HV, K, V]` or `vk` `[N, HV, V, K]`) and how the
+(`OP@BACKEND > OP@BACKEND ...`, in order), the pool's layout (`kv` `[N, HV, K, V]` or `vk` `[N, HV, V, K]`) and how the
 pool reaches a step whose backend declares another layout (`handoff`): `convert` (the chain converts it
 and back, explicitly, and records it) or `raw` (the memory as it is, as a server that shares the pool
 without converting does). The runner is the `chain` backend (kernels/chain.py); this contract says what
@@ -63,10 +63,10 @@ def parse_step(step: str) -> tuple[str, str]:
 
 
 class ChainParams(Params):
-    steps: tuple[str, ...] = Field(
-        ("gdn_extend@torch", "gdn_decode@torch", "gdn_verify@torch", "gdn_commit@torch"),
-        min_length=1,
-        description="the ops in order, each OP@BACKEND (gdn_extend, gdn_decode, gdn_verify, gdn_commit)",
+    steps: str = Field(
+        "gdn_extend@torch > gdn_decode@torch > gdn_verify@torch > gdn_commit@torch",
+        description="the ops in order, each OP@BACKEND, separated by '>' (OP: gdn_extend, gdn_decode, gdn_verify, "
+        "gdn_commit, or without the gdn_ prefix)",
     )
     layout: Literal["kv", "vk"] = Field("kv", description="the pool's layout: kv [N, HV, K, V] or vk [N, HV, V, K]")
     handoff: Literal["convert", "raw"] = Field(
@@ -85,15 +85,16 @@ class ChainParams(Params):
 
     @field_validator("steps")
     @classmethod
-    def _full_names(cls, steps: tuple[str, ...]) -> tuple[str, ...]:
-        return tuple("@".join(parse_step(s)) for s in steps)  # `decode@x` and `gdn_decode@x` are one case
+    def _full_names(cls, steps: str) -> str:
+        """One spelling per chain: `decode@x>verify@y` and `gdn_decode@x > gdn_verify@y` are one case."""
+        return " > ".join("@".join(parse_step(s.strip())) for s in steps.split(">"))
 
     @model_validator(mode="after")
     def _valid(self):
-        parsed = [parse_step(s) for s in self.steps]
+        parsed = self.parsed
         for i, (op, _) in enumerate(parsed):
             if op == "gdn_commit" and (i == 0 or parsed[i - 1][0] != "gdn_verify"):
-                raise ValueError(f"step {i + 1} ({self.steps[i]}): a commit directly follows a verify")
+                raise ValueError(f"step {i + 1} ({op}@{parsed[i][1]}): a commit directly follows a verify")
         if self.heads_v % self.heads_qk:
             raise ValueError(f"heads_v ({self.heads_v}) must be a multiple of heads_qk ({self.heads_qk})")
         if self.pad >= self.batch:
@@ -102,7 +103,7 @@ class ChainParams(Params):
 
     @property
     def parsed(self) -> list[tuple[str, str]]:
-        return [parse_step(s) for s in self.steps]
+        return [parse_step(s.strip()) for s in self.steps.split(">")]
 
     @property
     def conv_dim(self) -> int:
@@ -174,12 +175,12 @@ class GDNChainOp(Op):
         return [*super().id_tokens(p), *steps]
 
     def parse_id_tokens(self, tokens: list[str]) -> dict[str, Any]:
-        steps = tuple(t.replace(".", "-") for t in tokens if "@" in t)
+        steps = " > ".join(t.replace(".", "-") for t in tokens if "@" in t)
         out = super().parse_id_tokens([t for t in tokens if "@" not in t])
         return out | ({"steps": steps} if steps else {})
 
     def features(self, p: ChainParams) -> tuple[str, ...]:
-        f = [f"pool-{p.layout}", f"handoff-{p.handoff}", f"{len(p.steps)}-steps"]
+        f = [f"pool-{p.layout}", f"handoff-{p.handoff}", f"{len(p.parsed)}-steps"]
         if len({b for _, b in p.parsed}) > 1:
             f.append("mixed-backends")
         if p.pad:
