@@ -11,7 +11,16 @@ from attnbench.ops.spec import EagleBuildTreeOp, TreeVerifyOp, VerifyGreedyOp
 
 OPS: dict[str, Op] = {
     op.name: op
-    for op in (DecodeOp(), ExtendOp(), MergeStateOp(), TreeVerifyOp(), EagleBuildTreeOp(), VerifyGreedyOp(), *GDN_OPS, *GDN_CHAIN_OPS)
+    for op in (
+        DecodeOp(),
+        ExtendOp(),
+        MergeStateOp(),
+        TreeVerifyOp(),
+        EagleBuildTreeOp(),
+        VerifyGreedyOp(),
+        *GDN_OPS,
+        *GDN_CHAIN_OPS,
+    )
 }
 
 
