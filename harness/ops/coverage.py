@@ -86,8 +86,9 @@ SPACE: dict[str, dict[str, list[Value]]] = {
     "gdn_extend": _GDN | {"batch": [1, 5], "seq_len": [1, 3, 64, 150, 300]},
     "gdn_verify": _GDN | {"batch": [2, 5], "draft": [1, 3, 8], "pad": [0, 1]},
     # chains of torch steps (smoke runs on a CPU): every op after a pool-writing one, a decode after a commit
-    "gdn_chain": {"steps": ["extend@torch > decode@torch > verify@torch > commit@torch > decode@torch",
-                            "decode@torch > extend@torch > verify@torch > decode@torch"],
+    # (steps as ChainParams spells them: the pairs are compared with the cases' values)
+    "gdn_chain": {"steps": ["gdn_extend@torch > gdn_decode@torch > gdn_verify@torch > gdn_commit@torch > gdn_decode@torch",
+                            "gdn_decode@torch > gdn_extend@torch > gdn_verify@torch > gdn_decode@torch"],
                   "heads_qk,heads_v": [(2, 2), (1, 4)], "head_dim_k,head_dim_v": [(16, 16), (32, 16)],
                   "batch": [3, 5], "seq_len": [9, 70], "draft": [1, 3], "pad": [0, 1], "dtype": ["bf16", "fp32"]},
     "gdn_commit": {"batch": [1, 3, 5], "draft": [1, 3, 8], "heads_v": [2, 3],
