@@ -85,6 +85,12 @@ SPACE: dict[str, dict[str, list[Value]]] = {
     # seq_len 300: five 64-token chunks, past a 256-token split (state carried and decayed across it)
     "gdn_extend": _GDN | {"batch": [1, 5], "seq_len": [1, 3, 64, 150, 300]},
     "gdn_verify": _GDN | {"batch": [2, 5], "draft": [1, 3, 8], "pad": [0, 1]},
+    # chains of torch steps (smoke runs on a CPU): every op after a pool-writing one, a decode after a commit
+    # (steps as ChainParams spells them: the pairs are compared with the cases' values)
+    "gdn_chain": {"steps": ["gdn_extend@torch > gdn_decode@torch > gdn_verify@torch > gdn_commit@torch > gdn_decode@torch",
+                            "gdn_decode@torch > gdn_extend@torch > gdn_verify@torch > gdn_decode@torch"],
+                  "heads_qk,heads_v": [(2, 2), (1, 4)], "head_dim_k,head_dim_v": [(16, 16), (32, 16)],
+                  "batch": [3, 5], "seq_len": [9, 70], "draft": [1, 3], "pad": [0, 1], "dtype": ["bf16", "fp32"]},
     "gdn_commit": {"batch": [1, 3, 5], "draft": [1, 3, 8], "heads_v": [2, 3],
                    "head_dim_k,head_dim_v": [(16, 16), (32, 16)], "dim": [40, 48, 130], "width": [2, 3, 4],
                    "pad": [0, 1], "dtype": ["bf16", "fp16", "fp32"]},
@@ -92,9 +98,23 @@ SPACE: dict[str, dict[str, list[Value]]] = {
 
 # Fields held at one value in smoke, with the reason (anything else must be an axis).
 _REPLAYED = "explicit per-request lengths come from replayed traces (tests/harness/test_trace.py), not from pairs"
+_LARGE = "production-size pools past 2^31 elements (int32 offsets) are suites/large.yaml's, on a GPU"
+_POOL = {"pool_pages": (None, _LARGE)}
+_SLOTS = {"state_slots": (None, _LARGE)}
 HELD: dict[str, dict[str, tuple[Value, str]]] = {
-    "decode": {"kv_lens": (None, _REPLAYED)},
-    "extend": {"q_lens": (None, _REPLAYED), "prefix_lens": (None, _REPLAYED)},
+    "decode": {"kv_lens": (None, _REPLAYED)} | _POOL,
+    "extend": {"q_lens": (None, _REPLAYED), "prefix_lens": (None, _REPLAYED)} | _POOL,
+    "tree_verify": _POOL,
+    "gdn_decode": _SLOTS,
+    "gdn_extend": _SLOTS,
+    "gdn_verify": _SLOTS,
+    "gdn_chain": {
+        "handoff": (
+            "convert",
+            "raw hands a step memory in a layout its backend does not declare: a designed "
+            "failure of torch's steps on a vk pool (tests/kernels/test_gdn_chain.py)",
+        )
+    },
 }
 
 # Cases every plan starts from (their pairs count as covered): ids that other tests and CI gates name

@@ -265,6 +265,9 @@ class GDNInputs:
     # state_slots: the first slot of the region requests' slots are drawn from (0 for a default pool); the
     # slots before it are spare (NaN). The reference reads only the region (`Op.written_rows`)
     pool_base: int = 0
+    # the layout `state_pool` is in: "kv" (canonical `[N, HV, K, V]`) or, handed by a gdn_chain to a backend
+    # that declares it (`implements(state_layout=...)`), "vk" `[N, HV, V, K]` with one scratch slot at the end
+    state_layout: str = "kv"
 
     @property
     def batch(self) -> int:

@@ -68,15 +68,15 @@ class SGLangBackend(_SGLangTriton):
     def prepare_causal_conv1d(self, case, x):
         return gdn.prepare_conv(case, x)
 
-    @implements("gdn_decode", limits=_gdn)
+    @implements("gdn_decode", limits=_gdn, state_layout="vk")
     def prepare_gdn_decode(self, case, x):
         return gdn.prepare_decode(case, x)
 
-    @implements("gdn_extend", limits=_gdn)
+    @implements("gdn_extend", limits=_gdn, state_layout="vk")
     def prepare_gdn_extend(self, case, x):
         return gdn.prepare_extend(case, x)
 
-    @implements("gdn_verify", limits=_gdn)
+    @implements("gdn_verify", limits=_gdn, state_layout="vk")
     def prepare_gdn_verify(self, case, x):
         return gdn.prepare_verify(case, x)
 
@@ -117,7 +117,9 @@ class SGLangCuteBackend(Backend):
             return "no CUDA device (SGLang's CuTe DSL GDN decode needs SM90+)"
         return None
 
-    @implements("gdn_decode", limits=lambda backend, case: cute.cute_unsupported(case))
+    # its kernel reads h0[pool, hv, k, v] (kernels/sglang/cute.py): the canonical layout, SGLang's Triton kernels'
+    # transpose (docs/chain.md: a chain that hands it their pool as it is shows which holds)
+    @implements("gdn_decode", limits=lambda backend, case: cute.cute_unsupported(case), state_layout="kv")
     def prepare_gdn_decode(self, case, x):
         return cute.prepare_decode(case, x)
 

@@ -5,7 +5,8 @@
 States live in SGLang's layout from `prepare` on (conventions.state_v_major: the pool `[N, HV, V, K]`,
 verify's intermediate states `[B, T, HV, V, K]`); the timed closure is the library call alone, and
 its `finalize` writes the states back into the canonical `[.., K, V]` tensors after the call,
-untimed (harness/backend.py).
+untimed (harness/backend.py). A pool handed already in that layout (a gdn_chain step,
+`x.state_layout == "vk"`; the implementations declare `state_layout="vk"`) is used as it is.
 
 - gdn_gating: `fused_gdn_gating` (softplus threshold 20); returns new `[1, T, HV]` fp32 g and beta.
 - causal_conv1d: `causal_conv1d_fn` on the `[dim, T]` transposed view of x (prefill; the state pool
@@ -120,11 +121,12 @@ def _prepare_conv_verify(mod, x):
 def _native_pool(x, spare: int = 0):
     """(SGLang's pool `[N, HV, V, K]` (and `spare` scratch slots), the slots the kernel writes, the
     finalize that writes them back)."""
-    pool = states.state_v_major(x.state_pool, spare)
+    pool, shared = states.native_pool(x, spare)
     slots = _real_slots(x.state_indices)
 
     def back(outputs):
-        states.state_canonical_(x.state_pool, pool, slots)
+        if not shared:  # a pool handed in this layout (a gdn_chain step) is the kernel's own
+            states.state_canonical_(x.state_pool, pool, slots)
         return outputs
 
     return pool, slots, back
@@ -183,7 +185,7 @@ def prepare_verify(case, x):
     mod = _lib.module("fused_sigmoid_gating_recurrent")
     B, T, HV = x.batch, x.draft, x.v.shape[1]
     K, V = x.q.shape[2], x.v.shape[2]
-    pool = states.state_v_major(x.state_pool)
+    pool, _ = states.native_pool(x)
     inter = torch.empty(B, T, HV, V, K, dtype=torch.float32, device=x.q.device)
     inter_idx = torch.arange(B, dtype=torch.int32, device=x.q.device)
     cu = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=x.q.device)
