@@ -91,6 +91,7 @@ class Implementation:
     method: str  # the backend's attribute called as method(case, inputs)
     limits: Limits | None = None
     jit_keys: JitKeys | None = None
+    state_layout: str | None = None  # see `implements`
 
     def reason(self, backend: Backend, case: Case) -> str | None:
         return self.limits(backend, case) if self.limits else None
@@ -99,17 +100,25 @@ class Implementation:
         return list(self.jit_keys(backend, case)) if self.jit_keys else []
 
 
-def implements(*ops: str, limits: Limits | None = None, jit_keys: JitKeys | None = None) -> Callable:
+def implements(
+    *ops: str, limits: Limits | None = None, jit_keys: JitKeys | None = None, state_layout: str | None = None
+) -> Callable:
     """Method decorator: declares the method as the backend's implementation of `ops` (one or more op
     names, e.g. `"extend", "tree_verify"` when one path serves both), with its case-level `limits` and
     `jit_keys` (both called as `f(backend, case)`). It only records: the method is returned unchanged.
-    Unknown op names are an error when the backend class is defined."""
+    Unknown op names are an error when the backend class is defined.
+
+    `state_layout`: the memory layout in which the kernel addresses the op's state pool (GDN: `"kv"`
+    `[N, HV, K, V]` or `"vk"` `[N, HV, V, K]`, kernels/native_states.py), declaring that the prepared
+    closure works on a pool handed to it in that layout (`inputs.state_layout`) as it is, at call time,
+    with no private copy: what a chain of ops by several backends over one pool needs (docs/chain.md).
+    None: the implementation takes only the canonical pool, converted per op."""
     if not ops:
         raise TypeError("implements() needs at least one op name")
 
     def deco(fn: Callable) -> Callable:
         marks = getattr(fn, _MARK, ())
-        setattr(fn, _MARK, (*marks, (ops, limits, jit_keys)))
+        setattr(fn, _MARK, (*marks, (ops, limits, jit_keys, state_layout)))
         return fn
 
     return deco
@@ -137,14 +146,14 @@ def _declared(cls: type) -> dict[str, Implementation]:
         for attr, value in vars(klass).items():
             marks = getattr(value, _MARK, None)
             if marks:
-                for ops, limits, jit_keys in marks:
+                for ops, limits, jit_keys, state_layout in marks:
                     for op in ops:
                         if op not in OPS:
                             raise TypeError(
                                 f"{cls.__qualname__}.{attr}: @implements({op!r}) names no op; "
                                 f"ops: {', '.join(sorted(OPS))}"
                             )
-                        found[op] = Implementation(op, attr, limits, jit_keys)
+                        found[op] = Implementation(op, attr, limits, jit_keys, state_layout)
             elif attr.startswith("prepare_") and attr[len("prepare_") :] in OPS and callable(value):
                 found[attr[len("prepare_") :]] = Implementation(attr[len("prepare_") :], attr)
     return found

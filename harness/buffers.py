@@ -102,6 +102,26 @@ def clone_tensors(obj: Any, only: Iterable[str] | None = None) -> Any:
     return dataclasses.replace(obj, **changes)
 
 
+def all_tensors(obj: Any) -> list[torch.Tensor]:
+    """Every tensor of a dataclass, in its fields and in the tuples, lists and dicts they hold (a
+    gdn_chain's per-step inputs)."""
+    found: list[torch.Tensor] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, torch.Tensor):
+            found.append(v)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+
+    for f in dataclasses.fields(obj):
+        walk(getattr(obj, f.name))
+    return found
+
+
 def tensor_fields(obj: Any) -> dict[str, torch.Tensor]:
     """The dataclass's fields that hold tensors (None fields left out)."""
     return {f.name: v for f in dataclasses.fields(obj) if isinstance(v := getattr(obj, f.name), torch.Tensor)}

@@ -66,10 +66,10 @@ def context_lost(e: BaseException) -> bool:
 
 
 def _nbytes(inputs) -> int:
-    from attnbench.buffers import tensor_fields
+    from attnbench.buffers import all_tensors
 
     seen, total = set(), 0
-    for t in tensor_fields(inputs).values():
+    for t in all_tensors(inputs):
         key = t.untyped_storage().data_ptr()
         if key not in seen:
             seen.add(key)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from attnbench.backend import get_backend
 from attnbench.case import Case
 from attnbench.runner import RunOptions
 
@@ -74,14 +75,22 @@ def _supports(backend, case: Case) -> bool:
         return False
 
 
-def run(device: str = "cpu", reference: str = "torch", suites: tuple[str, ...] = DEFAULT_SUITES) -> Report:
-    """The session of a sweep of `suites` with the reference backend (attnbench.session), the mutants
-    run beside it. No expectations: a mutant's fail must stay a fail, never become a known failure."""
+REFERENCES = ("torch", "chain")  # the chain backend runs gdn_chain cases (their steps name torch)
+
+
+def run(
+    device: str = "cpu", reference: str | tuple[str, ...] = REFERENCES, suites: tuple[str, ...] = DEFAULT_SUITES
+) -> Report:
+    """The session of a sweep of `suites` (attnbench.session) with the reference backends, the mutants run
+    beside them. `reference`: the backends that must pass, in order: each case is run by the first that
+    implements its op (torch for every op; the chain backend for gdn_chain, whose steps the case names).
+    No expectations: a mutant's fail must stay a fail, never become a known failure."""
     from attnbench.kernels.mutants import MUTANTS
     from attnbench.session import Session
 
-    session = Session.open(list(suites), device, [reference], expect=False)
-    (good,) = session.plan.backends
+    names = [reference] if isinstance(reference, str) else list(reference)
+    session = Session.open(list(suites), device, names, expect=False)
+    refs = [get_backend(r) for r in names]
     outcomes = {m.name: Outcome(m.name, m.bug, known_escape=m.known_escape) for m in MUTANTS}
     mutants = {m.name: m.backend() for m in MUTANTS}
     failures: list[tuple[str, str, str]] = []
@@ -93,6 +102,7 @@ def run(device: str = "cpu", reference: str = "torch", suites: tuple[str, ...] =
         if not todo:
             continue
         n_run += 1
+        good = _reference_for(refs, case)
         rows = session.run_case(case, opts, [good, *(mutants[n] for n in todo)])
         if rows[0].status != "pass":  # a case the reference fails proves nothing about the mutants
             failures.append((case.id, rows[0].status, rows[0].reason))
@@ -110,12 +120,19 @@ def run(device: str = "cpu", reference: str = "torch", suites: tuple[str, ...] =
     for m in MUTANTS:  # named cases: each must still catch its mutant
         for cid in m.cases:
             case = Case.from_id(cid, device)
-            ref_row, bad_row = session.run_case(case, opts, [good, m.backend()])
+            ref_row, bad_row = session.run_case(case, opts, [_reference_for(refs, case), m.backend()])
             if ref_row.status != "pass":
                 failures.append((cid, ref_row.status, ref_row.reason))
             if bad_row.status != "fail":
                 outcomes[m.name].named_misses.append(f"{cid} ({bad_row.status})")
-    return Report(list(outcomes.values()), reference, failures, n_run, tuple(suites))
+    names = ", ".join(b.name for b in refs)
+    return Report(list(outcomes.values()), names, failures, n_run, tuple(suites))
+
+
+def _reference_for(refs: list, case: Case):
+    """The first reference backend that implements the case's op (the first one when none does: its
+    skip row then counts as the reference not passing)."""
+    return next((b for b in refs if case.op_name in b.ops), refs[0])
 
 
 def _fresh(mutants, name: str):

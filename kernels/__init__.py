@@ -3,4 +3,4 @@
 Each package imports without its optional library; its `available()` then says what is missing.
 """
 
-from attnbench.kernels import cute, fla, flashinfer, sglang, torch, triton, vllm  # noqa: F401
+from attnbench.kernels import chain, cute, fla, flashinfer, sglang, torch, triton, vllm  # noqa: F401

@@ -42,3 +42,22 @@ def zero_fresh_states_(native_pool: torch.Tensor, slots: torch.Tensor, has_initi
     s = slots.long()
     keep = has_initial_state.to(s.device) | (s < 0)
     native_pool.index_fill_(0, torch.where(keep, native_pool.shape[0] - 1, s), 0)
+
+
+LAYOUTS = ("kv", "vk")  # GDN pool layouts: "kv" canonical `[N, HV, K, V]`, "vk" K-last `[N, HV, V, K]`
+
+
+def canonical_view(pool: torch.Tensor, layout: str) -> torch.Tensor:
+    """A pool in `layout` as a `[..., K, V]`-indexed view of the same memory (no copy)."""
+    return pool if layout == "kv" else pool.transpose(-1, -2)
+
+
+def native_pool(x, spare: int = 0) -> tuple[torch.Tensor, bool]:
+    """(the `[N, HV, V, K]` pool a K-last kernel runs on, whether it is `x.state_pool` itself).
+
+    A pool handed in that layout (`x.state_layout == "vk"`, a gdn_chain step) is used as it is: its last
+    slot is the chain's scratch slot, which stands for the `spare` slots. Otherwise the canonical pool
+    is converted (`state_v_major`, a copy the caller's `finalize` writes back)."""
+    if x.state_layout == "vk":
+        return x.state_pool, True
+    return state_v_major(x.state_pool, spare), False

@@ -6,11 +6,21 @@ from attnbench.errors import AttnbenchError
 from attnbench.ops.attention import DecodeOp, ExtendOp, MergeStateOp
 from attnbench.ops.base import IdField, Op, OutputSpec, Params
 from attnbench.ops.gdn import GDN_OPS
+from attnbench.ops.gdn_chain import GDN_CHAIN_OPS
 from attnbench.ops.spec import EagleBuildTreeOp, TreeVerifyOp, VerifyGreedyOp
 
 OPS: dict[str, Op] = {
     op.name: op
-    for op in (DecodeOp(), ExtendOp(), MergeStateOp(), TreeVerifyOp(), EagleBuildTreeOp(), VerifyGreedyOp(), *GDN_OPS)
+    for op in (
+        DecodeOp(),
+        ExtendOp(),
+        MergeStateOp(),
+        TreeVerifyOp(),
+        EagleBuildTreeOp(),
+        VerifyGreedyOp(),
+        *GDN_OPS,
+        *GDN_CHAIN_OPS,
+    )
 }
 
 

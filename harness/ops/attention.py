@@ -847,6 +847,7 @@ ATTENTION_SMOKE = {
     "dtype": ["bf16", "fp16", "fp32"],
 }
 _REPLAYED = "explicit per-request lengths come from replayed traces (tests/harness/test_trace.py), not from pairs"
+LARGE_POOLS = "production-size pools past 2^31 elements (int32 offsets) are suites/large.yaml's, on a GPU"
 # Batches of variable-length requests reach 5: with 3 or fewer, every request is the first, the second
 # (whose offset is request 0's length) or the last (whose offset is total minus its own length), so a
 # kernel that derives offsets from request 0 or from the end lands on the right rows by accident.
@@ -856,7 +857,7 @@ _DECODE_SMOKE = SmokeSpace(
     # kv_len 1024: a multiple of every power-of-two split size (a last split computed as L % split vanishes)
     space=ATTENTION_SMOKE | {"batch": [2, 5], "kv_len": [1, 45, 300, 1024, 4000],
                              "draft_topk,draft_step": [(1, 1), (4, 1), (2, 3)]},
-    held={"kv_lens": (None, _REPLAYED)},
+    held={"kv_lens": (None, _REPLAYED), "pool_pages": (None, LARGE_POOLS)},
     seeds=[
         *(
             {"batch": 2, "kv_len": 45, "heads_q,heads_kv": (4, 2), "head_dim,head_dim_v": (dim, None), "page_size": 16}
@@ -889,7 +890,7 @@ _DECODE_SMOKE = SmokeSpace(
 _EXTEND_SMOKE = SmokeSpace(
     # q_len 130: a causal query tile of 64 or 128 rows filled, and one more partial one
     space=ATTENTION_SMOKE | {"batch": [2, 5], "q_len": [1, 7, 24, 130], "prefix_len": [0, 21, 120]},
-    held={"q_lens": (None, _REPLAYED), "prefix_lens": (None, _REPLAYED)},
+    held={"q_lens": (None, _REPLAYED), "prefix_lens": (None, _REPLAYED), "pool_pages": (None, LARGE_POOLS)},
     seed_ids=["extend/b2-q8-pre30-h8x2-d64-p1-cap5-bf16", "extend/b2-q8-pre30-h8x2-d64-p1-swa5-cap5-sink-bf16"],
 )
 

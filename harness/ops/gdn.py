@@ -266,6 +266,9 @@ class GDNInputs:
     # state_slots: the first slot of the region requests' slots are drawn from (0 for a default pool); the
     # slots before it are spare (NaN). The reference reads only the region (`Op.written_rows`)
     pool_base: int = 0
+    # the layout `state_pool` is in: "kv" (canonical `[N, HV, K, V]`) or, handed by a gdn_chain to a backend
+    # that declares it (`implements(state_layout=...)`), "vk" `[N, HV, V, K]` with one scratch slot at the end
+    state_layout: str = "kv"
 
     @property
     def batch(self) -> int:
@@ -378,6 +381,9 @@ def _regrow(p, x) -> None:
 
 # ---- gdn_gating -------------------------------------------------------------------------------------
 # smoke coverage (harness/ops/coverage.py) shared by gdn_decode, gdn_extend and gdn_verify
+GDN_HELD = {
+    "state_slots": (None, "production-size pools past 2^31 elements (int32 offsets) are suites/large.yaml's, on a GPU")
+}
 GDN_SMOKE = {
     "heads_qk,heads_v": [(2, 2), (1, 4), (2, 6)],
     # (128, 128), the production shape: K and V wider than a 64-wide tile (per-tile norms, tiled states)
@@ -709,7 +715,9 @@ class GDNDecodeOp(_GDNOp):
 
     name = "gdn_decode"
     smoke = SmokeSpace(
-        space=GDN_SMOKE | {"batch": [3, 6], "pad": [0, 1, 2]}, seed_ids=["gdn_decode/b5-h2x4-d16x16-packed-bf16"]
+        space=GDN_SMOKE | {"batch": [3, 6], "pad": [0, 1, 2]},
+        held=GDN_HELD,
+        seed_ids=["gdn_decode/b5-h2x4-d16x16-packed-bf16"],
     )
     Params = GDNDecodeParams
     id_fields = _id_fields(GDNDecodeParams)
@@ -776,6 +784,7 @@ class GDNExtendOp(_GDNOp):
     smoke = SmokeSpace(
         # seq_len 300: five 64-token chunks, past a 256-token split (state carried and decayed across it)
         space=GDN_SMOKE | {"batch": [1, 5], "seq_len": [1, 3, 64, 150, 300]},
+        held=GDN_HELD,
         seed_ids=["gdn_extend/b2-t70-h1x2-d32x16-fp32", "gdn_extend/b2-t70-h1x2-d32x16-initnone-fp32"],
     )
     Params = GDNExtendParams
@@ -850,7 +859,7 @@ class GDNVerifyOp(_GDNOp):
     """Target verify: `draft` tokens per request, the state after every step kept, the pool untouched."""
 
     name = "gdn_verify"
-    smoke = SmokeSpace(space=GDN_SMOKE | {"batch": [2, 5], "draft": [1, 3, 8], "pad": [0, 1]})
+    smoke = SmokeSpace(space=GDN_SMOKE | {"batch": [2, 5], "draft": [1, 3, 8], "pad": [0, 1]}, held=GDN_HELD)
     Params = GDNVerifyParams
     id_fields = _id_fields(GDNVerifyParams)
     outputs = {

@@ -24,6 +24,7 @@ from attnbench.buffers import alloc_output, output_bytes
 from attnbench.ops.attention import (
     _ATTN_ID,
     ATTENTION_SMOKE,
+    LARGE_POOLS,
     AttentionInputs,
     AttentionParams,
     ExtendOp,
@@ -113,6 +114,7 @@ class TreeVerifyOp(ExtendOp):
             "tree,depth,topk,draft_tokens": [("chain", 4, None, None), ("0_1_0.0_0.1_1.0", 2, None, None),
                                              ("eagle", 3, 2, 6), ("chain", 0, None, None)],
             "batch": [2, 5], "prefix_len": [1, 21, 100], "window": [-1], "page_size": [1, 16]},
+        held={"pool_pages": (None, LARGE_POOLS)},
     )  # fmt: skip
     family = "spec"
     preset_key = "attention"

@@ -43,7 +43,7 @@ class CuteGDN:
 
     gdn_bv = None
 
-    @implements("gdn_decode", limits=gdn_decode_limits)
+    @implements("gdn_decode", limits=gdn_decode_limits, state_layout="kv")
     def prepare_gdn_decode(self, case, x):
         from attnbench.kernels.cute import gdn_decode
 

@@ -34,13 +34,13 @@ class FlaBackend(Backend):
             found = False
         return None if found else "fla-core not installed"
 
-    @implements("gdn_decode", limits=limits)
+    @implements("gdn_decode", limits=limits, state_layout="kv")
     def prepare_gdn_decode(self, case, x):
         from attnbench.kernels.fla.gdn import prepare_decode
 
         return prepare_decode(case, x)
 
-    @implements("gdn_extend", limits=limits)
+    @implements("gdn_extend", limits=limits, state_layout="kv")
     def prepare_gdn_extend(self, case, x):
         from attnbench.kernels.fla.gdn import prepare_extend
 

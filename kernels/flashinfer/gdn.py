@@ -19,7 +19,8 @@ extend: `state_indices` with `output_state` the same pool, the slots of requests
 state cleared in the call, as a server clears a new request's slot). The timed closure is the FlashInfer call alone (plus, for packed decode,
 the split of mixed_qkv into contiguous q/k/v FlashInfer needs); the closure's `finalize` writes the
 touched slots (and verify's `[B, T, HV, V, K]` intermediate states) back into the canonical
-`[.., K, V]` tensors after the call, untimed. Extend's timed call also computes the linear-space gate
+`[.., K, V]` tensors after the call, untimed. A pool handed already in that layout (a gdn_chain step,
+`x.state_layout == "vk"`: the implementations declare `state_layout="vk"`) is used as it is. Extend's timed call also computes the linear-space gate
 alpha = exp(g) and clears the fresh requests' slots: a server rewrites g and the batch's flags every
 step (on an H100, exp(g) taken once in prepare was a stale output).
 """
@@ -55,12 +56,13 @@ def gdn_unsupported(case) -> str | None:
 def _native_pool(x, spare: int = 0):
     """(FlashInfer's K-last pool (and `spare` scratch slots), the finalize that writes the real
     requests' slots back)."""
-    pool = states.state_v_major(x.state_pool, spare)
+    pool, shared = states.native_pool(x, spare)
     idx = x.state_indices.long()
     slots = idx[idx >= 0]
 
     def finalize(outputs):
-        states.state_canonical_(x.state_pool, pool, slots)
+        if not shared:  # a pool handed in this layout (a gdn_chain step) is the kernel's own
+            states.state_canonical_(x.state_pool, pool, slots)
         return outputs
 
     return pool, finalize
@@ -73,7 +75,7 @@ def _limits(backend, case) -> str | None:
 class FlashInferGDN:
     """Mixin of the flashinfer backend: gdn_decode, gdn_verify, gdn_extend (limits: `gdn_unsupported`)."""
 
-    @implements("gdn_decode", limits=_limits)
+    @implements("gdn_decode", limits=_limits, state_layout="vk")
     def prepare_gdn_decode(self, case, x):
         from flashinfer.gdn_decode import gated_delta_rule_decode_pretranspose
 
@@ -98,13 +100,13 @@ class FlashInferGDN:
         run.info = {"variant": f"{split}gated_delta_rule_decode_pretranspose (fp32 K-last pool from prepare)"}
         return run
 
-    @implements("gdn_verify", limits=_limits)
+    @implements("gdn_verify", limits=_limits, state_layout="vk")
     def prepare_gdn_verify(self, case, x):
         from flashinfer.gdn_decode import gated_delta_rule_mtp
 
         B, T, HV = x.batch, x.draft, x.v.shape[1]
         K, V = x.q.shape[2], x.v.shape[2]
-        pool = states.state_v_major(x.state_pool)
+        pool, _ = states.native_pool(x)
         inter = torch.empty(B, T, HV, V, K, dtype=torch.float32, device=x.q.device)
         out = x.o.view(B, T, HV, V)
 
@@ -124,7 +126,7 @@ class FlashInferGDN:
         run.info = {"variant": "gated_delta_rule_mtp (chain; fp32 K-last pool and intermediates from prepare)"}
         return run
 
-    @implements("gdn_extend", limits=_limits)
+    @implements("gdn_extend", limits=_limits, state_layout="vk")
     def prepare_gdn_extend(self, case, x):
         from flashinfer.gdn_prefill import chunk_gated_delta_rule
 

@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from attnbench.backend import Backend
+from attnbench.kernels.mutants.chain import CHAIN_MUTANTS, chain_with
 from attnbench.kernels.mutants.interactions import INTERACTION_MUTANTS
 from attnbench.kernels.mutants.stale import STALE_MUTANTS, snapshot_backend
 from attnbench.kernels.mutants.upstream import UPSTREAM_MUTANTS
@@ -217,6 +218,8 @@ MUTANTS: tuple[Mutant, ...] = (
     *(Mutant(name, bug, (), factory) for name, bug, factory in INTERACTION_MUTANTS),
     # closures that cache one class of inputs at prepare (kernels/mutants/stale.py): no case written either
     *(Mutant(name, bug, (), lambda n=name, f=fields: snapshot_backend(n, f)) for name, bug, fields in STALE_MUTANTS),
+    # bugs of one state pool shared by several ops (kernels/mutants/chain.py): gdn_chain cases find them
+    *(Mutant(name, bug, (), lambda n=name, c=cls: chain_with(n, c())) for name, bug, cls in CHAIN_MUTANTS),
     # real bugs from upstream trackers (kernels/mutants/upstream.py): no case written for them either
     *(Mutant(u.name, u.bug, (), u.backend, u.source, u.known_escape) for u in UPSTREAM_MUTANTS),
 )  # fmt: skip

@@ -2,7 +2,8 @@
 prefix, merge_state) and its GDN Triton kernels (gating, causal conv1d, decode, chunked extend,
 target verify), driven through the installed package (sglang 0.5.10.post1), never copied; and
 `sglang-cute`, SGLang's CuTe DSL GDN decode (cute.py); `sgl-kernel`, its CUDA EAGLE tree kernels
-(sgl_kernel.py).
+(sgl_kernel.py); `sglang-unified`, the extend of its deterministic inference (one-stage kernel over a
+unified token table); `sglang-prefill`, its `context_attention_fwd` (extend without a prefix).
 
 Import-guarded: without sglang (or the small modules its kernel files import) the backend is listed
 with the reason and how to install it (tools/install-deployed.sh, docs/deployed.md), and every case
@@ -27,15 +28,9 @@ def _gdn(backend, case) -> str | None:
     return gdn.gdn_unsupported(case)
 
 
-def _conv(backend, case) -> str | None:
-    if case.params.mode == "verify":  # SGLang's causal_conv1d_update has intermediate_conv_window: not adapted yet
-        return "the sglang adapter does not drive causal_conv1d verify mode (intermediate conv windows)"
-    return None
+class _SGLangTriton(Backend):
+    """What SGLang's Triton backends share: the import guard and the device (CUDA, or the interpreter)."""
 
-
-@register_backend("sglang")
-class SGLangBackend(Backend):
-    description = f"SGLang {_lib.PINNED} Triton kernels: split-KV decode, extend, merge_state, GDN"
     backend_limits = on_device
 
     def available(self) -> str | None:
@@ -47,6 +42,11 @@ class SGLangBackend(Backend):
         if not torch.cuda.is_available() and not interpreting():
             return "no CUDA device (set TRITON_INTERPRET=1 to run SGLang's Triton kernels in the CPU interpreter)"
         return None
+
+
+@register_backend("sglang")
+class SGLangBackend(_SGLangTriton):
+    description = f"SGLang {_lib.PINNED} Triton kernels: split-KV decode, extend, merge_state, GDN"
 
     @implements("decode", limits=_attention)
     def prepare_decode(self, case, x):
@@ -64,21 +64,43 @@ class SGLangBackend(Backend):
     def prepare_gdn_gating(self, case, x):
         return gdn.prepare_gating(case, x)
 
-    @implements("causal_conv1d", limits=_conv)
+    @implements("causal_conv1d")
     def prepare_causal_conv1d(self, case, x):
         return gdn.prepare_conv(case, x)
 
-    @implements("gdn_decode", limits=_gdn)
+    @implements("gdn_decode", limits=_gdn, state_layout="vk")
     def prepare_gdn_decode(self, case, x):
         return gdn.prepare_decode(case, x)
 
-    @implements("gdn_extend", limits=_gdn)
+    @implements("gdn_extend", limits=_gdn, state_layout="vk")
     def prepare_gdn_extend(self, case, x):
         return gdn.prepare_extend(case, x)
 
-    @implements("gdn_verify", limits=_gdn)
+    @implements("gdn_verify", limits=_gdn, state_layout="vk")
     def prepare_gdn_verify(self, case, x):
         return gdn.prepare_verify(case, x)
+
+
+@register_backend("sglang-unified")
+class SGLangUnifiedBackend(_SGLangTriton):
+    description = (
+        f"SGLang {_lib.PINNED} deterministic extend (enable_deterministic_inference): "
+        "build_unified_kv_indices + extend_attention_fwd_unified"
+    )
+    deterministic = True  # SGLang's batch-invariant path: calls on the same inputs must agree bit for bit
+
+    @implements("extend", limits=lambda backend, case: attn.unified_unsupported(case))
+    def prepare_extend(self, case, x):
+        return attn.prepare_extend_unified(case, x)
+
+
+@register_backend("sglang-prefill")
+class SGLangPrefillBackend(_SGLangTriton):
+    description = f"SGLang {_lib.PINNED} prefill_attention.context_attention_fwd: extend without a prefix"
+
+    @implements("extend", limits=lambda backend, case: attn.prefill_unsupported(case))
+    def prepare_extend(self, case, x):
+        return attn.prepare_prefill(case, x)
 
 
 @register_backend("sglang-cute")
@@ -95,7 +117,9 @@ class SGLangCuteBackend(Backend):
             return "no CUDA device (SGLang's CuTe DSL GDN decode needs SM90+)"
         return None
 
-    @implements("gdn_decode", limits=lambda backend, case: cute.cute_unsupported(case))
+    # its kernel reads h0[pool, hv, k, v] (kernels/sglang/cute.py): the canonical layout, SGLang's Triton kernels'
+    # transpose (docs/chain.md: a chain that hands it their pool as it is shows which holds)
+    @implements("gdn_decode", limits=lambda backend, case: cute.cute_unsupported(case), state_layout="kv")
     def prepare_gdn_decode(self, case, x):
         return cute.prepare_decode(case, x)
 

@@ -20,6 +20,7 @@ MAMBA = "sglang.srt.layers.attention.mamba"
 MODULES = (
     f"{ATTENTION}.decode_attention",
     f"{ATTENTION}.extend_attention",
+    f"{ATTENTION}.prefill_attention",
     f"{ATTENTION}.merge_state",
     f"{FLA}.fused_gdn_gating",
     f"{FLA}.fused_sigmoid_gating_recurrent",

@@ -13,8 +13,17 @@ behind the canonical decode, extend and merge_state contracts.
   SGLang's `forward_extend` calls `set_kv_buffer` before the kernel); `shared` (no new K/V tensors)
   cannot be said: the kernel reads new tokens from `k_extend`.
 - merge_state: `merge_state_triton` (natural-log LSE, as canonical).
+- extend, deterministic (`sglang-unified`): `build_unified_kv_indices` then
+  `extend_attention_fwd_unified`, as SGLang's `TritonAttnBackend._forward_extend_unified` calls them
+  on every layer when `enable_deterministic_inference` is on: one token table per request, its
+  (windowed) prefix followed by the new tokens' cache slots (`out_cache_loc`), read by a one-stage
+  kernel; the prefix length and, for a window, its start (`window_start_pos`) beside it. The new
+  tokens are read from the cache, so `new_kv: save` stores them first (timed, as `forward_extend`
+  does) and `shared` has them there already; `attend` (not in the cache) cannot be said.
+- extend without a prefix (`sglang-prefill`): `prefill_attention.context_attention_fwd` over the new
+  tokens' contiguous `k_new`/`v_new` (causal or bidirectional; its scale is fixed at `Dk ** -0.5`).
 
-Neither attention kernel returns the final LSE: the closures declare `absent = {"lse": ...}`.
+None of these attention kernels returns the final LSE: the closures declare `absent = {"lse": ...}`.
 """
 
 from __future__ import annotations
@@ -41,6 +50,50 @@ def attention_unsupported(case) -> str | None:
         if p.window == 0:
             return "SGLang's extend reads sliding_window_size 0 as no window: window 0 cannot be expressed"
     return None
+
+
+def unified_unsupported(case) -> str | None:
+    """Why SGLang's deterministic extend (`extend_attention_fwd_unified`) cannot run `case` (None: it can)."""
+    p = case.params
+    if p.kv_dtype != "auto":
+        return "sglang adapter: fp8 KV caches are not wired (SGLang's kernels take float k/v scales per layer)"
+    if p.new_kv == "attend":
+        return (
+            "SGLang's extend_attention_fwd_unified reads the new tokens from the cache (out_cache_loc): "
+            "new_kv attend leaves them out of it"
+        )
+    if p.window == 0:
+        return "SGLang's extend reads sliding_window_size 0 as no window: window 0 cannot be expressed"
+    return None
+
+
+def prefill_unsupported(case) -> str | None:
+    """Why SGLang's `context_attention_fwd` (prefill_attention.py) cannot run `case` (None: it can):
+    new tokens only, contiguous K/V, the default scale and none of the extras."""
+    p = case.params
+    _, prefixes = _prefix_lens(case)
+    if any(prefixes):
+        return "SGLang's context_attention_fwd attends the new tokens only: every request's prefix must be 0"
+    if p.new_kv == "shared":
+        return "SGLang's context_attention_fwd reads contiguous k/v of the new tokens (new_kv shared has none)"
+    reasons = [
+        (p.kv_dtype != "auto", "fp8 KV caches: it reads k/v in the query dtype"),
+        (p.mask == "custom", "no custom masks"),
+        (p.window >= 0, "no sliding window"),
+        (p.soft_cap > 0, "no soft cap"),
+        (p.sinks, "no sinks"),
+        (p.dv != p.head_dim, "one head dim for q, k and v (head_dim_v != head_dim)"),
+        (p.scale != p.head_dim**-0.5, "its scale is fixed at head_dim ** -0.5"),
+    ]
+    for bad, what in reasons:
+        if bad:
+            return f"SGLang's context_attention_fwd: {what}"
+    return None
+
+
+def _prefix_lens(case) -> tuple[list[int], list[int]]:
+    kv_lens, q_lens = case.op.request_lengths(case.params, case.seed)
+    return q_lens, [L - n for L, n in zip(kv_lens, q_lens)]
 
 
 def _core_count(device: torch.device) -> int:
@@ -120,4 +173,61 @@ def prepare_merge_state(case, x):
         return {"o": x.o, "lse": x.lse}
 
     run.info = {"variant": "merge_state_triton"}
+    return run
+
+
+def prepare_extend_unified(case, x):
+    mod = _lib.module("extend_attention")
+    try:
+        window = conv.sliding_window_size(x.window)
+    except ValueError as e:
+        raise Unsupported(str(e)) from e
+    ps = x.page_size
+    prefixes = [L - n for L, n in zip(x.seq_lens_host, x.q_lens_host)]
+    ranges = [conv.extend_prefix_range(pre, x.window) for pre in prefixes]
+    starts = [s for s, _ in ranges]
+    # forward_metadata.kv_indptr/kv_indices (window_kv_* for a sliding-window layer) and out_cache_loc
+    prefix_indptr, prefix_indices = conv.token_slots(x.kv_indptr, x.kv_page_indices, ps, starts, prefixes)
+    _, out_cache_loc = conv.token_slots(x.kv_indptr, x.kv_page_indices, ps, prefixes, list(x.seq_lens_host))
+    dev = x.q.device
+    extend_seq_lens = torch.tensor(x.q_lens_host, dtype=torch.int32, device=dev)
+    extend_start_loc = x.qo_indptr[:-1].to(torch.int32)
+    window_start_pos = torch.tensor(starts, dtype=torch.int32, device=dev) if window > 0 else None
+    k_buf, v_buf = conv.token_view(x.k_cache), conv.token_view(x.v_cache)
+    B, max_q = len(x.q_lens_host), max(x.q_lens_host)
+
+    def run():
+        if x.save_kv:
+            save_new_kv(x)
+        kv_indptr, kv_indices, prefix_lens = mod.build_unified_kv_indices(
+            prefix_indptr, prefix_indices, extend_start_loc, extend_seq_lens, out_cache_loc, B
+        )
+        mod.extend_attention_fwd_unified(
+            x.q, x.o, k_buf, v_buf, 1.0, 1.0, x.qo_indptr, kv_indptr, kv_indices, prefix_lens.to(torch.int32),
+            max_q, custom_mask=x.custom_mask, mask_indptr=x.mask_indptr, sm_scale=x.sm_scale, logit_cap=x.soft_cap,
+            is_causal=x.causal, sliding_window_size=window, sinks=x.sinks, window_start_pos=window_start_pos,
+        )  # fmt: skip
+        return {"o": x.o}
+
+    run.absent = {"lse": NO_LSE.format("extend_attention_fwd_unified")}
+    custom = " (custom mask)" if x.custom_mask is not None else ""
+    run.info = {"variant": f"build_unified_kv_indices + extend_attention_fwd_unified{custom}"}
+    return run
+
+
+def prepare_prefill(case, x):
+    mod = _lib.module("prefill_attention")
+    dev = x.q.device
+    start_loc = x.qo_indptr[:-1].to(torch.int32)
+    seq_len = torch.tensor(x.q_lens_host, dtype=torch.int32, device=dev)
+    max_q = max(x.q_lens_host)
+
+    def run():
+        if x.save_kv:
+            save_new_kv(x)
+        mod.context_attention_fwd(x.q, x.k_new, x.v_new, x.o, start_loc, seq_len, max_q, is_causal=x.causal)
+        return {"o": x.o}
+
+    run.absent = {"lse": NO_LSE.format("context_attention_fwd")}
+    run.info = {"variant": "context_attention_fwd" + ("" if x.causal else " (bidirectional)")}
     return run

@@ -116,3 +116,25 @@ def num_kv_splits(
     grid = n * group * heads_q if ratio == 1 else n * group * cdiv(heads_q, min(16, ratio))
     chunk2 = cdiv(longest, min(cdiv(programs, grid), max_kv_splits))
     return [max(cdiv(L, chunk1), cdiv(L, chunk2)) for L in seq_lens]
+
+
+def eagle_links(parents: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """A draft tree's parents `[B, T]` (token 0 the root, -1; every other token's parent earlier) as
+    SGLang's `retrieve_next_token` (each token's first child) and `retrieve_next_sibling` (the next
+    token with the same parent), both `[B, T]` int32, -1 for none.
+
+    SGLang's `causal_conv1d_update` rebuilds each token's parent from these two lists in token order
+    (a first child gets its parent's index, a next sibling its sibling's parent), so first children
+    and next siblings are the smallest later indices: exactly what the ordered parents say.
+    """
+    B, T = parents.shape
+    idx = torch.arange(T, device=parents.device)
+    none = torch.full((), T, device=parents.device)
+    child = parents.long()[:, None, :] == idx[None, :, None]  # [B, i, j]: j is a child of i
+    sibling = (parents[:, :, None] == parents[:, None, :]) & (idx[None, None, :] > idx[None, :, None])
+    first = torch.where(child, idx, none).amin(-1)
+    nxt = torch.where(sibling, idx, none).amin(-1)
+    return (
+        torch.where(first < T, first, -1).to(torch.int32),
+        torch.where(nxt < T, nxt, -1).to(torch.int32),
+    )

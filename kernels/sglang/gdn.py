@@ -5,7 +5,8 @@
 States live in SGLang's layout from `prepare` on (conventions.state_v_major: the pool `[N, HV, V, K]`,
 verify's intermediate states `[B, T, HV, V, K]`); the timed closure is the library call alone, and
 its `finalize` writes the states back into the canonical `[.., K, V]` tensors after the call,
-untimed (harness/backend.py).
+untimed (harness/backend.py). A pool handed already in that layout (a gdn_chain step,
+`x.state_layout == "vk"`; the implementations declare `state_layout="vk"`) is used as it is.
 
 - gdn_gating: `fused_gdn_gating` (softplus threshold 20); returns new `[1, T, HV]` fp32 g and beta.
 - causal_conv1d: `causal_conv1d_fn` on the `[dim, T]` transposed view of x (prefill; the state pool
@@ -27,6 +28,7 @@ import torch
 
 from attnbench.kernels import native_states as states
 from attnbench.kernels.sglang import _lib
+from attnbench.kernels.sglang import conventions as conv
 
 
 def gdn_unsupported(case) -> str | None:
@@ -70,6 +72,9 @@ def prepare_conv(case, x):
         run.info = {"variant": "causal_conv1d_update"}
         return run
 
+    if x.verify:
+        return _prepare_conv_verify(mod, x)
+
     def run():
         y = mod.causal_conv1d_fn(
             x.x.t(), x.weight, x.bias, x.conv_states, x.query_start_loc, lens, cache_indices=x.cache_indices,
@@ -81,14 +86,47 @@ def prepare_conv(case, x):
     return run
 
 
+def _prepare_conv_verify(mod, x):
+    """As SGLang's GDN backend runs target verify: x as `[B, dim, draft]` (a view), the pool read by
+    `conv_state_indices`, the window after each draft token into `intermediate_conv_window
+    [B, draft, dim, W-1]` (the canonical buffer as it is) at `intermediate_state_indices = 0..B-1`; a
+    tree as `retrieve_next_token`/`retrieve_next_sibling` (conventions.eagle_links); the kernel writes the
+    parents it rebuilds from them into `retrieve_parent_token` (a buffer from prepare; SGLang's GDN
+    verify reads it next). Like SGLang's, the call also writes the pool: each slot gets the last W-1
+    inputs in packed order, which SGLang's server overwrites at commit from the intermediate windows
+    (docs/findings.md); the canonical verify leaves the pool alone, so those rows fail on it."""
+    B = x.cache_indices.shape[0]
+    T = x.x.shape[0] // B
+    inter_idx = torch.arange(B, dtype=torch.int32, device=x.x.device)
+    tree = x.parents is not None
+    parent_out = torch.empty_like(x.parents) if tree else None  # the kernel writes the parents it rebuilt
+
+    def run():
+        links = conv.eagle_links(x.parents) if tree else (None, None)  # SGLang's tree kernel writes these
+        y = mod.causal_conv1d_update(
+            x.x.view(B, T, -1).transpose(1, 2), x.conv_states, x.weight, x.bias, activation="silu",
+            conv_state_indices=x.cache_indices, intermediate_conv_window=x.intermediate_conv_windows,
+            intermediate_state_indices=inter_idx, retrieve_next_token=links[0], retrieve_next_sibling=links[1],
+            retrieve_parent_token=parent_out,
+        )  # fmt: skip
+        return {"y": y.transpose(1, 2).reshape(B * T, -1), "intermediate_conv_windows": x.intermediate_conv_windows}
+
+    run.info = {
+        "variant": "causal_conv1d_update (target verify"
+        + (", tree: next-token/sibling links built per call from parents)" if tree else ")")
+    }
+    return run
+
+
 def _native_pool(x, spare: int = 0):
     """(SGLang's pool `[N, HV, V, K]` (and `spare` scratch slots), the slots the kernel writes, the
     finalize that writes them back)."""
-    pool = states.state_v_major(x.state_pool, spare)
+    pool, shared = states.native_pool(x, spare)
     slots = _real_slots(x.state_indices)
 
     def back(outputs):
-        states.state_canonical_(x.state_pool, pool, slots)
+        if not shared:  # a pool handed in this layout (a gdn_chain step) is the kernel's own
+            states.state_canonical_(x.state_pool, pool, slots)
         return outputs
 
     return pool, slots, back
@@ -147,7 +185,7 @@ def prepare_verify(case, x):
     mod = _lib.module("fused_sigmoid_gating_recurrent")
     B, T, HV = x.batch, x.draft, x.v.shape[1]
     K, V = x.q.shape[2], x.v.shape[2]
-    pool = states.state_v_major(x.state_pool)
+    pool, _ = states.native_pool(x)
     inter = torch.empty(B, T, HV, V, K, dtype=torch.float32, device=x.q.device)
     inter_idx = torch.arange(B, dtype=torch.int32, device=x.q.device)
     cu = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=x.q.device)

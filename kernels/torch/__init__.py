@@ -44,18 +44,18 @@ class TorchBackend(Backend):
     def prepare_causal_conv1d(self, case, x):
         return lambda: gdn.causal_conv1d(x)
 
-    @implements("gdn_decode")
+    @implements("gdn_decode", state_layout="kv")
     def prepare_gdn_decode(self, case, x):
         return lambda: gdn.gdn_decode(x)
 
-    @implements("gdn_extend")
+    @implements("gdn_extend", state_layout="kv")
     def prepare_gdn_extend(self, case, x):
         return lambda: gdn.gdn_extend(x)
 
-    @implements("gdn_verify")
+    @implements("gdn_verify", state_layout="kv")
     def prepare_gdn_verify(self, case, x):
         return lambda: gdn.gdn_verify(x)
 
-    @implements("gdn_commit")
+    @implements("gdn_commit", state_layout="kv")
     def prepare_gdn_commit(self, case, x):
         return lambda: gdn.gdn_commit(x)

@@ -69,7 +69,7 @@ class TritonGDN:
 
         return run
 
-    @implements("gdn_decode")
+    @implements("gdn_decode", state_layout="kv")
     def prepare_gdn_decode(self, case, x):
         from attnbench.kernels.triton.gdn import gdn_recurrent
 
@@ -83,7 +83,7 @@ class TritonGDN:
         run.info = {"variant": "packed: q/k/v read in place from mixed_qkv" if packed else "recurrent"}
         return run
 
-    @implements("gdn_verify")
+    @implements("gdn_verify", state_layout="kv")
     def prepare_gdn_verify(self, case, x):
         from attnbench.kernels.triton.gdn import gdn_recurrent
 
@@ -96,7 +96,7 @@ class TritonGDN:
 
         return run
 
-    @implements("gdn_commit")
+    @implements("gdn_commit", state_layout="kv")
     def prepare_gdn_commit(self, case, x):
         from attnbench.kernels.triton.gdn_commit import gdn_commit
 
@@ -108,7 +108,7 @@ class TritonGDN:
 
         return run
 
-    @implements("gdn_extend", limits=extend_head_dims)
+    @implements("gdn_extend", limits=extend_head_dims, state_layout="kv")
     def prepare_gdn_extend(self, case, x):
         return prepare_gdn_extend(case, x, self.gdn_tri)
 
