@@ -206,10 +206,11 @@ def batch_invariant(p: PreparedCall, reference: dict) -> bool | None:
 
 class StaleOutputCheck:
     """Every input the op reads changed in place (`Op.perturbations`), the closure called again: every
-    output must follow (attnbench.checks.stale_check). Records nothing but its problem."""
+    output must follow (attnbench.checks.stale_check; a failing re-run counts only where a freshly
+    prepared closure passes the same changed inputs). Records nothing but its problem."""
 
     name = "stale"
-    needs = frozenset({"outputs", "call_again", "perturb"})
+    needs = frozenset({"outputs", "call_again", "perturb", "fresh_call"})
     records = ()
 
     def applies(self, ctx: CheckContext) -> bool:
@@ -218,7 +219,7 @@ class StaleOutputCheck:
     def run(self, ctx: CheckContext) -> dict[str, Any]:
         p, case = ctx.prepared, ctx.case
         stale_check(ctx.op, ctx.params, p.pristine, p.call, p.work, ctx.verdict, p.sync, ctx.rule, case.torch_dtype,
-                    p.absent, ctx.memo_for(self.name))  # fmt: skip
+                    p.absent, ctx.memo_for(self.name), fresh=p.fresh_call_on)  # fmt: skip
         return {}
 
 

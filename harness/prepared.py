@@ -57,5 +57,11 @@ class PreparedCall:
         other inputs (a sub-batch)."""
         return call_untimed(self.backend.prepare(self.case, clone_tensors(self.pristine if inputs is None else inputs)))
 
+    def fresh_call_on(self, inputs: Any) -> tuple[dict, Any]:
+        """Like `fresh_call(inputs)`, but also the copy of the inputs the new closure held (its written
+        inputs, canaries), as `checks.check` reads them."""
+        work = clone_tensors(inputs)
+        return call_untimed(self.backend.prepare(self.case, work)), work
+
     def sync(self) -> None:
         sync_device(self.case)

@@ -21,10 +21,14 @@ from __future__ import annotations
 import torch
 
 
-def _dense_initial_state(x, use: torch.Tensor) -> torch.Tensor:
-    """The dense `[B, HV, K, V]` initial states: the pool slots of the rows where `use` holds, zeros
-    elsewhere. Called inside the timed closure, without a host sync."""
+def _dense_initial_state(x, has_initial_state: torch.Tensor | None = None) -> torch.Tensor:
+    """The dense `[B, HV, K, V]` initial states: the pool slots of the real requests (slot >= 0, and
+    where `has_initial_state` holds), zeros elsewhere. Called inside the timed closure, without a
+    host sync."""
     idx = x.state_indices.long()
+    use = idx >= 0
+    if has_initial_state is not None:
+        use = use & has_initial_state.to(idx.device)
     h0 = x.state_pool.index_select(0, idx.clamp(min=0))
     return torch.where(use.view(-1, 1, 1, 1), h0, torch.zeros((), dtype=h0.dtype, device=h0.device))
 
@@ -48,7 +52,7 @@ def prepare_decode(case, x):
 
     def run():
         with torch.no_grad():
-            h0 = _dense_initial_state(x, x.state_indices >= 0)
+            h0 = _dense_initial_state(x)
             o, last["ht"] = fused_recurrent_gated_delta_rule(
                 x.q[:, None], x.k[:, None], x.v[:, None], g=x.a[:, None], beta=x.b[:, None], scale=x.scale,
                 initial_state=h0, output_final_state=True, use_qk_l2norm_in_kernel=True,
@@ -72,7 +76,7 @@ def prepare_extend(case, x):
 
     def run():
         with torch.no_grad():
-            h0 = _dense_initial_state(x, x.has_initial_state.to(x.state_indices.device) & (x.state_indices >= 0))
+            h0 = _dense_initial_state(x, x.has_initial_state)
             o, last["ht"] = chunk_gated_delta_rule(
                 x.q[None], x.k[None], x.v[None], x.g[None], x.beta[None], scale=x.scale, initial_state=h0,
                 output_final_state=True, use_qk_l2norm_in_kernel=True, cu_seqlens=cu, cu_seqlens_cpu=cu_cpu,

@@ -68,6 +68,12 @@ def _native_pool(x, spare: int = 0):
     return pool, finalize
 
 
+def _linear_gate(g: torch.Tensor) -> torch.Tensor:
+    """FlashInfer's extend gate: the linear-space decay alpha = exp(g) of our log-space g (in the call:
+    a server's g changes every step)."""
+    return torch.exp(g)
+
+
 def _limits(backend, case) -> str | None:
     return gdn_unsupported(case)
 
@@ -136,7 +142,7 @@ class FlashInferGDN:
 
         def run():
             states.zero_fresh_states_(pool, x.state_indices, x.has_initial_state)
-            alpha = torch.exp(x.g)  # FlashInfer's gate is the linear-space decay
+            alpha = _linear_gate(x.g)
             chunk_gated_delta_rule(
                 x.q, x.k, x.v, g=alpha, beta=x.beta, scale=x.scale, initial_state=pool, output_final_state=True,
                 cu_seqlens=cu, use_qk_l2norm_in_kernel=True, output=x.o, output_state=pool,

@@ -181,3 +181,30 @@ def test_a_perturbed_copy_clones_only_what_it_changes_and_keeps_views():
     assert len(shared) > 1
     assert len({getattr(y, n).untyped_storage().data_ptr() for n in shared}) == 1
     assert y.mixed_qkv.untyped_storage().data_ptr() != x.mixed_qkv.untyped_storage().data_ptr()
+
+
+def test_a_changed_input_a_fresh_closure_also_fails_is_not_a_stale_output():
+    """The control: a backend inaccurate only on the negated queries (as a correct kernel can be just over
+    its bound on another draw of the case) fails the re-run, but a freshly prepared closure fails those
+    inputs too, so no staleness is reported; a closure that did not follow still is (the mutants)."""
+    from attnbench.backend import Backend
+
+    case = Case.from_id("decode/b3-l70-skewed-h8x2-d64-p16-swa7-cap5-sink-bf16", "cpu")
+    sign = float(case.make_inputs().q.flatten()[0])
+
+    class OffOnTheOtherSign(Backend):
+        name = "off-on-the-other-sign"
+
+        def prepare_decode(self, case, x):
+            inner = get_backend("torch").prepare(case, x)
+
+            def run():
+                out = inner()
+                if float(x.q.flatten()[0]) * sign < 0:  # the queries were negated
+                    out["o"].add_(1.0)
+                return out
+
+            return run
+
+    row = run_one(case, OffOnTheOtherSign())
+    assert row.status == "pass", row.reason

@@ -100,7 +100,11 @@ def test_fla_gdn_adapter_conventions(case_id, fake_fla):
     ],
 )
 def test_fla_gdn_timed_closure_is_the_kernel_alone(case_id, kernel, fake_fla, monkeypatch):
-    rec = watch_kernels(monkeypatch, [(fake_fla, kernel)])
+    """fla's kernel and the gather of the requests' states from the pool (fla has no pool: a server
+    using it pays that gather every step, so it is timed, in one named function); nothing else."""
+    from attnbench.kernels.fla import gdn as fla_gdn
+
+    rec = watch_kernels(monkeypatch, [(fake_fla, kernel), (fla_gdn, "_dense_initial_state")])
     case = Case.from_id(case_id)
     fn = _Adapter().prepare(case, case.make_inputs())
     with rec:

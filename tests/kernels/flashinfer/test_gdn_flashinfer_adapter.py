@@ -173,11 +173,16 @@ TIMED_ONLY_KERNEL = [
 
 @pytest.mark.parametrize("case_id, module, kernel", TIMED_ONLY_KERNEL)
 def test_flashinfer_gdn_timed_closure_is_the_kernel_alone(case_id, module, kernel, fake_flashinfer, monkeypatch):
-    """No gather, transpose, scatter or gate conversion in the timed call: every non-view torch op it
-    runs is inside FlashInfer's function (states are native from prepare, written back by finalize)."""
+    """No gather, transpose or scatter in the timed call: every non-view torch op it runs is inside
+    FlashInfer's function (states are native from prepare, written back by finalize), or the serving
+    work a server repeats every step, declared in named functions: extend's linear gate exp(g) and the
+    clearing of fresh requests' slots."""
     from attnbench.case import Case
+    from attnbench.kernels import native_states
+    from attnbench.kernels.flashinfer import gdn as fi_gdn
 
-    rec = watch_kernels(monkeypatch, [(sys.modules[f"flashinfer.{module}"], kernel)])
+    serving = [(fi_gdn, "_linear_gate"), (native_states, "zero_fresh_states_")]
+    rec = watch_kernels(monkeypatch, [(sys.modules[f"flashinfer.{module}"], kernel), *serving])
     case = Case.from_id(case_id)
     fn = _Adapter().prepare(case, case.make_inputs())
     with rec:
