@@ -219,7 +219,7 @@ class StaleOutputCheck:
     def run(self, ctx: CheckContext) -> dict[str, Any]:
         p, case = ctx.prepared, ctx.case
         stale_check(ctx.op, ctx.params, p.pristine, p.call, p.work, ctx.verdict, p.sync, ctx.rule, case.torch_dtype,
-                    p.absent, ctx.memo_for(self.name), fresh=p.fresh_call_on)  # fmt: skip
+                    p.absent, ctx.memo_for(self.name), fresh=p.fresh_call_on, first=ctx.first)  # fmt: skip
         return {}
 
 

@@ -81,7 +81,8 @@ def test_selftest_reports_a_mutant_the_suites_miss(monkeypatch):
 
     small = load("smoke")
     small.cases = [c for c in small.cases if c.op_name == "gdn_gating"]
-    monkeypatch.setattr("attnbench.suite.load", lambda name, device="cpu": small)
+    for where in ("attnbench.suite.load", "attnbench.sweep.load"):  # selftest plans through sweep.plan
+        monkeypatch.setattr(where, lambda name, *args, **kwargs: small)
     rep = selftest.run()
     assert rep.caught == 0 and rep.score == 0.0 and not rep.ok
     assert rep.outcomes[0].cases_run == len(small.cases)
@@ -97,7 +98,8 @@ def test_a_known_escape_is_shown_and_fails_once_caught(monkeypatch):
 
     small = load("smoke")
     small.cases = [c for c in small.cases if c.op_name == "gdn_gating"][:2]
-    monkeypatch.setattr("attnbench.suite.load", lambda name, device="cpu": small)
+    for where in ("attnbench.suite.load", "attnbench.sweep.load"):  # selftest plans through sweep.plan
+        monkeypatch.setattr(where, lambda name, *args, **kwargs: small)
     disguised = type("Harmless", (TorchBackend,), {"name": "harmless"})
     missed = mutants.Mutant("harmless", "no bug at all", (), disguised, known_escape="nothing to find")
     monkeypatch.setattr(mutants, "MUTANTS", (missed,))
@@ -119,7 +121,8 @@ def test_a_mutant_that_only_raises_is_not_caught_and_says_why(monkeypatch):
 
     small = load("smoke")
     small.cases = [c for c in small.cases if c.op_name == "gdn_gating"][:1]
-    monkeypatch.setattr("attnbench.suite.load", lambda name, device="cpu": small)
+    for where in ("attnbench.suite.load", "attnbench.sweep.load"):  # selftest plans through sweep.plan
+        monkeypatch.setattr(where, lambda name, *args, **kwargs: small)
 
     def prepare(self, case, x):
         def run():

@@ -32,7 +32,8 @@ def test_default_sweep_runs_smoke_on_cpu_and_writes_the_run_directory(smoke_run)
     assert res.exit_code == 0, res.output
     rows = read_results(out / "results.jsonl")
     assert len(rows) == len(load("smoke").cases)
-    assert {r.status for r in rows} == {"pass"}
+    assert {r.status for r in rows if r.op != "gdn_chain"} == {"pass"}
+    assert all(r.status == "skip" for r in rows if r.op == "gdn_chain")  # the `chain` backend runs those
     for name in ("report.html", "results.csv", "junit.xml", "summary.md", "env.json", "run.json"):
         assert (out / name).is_file(), name
     html = (out / "report.html").read_text()
