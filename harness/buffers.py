@@ -81,12 +81,11 @@ def clone_tensors(obj: Any, only: Iterable[str] | None = None) -> Any:
         wanted = {key_of(t) for f in only if isinstance(t := getattr(obj, f), torch.Tensor)}
 
     def clone(t: torch.Tensor) -> torch.Tensor:
-        s = t.untyped_storage()
-        key = (str(t.device), s.data_ptr())
+        key = key_of(t)
         if wanted is not None and key not in wanted:
             return t
         if key not in copies:
-            copies[key] = s.clone()
+            copies[key] = t.untyped_storage().clone()
         return torch.empty(0, dtype=t.dtype, device=t.device).set_(copies[key], t.storage_offset(), t.shape, t.stride())
 
     def walk(v: Any) -> Any:

@@ -55,7 +55,7 @@ class PreparedCall:
         """Prepare the backend again on a copy of `inputs` (default: the pristine ones) and call that
         closure once: for checks that need a call that starts clean (ops that write their inputs) or
         other inputs (a sub-batch)."""
-        return call_untimed(self.backend.prepare(self.case, clone_tensors(self.pristine if inputs is None else inputs)))
+        return self.fresh_call_on(self.pristine if inputs is None else inputs)[0]
 
     def fresh_call_on(self, inputs: Any) -> tuple[dict, Any]:
         """Like `fresh_call(inputs)`, but also the copy of the inputs the new closure held (its written

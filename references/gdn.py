@@ -539,10 +539,7 @@ def gdn_extend(
     qh, kh = r(qh), r(kh)
     vf, gf, bf = v.to(acc), g.to(acc), beta.to(acc)
     idx = state_indices.long()
-    init = has_initial_state.to(idx.device) & (idx >= 0)
-    S = torch.where(
-        init[:, None, None, None], state_pool[idx.clamp(min=0)].to(acc), torch.zeros((), dtype=acc, device=q.device)
-    )
+    S = _gather_states(state_pool, torch.where(has_initial_state.to(idx.device), idx, -1), acc)  # zeros: no state
     o = torch.zeros(T, HV, V, dtype=acc, device=q.device)
     steps = torch.arange(chunk_size, device=q.device)
     host_lens = lens.tolist()
@@ -553,9 +550,7 @@ def gdn_extend(
         pos = torch.where(valid, starts[act, None] + at, torch.zeros_like(at))
         oc, S[act] = _chunk_step(S[act], *(_take(x, pos, valid) for x in (qh, kh, vf, gf, bf)), r, acc)
         o[pos[valid]] = oc.transpose(1, 2)[valid]
-    pool = state_pool.to(acc).clone()
-    pool[idx[idx >= 0]] = S[idx >= 0]
-    return (o.to(v.dtype) if precision != D64 else o), pool
+    return (o.to(v.dtype) if precision != D64 else o), _scatter_states(state_pool, idx, S, acc)
 
 
 def gdn_commit(

@@ -133,14 +133,20 @@ def prepare_decode(case, x):
     return run
 
 
-def prepare_extend(case, x):
-    mod = _lib.module("extend_attention")
+def _window_and_starts(x) -> tuple[int, list[tuple[int, int]], list[int]]:
+    """SGLang's sliding_window_size of the case, each request's visible prefix range [start, end) and
+    the starts (Unsupported for a window SGLang cannot express)."""
     try:
         window = conv.sliding_window_size(x.window)
     except ValueError as e:
         raise Unsupported(str(e)) from e
     ranges = [conv.extend_prefix_range(L - n, x.window) for L, n in zip(x.seq_lens_host, x.q_lens_host)]
-    starts = [s for s, _ in ranges]
+    return window, ranges, [s for s, _ in ranges]
+
+
+def prepare_extend(case, x):
+    mod = _lib.module("extend_attention")
+    window, ranges, starts = _window_and_starts(x)
     kv_indptr, kv_indices = conv.token_slots(
         x.kv_indptr, x.kv_page_indices, x.page_size, starts, [e for _, e in ranges]
     )
@@ -178,14 +184,9 @@ def prepare_merge_state(case, x):
 
 def prepare_extend_unified(case, x):
     mod = _lib.module("extend_attention")
-    try:
-        window = conv.sliding_window_size(x.window)
-    except ValueError as e:
-        raise Unsupported(str(e)) from e
+    window, _, starts = _window_and_starts(x)
     ps = x.page_size
     prefixes = [L - n for L, n in zip(x.seq_lens_host, x.q_lens_host)]
-    ranges = [conv.extend_prefix_range(pre, x.window) for pre in prefixes]
-    starts = [s for s, _ in ranges]
     # forward_metadata.kv_indptr/kv_indices (window_kv_* for a sliding-window layer) and out_cache_loc
     prefix_indptr, prefix_indices = conv.token_slots(x.kv_indptr, x.kv_page_indices, ps, starts, prefixes)
     _, out_cache_loc = conv.token_slots(x.kv_indptr, x.kv_page_indices, ps, prefixes, list(x.seq_lens_host))
