@@ -399,17 +399,33 @@ def _base(op, params, pristine: Any, work: Any) -> Any:
     return base
 
 
+MEMO_MAX_BYTES = 256 * 2**20  # perturbed copies kept for the next backend of a case up to this size
+
+
 def _perturbed(op, params, base: Any, chosen, precision: torch.dtype, memo: dict | None, key) -> tuple:
     """(perturbed inputs, float64 expectation, twin) of `base` under the perturbations `chosen`;
-    memoised in `memo` under `key` (the same for every backend of a case when `base` is pristine)."""
+    memoised in `memo` under `key` (the same for every backend of a case when `base` is pristine).
+
+    The expectations are always memoised; the perturbed copy only while its cloned fields stay under
+    MEMO_MAX_BYTES: past that it is made again per backend (a perturbation is a deterministic function
+    of the inputs, `Perturbation.apply`), so a production-size pool (suites/large.yaml: 8 GiB) is not
+    held twice more for the whole case."""
+    fields = {f for pert in chosen for f in pert.fields}
+
+    def perturbed_copy():
+        x = clone_tensors(base, only=fields)
+        for pert in chosen:
+            pert.apply(params, x)
+        return x
+
     if memo is not None and key in memo:
-        return memo[key]
-    x = clone_tensors(base, only={f for pert in chosen for f in pert.fields})
-    for pert in chosen:
-        pert.apply(params, x)
+        x, expected, twin = memo[key]
+        return (x if x is not None else perturbed_copy()), expected, twin
+    x = perturbed_copy()
     got = (x, op.expected(params, x, torch.float64), op.expected(params, x, precision))
     if memo is not None:
-        memo[key] = got
+        small = sum(t.untyped_storage().nbytes() for n, t in tensor_fields(x).items() if n in fields) <= MEMO_MAX_BYTES
+        memo[key] = got if small else (None, *got[1:])
     return got
 
 

@@ -11,6 +11,7 @@ exception becomes an `error` row for that backend only. The runner knows no chec
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -63,6 +64,30 @@ _STICKY = ("illegal memory access", "device-side assert", "unspecified launch fa
 def context_lost(e: BaseException) -> bool:
     """True for the CUDA errors after which the context is unusable."""
     return isinstance(e, RuntimeError) and any(s in str(e) for s in _STICKY)
+
+
+KEPT_WATCH_BYTES = 2**30  # cases with inputs this large check what each backend leaves allocated
+KEPT_NOTE_BYTES = 64 * 2**20
+
+
+def _watch_kept(case: Case, opts: RunOptions, built: _Built) -> bool:
+    """Whether each backend's row of this case is checked for device memory it leaves allocated: GPU
+    cases with inputs of KEPT_WATCH_BYTES or more, correctness only (timing keeps every closure)."""
+    return case.on_cuda and not opts.timing and _nbytes(built.pristine) >= KEPT_WATCH_BYTES
+
+
+def _allocated() -> int:
+    """Device memory held by live tensors, after a collection (a dropped closure's cycles freed)."""
+    gc.collect()
+    return torch.cuda.memory_allocated()
+
+
+def _note_kept(row: Result, kept: int) -> None:
+    """Device memory a backend's row left allocated once its closure was dropped (a leak: a cache of
+    tensors, an exception kept alive) goes into the row's prepare_info (`kept_gib`): the next backend's
+    out-of-memory error then has a named cause."""
+    if kept >= KEPT_NOTE_BYTES:
+        row.prepare_info = dict(row.prepare_info or {}) | {"kept_gib": round(kept / 2**30, 2)}
 
 
 def _nbytes(inputs) -> int:
@@ -176,14 +201,18 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
         else:
             closures: dict[str, Callable] = {}
             memo: dict[str, dict] = {}  # per check: what the backends of the case share
+            watch = _watch_kept(case, opts, built)
             for b in todo:
                 stage(b.name)
+                before = _allocated() if watch else 0
                 rows[b.name], fn = _run_backend(case, b, built, opts, env, memo, rows)
                 if fn is not None:
                     # without timing nothing calls it again: drop it, so its copy of the inputs (a production-size
                     # pool of gigabytes, suites/large.yaml) is freed before the next backend's is made
                     closures[b.name] = fn if opts.timing else None
                 del fn
+                if watch:
+                    _note_kept(rows[b.name], _allocated() - before)
             _time(case, todo, built, closures, rows, opts, stage)
     return [rows[b.name] for b in backends]
 

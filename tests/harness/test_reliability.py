@@ -202,3 +202,38 @@ def test_triton_out_of_memory_is_out_of_memory_and_other_runtime_errors_are_not(
     triton_oom = RuntimeError("Triton Error [CUDA]: out of memory")
     assert out_of_memory(triton_oom) and describe(triton_oom).startswith(OUT_OF_MEMORY)
     assert not out_of_memory(RuntimeError("index out of range")) and not out_of_memory(ValueError("out of memory"))
+
+
+def test_a_backend_that_keeps_device_memory_after_its_row_is_named(monkeypatch):
+    """A backend whose row leaves tensors alive (a cache of its inputs) gets `kept_gib` in its
+    prepare_info, so the out-of-memory error of a later backend has a named cause; one that frees
+    everything gets nothing."""
+    from attnbench import runner
+    from attnbench.backend import get_backend
+    from attnbench.buffers import all_tensors
+    from attnbench.case import Case
+
+    kept: list = []
+
+    class Leaky:
+        name = "leaky"
+
+        def __init__(self):
+            self.inner = get_backend("torch")
+
+        def __getattr__(self, item):
+            return getattr(self.inner, item)
+
+        def prepare(self, case, inputs):
+            kept.append(inputs)  # a module-level cache of every input it was given
+            return self.inner.prepare(case, inputs)
+
+    def allocated():
+        return sum(t.untyped_storage().nbytes() for x in kept for t in all_tensors(x)) * 2**20
+
+    monkeypatch.setattr(runner, "_watch_kept", lambda case, opts, built: True)
+    monkeypatch.setattr(runner, "_allocated", allocated)
+    case = Case.from_id("decode/b2-l40-h4x2-d64-p16-bf16", "cpu")
+    good, leaky = runner.run_case(case, [get_backend("torch"), Leaky()], runner.RunOptions(timing=False))
+    assert good.status == "pass" and "kept_gib" not in (good.prepare_info or {})
+    assert leaky.status == "pass" and leaky.prepare_info["kept_gib"] > 0, leaky.prepare_info

@@ -208,3 +208,32 @@ def test_a_changed_input_a_fresh_closure_also_fails_is_not_a_stale_output():
 
     row = run_one(case, OffOnTheOtherSign())
     assert row.status == "pass", row.reason
+
+
+def test_perturbed_copies_past_the_memo_cap_are_made_again_not_held(monkeypatch):
+    """Past `MEMO_MAX_BYTES` a case's memo keeps the perturbed expectations but not the perturbed copy
+    (a production-size pool would be held twice more for the whole case): the next backend gets the
+    same perturbed inputs made again, and a stale closure behind it is still caught."""
+    from attnbench import checks
+    from attnbench.runner import RunOptions, run_case
+
+    case = Case.from_id(CASES[0], "cpu")
+    op, p = case.op, case.params
+    x0 = case.make_inputs()
+    keys = next(q for q in op.perturbations(p) if q.name == "keys")
+    small: dict = {}
+    first = checks._perturbed(op, p, x0, (keys,), case.torch_dtype, small, ("keys",))
+    assert checks._perturbed(op, p, x0, (keys,), case.torch_dtype, small, ("keys",))[0] is first[0]
+    monkeypatch.setattr(checks, "MEMO_MAX_BYTES", 0)
+    capped: dict = {}
+    a = checks._perturbed(op, p, x0, (keys,), case.torch_dtype, capped, ("keys",))
+    assert capped[("keys",)][0] is None and capped[("keys",)][1] is a[1]
+    b = checks._perturbed(op, p, x0, (keys,), case.torch_dtype, capped, ("keys",))
+    assert b[0] is not a[0] and b[1] is a[1]
+    for name, t in tensor_fields(a[0]).items():
+        assert bitwise_equal(t, tensor_fields(b[0])[name]).all(), name
+    rows = run_case(
+        case, [get_backend("torch"), snapshot_backend("snap", {"decode": ("k_cache",)})], RunOptions(timing=False)
+    )
+    assert rows[0].status == "pass", rows[0].reason
+    assert rows[1].status == "fail" and "stale output" in rows[1].reason, rows[1].reason
