@@ -17,7 +17,8 @@ import torch
 def token_slots(
     kv_indptr: torch.Tensor, kv_page_indices: torch.Tensor, page_size: int, starts: list[int], ends: list[int]
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """Token-level page table (SGLang's `kv_indptr`, `kv_indices`, both int32) for key positions
+    """Token-level page table (SGLang's `kv_indptr` int32, `kv_indices` int64: the dtypes its server
+    allocates, triton_backend.py) for key positions
     `[starts[b], ends[b])` of each request b.
 
     A paged cache `[P, page_size, Hkv, D]` viewed as `[P * page_size, Hkv, D]` (a view, no copy) holds
@@ -37,7 +38,9 @@ def token_slots(
         rows.append(own[pos // page_size] * page_size + pos % page_size)
     counts = torch.tensor([0] + [r.numel() for r in rows], dtype=torch.int64)
     flat = torch.cat(rows) if rows else torch.zeros(0, dtype=torch.int64)
-    return counts.cumsum(0).to(torch.int32).to(kv_indptr.device), flat.to(torch.int32).to(kv_indptr.device)
+    # int64 slots as SGLang's server has them: SGLang's Triton kernels multiply a slot by the row stride
+    # in the indices' dtype, which wraps past 2^31 elements for int32 (suites/large.yaml)
+    return counts.cumsum(0).to(torch.int32).to(kv_indptr.device), flat.to(kv_indptr.device)
 
 
 def token_view(cache: torch.Tensor) -> torch.Tensor:

@@ -19,7 +19,18 @@ def test_token_slots_follow_each_requests_pages():
     kv_indptr, kv_indices = conv.token_slots(indptr, pages, 2, [0, 0], [5, 2])
     assert kv_indptr.tolist() == [0, 5, 7]
     assert kv_indices.tolist() == [6, 7, 2, 3, 4, 0, 1]
-    assert kv_indptr.dtype == kv_indices.dtype == torch.int32
+    # SGLang's server dtypes: its kernels compute slot * row stride in the indices' dtype
+    assert kv_indptr.dtype == torch.int32 and kv_indices.dtype == torch.int64
+
+
+def test_token_slots_past_2_to_the_31_elements_stay_exact():
+    """A slot of a production-size pool (2^21 pages of 16: 2^25 slots, 2^35 elements at 1024 a row)
+    keeps its value, and slot * row stride does not wrap in the indices' dtype."""
+    indptr = torch.tensor([0, 1], dtype=torch.int32)
+    pages = torch.tensor([2**21 - 1], dtype=torch.int32)
+    _, kv_indices = conv.token_slots(indptr, pages, 16, [0], [16])
+    assert kv_indices[-1].item() == 2**25 - 1
+    assert (kv_indices * 1024)[-1].item() == (2**25 - 1) * 1024
 
 
 def test_token_slots_of_a_key_range():
