@@ -157,7 +157,7 @@ def _build(
                 if st < n_it:
                     for u in cutlass.range_constexpr(U):
                         j_as = cutlass.min(lo + st * STEP + i_kg + u * KPW, hi - 1)
-                        pg_as = mPages[page_base + j_as // PAGE]
+                        pg_as = cutlass.Int64(mPages[page_base + j_as // PAGE])
                         for v in cutlass.range_constexpr(VPL):
                             gk_as = cute.local_tile(mKc[pg_as, j_as % PAGE, i_hk, None], (VEC,), (v * LPK + i_li,))
                             gv_as = cute.local_tile(mVc[pg_as, j_as % PAGE, i_hk, None], (VEC,), (v * LPK + i_li,))
@@ -167,7 +167,7 @@ def _build(
         if cutlass.const_expr(PIPE and S == 0):
             for u in cutlass.range_constexpr(U):
                 j_pf = cutlass.min(lo + i_kg + u * KPW, hi - 1)
-                pg_pf = mPages[page_base + j_pf // PAGE]
+                pg_pf = cutlass.Int64(mPages[page_base + j_pf // PAGE])
                 for v in cutlass.range_constexpr(VPL):
                     # the second buffer feeds the masked, all-padding half trip of an odd n_it before
                     # it was ever loaded: zeros, not stale registers (0 * NaN would poison the sums)
@@ -188,7 +188,7 @@ def _build(
                         st_nx = nx % S
                         for u in cutlass.range_constexpr(U):
                             j_an = cutlass.min(j0 + (S - 1) * STEP + u * KPW, hi - 1)
-                            pg_an = mPages[page_base + j_an // PAGE]
+                            pg_an = cutlass.Int64(mPages[page_base + j_an // PAGE])
                             for v in cutlass.range_constexpr(VPL):
                                 gk_an = cute.local_tile(mKc[pg_an, j_an % PAGE, i_hk, None], (VEC,), (v * LPK + i_li,))
                                 gv_an = cute.local_tile(mVc[pg_an, j_an % PAGE, i_hk, None], (VEC,), (v * LPK + i_li,))
@@ -205,7 +205,7 @@ def _build(
                     if it + 1 < n_it:
                         for u in cutlass.range_constexpr(U):
                             j_nx = cutlass.min(j0 + STEP + u * KPW, hi - 1)
-                            pg_nx = mPages[page_base + j_nx // PAGE]
+                            pg_nx = cutlass.Int64(mPages[page_base + j_nx // PAGE])
                             for v in cutlass.range_constexpr(VPL):
                                 gk_nx = cute.local_tile(mKc[pg_nx, j_nx % PAGE, i_hk, None], (VEC,), (v * LPK + i_li,))
                                 gv_nx = cute.local_tile(mVc[pg_nx, j_nx % PAGE, i_hk, None], (VEC,), (v * LPK + i_li,))
@@ -214,7 +214,7 @@ def _build(
                 else:
                     for u in cutlass.range_constexpr(U):
                         j_now = cutlass.min(j0 + u * KPW, hi - 1)
-                        pg_now = mPages[page_base + j_now // PAGE]
+                        pg_now = cutlass.Int64(mPages[page_base + j_now // PAGE])
                         for v in cutlass.range_constexpr(VPL):
                             gk_now = cute.local_tile(mKc[pg_now, j_now % PAGE, i_hk, None], (VEC,), (v * LPK + i_li,))
                             gv_now = cute.local_tile(mVc[pg_now, j_now % PAGE, i_hk, None], (VEC,), (v * LPK + i_li,))
