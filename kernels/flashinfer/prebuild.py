@@ -201,6 +201,31 @@ def export_aot(spec_list: list, dest: Path) -> list[Path]:
     return out
 
 
+def driver_stub(cache: Path | None = None) -> Path | None:
+    """On a machine without the CUDA driver, a stub `libcuda.so` (no symbols, soname libcuda.so.1,
+    as the toolkit's own stub) put on `LIBRARY_PATH`, so that FlashInfer's `-lcuda` links; the module
+    binds the real driver's symbols when it loads on the GPU machine. None when the toolkit's stub
+    (`$CUDA_HOME/lib64/stubs`) or a driver is found, or no C compiler is there to make one."""
+    import ctypes.util
+    import subprocess
+
+    home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    if (home / "lib64" / "stubs" / "libcuda.so").exists() or ctypes.util.find_library("cuda"):
+        return None
+    folder = cache or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "attnbench" / "libcuda-stub"
+    stub = folder / "libcuda.so"
+    if not stub.exists():
+        folder.mkdir(parents=True, exist_ok=True)
+        cc = shutil.which("cc") or shutil.which("gcc")
+        if cc is None:
+            return None
+        src = folder / "empty.c"
+        src.write_text("")
+        subprocess.run([cc, "-shared", "-Wl,-soname,libcuda.so.1", "-o", str(stub), str(src)], check=True)
+    os.environ["LIBRARY_PATH"] = os.pathsep.join(filter(None, (str(folder), os.environ.get("LIBRARY_PATH"))))
+    return stub
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("suites", nargs="+", help="suite names or YAML files")
@@ -220,6 +245,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.arch:  # FlashInfer reads its target architectures when its JIT package is imported
         os.environ["FLASHINFER_CUDA_ARCH_LIST"] = args.arch
+        if stub := driver_stub():
+            print(f"no libcuda.so on this machine: linking against a stub ({stub})")
     from attnbench.backend import all_backends, load_builtin
     from attnbench.suite import load
 

@@ -14,6 +14,7 @@ Two checks on a CPU, both through FlashInfer's own code (tests/support/fake_flas
 from __future__ import annotations
 
 import dataclasses
+import os
 import shutil
 import sys
 
@@ -169,3 +170,24 @@ def test_export_aot_lays_out_flashinfer_aot_folder(tmp_path):
     copied = prebuild.export_aot(specs, tmp_path / "aot")
     assert copied == [tmp_path / "aot" / "mod_a" / "mod_a.so"]
     assert copied[0].read_bytes() == b"\x7fELF" and not (tmp_path / "aot" / "mod_b").exists()
+
+
+def test_a_machine_without_the_driver_links_against_a_stub(tmp_path, monkeypatch):
+    """`--arch` builds link FlashInfer's modules with -lcuda: with no driver and no toolkit stub, a
+    stub libcuda.so (soname libcuda.so.1) is made once and put on LIBRARY_PATH; with either, none."""
+    import ctypes.util
+    import shutil
+
+    from attnbench.kernels.flashinfer import prebuild
+
+    if not (shutil.which("cc") or shutil.which("gcc")):
+        pytest.skip("no C compiler")
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+    monkeypatch.setenv("LIBRARY_PATH", "/elsewhere")
+    monkeypatch.setattr(ctypes.util, "find_library", lambda name: None)
+    stub = prebuild.driver_stub(cache=tmp_path / "stub")
+    assert stub is not None and stub.exists() and b"libcuda.so.1" in stub.read_bytes()
+    assert os.environ["LIBRARY_PATH"].split(os.pathsep) == [str(tmp_path / "stub"), "/elsewhere"]
+    (tmp_path / "cuda" / "lib64" / "stubs").mkdir(parents=True)
+    (tmp_path / "cuda" / "lib64" / "stubs" / "libcuda.so").write_bytes(b"")
+    assert prebuild.driver_stub(cache=tmp_path / "other") is None
