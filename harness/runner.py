@@ -273,8 +273,9 @@ def _run_backend(
         _sync(case)
         prep = time.perf_counter() - t0
         t0 = time.perf_counter()
-        outputs = call_untimed(fn)
-        _sync(case)
+        with _profiled(case, b.name):
+            outputs = call_untimed(fn)
+            _sync(case)
         call_s = copy_s + time.perf_counter() - t0
         call = PreparedCall(case, b, built.pristine, work, fn)
         absent = call.absent
@@ -374,6 +375,21 @@ def _reference(case: Case, pristine, opts: RunOptions) -> tuple[dict, dict, dict
         stored = cache.put(case, expected, twin, pristine)
         note = "; ".join(filter(None, (note, stored)))
     return expected, twin, {"reference_from": "computed"} | ({"reference_note": note} if note else {})
+
+
+@contextlib.contextmanager
+def _profiled(case: Case, backend: str):
+    """The checked call of each row inside an NVTX range `attnbench:<backend>` (GPU cases), so a
+    profiler can keep exactly one call of one backend's kernels: `ncu --nvtx --nvtx-include
+    "attnbench:triton/"` (tools/bench/ncu_rows.sh). Costs a few microseconds outside any window."""
+    if not case.on_cuda:
+        yield
+        return
+    torch.cuda.nvtx.range_push(f"attnbench:{backend}")
+    try:
+        yield
+    finally:
+        torch.cuda.nvtx.range_pop()
 
 
 @contextlib.contextmanager
