@@ -273,9 +273,8 @@ def _run_backend(
         _sync(case)
         prep = time.perf_counter() - t0
         t0 = time.perf_counter()
-        with _profiled(case, b.name):
-            outputs = call_untimed(fn)
-            _sync(case)
+        outputs = call_untimed(fn, around=_profiled(case, b.name))
+        _sync(case)
         call_s = copy_s + time.perf_counter() - t0
         call = PreparedCall(case, b, built.pristine, work, fn)
         absent = call.absent
@@ -379,7 +378,7 @@ def _reference(case: Case, pristine, opts: RunOptions) -> tuple[dict, dict, dict
 
 @contextlib.contextmanager
 def _profiled(case: Case, backend: str):
-    """The checked call of each row inside an NVTX range `attnbench:<backend>` (GPU cases), so a
+    """The checked call of each row (not its finalize) inside an NVTX range `attnbench:<backend>` (GPU cases), so a
     profiler can keep exactly one call of one backend's kernels: `ncu --nvtx --nvtx-include
     "attnbench:triton/"` (tools/bench/ncu_rows.sh). Costs a few microseconds outside any window."""
     if not case.on_cuda:
