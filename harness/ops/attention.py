@@ -35,6 +35,7 @@ from attnbench.ops.base import (
     tensor_bytes,
 )
 from attnbench.ops.distributions import Distribution, Sampler, lse_like
+from attnbench.ops.replay_batches import decode_batch
 from attnbench.ops.paged import (
     draft_layout,
     draft_pages,
@@ -903,6 +904,8 @@ class DecodeOp(_PagedAttentionOp):
     Params = DecodeParams
     explicit = ("kv_lens",)
     id_fields = tuple(f for f in _ATTN_ID if f.fields[0] in DecodeParams.model_fields)
+    graph_captured = True  # the replay check (docs/replay.md): batch B from harness/ops/replay_batches.py
+    replay_batch = decode_batch
 
     def request_lengths(self, p: DecodeParams, seed: int) -> tuple[list[int], list[int]]:
         """(keys, queries) per request, as `build_inputs` draws them; no tensors (backends' limits read them).
