@@ -190,5 +190,8 @@ def replay_outcome(p: PreparedCall, rule, enabled: bool = True, memo: dict | Non
     if graph is None and not p.case.on_cuda:
         return f"skip: no CUDA graphs on {p.case.device}", []
     if (n := inputs_bytes(p.pristine)) > REPLAY_MAX_BYTES:
-        return f"skip: inputs of {n / 2**30:.1f} GiB (over {REPLAY_MAX_BYTES / 2**30:.0f} GiB: batch B would be another copy)", []
+        return (
+            f"skip: inputs of {n / 2**30:.1f} GiB (over {REPLAY_MAX_BYTES / 2**30:.0f} GiB: batch B would be another copy)",
+            [],
+        )
     return replay(p, (graph or CudaGraph)(p.case.device), rule, memo)

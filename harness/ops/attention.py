@@ -35,7 +35,6 @@ from attnbench.ops.base import (
     tensor_bytes,
 )
 from attnbench.ops.distributions import Distribution, Sampler, lse_like
-from attnbench.ops.replay_batches import decode_batch
 from attnbench.ops.paged import (
     draft_layout,
     draft_pages,
@@ -46,6 +45,7 @@ from attnbench.ops.paged import (
     swa_pool,
     window_start_page,
 )
+from attnbench.ops.replay_batches import decode_batch
 from attnbench.references import attention as ref
 
 MLA_DK, MLA_DV = 576, 512

@@ -8,7 +8,6 @@ from attnbench.kernels.torch.attention import prepare_paged_attention
 from attnbench.kernels.torch.merge import merge_state
 from attnbench.kernels.torch.spec import build_eagle_tree, verify_greedy
 
-
 # why its closures may not be replayed in a CUDA graph on another batch (the replay check, docs/replay.md)
 HOST_LENGTHS = "gathers each request's keys by the batch's host-side lengths (seq_lens_host), read in prepare"
 MASKED_WRITE = "writes the pool through a boolean mask of the real requests (a host sync: no capture)"
