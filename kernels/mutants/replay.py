@@ -58,12 +58,36 @@ def graph_decode(x, keys: int) -> dict[str, torch.Tensor]:
     return {"o": x.o, "lse": x.lse}
 
 
+GATHER_MAX_BYTES = 2**30  # the K and V `graph_decode` gathers (float32): a test backend, for small cases
+
+
+def _capacity_keys(p) -> int:
+    """At most the keys of the page table of a decode case (every row's pages at `kv_len`)."""
+    return p.batch * p.draft_topk * -(-p.kv_len // p.page_size) * p.page_size
+
+
+def _gathered(p, keys: int) -> int:
+    return p.batch * p.draft_topk * keys * p.heads_kv * (p.head_dim + p.dv) * 4
+
+
+def _capacity_fits(backend, case) -> str | None:
+    p = case.params
+    n = _gathered(p, _capacity_keys(p))
+    return f"would gather {n / 2**30:.1f} GiB of K/V (a test backend: at most 1 GiB)" if n > GATHER_MAX_BYTES else None
+
+
+def _longest_fits(backend, case) -> str | None:
+    p = case.params
+    n = _gathered(p, p.kv_len)
+    return f"would gather {n / 2**30:.1f} GiB of K/V (a test backend: at most 1 GiB)" if n > GATHER_MAX_BYTES else None
+
+
 class GraphSafeDecode(Backend):
     """`graph_decode` over the page table's capacity: follows any batch of the same shapes."""
 
     name = "graph-safe-decode"
 
-    @implements("decode", graph_safe=True)
+    @implements("decode", graph_safe=True, limits=_capacity_fits)
     def prepare_decode(self, case, x):
         keys = x.kv_page_indices.shape[0] * x.k_cache.shape[1]
         return lambda: graph_decode(x, keys)
@@ -74,7 +98,7 @@ class BakedLengthDecode(Backend):
 
     name = "replay-baked-max-len"
 
-    @implements("decode", graph_safe=True)
+    @implements("decode", graph_safe=True, limits=_longest_fits)
     def prepare_decode(self, case, x):
         keys = max(x.seq_lens_host)
         return lambda: graph_decode(x, keys)

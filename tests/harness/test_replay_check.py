@@ -168,3 +168,31 @@ def test_gdn_decode_pool_moves_on_through_the_replay():
     case_id = "gdn_decode/b5-h2x4-d16x16-packed-bf16"
     (row,) = _rows(case_id, [IndexedDecode()])
     assert (row.status, row.replay) == ("pass", "pass"), row.reason
+
+
+@pytest.mark.parametrize(
+    "flag,outcome", [(None, "skip: no CUDA graphs on cpu"), ("--no-replay", "skip: off (--no-replay)")]
+)
+def test_sweep_records_the_outcome_in_rows_and_results_csv(tmp_path, flag, outcome):
+    import csv
+    import json
+
+    from typer.testing import CliRunner
+
+    from attnbench.cli import app
+
+    plugin = tmp_path / "graph_safe_plugin.py"
+    plugin.write_text(
+        "from attnbench.backend import register_backend\n"
+        "from attnbench.kernels.mutants.replay import GraphSafeDecode\n"
+        "register_backend('graph-safe-decode-plugin')(type('P', (GraphSafeDecode,), {}))\n"
+    )
+    out = tmp_path / "run"
+    args = ["sweep", "--device", "cpu", "--no-isolate", "--plugin", str(plugin), "-b", "graph-safe-decode-plugin",
+            "--case", DECODES[0], "--out", str(out), *([flag] if flag else [])]  # fmt: skip
+    res = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output[-2000:]
+    (row,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert row["replay"] == outcome
+    (csv_row,) = list(csv.DictReader((out / "results.csv").open()))
+    assert csv_row["replay"] == outcome
