@@ -197,6 +197,14 @@ def sweep(
             help="Do not fail a run where every row skipped, or where a backend named with -b skipped every case.",
         ),
     ] = False,
+    replay: Annotated[
+        bool,
+        typer.Option(
+            "--replay/--no-replay",
+            help="CUDA-graph replay check (GPU rows of graph-captured ops whose backend declares itself graph-safe): "
+            "capture on the case's batch, replay on another of the same shapes, check (docs/replay.md).",
+        ),
+    ] = True,
     ref_cache: Annotated[
         str | None,
         typer.Option(
@@ -272,7 +280,8 @@ def sweep(
                         sanitize=sanitize, sanitizer=sanitizer_exe)  # fmt: skip
         _stop_on_signals()
         try:
-            opts = RunOptions(timing=timing, ref_cache=str(refs) if refs else None, ref_cache_max=max_refs)
+            opts = RunOptions(timing=timing, ref_cache=str(refs) if refs else None, ref_cache_max=max_refs,
+                              replay=replay)  # fmt: skip
             rows = execute(p, run_dir, opts, on_rows, argv=sys.argv, how=how,
                            on_problem=progress.problem, on_status=progress.status)  # fmt: skip
         except KeyboardInterrupt:

@@ -44,6 +44,7 @@ class RunOptions:
     ref_cache: str | None = None  # reference cache directory (harness/refcache.py); None: off
     ref_cache_max: int | None = None  # its cap in bytes; None: refcache.default_max_bytes()
     checks: tuple | None = None  # the checks every row goes through, in order; None: checklist.active()
+    replay: bool = True  # the CUDA-graph replay check (GPU rows of graph-safe backends; docs/replay.md)
 
 
 class ContextLost(Exception):
