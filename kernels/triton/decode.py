@@ -308,14 +308,24 @@ def decode_config(group: int, dk: int, dv: int, sm: int) -> DecodeConfig:
     return DecodeConfig(block_h, block_n, 4, stages, 3 if block_h <= 16 else 2)
 
 
-def decode_candidates(group: int, dk: int, dv: int, sm: int, kv_fp8: bool = False) -> list[DecodeConfig]:
+# The fp8 conversion paths (`DecodeConfig.fp8_dequant`) the tuner tries, each with every candidate
+# tiling, the first with the heuristic's tiling first. Only today's path until a GPU sweep has measured the
+# others (tools/bench/decode_variants.py, `triton-fp8-*`); add "f16-rows" / "f16-bits" here to tune them.
+FP8_TUNED_DEQUANT: tuple[str, ...] = ("operand",)
+
+
+def decode_candidates(
+    group: int, dk: int, dv: int, sm: int, kv_fp8: bool = False, fp8_dequant: tuple[str, ...] | None = None
+) -> list[DecodeConfig]:
     """Configs worth timing on the device (the heuristic's choice first).
 
     fp8 caches add 2-warp programs, 4 per SM: their tiles reach the tensor cores through byte-wide
     shared-memory loads and conversions, so the kernel is bound by issue rather than bandwidth and
     more, smaller programs keep more copies in flight where the batch fills the SMs (H100, Llama-3 8B
     heads, page 16, tools/bench/decode_fp8.yaml: B64 L4096 273.6 -> 253.6 us, B64 L8192 529.1 -> 502.1,
-    B128 L8192 1025.3 -> 986.8; at B16 they lose, 151.8 -> 168.7 at L8192, and the tuner keeps 4 warps)."""
+    B128 L8192 1025.3 -> 986.8; at B16 they lose, 151.8 -> 168.7 at L8192, and the tuner keeps 4 warps).
+    With fp8 caches every tiling comes once per conversion path of `fp8_dequant` (default
+    `FP8_TUNED_DEQUANT`)."""
     first = decode_config(group, dk, dv, sm)
     if first.block_h == 1:
         more = [DecodeConfig(1, 32, 4, 4, 4), DecodeConfig(1, 128, 8, 3, 2)]
@@ -328,7 +338,10 @@ def decode_candidates(group: int, dk: int, dv: int, sm: int, kv_fp8: bool = Fals
         ]
         if kv_fp8 and first.block_h == 16:
             more.append(DecodeConfig(16, first.block_n, 2, first.num_stages, 4))
-    return [first] + [c for c in more if c != first]
+    tilings = [first] + [c for c in more if c != first]
+    if not kv_fp8:
+        return tilings
+    return [replace(c, fp8_dequant=m) for m in (fp8_dequant or FP8_TUNED_DEQUANT) for c in tilings]
 
 
 def shrink_decode_config(c: DecodeConfig) -> DecodeConfig | None:

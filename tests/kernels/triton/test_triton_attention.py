@@ -777,3 +777,17 @@ def test_fp8_decode_candidates_add_two_warp_programs_only_for_fp8_caches():
     assert fp8[: len(bf16)] == bf16 and fp8[0] == bf16[0]
     assert DecodeConfig(16, 64, 2, 3, 4) in fp8 and all(c.num_warps > 2 for c in bf16)
     assert decode_candidates(1, 128, 128, 90, kv_fp8=True) == decode_candidates(1, 128, 128, 90)  # MHA: no dot
+
+
+def test_fp8_decode_candidates_per_conversion_path():
+    """The tuner tries today's fp8 path only, unless FP8_TUNED_DEQUANT (or the argument) names more."""
+    from attnbench.kernels.triton.decode import FP8_TUNED_DEQUANT, decode_candidates
+
+    assert FP8_TUNED_DEQUANT == ("operand",)
+    tilings = decode_candidates(4, 128, 128, 90, kv_fp8=True)
+    assert {c.fp8_dequant for c in tilings} == {"operand"}
+    both = decode_candidates(4, 128, 128, 90, kv_fp8=True, fp8_dequant=("operand", "f16-rows"))
+    assert both[: len(tilings)] == tilings
+    assert [dataclasses.replace(c, fp8_dequant="operand") for c in both[len(tilings) :]] == tilings
+    assert {c.fp8_dequant for c in both[len(tilings) :]} == {"f16-rows"}
+    assert decode_candidates(4, 128, 128, 90, fp8_dequant=("f16-rows",)) == decode_candidates(4, 128, 128, 90)
