@@ -1,9 +1,11 @@
 """Compile the Triton attention kernels for sm_90 on a machine without a GPU (used by a test).
 
-Usage: `python tools/probes/triton_sm90_compile.py [--ops] CASE_ID[@splits=N][@pack=0|1] ...` prints one JSON line per
+Usage: `python tools/probes/triton_sm90_compile.py [--ops] [--sass] CASE_ID[@splits=N][@pack=0|1] ...` prints one JSON line per
 compiled kernel: case, kernel, shared memory bytes, registers and spill bytes (from the bundled ptxas), or an
 error; `--ops` adds `ops`, the static count of each PTX instruction that says how tiles reach the tensor cores
-(shared-memory loads and stores, ldmatrix, conversions, byte permutes, mma), over the whole kernel.
+(shared-memory loads and stores, ldmatrix, conversions, byte permutes, mma), over the whole kernel; `--sass`
+adds `loop`, the SASS (bundled cuobjdump) of the kernel's longest loop: its instruction count per warp and
+iteration and the count of each opcode (`LDS.U8`: byte-wise shared loads; `F2F*`/`F2FP*`: conversions).
 
 Triton compiles for a target without a device when the active driver only answers "which target":
 a stand-in driver says sm_90, and `JITFunction.warmup` then runs the whole pipeline (TTIR, TTGIR,
@@ -89,6 +91,31 @@ def _ptx_ops(ptx: str) -> dict:
     return dict(sorted(counts.items()))
 
 
+def _sass_loop(cubin: bytes) -> dict:
+    """The longest loop (a backward branch and its target) of the cubin's SASS: instruction count and opcodes."""
+    cuobjdump = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
+    with tempfile.NamedTemporaryFile(suffix=".cubin", delete=False) as f:
+        f.write(cubin)
+    try:
+        sass = subprocess.run([cuobjdump, "-sass", f.name], capture_output=True, text=True).stdout
+    finally:
+        os.unlink(f.name)
+    code = [
+        (int(m.group(1), 16), m.group(2), m.group(3))
+        for m in re.finditer(r"/\*([0-9a-f]{4,})\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);", sass)
+    ]
+    best: list[str] = []
+    for addr, op, rest in code:
+        target = re.search(r"0x([0-9a-f]+)", rest) if op.startswith("BRA") else None
+        if target and int(target.group(1), 16) < addr:
+            body = [o for a, o, _ in code if int(target.group(1), 16) <= a <= addr]
+            best = body if len(body) > len(best) else best
+    counts: dict[str, int] = {}
+    for o in best:
+        counts[o] = counts.get(o, 0) + 1
+    return {"instructions": len(best), "ops": dict(sorted(counts.items()))}
+
+
 def _launches(case_id: str):
     """The launches of a case; extend takes `plan_extend` options after the id: `ID@splits=N` (N forced
     key splits: the split path), `ID@pack=0` or `@pack=1` (GQA packing forced off or on); decode takes
@@ -123,8 +150,8 @@ def _launches(case_id: str):
 
 
 def main(case_ids: list[str]) -> None:
-    ops = "--ops" in case_ids
-    case_ids = [c for c in case_ids if c != "--ops"]
+    ops, sass = "--ops" in case_ids, "--sass" in case_ids
+    case_ids = [c for c in case_ids if c not in ("--ops", "--sass")]
     driver.set_active(_TargetOnlyDriver(90))
     for cid in case_ids:
         try:
@@ -134,6 +161,8 @@ def main(case_ids: list[str]) -> None:
                 row.update(_ptxas_stats(k.asm["ptx"]))
                 if ops:
                     row["ops"] = _ptx_ops(k.asm["ptx"])
+                if sass:
+                    row["loop"] = _sass_loop(k.asm["cubin"])
                 print(json.dumps(row), flush=True)
         except Exception as e:
             print(json.dumps({"case": cid, "error": f"{type(e).__name__}: {e}"[:2000]}), flush=True)
