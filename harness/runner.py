@@ -91,6 +91,19 @@ def _note_kept(row: Result, kept: int) -> None:
         row.prepare_info = dict(row.prepare_info or {}) | {"kept_gib": round(kept / 2**30, 2)}
 
 
+def _held(built: _Built, memo: dict) -> str:
+    """What the case itself holds while its backends run, for an out-of-memory reason: the inputs (each
+    backend clones them once more), the float64 expectation, the twin and the checks' shared copies."""
+    parts = {
+        "case inputs": _nbytes(built.pristine),
+        "float64 expectation": _nbytes(built.expected),
+        "twin": _nbytes(built.twin),
+        "checks' shared copies": _nbytes(memo),
+    }
+    held = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in parts.items() if v or k == "case inputs")
+    return f"{held}; the inputs cloned once per backend"
+
+
 def _nbytes(inputs) -> int:
     from attnbench.buffers import all_tensors
 
@@ -298,7 +311,7 @@ def _run_backend(
     except BaseException as e:  # also SystemExit (a library's sys.exit): this row's error, not the sweep's end
         reason = describe(e)
         if out_of_memory(e):
-            reason += f" (case inputs {_nbytes(built.pristine) / 2**30:.2f} GiB, cloned once per backend)"
+            reason += f" ({_held(built, memo)})"
         row = _row(case, b.name, "error", reason, env=env, **shared)
         if context_lost(e):
             raise ContextLost([*(rows[n] for n in rows), row], f"{b.name}: {e}") from e
