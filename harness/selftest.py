@@ -87,9 +87,10 @@ def run(
     No expectations: a mutant's fail must stay a fail, never become a known failure."""
     from attnbench.kernels.mutants import MUTANTS
     from attnbench.session import Session
+    from attnbench.sweep import Selection
 
     names = [reference] if isinstance(reference, str) else list(reference)
-    session = Session.open(list(suites), device, names, expect=False)
+    session = Session.open(Selection(suites=tuple(suites), device=device, backends=tuple(names), expect=False))
     refs = [get_backend(r) for r in names]
     outcomes = {m.name: Outcome(m.name, m.bug, known_escape=m.known_escape) for m in MUTANTS}
     mutants = {m.name: m.backend() for m in MUTANTS}
