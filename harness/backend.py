@@ -79,6 +79,7 @@ if TYPE_CHECKING:
 Closure = Callable[[], dict[str, "torch.Tensor"]]
 Limits = Callable[["Backend", "Case"], "str | None"]
 JitKeys = Callable[["Backend", "Case"], "list[Hashable]"]
+GraphSafe = Callable[["Backend", "Case"], "bool | str"]  # a per-case declaration (`implements(graph_safe=...)`)
 
 _MARK = "__attnbench_implements__"
 
@@ -92,6 +93,7 @@ class Implementation:
     limits: Limits | None = None
     jit_keys: JitKeys | None = None
     state_layout: str | None = None  # see `implements`
+    graph_safe: bool | str | GraphSafe | None = None  # see `implements`
 
     def reason(self, backend: Backend, case: Case) -> str | None:
         return self.limits(backend, case) if self.limits else None
@@ -101,7 +103,11 @@ class Implementation:
 
 
 def implements(
-    *ops: str, limits: Limits | None = None, jit_keys: JitKeys | None = None, state_layout: str | None = None
+    *ops: str,
+    limits: Limits | None = None,
+    jit_keys: JitKeys | None = None,
+    state_layout: str | None = None,
+    graph_safe: bool | str | GraphSafe | None = None,
 ) -> Callable:
     """Method decorator: declares the method as the backend's implementation of `ops` (one or more op
     names, e.g. `"extend", "tree_verify"` when one path serves both), with its case-level `limits` and
@@ -112,13 +118,22 @@ def implements(
     `[N, HV, K, V]` or `"vk"` `[N, HV, V, K]`, kernels/native_states.py), declaring that the prepared
     closure works on a pool handed to it in that layout (`inputs.state_layout`) as it is, at call time,
     with no private copy: what a chain of ops by several backends over one pool needs (docs/chain.md).
-    None: the implementation takes only the canonical pool, converted per op."""
+    None: the implementation takes only the canonical pool, converted per op.
+
+    `graph_safe`: whether the prepared closure may be captured in a CUDA graph once and replayed on
+    other batches of the same shapes written into its inputs in place, as a server replays decode and
+    verify (the replay check, docs/replay.md). True: it may (every launch reads lengths, page tables,
+    slots and masks from the device tensors, and nothing in `call` depends on host values of one
+    batch; what `prepare` plans from the case's shapes alone is fine). A string: it may not, and why
+    (e.g. a split schedule planned from the batch's lengths in `prepare`); the check is a skip with
+    that reason. A callable `f(backend, case) -> bool | str` decides per case. None (the default):
+    not declared, a skip."""
     if not ops:
         raise TypeError("implements() needs at least one op name")
 
     def deco(fn: Callable) -> Callable:
         marks = getattr(fn, _MARK, ())
-        setattr(fn, _MARK, (*marks, (ops, limits, jit_keys, state_layout)))
+        setattr(fn, _MARK, (*marks, (ops, limits, jit_keys, state_layout, graph_safe)))
         return fn
 
     return deco
@@ -146,14 +161,14 @@ def _declared(cls: type) -> dict[str, Implementation]:
         for attr, value in vars(klass).items():
             marks = getattr(value, _MARK, None)
             if marks:
-                for ops, limits, jit_keys, state_layout in marks:
+                for ops, limits, jit_keys, state_layout, graph_safe in marks:
                     for op in ops:
                         if op not in OPS:
                             raise TypeError(
                                 f"{cls.__qualname__}.{attr}: @implements({op!r}) names no op; "
                                 f"ops: {', '.join(sorted(OPS))}"
                             )
-                        found[op] = Implementation(op, attr, limits, jit_keys, state_layout)
+                        found[op] = Implementation(op, attr, limits, jit_keys, state_layout, graph_safe)
             elif attr.startswith("prepare_") and attr[len("prepare_") :] in OPS and callable(value):
                 found[attr[len("prepare_") :]] = Implementation(attr[len("prepare_") :], attr)
     return found
@@ -218,6 +233,14 @@ class Backend:
         if case.op_name not in self.implementations:
             return f"{self.name} has no {case.op_name} kernel"
         return self.available() or self.limits(case)
+
+    def graph_safe(self, case: Case) -> bool | str | None:
+        """Whether the implementation of `case`'s op declares its closure safe to capture in a CUDA graph
+        and replay on other batches (`implements(graph_safe=...)`): True, why not (a string), or None
+        (not declared)."""
+        impl = self.implementations.get(case.op_name)
+        decl = impl.graph_safe if impl else None
+        return decl(self, case) if callable(decl) else decl
 
     def jit_keys(self, case: Case) -> list[Hashable]:
         """What `prepare` would compile for `case` (its implementation's declared `jit_keys`)."""

@@ -103,7 +103,7 @@ def clone_tensors(obj: Any, only: Iterable[str] | None = None) -> Any:
 
 def all_tensors(obj: Any) -> list[torch.Tensor]:
     """Every tensor of a dataclass, in its fields and in the tuples, lists and dicts they hold (a
-    gdn_chain's per-step inputs)."""
+    gdn_chain's per-step inputs); of a tuple, list or dict, every tensor it holds, dataclasses included."""
     found: list[torch.Tensor] = []
 
     def walk(v: Any) -> None:
@@ -115,9 +115,11 @@ def all_tensors(obj: Any) -> list[torch.Tensor]:
         elif isinstance(v, dict):
             for x in v.values():
                 walk(x)
+        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+            for f in dataclasses.fields(v):
+                walk(getattr(v, f.name))
 
-    for f in dataclasses.fields(obj):
-        walk(getattr(obj, f.name))
+    walk(obj)
     return found
 
 

@@ -27,6 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 from attnbench.buffers import bitwise_equal
 from attnbench.checks import Verdict, check, outputs_changed, stale_check
 from attnbench.prepared import PreparedCall
+from attnbench.replay import replay_outcome
 from attnbench.tolerance import Rule
 
 NEEDS = frozenset({"outputs", "call_again", "fresh_call", "perturb"})
@@ -223,9 +224,36 @@ class StaleOutputCheck:
         return {}
 
 
+class ReplayCheck:
+    """CUDA-graph replay (attnbench.replay, docs/replay.md), for ops servers capture in graphs
+    (`Op.graph_captured`): the closure captured on the case's batch, another batch of the same shapes
+    (other lengths, tables, slots, a padding request) written into its inputs in place, the graph
+    replayed, and the outputs checked against the other batch's float64 reference. Records `replay`:
+    pass, fail, or `skip: why` (a backend not declared graph-safe, `implements(graph_safe=...)`; a CPU;
+    `--no-replay`). `graph`: a factory `graph(device)` of the graph object (tests: `StandInGraph`)."""
+
+    name = "replay"
+    needs = frozenset({"outputs", "call_again", "perturb"})
+    records = ("replay",)
+
+    def __init__(self, graph=None):
+        self.graph = graph
+
+    def applies(self, ctx: CheckContext) -> bool:
+        return ctx.op.graph_captured
+
+    def run(self, ctx: CheckContext) -> dict[str, Any]:
+        enabled = getattr(ctx.opts, "replay", True)
+        outcome, problems = replay_outcome(ctx.prepared, ctx.rule, enabled, ctx.memo_for(self.name), self.graph)
+        ctx.verdict.problems += problems
+        return {"replay": outcome}
+
+
 # The order matters: the outputs first (they make the verdict every other check adds to), then the
-# checks that call the closure again on the same inputs, then the one that changes its inputs.
-CHECKS: tuple[Check, ...] = (OutputsCheck(), DeterminismCheck(), BatchInvarianceCheck(), StaleOutputCheck())
+# checks that call the closure again on the same inputs, then those that change its inputs.
+CHECKS: tuple[Check, ...] = (
+    OutputsCheck(), DeterminismCheck(), BatchInvarianceCheck(), StaleOutputCheck(), ReplayCheck(),
+)  # fmt: skip
 validate(CHECKS)
 
 _ACTIVE: list[Check] = list(CHECKS)

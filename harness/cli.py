@@ -197,6 +197,14 @@ def sweep(
             help="Do not fail a run where every row skipped, or where a backend named with -b skipped every case.",
         ),
     ] = False,
+    replay: Annotated[
+        bool,
+        typer.Option(
+            "--replay/--no-replay",
+            help="CUDA-graph replay check (GPU rows of graph-captured ops whose backend declares itself graph-safe): "
+            "capture on the case's batch, replay on another of the same shapes, check (docs/replay.md).",
+        ),
+    ] = True,
     ref_cache: Annotated[
         str | None,
         typer.Option(
@@ -241,6 +249,7 @@ def sweep(
             dry_run=dry_run,
             precompile_only=precompile_only,
             allow_skipped=allow_skipped,
+            replay=replay,
         )  # fmt: skip
     )
 
@@ -276,7 +285,7 @@ def _run_sweep(o) -> None:
         if not timing:
             console.print(f"correctness only on {p.device} (no GPU): nothing is timed; --timing times the kernels "
                           "with a host clock (shown, never ranked or compared)", highlight=False)  # fmt: skip
-    opts = RunOptions(timing=timing, ref_cache=str(refs) if refs else None, ref_cache_max=max_refs)
+    opts = RunOptions(timing=timing, ref_cache=str(refs) if refs else None, ref_cache_max=max_refs, replay=o.replay)
     _execute_and_report(o, p, o.execution(devices, sanitizer_exe), opts)
 
 

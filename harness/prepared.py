@@ -9,6 +9,7 @@ closure's buffers are `work` (the backend's copy of the case's inputs, which `pr
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -18,10 +19,12 @@ import torch
 from attnbench.buffers import clone_tensors
 
 
-def call_untimed(fn: Callable) -> dict:
+def call_untimed(fn: Callable, around=None) -> dict:
     """One call of a closure outside the timed window, then its `finalize` (harness/backend.py), if any:
-    the outputs and written inputs in the canonical layout, as the checks read them."""
-    outputs = fn()
+    the outputs and written inputs in the canonical layout, as the checks read them. `around`: a context
+    manager around the call alone, not the finalize (the runner's NVTX range for profilers)."""
+    with around if around is not None else contextlib.nullcontext():
+        outputs = fn()
     finalize = getattr(fn, "finalize", None)
     return finalize(outputs) if finalize is not None else outputs
 

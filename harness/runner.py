@@ -44,6 +44,7 @@ class RunOptions:
     ref_cache: str | None = None  # reference cache directory (harness/refcache.py); None: off
     ref_cache_max: int | None = None  # its cap in bytes; None: refcache.default_max_bytes()
     checks: tuple | None = None  # the checks every row goes through, in order; None: checklist.active()
+    replay: bool = True  # the CUDA-graph replay check (GPU rows of graph-safe backends; docs/replay.md)
 
 
 class ContextLost(Exception):
@@ -88,6 +89,19 @@ def _note_kept(row: Result, kept: int) -> None:
     out-of-memory error then has a named cause."""
     if kept >= KEPT_NOTE_BYTES:
         row.prepare_info = dict(row.prepare_info or {}) | {"kept_gib": round(kept / 2**30, 2)}
+
+
+def _held(built: _Built, memo: dict) -> str:
+    """What the case itself holds while its backends run, for an out-of-memory reason: the inputs (each
+    backend clones them once more), the float64 expectation, the twin and the checks' shared copies."""
+    parts = {
+        "case inputs": _nbytes(built.pristine),
+        "float64 expectation": _nbytes(built.expected),
+        "twin": _nbytes(built.twin),
+        "checks' shared copies": _nbytes(memo),
+    }
+    held = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in parts.items() if v or k == "case inputs")
+    return f"{held}; the inputs cloned once per backend"
 
 
 def _nbytes(inputs) -> int:
@@ -273,9 +287,8 @@ def _run_backend(
         _sync(case)
         prep = time.perf_counter() - t0
         t0 = time.perf_counter()
-        with _profiled(case, b.name):
-            outputs = call_untimed(fn)
-            _sync(case)
+        outputs = call_untimed(fn, around=_profiled(case, b.name))
+        _sync(case)
         call_s = copy_s + time.perf_counter() - t0
         call = PreparedCall(case, b, built.pristine, work, fn)
         absent = call.absent
@@ -298,7 +311,7 @@ def _run_backend(
     except BaseException as e:  # also SystemExit (a library's sys.exit): this row's error, not the sweep's end
         reason = describe(e)
         if out_of_memory(e):
-            reason += f" (case inputs {_nbytes(built.pristine) / 2**30:.2f} GiB, cloned once per backend)"
+            reason += f" ({_held(built, memo)})"
         row = _row(case, b.name, "error", reason, env=env, **shared)
         if context_lost(e):
             raise ContextLost([*(rows[n] for n in rows), row], f"{b.name}: {e}") from e
@@ -379,7 +392,7 @@ def _reference(case: Case, pristine, opts: RunOptions) -> tuple[dict, dict, dict
 
 @contextlib.contextmanager
 def _profiled(case: Case, backend: str):
-    """The checked call of each row inside an NVTX range `attnbench:<backend>` (GPU cases), so a
+    """The checked call of each row (not its finalize) inside an NVTX range `attnbench:<backend>` (GPU cases), so a
     profiler can keep exactly one call of one backend's kernels: `ncu --nvtx --nvtx-include
     "attnbench:triton/"` (tools/bench/ncu_rows.sh). Costs a few microseconds outside any window."""
     if not case.on_cuda:

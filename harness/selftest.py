@@ -9,7 +9,8 @@ those too, so a regression of a named case is seen even when the suite catches t
 
 The mutation score is caught / total. The self-test passes when every mutant is caught, except those
 marked as a known escape (a detection gap, named with its cause and shown as such), and torch passed
-every case it ran. A known escape that is caught fails the self-test, like an xpass: remove the mark.
+every case it ran. A mutant only a GPU can catch (`Mutant.cuda_only`: the CUDA-graph replay check's)
+is not run on a CPU and counts there as a known escape, with that reason. A known escape that is caught fails the self-test, like an xpass: remove the mark.
 """
 
 from __future__ import annotations
@@ -92,14 +93,16 @@ def run(
     names = [reference] if isinstance(reference, str) else list(reference)
     session = Session.open(Selection(suites=tuple(suites), device=device, backends=tuple(names), expect=False))
     refs = [get_backend(r) for r in names]
-    outcomes = {m.name: Outcome(m.name, m.bug, known_escape=m.known_escape) for m in MUTANTS}
-    mutants = {m.name: m.backend() for m in MUTANTS}
+    gpu = device.startswith("cuda")
+    outcomes = {m.name: Outcome(m.name, m.bug, known_escape=m.known_escape or ("" if gpu else m.cuda_only))
+                for m in MUTANTS}  # fmt: skip
+    mutants = {m.name: m.backend() for m in MUTANTS if gpu or not m.cuda_only}  # a CPU cannot catch the others
     failures: list[tuple[str, str, str]] = []
     cases = session.plan.cases
     opts = RunOptions(timing=False)
     n_run = 0
     for case in cases:
-        todo = [n for n, o in outcomes.items() if not o.case_id and _supports(mutants[n], case)]
+        todo = [n for n, o in outcomes.items() if not o.case_id and n in mutants and _supports(mutants[n], case)]
         if not todo:
             continue
         n_run += 1
@@ -116,10 +119,10 @@ def run(
                 mutants[name] = _fresh(MUTANTS, name)  # stateful mutants start clean on named cases
             elif row.status == "error" and not o.reason:  # an error is not a catch; say why it was missed
                 o.reason = f"{row.status} (not a catch) on {case.id}: {row.reason}"
-        if all(o.case_id for o in outcomes.values()):
+        if all(o.case_id for n, o in outcomes.items() if n in mutants):
             break
     for m in MUTANTS:  # named cases: each must still catch its mutant
-        for cid in m.cases:
+        for cid in m.cases if m.name in mutants else ():
             case = Case.from_id(cid, device)
             ref_row, bad_row = session.run_case(case, opts, [_reference_for(refs, case), m.backend()])
             if ref_row.status != "pass":

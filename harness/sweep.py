@@ -188,6 +188,7 @@ class SweepOptions:
     dry_run: bool = False
     precompile_only: bool = False
     allow_skipped: bool = False
+    replay: bool = True  # the CUDA-graph replay check (docs/replay.md)
 
     def check(self) -> None:
         """AttnbenchError (one line) for options that cannot go together or out of range."""

@@ -181,6 +181,10 @@ class Op:
     held: ClassVar[dict[str, str]] = {}
     # its part of the generated smoke suite (harness/ops/coverage.py); None: the op is not in smoke
     smoke: ClassVar[SmokeSpace | None] = None
+    # servers capture this op in CUDA graphs (once per padded batch-size bucket) and replay it on other
+    # batches written into the captured tensors in place: the replay check (docs/replay.md) applies, and
+    # `replay_batch` builds the other batch (harness/ops/replay_batches.py)
+    graph_captured: ClassVar[bool] = False
 
     def __init_subclass__(cls, **kwargs):
         super().__init_subclass__(**kwargs)
@@ -256,6 +260,14 @@ class Op:
         or None when the op has no notion of independent requests. Outputs' first dim is the row dim.
         """
         return None
+
+    def replay_batch(self, p: Params, x: Any, dtype: torch.dtype, seed: int) -> tuple[Params, Any] | str:
+        """Another batch of the same CUDA-graph bucket as `x` (the replay check, docs/replay.md): `(its
+        params, its inputs)`, every tensor of the inputs the shape, dtype and device of `x`'s, with other
+        per-request lengths, page tables, slots and data where the op has them, and a padding request
+        where it supports padding; model weights and the inputs the case writes (pools) are `x`'s as
+        they are now. A string: why this case has none. Only ops with `graph_captured` are asked."""
+        return f"{self.name} is not captured in CUDA graphs"
 
     def perturbations(self, p: Params) -> tuple[Perturbation, ...]:
         """Every class of inputs this case reads, each with a valid in-place change (`Perturbation`).

@@ -17,6 +17,7 @@ import torch
 from attnbench.backend import Backend
 from attnbench.kernels.mutants.chain import CHAIN_MUTANTS, chain_with
 from attnbench.kernels.mutants.interactions import INTERACTION_MUTANTS
+from attnbench.kernels.mutants.replay import BakedLengthDecode
 from attnbench.kernels.mutants.stale import STALE_MUTANTS, snapshot_backend
 from attnbench.kernels.mutants.upstream import UPSTREAM_MUTANTS
 from attnbench.kernels.torch.attention import paged_attention
@@ -31,6 +32,7 @@ class Mutant:
     backend: Callable[[], Backend]
     source: str = ""  # the upstream issue / pull request whose bug it reproduces, where there is one
     known_escape: str = ""  # why the default suites miss it (a detection gap to fix; caught anyway = fail)
+    cuda_only: str = ""  # why only a GPU self-test can catch it (on a CPU it is not run: a known escape there)
 
 
 def _attention_mutant(name: str, run: Callable) -> type[Backend]:
@@ -220,6 +222,10 @@ MUTANTS: tuple[Mutant, ...] = (
     *(Mutant(name, bug, (), lambda n=name, f=fields: snapshot_backend(n, f)) for name, bug, fields in STALE_MUTANTS),
     # bugs of one state pool shared by several ops (kernels/mutants/chain.py): gdn_chain cases find them
     *(Mutant(name, bug, (), lambda n=name, c=cls: chain_with(n, c())) for name, bug, cls in CHAIN_MUTANTS),
+    # right eagerly, wrong on CUDA-graph replay (kernels/mutants/replay.py): the replay check runs on a GPU
+    Mutant("replay-baked-max-len", "sizes its key loop from the longest length of the batch it was prepared on, "
+           "so a graph replayed on a batch with a longer request misses its last keys", (), BakedLengthDecode,
+           cuda_only="the replay check captures CUDA graphs: a CPU run skips it"),
     # real bugs from upstream trackers (kernels/mutants/upstream.py): no case written for them either
     *(Mutant(u.name, u.bug, (), u.backend, u.source, u.known_escape) for u in UPSTREAM_MUTANTS),
 )  # fmt: skip

@@ -8,12 +8,16 @@ from attnbench.kernels.torch.attention import prepare_paged_attention
 from attnbench.kernels.torch.merge import merge_state
 from attnbench.kernels.torch.spec import build_eagle_tree, verify_greedy
 
+# why its closures may not be replayed in a CUDA graph on another batch (the replay check, docs/replay.md)
+HOST_LENGTHS = "gathers each request's keys by the batch's host-side lengths (seq_lens_host), read in prepare"
+MASKED_WRITE = "writes the pool through a boolean mask of the real requests (a host sync: no capture)"
+
 
 @register_backend("torch")
 class TorchBackend(Backend):
     description = "plain PyTorch in the case dtype with float32 accumulation (vectorised, CPU and GPU)"
 
-    @implements("decode")
+    @implements("decode", graph_safe=HOST_LENGTHS)
     def prepare_decode(self, case, x):
         return prepare_paged_attention(x)
 
@@ -44,7 +48,7 @@ class TorchBackend(Backend):
     def prepare_causal_conv1d(self, case, x):
         return lambda: gdn.causal_conv1d(x)
 
-    @implements("gdn_decode", state_layout="kv")
+    @implements("gdn_decode", state_layout="kv", graph_safe=MASKED_WRITE)
     def prepare_gdn_decode(self, case, x):
         return lambda: gdn.gdn_decode(x)
 
@@ -52,7 +56,7 @@ class TorchBackend(Backend):
     def prepare_gdn_extend(self, case, x):
         return lambda: gdn.gdn_extend(x)
 
-    @implements("gdn_verify", state_layout="kv")
+    @implements("gdn_verify", state_layout="kv", graph_safe=True)
     def prepare_gdn_verify(self, case, x):
         return lambda: gdn.gdn_verify(x)
 

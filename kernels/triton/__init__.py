@@ -30,6 +30,11 @@ from attnbench.kernels.triton.spec_backend import TritonSpec
 
 DETERMINISTIC_SPLIT_TILE = 256
 MLA_DETERMINISTIC_SPLIT_TILE = 2048  # the generic planner's deterministic MLA tile (head dims only)
+# why decode's closure may not be replayed in a CUDA graph on another batch (the replay check, docs/replay.md)
+PLANNED_SPLITS = (
+    "the split schedule (work items, grid, merge table) is planned in prepare from the batch's host-side lengths: "
+    "a graph replays batch A's key ranges"
+)
 
 
 def _triton_missing() -> str | None:
@@ -61,7 +66,7 @@ class _TritonAttention(Backend):
             return "no CUDA device (set TRITON_INTERPRET=1 to run the kernels in Triton's CPU interpreter)"
         return None
 
-    @implements("decode", limits=attention_head_dims)
+    @implements("decode", limits=attention_head_dims, graph_safe=PLANNED_SPLITS)
     def prepare_decode(self, case, x):
         from attnbench.kernels.triton import decode as d
         from attnbench.kernels.triton.common import first_that_fits

@@ -183,6 +183,78 @@ def fp8_to(x, like):
 
 
 @triton.jit
+def fp8_to_f16_rows(x, KV_FP8: tl.constexpr, BITS: tl.constexpr, PINNED: tl.constexpr = True):
+    """fp8 `x` as fp16 times `f16_rows_scale(KV_FP8, BITS)`, converted where `x` lives (the layout it was
+    loaded in: contiguous bytes per thread), four bytes per step.
+
+    e5m2 (KV_FP8 = 2): the byte is the top half of its fp16 (one byte permute per two values; exact, NaN
+    and inf included). e4m3 (KV_FP8 = 1), BITS = 0: `cvt.rn.f16x2.e4m3x2` (exact); BITS = 1: the value
+    times 2^-8 by byte permutes, a shift and masks (sign to fp16's sign, exponent and mantissa shifted in
+    under fp16's exponent: bias 15 against 7, e4m3 subnormals land on fp16 subnormals; exact for every
+    finite e4m3, but NaN (0x7f/0xff) reads as +-1.875, i.e. +-480 after the scale: fp8 caches written
+    by rounding finite values (satfinite) hold no NaN). PINNED: the asm takes a second, unused operand
+    so the compiler does not hoist the conversion to the dot's operand layout (Triton hoists through
+    unary elementwise ops only), where a tile whose dot reduces across its rows (V in P.V) is read one
+    byte per shared-memory load; unpinned, it may (fine for K, whose operand layout holds contiguous
+    bytes). Interpreter: plain conversion of the same values."""
+    if _INTERPRET_FP8:
+        y = x.to(tl.float32)
+        if KV_FP8 == 1 and BITS:
+            y = y * 0.00390625
+        return y.to(tl.float16)
+    elif KV_FP8 == 2:
+        return _f16_rows_asm(x, _E5M2_F16X4, PINNED)
+    elif BITS:
+        return _f16_rows_asm(x, _E4M3_F16X4_BITS, PINNED)
+    else:
+        return _f16_rows_asm(x, _E4M3_F16X4_CVT, PINNED)
+
+
+# four fp8 bytes ($2) to four fp16 in two registers ($0: bytes 0-1, $1: bytes 2-3); see fp8_to_f16_rows
+_E5M2_F16X4 = tl.constexpr("prmt.b32 $0, $2, 0, 0x1404; prmt.b32 $1, $2, 0, 0x3424;")
+_E4M3_F16X4_CVT = tl.constexpr(
+    "{ .reg .b16 lo, hi; mov.b32 {lo, hi}, $2; cvt.rn.f16x2.e4m3x2 $0, lo; cvt.rn.f16x2.e4m3x2 $1, hi; }"
+)
+_E4M3_F16X4_BITS = tl.constexpr(
+    "{ .reg .b32 t, u;"
+    " prmt.b32 t, $2, 0, 0x1404; shr.b32 u, t, 1; and.b32 u, u, 0x3f803f80; lop3.b32 $0, t, 0x80008000, u, 0xea;"
+    " prmt.b32 t, $2, 0, 0x3424; shr.b32 u, t, 1; and.b32 u, u, 0x3f803f80; lop3.b32 $1, t, 0x80008000, u, 0xea; }"
+)
+
+
+@triton.jit
+def _f16_rows_asm(x, ASM: tl.constexpr, PINNED: tl.constexpr):
+    xu = x.to(tl.uint8, bitcast=True)
+    if PINNED:  # a second operand (unused): not hoisted to the dot operand's layout
+        return tl.inline_asm_elementwise(
+            ASM, "=r,=r,r,r", [xu, tl.zeros_like(xu)], dtype=tl.float16, is_pure=False, pack=4
+        )
+    else:
+        return tl.inline_asm_elementwise(ASM, "=r,=r,r", [xu], dtype=tl.float16, is_pure=True, pack=4)
+
+
+@triton.jit
+def f16_rows_scale(KV_FP8: tl.constexpr, BITS: tl.constexpr):
+    """The factor `fp8_to_f16_rows` puts on its values: 2^-8 for e4m3 by bits, else 1."""
+    if KV_FP8 == 1 and BITS:
+        return 0.00390625
+    else:
+        return 1.0
+
+
+@triton.jit
+def pow2_row_scale(amax):
+    """Per row, `(2^s, 2^-s)` fp32 with `amax * 2^s` in [2^14, 2^15): rows scaled by 2^s convert exactly
+    to fp16 (normal down to `amax * 2^-28`, representable down to `amax * 2^-38`) without overflow.
+    s is 0 for a zero row and clamped to [-100, 100] (|amax| outside [2^-86, 2^114): still finite)."""
+    e = ((amax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127  # floor(log2 amax) for normal amax
+    s = tl.minimum(tl.maximum(tl.where(amax > 0, 14 - e, 0), -100), 100)
+    up = ((s + 127) << 23).to(tl.float32, bitcast=True)
+    down = ((127 - s) << 23).to(tl.float32, bitcast=True)
+    return up, down
+
+
+@triton.jit
 def to_fp8(y, KV_FP8: tl.constexpr):
     """fp32 `y` rounded to the nearest fp8 value (ties to even), as torch's `.to(float8)` does for
     values in range (the power-of-two scales keep them in range; compiled: saturating)."""

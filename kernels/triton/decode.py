@@ -39,14 +39,17 @@ from attnbench.kernels.triton.common import (
     block_dv,
     dot_precision,
     exp2_,
+    f16_rows_scale,
     finish_lse,
     finish_o,
     fp8_to,
+    fp8_to_f16_rows,
     head_split,
     kv_fp8_code,
     kv_scale_args,
     load_tile,
     mma,
+    pow2_row_scale,
     sm_count,
     soft_cap_scores,
     v_is_k_prefix,
@@ -73,6 +76,7 @@ def _decode_split_kernel(
     PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_DOT: tl.constexpr, V_FROM_K: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PRECISE_EXP: tl.constexpr, KV_FP8: tl.constexpr = 0,
+    FP8_DQ: tl.constexpr = 0,
 ):  # fmt: skip
     i_u, i_w = tl.program_id(0), tl.program_id(1)
     i_hk, i_hb = i_u // NUM_HB, i_u % NUM_HB
@@ -96,6 +100,16 @@ def _decode_split_kernel(
         o_db = DA + tl.arange(0, DB)
         m_db = o_db < DK
         b_qb = tl.load(p_q + o_db[None, :], mask=m_h[:, None] & m_db[None, :], other=0.0)
+    if FP8_DQ:  # fp16 tensor cores: each query row times a power of two, into fp16 (exact)
+        b_amax = tl.max(tl.abs(b_q.to(tl.float32)), 1)
+        if DB > 0:
+            b_amax = tl.maximum(b_amax, tl.max(tl.abs(b_qb.to(tl.float32)), 1))
+        b_qup, b_qdown = pow2_row_scale(b_amax)
+        if FP8_DQ == 3:  # keys as fp16 x 2^-8 (by bits): undone with the query's scale
+            b_qdown = b_qdown / f16_rows_scale(KV_FP8, True)
+        b_q = (b_q.to(tl.float32) * b_qup[:, None]).to(tl.float16)
+        if DB > 0:
+            b_qb = (b_qb.to(tl.float32) * b_qup[:, None]).to(tl.float16)
 
     if KV_FP8:  # fp8 cache: scores in stored units times this kv head's k scale (a power of two: exact)
         k_sc = tl.load(k_scale + i_hk * stride_ksc)
@@ -120,7 +134,9 @@ def _decode_split_kernel(
         o_slot = o_n % PAGE_SIZE
         p_k = k_cache + i_page * stride_kp + o_slot * stride_ks + i_hk * stride_kh
         b_k = load_tile(p_k[:, None] + o_da[None, :], m_n, m_da, True, DA > DK)
-        if KV_FP8:
+        if FP8_DQ == 3:
+            b_k = fp8_to_f16_rows(b_k, KV_FP8, True, False)
+        elif KV_FP8:
             b_k = fp8_to(b_k, b_q)
         if USE_DOT:
             b_s = mma(b_q, tl.trans(b_k), tl.zeros([BLOCK_H, BLOCK_N], tl.float32), DOT_PRECISION)
@@ -128,12 +144,16 @@ def _decode_split_kernel(
             b_s = tl.sum(b_q.to(tl.float32) * b_k.to(tl.float32), 1)[None, :]
         if DB > 0:
             b_kb = load_tile(p_k[:, None] + o_db[None, :], m_n, m_db, True, DA + DB > DK)
-            if KV_FP8:
+            if FP8_DQ == 3:
+                b_kb = fp8_to_f16_rows(b_kb, KV_FP8, True, False)
+            elif KV_FP8:
                 b_kb = fp8_to(b_kb, b_q)
             if USE_DOT:
                 b_s = mma(b_qb, tl.trans(b_kb), b_s, DOT_PRECISION)
             else:
                 b_s += tl.sum(b_qb.to(tl.float32) * b_kb.to(tl.float32), 1)[None, :]
+        if FP8_DQ:  # back to the query's own scale (a power of two: exact)
+            b_s = b_s * b_qdown[:, None]
         if HAS_SOFTCAP:
             b_s = soft_cap_scores(b_s, scale_over_cap, cap_log2e, PRECISE_EXP)
         else:
@@ -144,14 +164,19 @@ def _decode_split_kernel(
         else:
             p_v = v_cache + i_page * stride_vp + o_slot * stride_vs + i_hk * stride_vh
             b_v = load_tile(p_v[:, None] + o_dv[None, :], m_n, m_dv, True, BLOCK_DV > DV)
-            if KV_FP8:
+            if FP8_DQ >= 2:  # converted in the load's row layout, then staged for the dot as fp16
+                b_v = fp8_to_f16_rows(b_v, KV_FP8, FP8_DQ == 3)
+            elif KV_FP8:
                 b_v = fp8_to(b_v, b_q)
         # every block holds a key of the range, so the new max is finite
         b_mn = tl.maximum(b_m, tl.max(b_s, 1))
         b_alpha = exp2_(b_m - b_mn, PRECISE_EXP)
         b_p = exp2_(b_s - b_mn[:, None], PRECISE_EXP)
         b_l = b_l * b_alpha + tl.sum(b_p, 1)
-        b_p = b_p.to(b_v.dtype)  # probabilities meet the values in the input precision, as in a flash kernel
+        if FP8_DQ:  # fp16 probabilities times 2^15 (<= 32768): 11 bits down to 2^-29, the scale undone at the end
+            b_p = (b_p * 32768.0).to(tl.float16)
+        else:
+            b_p = b_p.to(b_v.dtype)  # probabilities meet the values in the input precision, as in a flash kernel
         if USE_DOT:
             b_acc = mma(b_p, b_v, b_acc * b_alpha[:, None], DOT_PRECISION)
         else:
@@ -160,6 +185,8 @@ def _decode_split_kernel(
         b_m = b_mn
     if KV_FP8:  # the values were summed in stored units: times the v scale (exact), before normalising
         b_acc = b_acc * tl.load(v_scale + i_hk * stride_vsc)
+        if FP8_DQ:  # the probabilities' 2^15 (and the values' 2^-8 by bits)
+            b_acc = b_acc * (1.0 / 32768.0 / f16_rows_scale(KV_FP8, FP8_DQ == 3))
 
     if is_final != 0:
         if HAS_SINKS:
@@ -243,6 +270,17 @@ class DecodeConfig:
 
     `ctas_per_sm` is how many such programs an SM is expected to run at once; the split planner aims
     at `ctas_per_sm` programs per SM.
+
+    `fp8_dequant`: how fp8 K/V tiles reach the tensor cores (fp8 caches with bf16/fp16 queries and a
+    head group on tensor cores; elsewhere it has no effect), one of `FP8_DEQUANT`:
+    - "operand": converted to the query dtype in the dot's operand layout (V one byte per
+      shared-memory load; e4m3 -> bf16 through fp16: three conversions per two values);
+    - "f16": fp16 tensor cores (query rows scaled by powers of two into fp16, probabilities as
+      fp16 x 2^15), tiles converted to fp16 in the operand layout (one conversion per two values);
+    - "f16-rows": as "f16", but V converted in the layout it was loaded in (16 contiguous bytes per
+      thread) and staged through shared memory as fp16 for `ldmatrix.trans`;
+    - "f16-bits": as "f16-rows", with K and V converted by byte permutes and masks instead of `cvt`
+      (values x 2^-8, folded into the scales; e4m3 NaN reads as 480).
     """
 
     block_h: int
@@ -250,6 +288,10 @@ class DecodeConfig:
     num_warps: int
     num_stages: int
     ctas_per_sm: int
+    fp8_dequant: str = "operand"
+
+
+FP8_DEQUANT = {"operand": 0, "f16": 1, "f16-rows": 2, "f16-bits": 3}  # DecodeConfig.fp8_dequant -> FP8_DQ
 
 
 def decode_config(group: int, dk: int, dv: int, sm: int) -> DecodeConfig:
@@ -266,14 +308,24 @@ def decode_config(group: int, dk: int, dv: int, sm: int) -> DecodeConfig:
     return DecodeConfig(block_h, block_n, 4, stages, 3 if block_h <= 16 else 2)
 
 
-def decode_candidates(group: int, dk: int, dv: int, sm: int, kv_fp8: bool = False) -> list[DecodeConfig]:
+# The fp8 conversion paths (`DecodeConfig.fp8_dequant`) the tuner tries, each with every candidate
+# tiling, the first with the heuristic's tiling first. Only today's path until a GPU sweep has measured the
+# others (tools/bench/decode_variants.py, `triton-fp8-*`); add "f16-rows" / "f16-bits" here to tune them.
+FP8_TUNED_DEQUANT: tuple[str, ...] = ("operand",)
+
+
+def decode_candidates(
+    group: int, dk: int, dv: int, sm: int, kv_fp8: bool = False, fp8_dequant: tuple[str, ...] | None = None
+) -> list[DecodeConfig]:
     """Configs worth timing on the device (the heuristic's choice first).
 
     fp8 caches add 2-warp programs, 4 per SM: their tiles reach the tensor cores through byte-wide
     shared-memory loads and conversions, so the kernel is bound by issue rather than bandwidth and
     more, smaller programs keep more copies in flight where the batch fills the SMs (H100, Llama-3 8B
     heads, page 16, tools/bench/decode_fp8.yaml: B64 L4096 273.6 -> 253.6 us, B64 L8192 529.1 -> 502.1,
-    B128 L8192 1025.3 -> 986.8; at B16 they lose, 151.8 -> 168.7 at L8192, and the tuner keeps 4 warps)."""
+    B128 L8192 1025.3 -> 986.8; at B16 they lose, 151.8 -> 168.7 at L8192, and the tuner keeps 4 warps).
+    With fp8 caches every tiling comes once per conversion path of `fp8_dequant` (default
+    `FP8_TUNED_DEQUANT`)."""
     first = decode_config(group, dk, dv, sm)
     if first.block_h == 1:
         more = [DecodeConfig(1, 32, 4, 4, 4), DecodeConfig(1, 128, 8, 3, 2)]
@@ -286,7 +338,10 @@ def decode_candidates(group: int, dk: int, dv: int, sm: int, kv_fp8: bool = Fals
         ]
         if kv_fp8 and first.block_h == 16:
             more.append(DecodeConfig(16, first.block_n, 2, first.num_stages, 4))
-    return [first] + [c for c in more if c != first]
+    tilings = [first] + [c for c in more if c != first]
+    if not kv_fp8:
+        return tilings
+    return [replace(c, fp8_dequant=m) for m in (fp8_dequant or FP8_TUNED_DEQUANT) for c in tilings]
 
 
 def shrink_decode_config(c: DecodeConfig) -> DecodeConfig | None:
@@ -496,6 +551,8 @@ def plan_decode(
     )  # fmt: skip
     if kv_fp8_code(x.k_cache.dtype):  # absent otherwise: the bf16/fp16/fp32 kernels compile as before
         meta["KV_FP8"] = kv_fp8_code(x.k_cache.dtype)
+        if FP8_DEQUANT[cfg.fp8_dequant] and meta["USE_DOT"] and x.q.dtype in (torch.bfloat16, torch.float16):
+            meta["FP8_DQ"] = FP8_DEQUANT[cfg.fp8_dequant]
     merge_meta = dict(  # BLOCK_S is fixed: the merge's summation order must not depend on the batch
         DV=Dv, BLOCK_DV=bdv, BLOCK_S=16,
         HAS_SINKS=x.sinks is not None, PRECISE_EXP=x.q.dtype == torch.float32,

@@ -69,7 +69,7 @@ class TritonGDN:
 
         return run
 
-    @implements("gdn_decode", state_layout="kv")
+    @implements("gdn_decode", state_layout="kv", graph_safe=True)
     def prepare_gdn_decode(self, case, x):
         from attnbench.kernels.triton.gdn import gdn_recurrent
 
@@ -83,7 +83,7 @@ class TritonGDN:
         run.info = {"variant": "packed: q/k/v read in place from mixed_qkv" if packed else "recurrent"}
         return run
 
-    @implements("gdn_verify", state_layout="kv")
+    @implements("gdn_verify", state_layout="kv", graph_safe=True)
     def prepare_gdn_verify(self, case, x):
         from attnbench.kernels.triton.gdn import gdn_recurrent
 

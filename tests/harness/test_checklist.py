@@ -32,10 +32,11 @@ def _run(backend, checks=None):
     return run_case(Case.from_id(CASE, "cpu"), [backend], RunOptions(timing=False, checks=checks))[0]
 
 
-def test_the_default_list_is_outputs_determinism_invariance_stale():
-    assert [c.name for c in CHECKS] == ["outputs", "determinism", "invariance", "stale"]
+def test_the_default_list_is_outputs_determinism_invariance_stale_replay():
+    assert [c.name for c in CHECKS] == ["outputs", "determinism", "invariance", "stale", "replay"]
     row = _run(get_backend("torch"))
-    assert row.status == "pass" and list(row.check_parts) == ["outputs", "determinism", "stale"]
+    assert row.status == "pass" and list(row.check_parts) == ["outputs", "determinism", "stale", "replay"]
+    assert row.replay.startswith("skip: not graph-safe")  # decode is graph-captured; torch's is not graph-safe
     assert row.deterministic is True and row.batch_invariant is None  # invariance applies only when asked
 
 

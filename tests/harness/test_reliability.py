@@ -237,3 +237,29 @@ def test_a_backend_that_keeps_device_memory_after_its_row_is_named(monkeypatch):
     good, leaky = runner.run_case(case, [get_backend("torch"), Leaky()], runner.RunOptions(timing=False))
     assert good.status == "pass" and "kept_gib" not in (good.prepare_info or {})
     assert leaky.status == "pass" and leaky.prepare_info["kept_gib"] > 0, leaky.prepare_info
+
+
+def test_an_out_of_memory_row_says_what_the_case_holds(monkeypatch):
+    """An out-of-memory error names the case's own holdings (inputs, float64 expectation, twin, the
+    checks' shared copies), so a suite whose cases cannot fit says which of them to cut."""
+    from attnbench import runner
+    from attnbench.backend import get_backend
+    from attnbench.case import Case
+
+    class Greedy:
+        name = "greedy"
+
+        def __init__(self):
+            self.inner = get_backend("torch")
+
+        def __getattr__(self, item):
+            return getattr(self.inner, item)
+
+        def prepare(self, case, inputs):
+            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.46 GiB.")
+
+    case = Case.from_id("decode/b2-l40-h4x2-d64-p16-bf16", "cpu")
+    row = runner.run_case(case, [Greedy()], runner.RunOptions(timing=False))[0]
+    assert row.status == "error" and "Tried to allocate 16.46 GiB" in row.reason
+    for held in ("case inputs", "float64 expectation", "twin", "cloned once per backend"):
+        assert held in row.reason, row.reason

@@ -8,6 +8,13 @@ every tiling beside the tuned `triton` and the peers:
         -b triton -b 'triton-dec-*' -b flashinfer
 
 Labels: h<block_h>-n<block_n>-w<warps>-s<stages>-c<programs per SM the planner aims at>.
+
+`triton-fp8-<dequant>-<tiling>` runs fp8 caches only (others: Unsupported), with
+`DecodeConfig.fp8_dequant` set (operand, f16, f16rows, f16bits: how fp8 tiles reach the tensor cores;
+see decode.py), so one sweep compares the conversion paths side by side:
+
+    bash tools/bench/gpu_sweep.sh fp8dq 300 tools/bench/decode_fp8.yaml --plugin tools/bench/decode_variants.py \
+        -b triton -b 'triton-fp8-*' -b flashinfer
 """
 
 from __future__ import annotations
@@ -18,6 +25,7 @@ import attnbench
 from attnbench.backend import implements
 from attnbench.errors import Unsupported
 from attnbench.kernels.triton import TritonBackend, attention_head_dims, on_device
+from attnbench.kernels.triton.common import kv_fp8_code
 from attnbench.kernels.triton.decode import DecodeConfig
 
 VARIANTS = {
@@ -37,10 +45,26 @@ VARIANTS = {
 }
 
 
+# fp8 conversion paths x the tilings that won or came close on fp8 (NOTES.md, "fp8 decode tilings")
+FP8_VARIANTS = {
+    f"{dequant.replace('-', '')}-h{c.block_h}-n{c.block_n}-w{c.num_warps}-s{c.num_stages}-c{c.ctas_per_sm}": DecodeConfig(
+        c.block_h, c.block_n, c.num_warps, c.num_stages, c.ctas_per_sm, dequant
+    )
+    for dequant, tilings in (
+        ("operand", [(16, 64, 2, 3, 4)]),  # today's fp8 path at its best tiling (B64+)
+        ("f16", [(16, 64, 4, 3, 3)]),
+        ("f16-rows", [(16, 64, 4, 3, 3), (16, 64, 2, 3, 4), (16, 128, 4, 3, 2), (16, 64, 4, 4, 3)]),
+        ("f16-bits", [(16, 64, 4, 3, 3), (16, 64, 2, 3, 4)]),
+    )
+    for c in (DecodeConfig(*t) for t in tilings)
+}
+
+
 class DecodeVariant(attnbench.Backend):
     """decode on our generic Triton kernel with the variant's tiling and the default split plan."""
 
     config: ClassVar[DecodeConfig]
+    fp8_only: ClassVar[bool] = False
     backend_limits = on_device
 
     def available(self) -> str | None:
@@ -53,6 +77,8 @@ class DecodeVariant(attnbench.Backend):
         _, Hq, Dk = x.q.shape
         if Hq // x.k_cache.shape[2] >= 64:
             raise Unsupported("MLA-sized head groups: tools/bench/mla_variants.py")
+        if self.fp8_only and not kv_fp8_code(x.k_cache.dtype):
+            raise Unsupported("an fp8 conversion variant: fp8 KV caches only")
         plan = d.plan_decode(x, config=self.config)
         run = d.bind_decode(x, plan)
         run.info = {"max_splits": max(plan.splits), "config": vars(self.config)}
@@ -65,5 +91,14 @@ for _label, _cfg in VARIANTS.items():
             f"DecodeVariant_{_label.replace('-', '_')}",
             (DecodeVariant,),
             {"config": _cfg, "description": f"decode {_cfg}"},
+        )
+    )
+
+for _label, _cfg in FP8_VARIANTS.items():
+    attnbench.register_backend(f"triton-fp8-{_label}")(
+        type(
+            f"DecodeFp8Variant_{_label.replace('-', '_')}",
+            (DecodeVariant,),
+            {"config": _cfg, "fp8_only": True, "description": f"fp8 decode {_cfg}"},
         )
     )

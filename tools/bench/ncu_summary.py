@@ -1,7 +1,7 @@
 """Summarise `ncu --csv --page details` files (tools/bench/ncu_rows.sh) as one markdown table.
 
 Usage: python tools/bench/ncu_summary.py DIR   (reads DIR/*.csv and their DIR/*.row "CASE BACKEND")
-One line per profiled kernel: its row, duration, DRAM and SM throughput (% of peak), achieved
+One line per profiled kernel (its last launch: an autotuner's trials come first): its row, duration, DRAM and SM throughput (% of peak), achieved
 occupancy, registers per thread, grid x block, cycles per issued instruction, and the three largest
 stall reasons (warps stalled per issued instruction, from smsp__average_warps_issue_stalled_*).
 """
@@ -44,7 +44,11 @@ def kernels(path: Path) -> list[dict]:
                 k["stalls"][reason] = float(value.replace(",", ""))
             except ValueError:
                 pass
-    return list(out.values())
+    last: dict[str, dict] = {}  # a kernel launched again (an autotuner's trials) counts by its last launch
+    for k in out.values():
+        last.pop(k.get("name", "?"), None)
+        last[k.get("name", "?")] = k
+    return list(last.values())
 
 
 def main(folder: str) -> int:

@@ -38,6 +38,7 @@ from attnbench.ops.base import (
     negate,
     negated,
 )
+from attnbench.ops.replay_batches import decode_batch
 from attnbench.references import attention as ref
 
 _PLANNED = (
@@ -271,6 +272,8 @@ class DecodeOp(_PagedAttentionOp):
     Params = DecodeParams
     explicit = ("kv_lens",)
     id_fields = tuple(f for f in _ATTN_ID if f.fields[0] in DecodeParams.model_fields)
+    graph_captured = True  # the replay check (docs/replay.md): batch B from harness/ops/replay_batches.py
+    replay_batch = decode_batch
 
     def request_lengths(self, p: DecodeParams, seed: int) -> tuple[list[int], list[int]]:
         """(keys, queries) per request, as `build_inputs` draws them; no tensors (backends' limits read them).

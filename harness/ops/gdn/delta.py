@@ -37,6 +37,7 @@ from attnbench.ops.gdn.params import (
     GDNParams,
     GDNVerifyParams,
 )
+from attnbench.ops.replay_batches import gdn_batch
 from attnbench.references import gdn as ref
 
 CHUNK = 64  # the chunk size the gdn_extend cost model counts
@@ -198,6 +199,8 @@ class GDNDecodeOp(_GDNOp):
     )
     Params = GDNDecodeParams
     id_fields = _id_fields(GDNDecodeParams)
+    graph_captured = True  # the replay check (docs/replay.md): batch B from harness/ops/replay_batches.py
+    replay_batch = gdn_batch
 
     def features(self, p: GDNDecodeParams) -> tuple[str, ...]:
         f = [_heads_feature(p), *_dims_features(p)]
@@ -339,6 +342,8 @@ class GDNVerifyOp(_GDNOp):
     smoke = SmokeSpace(space=GDN_SMOKE | {"batch": [2, 5], "draft": [1, 3, 8], "pad": [0, 1]}, held=GDN_HELD)
     Params = GDNVerifyParams
     id_fields = _id_fields(GDNVerifyParams)
+    graph_captured = True  # the replay check (docs/replay.md): batch B from harness/ops/replay_batches.py
+    replay_batch = gdn_batch
     outputs = {
         "o": OutputSpec(("token", "head", "dim"), floor_units="head_dim_k"),
         "inter_states": OutputSpec(("request", "step", "head", "k", "v"), floor_units="head_dim_k"),

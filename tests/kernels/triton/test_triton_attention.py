@@ -502,6 +502,67 @@ def test_fp8_deterministic_decode():
         assert torch.equal(bits(out["lse"]), bits(batch["lse"][b : b + 1])), f"request {b}: lse"
 
 
+# fp16 tensor-core paths for fp8 caches (DecodeConfig.fp8_dequant): query rows scaled into fp16, probabilities
+# as fp16 x 2^15, e4m3 by bits x 2^-8. Under the interpreter the asm conversions run as plain conversions of
+# the same values, so "f16" and "f16-rows" compute alike here; the scale folding is what these cover.
+FP8_F16_CASES = [
+    "decode/b4-l300-mixed-h8x2-d64-p16-fp8_e4m3-bf16",
+    "decode/b4-l300-mixed-h8x2-d64-p16-fp8_e4m3-kvscalehead-bf16",
+    "decode/b3-l260-mixed-h8x1-d96-p64-fp8_e5m2-fp16",  # 64 + 32 head split: one row scale for both parts
+    "decode/b3-l150-mixed-h8x2-d64-p16-swa100-cap5-sink-fp8_e4m3-kvscalehead-bf16",  # row scale before the cap
+    "decode/b2-l160-mixed-h16x1-d576x512-p16-mla-fp8_e4m3-bf16",  # V from K (both x 2^-8 by bits)
+]
+
+
+def _fp8_decode_verdict(case, pristine, dequant: str, split: bool):
+    from attnbench.kernels.triton.decode import FP8_DEQUANT, decode, default_decode_config, plan_decode
+
+    work = clone_tensors(pristine)
+    cfg = dataclasses.replace(default_decode_config(work), fp8_dequant=dequant)
+    plan = plan_decode(work, config=cfg, min_chunk=32, num_sms=132) if split else plan_decode(work, config=cfg)
+    assert plan.meta["FP8_DQ"] == FP8_DEQUANT[dequant]
+    assert (plan.merge is not None) == split, plan.splits
+    return _verdict(case, pristine, work, decode(work, plan))
+
+
+@pytest.mark.parametrize("case_id", FP8_F16_CASES)
+@pytest.mark.parametrize("dequant", ["f16", "f16-rows", "f16-bits"])
+@pytest.mark.parametrize("split", [False, True])
+def test_fp8_decode_f16_paths(case_id, dequant, split):
+    _triton()
+    case = Case.from_id(case_id)
+    verdict = _fp8_decode_verdict(case, case.make_inputs(), dequant, split)
+    assert verdict.ok, verdict.reason
+
+
+@pytest.mark.parametrize("dequant", ["f16", "f16-bits"])
+def test_fp8_decode_f16_paths_scale_query_rows(dequant):
+    """Query rows beyond fp16's range (x 2^20, every other head) and far below it (x 2^-30): each row
+    is scaled by its own power of two, so nothing overflows or flushes to zero."""
+    _triton()
+    case = Case.from_id("decode/b4-l300-mixed-h8x2-d64-p16-fp8_e4m3-kvscalehead-bf16")
+    pristine = case.make_inputs()
+    pristine.q[:, 0::2] *= 2.0**20
+    pristine.q[:, 1::4] *= 2.0**-30
+    assert pristine.q.abs().max() > 65504
+    verdict = _fp8_decode_verdict(case, pristine, dequant, False)
+    assert verdict.ok, verdict.reason
+
+
+def test_fp8_dequant_ignored_where_it_does_not_apply():
+    """fp32 queries, the MHA vector path and 16-bit caches compile exactly as before (no FP8_DQ)."""
+    from attnbench.kernels.triton.decode import default_decode_config, plan_decode
+
+    for case_id in (
+        "decode/b2-l100-mixed-h4x2-d64-p16-fp8_e4m3-kvscalehead-fp32",
+        "decode/b3-l200-skewed-h4x4-d80-p1-fp8_e5m2-kvscalehead-bf16",
+        "decode/b4-l300-mixed-h8x2-d64-p16-bf16",
+    ):
+        x = Case.from_id(case_id).make_inputs()
+        cfg = dataclasses.replace(default_decode_config(x), fp8_dequant="f16-rows")
+        assert "FP8_DQ" not in plan_decode(x, config=cfg).meta, case_id
+
+
 FP8_EXTEND_CASES = [
     "extend/b2-q40-pre70-mixed-h4x2-d64-p16-fp8_e4m3-kvscalehead-bf16",  # prefix + save, per head
     "extend/b2-q40-pre70-mixed-h4x2-d64-p16-fp8_e5m2-fp16",  # prefix + save, e5m2 into fp16
@@ -716,3 +777,17 @@ def test_fp8_decode_candidates_add_two_warp_programs_only_for_fp8_caches():
     assert fp8[: len(bf16)] == bf16 and fp8[0] == bf16[0]
     assert DecodeConfig(16, 64, 2, 3, 4) in fp8 and all(c.num_warps > 2 for c in bf16)
     assert decode_candidates(1, 128, 128, 90, kv_fp8=True) == decode_candidates(1, 128, 128, 90)  # MHA: no dot
+
+
+def test_fp8_decode_candidates_per_conversion_path():
+    """The tuner tries today's fp8 path only, unless FP8_TUNED_DEQUANT (or the argument) names more."""
+    from attnbench.kernels.triton.decode import FP8_TUNED_DEQUANT, decode_candidates
+
+    assert FP8_TUNED_DEQUANT == ("operand",)
+    tilings = decode_candidates(4, 128, 128, 90, kv_fp8=True)
+    assert {c.fp8_dequant for c in tilings} == {"operand"}
+    both = decode_candidates(4, 128, 128, 90, kv_fp8=True, fp8_dequant=("operand", "f16-rows"))
+    assert both[: len(tilings)] == tilings
+    assert [dataclasses.replace(c, fp8_dequant="operand") for c in both[len(tilings) :]] == tilings
+    assert {c.fp8_dequant for c in both[len(tilings) :]} == {"f16-rows"}
+    assert decode_candidates(4, 128, 128, 90, fp8_dequant=("f16-rows",)) == decode_candidates(4, 128, 128, 90)

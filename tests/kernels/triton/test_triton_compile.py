@@ -28,6 +28,9 @@ FAST = [
     "extend/b1-q5-pre8187-h32x8-d128-p16-bf16",  # spec verify: GQA-packed split path (planned for 132 SMs) + merge
     "extend/b64-q16-pre1024-h32x8-d128-p16-bf16@pack=1",  # a batch of 16-token requests: packed 64-row tiles (forced)
     "extend/b64-q8-pre1024-h32x8-d128-p16-bf16",  # spec verify, a batch: GQA-packed 32-row tiles, unsplit
+    # fp8 decode on fp16 tensor cores, V converted in its load layout (DecodeConfig.fp8_dequant "f16-rows", "f16-bits")
+    "decode/b2-l300-h32x8-d128-p16-fp8_e4m3-bf16@fp8_dequant=2",
+    "decode/b2-l300-h32x8-d128-p16-fp8_e4m3-bf16@fp8_dequant=3",
 ]
 # one case per constexpr branch: must compile and fit in shared memory
 BRANCHES = [
@@ -61,6 +64,9 @@ BRANCHES = [
     "decode/b2-l300-h128x1-d576x512-p64-mla-fp8_e4m3-bf16",
     "decode/b2-l45-h4x4-d128-p1-fp8_e5m2-kvscalehead-fp16",
     "decode/b2-l45-h4x2-d192x128-p16-fp8_e4m3-fp32",
+    "decode/b2-l300-h32x8-d128-p16-fp8_e4m3-bf16@fp8_dequant=1",  # fp16 tensor cores, operand-layout conversion
+    "decode/b2-l45-h8x1-d96-p64-fp8_e5m2-fp16@fp8_dequant=2",  # e5m2 by byte permutes, 64 + 32 split
+    "decode/b2-l300-h8x2-d64-p16-swa7-cap5-sink-fp8_e4m3-kvscalehead-bf16@fp8_dequant=3",
     "extend/b1-q256-pre0-h32x8-d128-p16-fp8_e4m3-kvscalehead-bf16",
     "extend/b1-q5-pre8187-h32x8-d128-p16-fp8_e5m2-bf16",
     "extend/b2-q6-pre17-h4x2-d64-p16-kvattend-fp8_e5m2-bf16",

@@ -1,0 +1,198 @@
+"""The CUDA-graph replay check (harness/replay.py, docs/replay.md) on a CPU, through the stand-in graph.
+
+The stand-in runs the same sequence as a CUDA graph (capture on batch A, batch B written in place,
+replay, compare with B's float64 reference); what a closure took on the host at prepare stays frozen,
+as in a graph. The GPU half is tests/harness/test_replay_gpu.py.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+import torch
+
+from attnbench.backend import Backend, get_backend, implements
+from attnbench.buffers import bitwise_equal, tensor_fields
+from attnbench.case import Case
+from attnbench.checklist import CHECKS, OutputsCheck, ReplayCheck
+from attnbench.kernels.mutants.replay import BakedLengthDecode, GraphSafeDecode
+from attnbench.kernels.torch import gdn as torch_gdn
+from attnbench.ops.replay_batches import other_lengths, same_shapes
+from attnbench.replay import StandInGraph
+from attnbench.runner import RunOptions, run_case
+
+STAND_IN = tuple(c for c in CHECKS if c.name != "replay") + (ReplayCheck(StandInGraph),)
+DECODES = (
+    "decode/b3-l37-mixed-h8x2-d128-p16-bf16",
+    "decode/b3-l70-skewed-h8x2-d64-p16-sink-bf16",
+    "decode/b3-l70-mixed-h8x2-d64-p16-swa7-bf16",
+    "decode/b2-l40-h16x1-d576x512-p16-mla-scale0.1352337788608801-bf16",
+    "decode/b4-l50-mixed-h4x2-d32-p16-cap5-fp8_e4m3-fp16",
+    "decode/b3-l33-mixed-h4x2-d32-p8-pages400-fp32",
+)
+
+
+def _rows(case_id, backends, checks=STAND_IN, **opts):
+    return run_case(Case.from_id(case_id, "cpu"), backends, RunOptions(timing=False, checks=checks, **opts))
+
+
+@pytest.mark.parametrize(
+    "lens,page", [([22, 37, 37], 16), ([4, 4, 70], 16), ([40], 16), ([1, 1, 1], 1), ([5, 60, 70], 16), ([9, 3], 4)]
+)
+def test_other_lengths_keep_the_pages_and_grow_the_longest(lens, page):
+    out = other_lengths(lens, page)
+    pages = lambda ls: sum(-(-n // page) for n in ls)  # noqa: E731
+    assert len(out) == len(lens) and min(out) >= 1
+    assert pages(out) == pages(lens)
+    if lens != [1, 1, 1]:
+        assert max(out) > max(lens), (lens, out)
+    assert out != lens or len(set(lens)) == 1
+
+
+@pytest.mark.parametrize(
+    "case_id",
+    [
+        *DECODES,
+        "gdn_decode/b5-h2x4-d16x16-packed-bf16",
+        "gdn_decode/b3-h2x4-d16x16-pad2-fp32",
+        "gdn_verify/b5-t3-h2x4-d16x16-tree-pad1-fp32",
+        "gdn_verify/b2-t3-h2x4-d16x16-slots40-bf16",
+    ],
+)
+def test_batch_b_fits_batch_a_and_differs_where_a_server_rewrites(case_id):
+    case = Case.from_id(case_id, "cpu")
+    x = case.make_inputs()
+    got = case.op.replay_batch(case.params, x, case.torch_dtype, case.seed)
+    assert not isinstance(got, str), got
+    pb, b = got
+    assert same_shapes(x, b) is None
+    fa, fb = tensor_fields(x), tensor_fields(b)
+    for name in case.op.held:  # model weights stay the layer's
+        if case.op.held[name].startswith("model weights") and name in fa:
+            assert torch.equal(fa[name], fb[name]), name
+    if case.op.name == "decode":
+        assert max(b.seq_lens_host) > max(x.seq_lens_host)
+        assert b.seq_lens.tolist() == list(b.seq_lens_host) == list(pb.kv_lens)
+        assert not torch.equal(x.kv_page_indices, b.kv_page_indices)
+    else:
+        assert int((b.state_indices < 0).sum()) >= 1  # a padding request
+        assert not torch.equal(x.state_indices, b.state_indices)
+        assert bool(bitwise_equal(x.state_pool, b.state_pool).all())  # the pool as A's calls left it
+
+
+@pytest.mark.parametrize("case_id", DECODES)
+def test_a_decode_that_baked_its_longest_length_fails_replay_and_the_capacity_one_passes(case_id):
+    good, bad = _rows(case_id, [GraphSafeDecode(), BakedLengthDecode()])
+    assert (good.status, good.replay) == ("pass", "pass"), good.reason
+    assert (bad.status, bad.replay) == ("fail", "fail"), bad.reason
+    assert bad.reason.startswith("replay: captured on one batch, replayed on another of the same shapes (lengths")
+    assert "check_parts" in bad.model_fields_set or bad.check_parts.get("replay") is not None
+
+
+def test_the_mutant_passes_every_other_check():
+    """Only the replay check catches it: with the default checks on a CPU (replay skipped) it passes."""
+    for case_id in DECODES:
+        (row,) = _rows(case_id, [BakedLengthDecode()], checks=None, invariance=True)
+        assert row.status == "pass", (case_id, row.reason)
+        assert row.replay == "skip: no CUDA graphs on cpu"
+        assert row.deterministic is True  # (batch invariance is recorded, not required: its sums vary with the keys)
+
+
+def test_declarations_skip_with_their_reason():
+    case_id = DECODES[0]
+    (torch_row,) = _rows(case_id, [get_backend("torch")])
+    assert torch_row.status == "pass"
+    assert torch_row.replay.startswith("skip: not graph-safe: gathers each request's keys by the batch's host-side")
+
+    class Undeclared(Backend):
+        name = "undeclared-decode"
+
+        def prepare_decode(self, case, x):
+            return get_backend("torch").prepare(case, x)
+
+    (row,) = _rows(case_id, [Undeclared()])
+    assert (row.status, row.replay) == ("pass", "skip: not declared graph-safe")
+    (off,) = _rows(case_id, [BakedLengthDecode()], replay=False)
+    assert (off.status, off.replay) == ("pass", "skip: off (--no-replay)")
+
+
+def test_ops_servers_do_not_capture_record_nothing():
+    (row,) = _rows("extend/b2-q7-pre19-h4x2-d64-p16-bf16", [get_backend("torch")])
+    assert row.status == "pass" and "replay" not in row.check_parts and getattr(row, "replay", None) is None
+
+
+class _BakedSlots(Backend):
+    """gdn_verify that reads the state slots as they were at prepare (declared graph-safe: wrongly)."""
+
+    name = "gdn-verify-baked-slots"
+
+    @implements("gdn_verify", graph_safe=True)
+    def prepare_gdn_verify(self, case, x):
+        frozen = dataclasses.replace(x, state_indices=x.state_indices.clone())
+        return lambda: torch_gdn.gdn_verify(frozen)
+
+
+def test_gdn_verify_replays_other_slots_and_padding():
+    case_id = "gdn_verify/b5-t3-h2x4-d16x16-tree-pad1-fp32"
+    checks = (OutputsCheck(), ReplayCheck(StandInGraph))
+    good, bad = _rows(case_id, [get_backend("torch"), _BakedSlots()], checks=checks)
+    assert (good.status, good.replay) == ("pass", "pass"), good.reason
+    assert (bad.status, bad.replay) == ("fail", "fail"), bad.reason
+    assert "(slots [" in bad.reason and "-1" in bad.reason.split("->")[1]
+
+
+def test_gdn_decode_pool_moves_on_through_the_replay():
+    """An op that writes its pool: batch B starts from the pool the warm-up call left, and the replay's
+    writes are checked (a graph-safe torch-like decode writing with index_put, no boolean mask)."""
+
+    class IndexedDecode(Backend):
+        name = "gdn-decode-indexed"
+
+        @implements("gdn_decode", graph_safe=True)
+        def prepare_gdn_decode(self, case, x):
+            def run():
+                HV = x.v.shape[1]
+                g, beta = torch_gdn._gates(x.A_log, x.a, x.dt_bias, x.b)
+                qh, kh = torch_gdn._norm_qk(x.q, x.k, HV, x.scale)
+                S, valid = torch_gdn._load_states(x.state_pool, x.state_indices)
+                S, o = torch_gdn._step(S, qh, kh, x.v.float(), g, beta)
+                x.o.copy_(o)
+                idx = x.state_indices.long()
+                keep = x.state_pool[idx.clamp(min=0)]
+                x.state_pool[idx.clamp(min=0)] = torch.where(valid[:, None, None, None], S, keep)
+                return {"o": x.o}
+
+            return run
+
+    case_id = "gdn_decode/b5-h2x4-d16x16-packed-bf16"
+    (row,) = _rows(case_id, [IndexedDecode()])
+    assert (row.status, row.replay) == ("pass", "pass"), row.reason
+
+
+@pytest.mark.parametrize(
+    "flag,outcome", [(None, "skip: no CUDA graphs on cpu"), ("--no-replay", "skip: off (--no-replay)")]
+)
+def test_sweep_records_the_outcome_in_rows_and_results_csv(tmp_path, flag, outcome):
+    import csv
+    import json
+
+    from typer.testing import CliRunner
+
+    from attnbench.cli import app
+
+    plugin = tmp_path / "graph_safe_plugin.py"
+    plugin.write_text(
+        "from attnbench.backend import register_backend\n"
+        "from attnbench.kernels.mutants.replay import GraphSafeDecode\n"
+        "register_backend('graph-safe-decode-plugin')(type('P', (GraphSafeDecode,), {}))\n"
+    )
+    out = tmp_path / "run"
+    args = ["sweep", "--device", "cpu", "--no-isolate", "--plugin", str(plugin), "-b", "graph-safe-decode-plugin",
+            "--case", DECODES[0], "--out", str(out), *([flag] if flag else [])]  # fmt: skip
+    res = CliRunner().invoke(app, args, catch_exceptions=False)
+    assert res.exit_code == 0, res.output[-2000:]
+    (row,) = [json.loads(line) for line in (out / "results.jsonl").read_text().splitlines()]
+    assert row["replay"] == outcome
+    (csv_row,) = list(csv.DictReader((out / "results.csv").open()))
+    assert csv_row["replay"] == outcome
