@@ -33,8 +33,11 @@ class AttentionInputs:
     """Inputs of decode and extend (decode: one query per request, T = B, no new K/V).
 
     Tensors are on the case device; `*_host` are the same lengths as Python lists (no device sync).
+    The fields come in groups (the comments below); they stay flat because every backend adapter
+    (kernels/) and the checks (perturbations and `held` name fields) read them by these names.
     """
 
+    # queries, the paged cache and its CSR page table
     q: torch.Tensor  # [T, Hq, Dk] case dtype
     k_cache: torch.Tensor  # [P, page_size, Hkv, Dk]
     v_cache: torch.Tensor  # [P, page_size, Hkv, Dv]  (MLA: k_cache[..., :512], a view)
@@ -42,21 +45,27 @@ class AttentionInputs:
     kv_page_indices: torch.Tensor  # [nnz] int32
     seq_lens: torch.Tensor  # [B] int32, keys per request (prefix + new)
     qo_indptr: torch.Tensor  # [B+1] int32, queries of request b: q[qo_indptr[b]:qo_indptr[b+1]]
+    # outputs
     o: torch.Tensor  # [T, Hq, Dv] case dtype, output (NaN-filled, canary-padded)
     lse: torch.Tensor  # [T, Hq] fp32, output, natural log
+    # score semantics
     sm_scale: float
     causal: bool = True
     window: int = -1
     soft_cap: float = 0.0
     sinks: torch.Tensor | None = None  # [Hq] fp32 logits
+    # fp8 caches
     k_scale: torch.Tensor | None = None  # fp8 caches: [1] or [Hkv] fp32, real value = stored * scale
     v_scale: torch.Tensor | None = None  # (powers of two, so quantising k_new is exact to define)
+    # extend: the new tokens' keys and values, saved into the cache or not
     k_new: torch.Tensor | None = None  # [T, Hkv, Dk] extend: keys of the new tokens (case dtype)
     v_new: torch.Tensor | None = None  # [T, Hkv, Dv]            (MLA: k_new[..., :512])
     save_kv: bool = False  # write k_new/v_new into slot_mapping before attending
     slot_mapping: torch.Tensor | None = None  # [T] int64 cache slot (page * page_size + offset) per new token
+    # extend: a custom mask
     custom_mask: torch.Tensor | None = None  # bool, [q_len_b, seq_len_b] per request, flattened; True = visible
     mask_indptr: torch.Tensor | None = None  # [B+1] int64 offsets into custom_mask
+    # the lengths on the host
     seq_lens_host: tuple[int, ...] = ()
     q_lens_host: tuple[int, ...] = ()
     # kv_pool swa: k_cache/v_cache are the sliding-window layer's own pool and kv_page_indices its page
