@@ -219,69 +219,100 @@ def sweep(
     Known failures (the built-in expectations, a suite's `expect:`, --expect files) become xfail and
     do not fail the run; an expected failure that passes is xpass and does (exit 1).
     """
+    from attnbench.sweep import Selection, SweepOptions, parse_shard
+
+    try:
+        if expect and no_expect:
+            raise AttnbenchError("--expect and --no-expect contradict each other")
+        selection = Selection(
+            suites=tuple(suites or ()), device=device, backends=tuple(backend or ()), ops=tuple(op or ()),
+            keywords=tuple(keyword or ()), case_ids=tuple(case or ()), traces=tuple(trace or ()),
+            shard=parse_shard(shard), max_cases=max_cases, expect_files=tuple(expect or ()), expect=not no_expect,
+            require=tuple(_parse_require(require) or ()), plan_only=dry_run,
+        )  # fmt: skip
+    except AttnbenchError as e:
+        _fail(e)
+    _run_sweep(
+        SweepOptions(
+            selection,
+            plugins=tuple(plugin or ()),
+            out=out,
+            timing=timing,
+            resume=resume,
+            overwrite=overwrite,
+            gpus=gpus,
+            isolate=isolate,
+            timeout_s=timeout,
+            sanitize=sanitize,
+            sanitize_max=sanitize_max,
+            ref_cache=ref_cache,
+            dry_run=dry_run,
+            precompile_only=precompile_only,
+            allow_skipped=allow_skipped,
+            replay=replay,
+        )  # fmt: skip
+    )
+
+
+def _run_sweep(o) -> None:
+    """`attnbench sweep` with its options (attnbench.sweep.SweepOptions): plan, run, report; exits."""
     from attnbench import refcache
-    from attnbench.report import render_all
-    from attnbench.results import read_results
-    from attnbench.rundir import planned, prepare_run_dir
     from attnbench.runner import RunOptions
     from attnbench.session import Session
-    from attnbench.sweep import Execution, default_out, execute, exit_code, parse_gpus, parse_shard
+    from attnbench.sweep import parse_gpus
 
     _enable_faulthandler()
     try:
-        if not timeout > 0:
-            raise AttnbenchError(f"--timeout must be a positive number of seconds, got {timeout:g}")
-        if max_cases < 1:
-            raise AttnbenchError(f"--max-cases must be at least 1, got {max_cases}")
-        if expect and no_expect:
-            raise AttnbenchError("--expect and --no-expect contradict each other")
-        refs = refcache.resolve(ref_cache)
-        max_refs = refcache.default_max_bytes()
-        session = Session.open(suites or [], device, backend, plugin or (), ops=op, keywords=keyword,
-                               case_ids=case, shard=parse_shard(shard), max_cases=max_cases, expect_files=expect,
-                               expect=not no_expect, require=_parse_require(require), traces=trace,
-                               plan_only=dry_run)  # fmt: skip
+        o.check()
+        refs, max_refs = refcache.resolve(o.ref_cache), refcache.default_max_bytes()
+        session = Session.open(o.selection, o.plugins)
         p = session.plan
         for w in session.warnings:
             console.print(f"[yellow]warning:[/] {esc(w)}", highlight=False, soft_wrap=True)
-        devices = tuple(parse_gpus(gpus, p.device))
-        if resume and out is None:
-            raise AttnbenchError("--resume needs --out, the run directory to resume")
-        p, sanitizer_exe = _sanitize_setup(p, sanitize, sanitize_max) if sanitize else (p, "")
+        devices = tuple(parse_gpus(o.gpus, p.device))
+        p, sanitizer_exe = _sanitize_setup(p, o.sanitize, o.sanitize_max) if o.sanitize else (p, "")
     except AttnbenchError as e:
         _fail(e)
-    if precompile_only:
+    if o.precompile_only:
         _precompile_only(p)
-    if dry_run:
+    if o.dry_run:
         _dry_run(p)
     if not p.cases:
         _fail(AttnbenchError("no cases selected (check --op / -k)"))
+    timing = o.timing
     if timing is None:  # host-clock times are never ranked or compared: a CPU run checks correctness only
         timing = p.device.startswith("cuda")
         if not timing:
             console.print(f"correctness only on {p.device} (no GPU): nothing is timed; --timing times the kernels "
                           "with a host clock (shown, never ranked or compared)", highlight=False)  # fmt: skip
-    run_dir = Path(os.path.abspath(out or default_out(p)))  # a plugin that changes directory moves nothing
+    opts = RunOptions(timing=timing, ref_cache=str(refs) if refs else None, ref_cache_max=max_refs, replay=o.replay)
+    _execute_and_report(o, p, o.execution(devices, sanitizer_exe), opts)
+
+
+def _execute_and_report(o, p, how, opts) -> None:
+    """Run the plan `p` into the run directory, render the report, print the summary; exits."""
+    from attnbench.report import render_all
+    from attnbench.results import read_results
+    from attnbench.rundir import planned, prepare_run_dir
+    from attnbench.sweep import default_out, execute, exit_code
+
+    run_dir = Path(os.path.abspath(o.out or default_out(p)))  # a plugin that changes directory moves nothing
     try:
-        lock = prepare_run_dir(run_dir, planned(p, timing), resume, overwrite)  # held until the process ends
+        lock = prepare_run_dir(run_dir, planned(p, opts.timing), o.resume, o.overwrite)  # held until the process ends
     except AttnbenchError as e:
         _fail(e)
     console.print(f"[bold]attnbench[/] {p.breakdown().splitlines()[0]} on {p.device} -> {run_dir}", highlight=False)
     rows = []
     interrupted = False
     # rows, not cases: after a crash, or in sanitize mode, a case's rows arrive in several parts
-    kept = len(read_results(run_dir / "results.jsonl")) if resume and (run_dir / "results.jsonl").exists() else 0
+    kept = len(read_results(run_dir / "results.jsonl")) if o.resume and (run_dir / "results.jsonl").exists() else 0
     with SweepProgress(console, len(p.cases) * len(p.backends), kept) as progress:
 
         def on_rows(c, case_rows):
             progress.rows(c.id, case_rows)
 
-        how = Execution(isolate=isolate, devices=devices, timeout_s=timeout, plugins=tuple(plugin or ()), resume=resume,
-                        sanitize=sanitize, sanitizer=sanitizer_exe)  # fmt: skip
         _stop_on_signals()
         try:
-            opts = RunOptions(timing=timing, ref_cache=str(refs) if refs else None, ref_cache_max=max_refs,
-                              replay=replay)  # fmt: skip
             rows = execute(p, run_dir, opts, on_rows, argv=sys.argv, how=how,
                            on_problem=progress.problem, on_status=progress.status)  # fmt: skip
         except KeyboardInterrupt:
@@ -297,10 +328,10 @@ def sweep(
     lock.close()  # the run directory is whole: another sweep may --resume or --overwrite it
     _print_summary(rows, complete=not interrupted)
     _print_notes(rows)
-    _print_skipped(rows, backend or [])
+    _print_skipped(rows, list(o.selection.backends))
     _print_verdict(rows, json.loads((run_dir / "run.json").read_text()) if (run_dir / "run.json").exists() else {})
     _print_loosened(p.loosened())
-    unverified = _print_unverified(rows, p.named_records(), allow_skipped)
+    unverified = _print_unverified(rows, p.named_records(), o.allow_skipped)
     console.print(f"report: {run_dir / 'report.html'}", highlight=False)
     if interrupted:
         console.print("[yellow]interrupted: the report covers the cases that finished[/]")

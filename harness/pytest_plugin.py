@@ -280,14 +280,21 @@ def pytest_collection_modifyitems(session, config, items):
         return
     from attnbench.errors import AttnbenchError
     from attnbench.session import Session
+    from attnbench.sweep import Selection
 
     timing = bool(config.getoption("attnbench_timing") or config.getoption("attnbench_benchmark_json"))
     expect_files, no_expect = config.getoption("attnbench_expect"), config.getoption("attnbench_no_expect")
     try:
         if expect_files and no_expect:
             raise AttnbenchError("--attnbench-expect and --attnbench-no-expect contradict each other")
-        s = Session.open(suites, _device(config), config.getoption("attnbench_backend") or None,
-                         config.getoption("attnbench_plugin"), expect_files=expect_files, expect=not no_expect)  # fmt: skip
+        sel = Selection(
+            suites=tuple(suites),
+            device=_device(config),
+            backends=tuple(config.getoption("attnbench_backend") or ()),
+            expect_files=tuple(expect_files or ()),
+            expect=not no_expect,
+        )
+        s = Session.open(sel, config.getoption("attnbench_plugin") or ())
     except AttnbenchError as e:
         raise pytest.UsageError(f"attnbench: {e}") from None
     for w in s.warnings:

@@ -115,7 +115,7 @@ def source_files(op: Any = None) -> list[Path]:
     import attnbench.references as refs
 
     files = {p.resolve() for d in refs.__path__ for p in Path(d).glob("*.py")}
-    files |= {p.resolve() for p in (_HARNESS / "ops").glob("*.py")}
+    files |= {p.resolve() for p in (_HARNESS / "ops").rglob("*.py")}  # the op packages (attention/, gdn/) too
     files |= {(_HARNESS / name).resolve() for name in _INPUT_HELPERS}
     if op is not None:
         mod = sys.modules.get(type(op).__module__)
@@ -125,6 +125,15 @@ def source_files(op: Any = None) -> list[Path]:
 
 
 _digests: dict[tuple, str] = {}
+
+
+def _source_name(f: Path) -> str:
+    """`f` as the digest names it: its path below the folder holding harness/ (`harness/ops/gdn/params.py`:
+    two modules named alike in different packages are told apart), or its file name for one elsewhere."""
+    try:
+        return f.relative_to(_HARNESS.parent.resolve()).as_posix()
+    except ValueError:
+        return f.name
 
 
 def source_digest(files: list[Path]) -> str:
@@ -140,7 +149,7 @@ def source_digest(files: list[Path]) -> str:
     if stamp not in _digests:
         h = hashlib.sha256()
         for f in files:
-            h.update(f.name.encode() + b"\0")
+            h.update(_source_name(f).encode() + b"\0")
             try:
                 h.update(f.read_bytes())
             except OSError:

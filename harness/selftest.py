@@ -88,9 +88,10 @@ def run(
     No expectations: a mutant's fail must stay a fail, never become a known failure."""
     from attnbench.kernels.mutants import MUTANTS
     from attnbench.session import Session
+    from attnbench.sweep import Selection
 
     names = [reference] if isinstance(reference, str) else list(reference)
-    session = Session.open(list(suites), device, names, expect=False)
+    session = Session.open(Selection(suites=tuple(suites), device=device, backends=tuple(names), expect=False))
     refs = [get_backend(r) for r in names]
     gpu = device.startswith("cuda")
     outcomes = {m.name: Outcome(m.name, m.bug, known_escape=m.known_escape or ("" if gpu else m.cuda_only))

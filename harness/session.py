@@ -5,7 +5,7 @@ A session is the backends loaded (built-in, installed entry points, `--plugin` m
 the expectations applied (a known failure is `xfail`, an expected failure that passed `xpass`).
 Whichever entry point runs a suite, the same backends, expectations and verdicts come out.
 
-    s = Session.open(["smoke"], device="cpu", backends=["torch"], plugins=["my_backend.py"])
+    s = Session.open(Selection(suites=("smoke",), device="cpu", backends=("torch",)), plugins=["my_backend.py"])
     rows = s.run_case(s.plan.cases[0], RunOptions(timing=False))   # verdicts applied
 """
 
@@ -20,7 +20,7 @@ from attnbench.case import Case
 from attnbench.errors import AttnbenchError
 from attnbench.results import Result
 from attnbench.runner import RunOptions, run_case
-from attnbench.sweep import Plan, plan
+from attnbench.sweep import Plan, Selection, plan
 
 
 def load_backends(plugins: tuple[str, ...] | list[str] = ()) -> list[str]:
@@ -50,13 +50,12 @@ class Session:
     warnings: tuple[str, ...] = field(default_factory=tuple)  # backends that did not load, the plan's warnings
 
     @classmethod
-    def open(cls, suites: list[str], device: str = "auto", backends: list[str] | None = None,
-             plugins: tuple[str, ...] | list[str] = (), **planning) -> Session:  # fmt: skip
-        """Load the backends, then plan (`planning`: attnbench.sweep.plan's other arguments: ops,
-        keywords, case_ids, shard, max_cases, expect_files, expect, require, traces, plan_only).
-        Raises AttnbenchError for what the user got wrong (one line)."""
+    def open(cls, selection: Selection, plugins: tuple[str, ...] | list[str] = ()) -> Session:
+        """Load the backends (built-in, installed, `plugins`), then plan the `selection`
+        (attnbench.sweep.Selection: suites, cases, backends, expectations). Raises AttnbenchError for
+        what the user got wrong (one line)."""
         loaded = load_backends(tuple(plugins))
-        p = plan(list(suites or []), device, backends, **planning)
+        p = plan(selection)
         return cls(p, tuple(plugins), tuple(loaded) + tuple(p.warnings))
 
     def verdicts(self, rows: list[Result]) -> list[Result]:

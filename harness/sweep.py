@@ -141,35 +141,82 @@ def parse_gpus(text: str | None, device: str) -> list[str]:
     return [f"cuda:{i}" for i in ids]
 
 
-def plan(
-    suite_names: list[str],
-    device: str = "auto",
-    backends: list[str] | None = None,
-    ops: list[str] | None = None,
-    keywords: list[str] | None = None,
-    case_ids: list[str] | None = None,
-    shard: tuple[int, int] | None = None,
-    max_cases: int = MAX_CASES,
-    expect_files: list[str] | None = None,
-    expect: bool = True,
-    require: list[str] | None = None,
-    traces: list[str] | None = None,
-    plan_only: bool = False,
-) -> Plan:
-    """Validate everything before anything is written: suites, backend names, filters, expectations.
-
-    A suite expanding into more than `max_cases` cases is refused before it is expanded. Expectations:
-    the built-in ones, the suites' `expect:` entries and `expect_files` (none with `expect=False`);
-    only those whose library versions match the installed ones apply.
+@dataclass(frozen=True)
+class Selection:
+    """What a run selects: the suites and cases, the backends, and the expectations that apply. Built by
+    the CLI (`attnbench sweep`'s arguments), the pytest plugin (`--attnbench*`) and selftest; read by
+    `plan` (Session.open). Every field is optional; `Selection()` is the default suites on `auto`.
 
     `traces` (`--trace`) replay their batches as suites do; with `case_ids` they are not run but
     resolve the ids of their cases (explicit lengths are named by digest: docs/trace.md).
-
     `plan_only` (`--dry-run`): a GPU suite is planned on a CPU device too; the plan is not run.
     """
-    device = resolve_device(device)
-    names = suite_names or ([] if case_ids or traces else default_suites(device))
-    suites = [load(n, device, max_cases, plan_only) for n in names]
+
+    suites: tuple[str, ...] = ()  # names or YAML paths; () = the device's default suites
+    device: str = "auto"
+    backends: tuple[str, ...] = ()  # names or patterns (`-b`); () = every registered backend
+    ops: tuple[str, ...] = ()
+    keywords: tuple[str, ...] = ()  # `-k`: a case id contains one
+    case_ids: tuple[str, ...] = ()
+    traces: tuple[str, ...] = ()
+    shard: tuple[int, int] | None = None  # (K, N), 1-based
+    max_cases: int = MAX_CASES  # a suite expanding into more is refused before it is expanded
+    expect_files: tuple[str, ...] = ()
+    expect: bool = True  # apply expectations: the built-in ones, the suites' `expect:`, `expect_files`
+    require: tuple[str, ...] = ()  # properties every backend must have on every case (`--require`)
+    plan_only: bool = False
+
+
+@dataclass(frozen=True)
+class SweepOptions:
+    """Everything `attnbench sweep` is asked, typed: what runs (`selection`, read by `plan`), how it runs
+    (`execution()`, read by `execute`'s executors), what each case records (`run_options()`, read by
+    the runner) and where the rows go (`out`, `resume`, `overwrite`). The CLI builds it from its flags."""
+
+    selection: Selection = Selection()
+    plugins: tuple[str, ...] = ()
+    out: Path | None = None  # None: reports/<time>-<suites>
+    timing: bool | None = None  # None: on with a GPU, off on a CPU
+    resume: bool = False
+    overwrite: bool = False
+    gpus: str | None = None  # `all` or `0,1`: one worker per GPU named
+    isolate: bool = True
+    timeout_s: float = 900.0  # per case, in a worker
+    sanitize: str | None = None  # a compute-sanitizer tool
+    sanitize_max: int = 4  # with sanitize: cases per op (0: all)
+    ref_cache: str | None = None  # a directory, `off`, or None: $ATTNBENCH_REF_CACHE, else the default
+    dry_run: bool = False
+    precompile_only: bool = False
+    allow_skipped: bool = False
+    replay: bool = True  # the CUDA-graph replay check (docs/replay.md)
+
+    def check(self) -> None:
+        """AttnbenchError (one line) for options that cannot go together or out of range."""
+        if not self.timeout_s > 0:
+            raise AttnbenchError(f"--timeout must be a positive number of seconds, got {self.timeout_s:g}")
+        if self.selection.max_cases < 1:
+            raise AttnbenchError(f"--max-cases must be at least 1, got {self.selection.max_cases}")
+        if self.resume and self.out is None:
+            raise AttnbenchError("--resume needs --out, the run directory to resume")
+
+    def execution(self, devices: tuple[str, ...], sanitizer: str) -> Execution:
+        """How the cases run: `devices` from `gpus` (parse_gpus), `sanitizer` the located executable."""
+        return Execution(isolate=self.isolate, devices=devices, timeout_s=self.timeout_s, plugins=self.plugins,
+                         resume=self.resume, sanitize=self.sanitize, sanitizer=sanitizer)  # fmt: skip
+
+
+def plan(sel: Selection) -> Plan:
+    """Validate everything before anything is written: suites, backend names, filters, expectations.
+
+    A suite expanding into more than `sel.max_cases` cases is refused before it is expanded. Only
+    expectations whose library versions match the installed ones apply.
+    """
+    backends, ops, keywords = list(sel.backends) or None, list(sel.ops) or None, list(sel.keywords) or None
+    case_ids, shard, require, max_cases = list(sel.case_ids), sel.shard, list(sel.require), sel.max_cases
+    traces, expect = list(sel.traces), sel.expect
+    device = resolve_device(sel.device)
+    names = list(sel.suites) or ([] if case_ids or traces else default_suites(device))
+    suites = [load(n, device, max_cases, sel.plan_only) for n in names]
     replays = [from_trace(t, device, max_cases) for t in traces or ()]
     if not case_ids:
         suites += replays
@@ -193,7 +240,7 @@ def plan(
     allowed = list(dict.fromkeys(b for s in suites if s.spec.backends for b in s.spec.backends))
     if allowed and not backends:  # the suites' backends, knob variants (`NAME:k=v`) included
         chosen = [get_backend(b) for b in allowed]
-    mine = expectations.gather(suites, expect_files or (), builtin_too=False) if expect else []
+    mine = expectations.gather(suites, sel.expect_files, builtin_too=False) if expect else []
     loaded = expectations.builtin() + mine if expect else []
     applying = expectations.applicable(loaded)
     warned = expectations.warnings(mine, [c.id for c in cases], registered)

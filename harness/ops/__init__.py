@@ -5,8 +5,8 @@ from __future__ import annotations
 from attnbench.errors import AttnbenchError
 from attnbench.ops.attention import DecodeOp, ExtendOp, MergeStateOp
 from attnbench.ops.base import IdField, Op, OutputSpec, Params
-from attnbench.ops.gdn import GDN_OPS
-from attnbench.ops.gdn_chain import GDN_CHAIN_OPS
+from attnbench.ops.gdn import CausalConv1dOp, GDNCommitOp, GDNDecodeOp, GDNExtendOp, GDNGatingOp, GDNVerifyOp
+from attnbench.ops.gdn_chain import GDNChainOp
 from attnbench.ops.spec import EagleBuildTreeOp, TreeVerifyOp, VerifyGreedyOp
 
 OPS: dict[str, Op] = {
@@ -18,8 +18,13 @@ OPS: dict[str, Op] = {
         TreeVerifyOp(),
         EagleBuildTreeOp(),
         VerifyGreedyOp(),
-        *GDN_OPS,
-        *GDN_CHAIN_OPS,
+        GDNGatingOp(),
+        CausalConv1dOp(),
+        GDNDecodeOp(),
+        GDNExtendOp(),
+        GDNVerifyOp(),
+        GDNCommitOp(),
+        GDNChainOp(),
     )
 }
 

@@ -41,7 +41,8 @@ from pydantic import Field, field_validator, model_validator
 
 from attnbench.buffers import alloc_output, output_bytes
 from attnbench.ops.base import WEIGHTS, IdField, Op, OutputSpec, Params, SmokeSpace, tensor_bytes
-from attnbench.ops.gdn import _gate_params, _generators, _initial, _lengths, _rand, _randn, _slots
+from attnbench.ops.gdn.inputs import _gate_params, _generators, _initial, _lengths, _rand, _randn, _slots
+from attnbench.ops.gdn.params import GDNCommitParams, GDNDecodeParams, GDNExtendParams, GDNVerifyParams
 from attnbench.references import gdn as ref
 
 CHAIN_OPS = ("gdn_extend", "gdn_decode", "gdn_verify", "gdn_commit")
@@ -235,8 +236,6 @@ class GDNChainOp(Op):
     def step_params(self, p: ChainParams, seed: int = 0) -> list[tuple[str, str, Params]]:
         """(op, backend, the op's parameters) of every step: the case each step's backend is asked about
         (its declared limits) and prepared with."""
-        from attnbench.ops.gdn import GDNCommitParams, GDNDecodeParams, GDNExtendParams, GDNVerifyParams
-
         shape = {"heads_qk": p.heads_qk, "heads_v": p.heads_v, "head_dim_k": p.head_dim_k, "head_dim_v": p.head_dim_v}
         real = p.batch - p.pad
         made = {
@@ -285,7 +284,7 @@ class GDNChainOp(Op):
 
         def raw_gates(T: int, edges: bool):
             a = _randn((T, HV), torch.float32, gen, device)
-            if edges:  # softplus's linear branch and beyond float32 exp overflow (ops/gdn.py `_raw_gates`)
+            if edges:  # softplus's linear branch and beyond float32 exp overflow (ops/gdn/delta.py `_raw_gates`)
                 a.view(-1)[5::16] = _rand((a.view(-1)[5::16].numel(),), 20.0, 120.0, gen, device)
             return a.to(dtype), _randn((T, HV), dtype, gen, device, std=1.5)
 
@@ -361,6 +360,3 @@ class GDNChainOp(Op):
         if "conv_states" in self.writes_for(p):
             out["conv_states"] = conv
         return out
-
-
-GDN_CHAIN_OPS = (GDNChainOp(),)

@@ -21,16 +21,10 @@ import torch
 from pydantic import Field, model_validator
 
 from attnbench.buffers import alloc_output, output_bytes
-from attnbench.ops.attention import (
-    _ATTN_ID,
-    ATTENTION_SMOKE,
-    LARGE_POOLS,
-    AttentionInputs,
-    AttentionParams,
-    ExtendOp,
-    _generators,
-    _lengths,
-)
+from attnbench.ops.attention.inputs import AttentionInputs, _generators, _lengths, build_paged_inputs, paged_input_bytes
+from attnbench.ops.attention.op import ExtendOp
+from attnbench.ops.attention.params import _ATTN_ID, AttentionParams
+from attnbench.ops.attention.smoke import ATTENTION_SMOKE, LARGE_POOLS
 from attnbench.ops.base import IdField, Op, OutputSpec, Params, Perturbation, SmokeSpace, rolled, tensor_bytes
 from attnbench.ops.trees import DRAFT_VOCAB, NAMED, TreeFields, request_parents, simulate_eagle_draft
 from attnbench.references import spec as ref
@@ -142,7 +136,7 @@ class TreeVerifyOp(ExtendOp):
     def input_bytes(self, p: TreeVerifyParams, dtype, seed: int) -> int:
         host, _ = _generators(seed, None)
         prefix, n, B = _lengths(p.batch, p.prefix_len, p.lens, host), p.nodes, p.batch
-        extend = self._bytes_for(p, dtype, [a + n for a in prefix], [n] * B, "save", mask=True)
+        extend = paged_input_bytes(p, dtype, [a + n for a in prefix], [n] * B, "save", mask=True)
         return extend + B * n * n + 8 * B * n  # tree_mask (bool), tree_positions (int64)
 
     def build_inputs(self, p: TreeVerifyParams, dtype, seed, device) -> TreeVerifyInputs:
@@ -151,7 +145,7 @@ class TreeVerifyOp(ExtendOp):
         parents, _ = request_parents(p, p.batch, _tree_seed(seed))
         n = p.nodes
         # extend's build (same tensors as the extend case); the random custom mask it draws last is replaced
-        x = self._build(p, dtype, seed, device, [a + n for a in prefix], [n] * p.batch, "save")
+        x = build_paged_inputs(p, dtype, seed, device, [a + n for a in prefix], [n] * p.batch, "save")
         masks = torch.stack([ref.tree_mask_from_parents(par) for par in parents])
         x.custom_mask, x.mask_indptr = (t.to(device) for t in ref.tree_custom_mask(masks, prefix))
         positions = [a + d for a, par in zip(prefix, parents, strict=True) for d in ref.depths_from_parents(par)]

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import html
-import math
 import shlex
 from importlib import resources
 
 import jinja2
+
+from attnbench.columns import fmt
 
 
 def asset(name: str) -> str:
@@ -19,23 +20,6 @@ def template(name: str) -> jinja2.Template:
     env = jinja2.Environment(autoescape=True, undefined=jinja2.ChainableUndefined, loader=jinja2.FunctionLoader(asset))
     env.filters["fmt"] = fmt
     return env.get_template(name)
-
-
-def fmt(x, digits: int = 3) -> str:
-    """Numbers for people: 3 significant digits, scientific outside [1e-2, 1e5)."""
-    if x is None or x == "":
-        return ""
-    if isinstance(x, float):
-        if x == 0:
-            return "0"
-        if math.isinf(x) or math.isnan(x):
-            return str(x)
-        if abs(x) >= 1e5 or abs(x) < 1e-2:
-            return f"{x:.{digits - 1}e}"
-        if abs(x) >= 10**digits:
-            return f"{x:.0f}"
-        return f"{x:.{digits}g}"
-    return str(x)
 
 
 def _plugins(run: dict) -> list[str]:

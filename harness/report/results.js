@@ -38,30 +38,48 @@
     if (r.g) s += " <span class='flag'>" + esc(r.g) + "</span>";
     return s;
   };
-  var COLS = [
-    { k: "case", h: "case", on: 1, v: function (r) { return caseOf(r).id; },
-      f: function (r) {
-        var why = reason(r), s = "<a href='#case/" + esc(caseOf(r).id) + "'>" + esc(caseOf(r).id) + "</a>";
-        if (why) s += "<div class='reason st-" + r.s + "' title='" + esc(why) + "'>" + esc(why.length > 200 ? why.slice(0, 200) + "…" : why) + "</div>";
-        return s;
-      }, cls: "mono case" },
-    { k: "op", h: "op", on: 0, v: function (r) { return caseOf(r).op; } },
-    { k: "backend", h: "backend", on: 1, v: function (r) { return D.backends[r.b]; } },
-    { k: "status", h: "status", on: 1, v: function (r) { return r.s; }, f: function (r) { return "<span class='st st-" + r.s + "'>" + r.s + "</span>"; } },
-    { k: "err", h: "error / bound", on: 1, v: function (r) { return r.q == null ? "" : r.q; }, f: function (r) { return esc(errLine(r)) + (r.w ? "<div class='warn small'>tolerance: " + esc(r.w) + "</div>" : ""); }, cls: "mono small" },
-    { k: "median", h: "median µs", on: 1, v: function (r) { return r.m == null ? "" : r.m; }, f: timeCell, cls: "num" },
-    { k: "spread", h: "p10–p90", on: 1, v: function (r) { return r.lo == null ? "" : r.lo; }, f: function (r) { return r.lo == null ? "" : num(r.lo) + "–" + num(r.hi); }, cls: "num" },
-    { k: "cv", h: "CV", on: 1, v: function (r) { return r.cv == null ? "" : r.cv; }, f: function (r) { return r.cv == null ? "" : (100 * r.cv).toFixed(1) + "%"; }, cls: "num" },
-    { k: "n", h: "n", on: 0, v: function (r) { return r.n == null ? "" : r.n; }, cls: "num" },
-    { k: "tf", h: "TFLOP/s", on: 1, v: function (r) { return r.tf == null ? "" : r.tf; }, f: function (r) { return num(r.tf); }, cls: "num" },
-    { k: "tb", h: "TB/s", on: 1, v: function (r) { return r.tb == null ? "" : r.tb; }, f: function (r) { return num(r.tb); }, cls: "num" },
-    { k: "ai", h: "FLOP/B", on: 0, v: function (r) { return r.ai == null ? "" : r.ai; }, f: function (r) { return num(r.ai); }, cls: "num" },
-    { k: "rf", h: "roofline", on: 1, v: function (r) { return r.rf == null ? "" : r.rf; }, f: function (r) { return r.rf == null ? "" : r.rf.toFixed(0) + "%"; }, cls: "num" },
-    { k: "x", h: "× best", on: 1, v: function (r) { return r.x == null ? "" : r.x; }, f: function (r) { return r.x == null ? "" : r.x.toFixed(2) + "×"; }, cls: "num" },
-    { k: "prep", h: "prepare s", on: 0, v: function (r) { return r.p == null ? "" : r.p; }, f: function (r) { return num(r.p) + pinfo(r); }, cls: "num wrap" },
-    { k: "feat", h: "features", on: 0, v: function (r) { return caseOf(r).f.join(" "); }, cls: "small" },
-    { k: "repro", h: "repro", on: 0, v: repro, cls: "mono small repro" }
-  ];
+  var pct = function (x) { return x == null ? "" : (100 * x).toFixed(1) + "%"; };
+  // How a cell is drawn, by the `render` its column declares (harness/columns.py PAGE_COLUMNS).
+  var RENDER = {
+    text: function (r, c) { return esc(c.v(r)); },
+    num: function (r, c) { return num(c.v(r)); },
+    case: function (r) {
+      var why = reason(r), s = "<a href='#case/" + esc(caseOf(r).id) + "'>" + esc(caseOf(r).id) + "</a>";
+      if (why) s += "<div class='reason st-" + r.s + "' title='" + esc(why) + "'>" + esc(why.length > 200 ? why.slice(0, 200) + "…" : why) + "</div>";
+      return s;
+    },
+    status: function (r) { return "<span class='st st-" + r.s + "'>" + r.s + "</span>"; },
+    errors: function (r) { return esc(errLine(r)) + (r.w ? "<div class='warn small'>tolerance: " + esc(r.w) + "</div>" : ""); },
+    time: timeCell,
+    spread: function (r) { return r.lo == null ? "" : num(r.lo) + "–" + num(r.hi); },
+    percent: function (r, c) { return pct(c.v(r) === "" ? null : c.v(r)); },
+    roofline: function (r, c) { var x = c.v(r); return x === "" ? "" : x.toFixed(0) + "%"; },
+    times: function (r, c) { var x = c.v(r); return x === "" ? "" : x.toFixed(2) + "×"; },
+    prepare: function (r) { return num(r.p) + pinfo(r); },
+    reason: function (r) { return esc(reason(r)) + pinfo(r); }
+  };
+  // What a column shows and sorts by: a key of the row's data ("e.o": a key inside one), or derived.
+  var DERIVED = {
+    "@case": function (r) { return caseOf(r).id; },
+    "@op": function (r) { return caseOf(r).op; },
+    "@backend": function (r) { return D.backends[r.b]; },
+    "@features": function (r) { return caseOf(r).f.join(" "); },
+    "@repro": repro,
+    "@reason": reason
+  };
+  var reader = function (path) {
+    if (DERIVED[path]) return DERIVED[path];
+    var keys = path.split(".");
+    return function (r) {
+      var x = r;
+      for (var i = 0; i < keys.length && x != null; i++) x = x[keys[i]];
+      return x == null ? "" : x;
+    };
+  };
+  var COLS = D.columns.map(function (c) {
+    return { k: c.key, h: c.header, on: c.shown, v: reader(c.value), f: RENDER[c.render] || RENDER.text, cls: c.cls,
+             cf: c["case"] ? RENDER[c["case"]] || RENDER.text : null };
+  });
   var PAGE = 250; // rows drawn at once: a table of thousands of rows takes seconds to lay out
   var shown = {}, sortCol = null, sortAsc = true, limit = PAGE;
   COLS.forEach(function (c) { shown[c.k] = !!c.on; });
@@ -107,7 +125,7 @@
     rows = rows.slice(0, limit);
     table.tBodies[0].innerHTML = rows.map(function (r) {
       return "<tr data-key='" + r.s + "'>" + cols.map(function (c) {
-        return "<td" + (c.cls ? " class='" + c.cls + "'" : "") + ">" + (c.f ? c.f(r) : esc(c.v(r))) + "</td>";
+        return "<td" + (c.cls ? " class='" + c.cls + "'" : "") + ">" + c.f(r, c) + "</td>";
       }).join("") + "</tr>";
     }).join("");
     document.getElementById("results-count").textContent = all + " of " + D.rows.length + " rows" +
@@ -135,13 +153,13 @@
     var c = D.cases[ci], rows = D.rows.filter(function (r) { return r.c === ci; });
     rows.sort(function (a, b) { return (a.x == null) - (b.x == null) || (a.x || 0) - (b.x || 0); });
     var h = "<h2 class='mono'>" + esc(c.id) + "</h2><p class='muted'>" + esc(c.cls) + " · features: " + esc(c.f.join(", ") || "none") + "</p>";
-    h += "<table><thead><tr><th>backend</th><th>status</th><th>median µs</th><th>p10–p90</th><th>CV</th><th>roofline</th><th>× best</th><th>prepare s</th><th>reason · prepare details</th></tr></thead><tbody>";
+    var inCase = COLS.filter(function (col) { return col.cf; });
+    h += "<table><thead><tr>" + inCase.map(function (col) { return "<th>" + esc(col.h) + "</th>"; }).join("") + "</tr></thead><tbody>";
     rows.forEach(function (r) {
-      h += "<tr><td>" + esc(D.backends[r.b]) + "</td><td class='st st-" + r.s + "'>" + r.s + "</td><td class='num'>" + timeCell(r) + "</td><td class='num'>" +
-        (r.lo == null ? "" : num(r.lo) + "–" + num(r.hi)) + "</td><td class='num'>" + (r.cv == null ? "" : (100 * r.cv).toFixed(1) + "%") + "</td><td class='num'>" +
-        (r.rf == null ? "" : r.rf.toFixed(0) + "%") + "</td><td class='num'>" + (r.x == null ? "" : r.x.toFixed(2) + "×") + "</td><td class='num'>" + num(r.p) + "</td><td class='reason'>" + esc(reason(r)) + pinfo(r) + "</td></tr>";
+      h += "<tr>" + inCase.map(function (col) { return "<td" + (col.cls ? " class='" + col.cls + "'" : "") + ">" + col.cf(r, col) + "</td>"; }).join("") + "</tr>";
     });
-    h += "</tbody></table><h3>Errors against the float64 reference</h3><table><thead><tr><th>backend</th><th>output</th><th>max abs</th><th>bound</th><th>max abs / bound</th><th>max rel</th><th>rel L2</th><th>cosine</th><th>over bound</th><th>NaN/Inf</th><th>worst at</th><th>twin max abs</th></tr></thead><tbody>";
+    h += "</tbody></table><h3>Errors against the float64 reference</h3><table><thead><tr><th>backend</th>" +
+      D.detail.map(function (name) { return "<th>" + esc(name) + "</th>"; }).join("") + "</tr></thead><tbody>";
     rows.forEach(function (r) {
       (r.d || []).forEach(function (d) {
         h += "<tr><td>" + esc(D.backends[r.b]) + "</td>" + d.map(function (x, i) { return "<td" + (i ? " class='num'" : "") + ">" + esc(x) + "</td>"; }).join("") + "</tr>";

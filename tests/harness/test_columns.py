@@ -4,6 +4,7 @@ every op's outputs get error columns."""
 from __future__ import annotations
 
 import csv
+import dataclasses
 
 from attnbench import checklist
 from attnbench.columns import csv_columns, md_table
@@ -54,3 +55,47 @@ def test_markdown_row_tables_come_from_the_registry():
     rows = [_row("decode", {}, reason="o: abs error | 2")]
     lines = md_table(rows, [("case_id", "case"), "backend", "reason"], {"case_id": lambda v: f"`{v}`"})
     assert lines == ["| case | backend | reason |", "|---|---|---|", "| `decode/x` | torch | o: abs error | 2 |"]
+
+
+def _page(rows):
+    from attnbench.report import rowdata
+
+    return rowdata.payload(rows, {})
+
+
+def test_page_rows_hold_only_registry_fields_and_every_output_gets_a_page_column():
+    from attnbench.columns import ERROR_DETAIL, PAGE_FIELDS, page_columns
+
+    rows = [
+        _row("gdn_gating", {"g": {"max_abs": 1e-7, "bound": 2e-7}, "beta": {"max_abs": 3e-7, "bound": 4e-7}}),
+        _row("eagle_build_tree", {"retrive_index": {"exact": True, "wrong": 12}}),
+        _row("decode", {"o": {"max_abs": 5e-4, "bound": 1e-3}}, timing={"median_us": 3.0, "n": 5}),
+    ]
+    page = _page(rows)
+    assert set().union(*page["rows"]) <= {f.name for f in PAGE_FIELDS}
+    assert page["columns"] == [dataclasses.asdict(c) for c in page_columns(rows)]
+    assert page["detail"] == [c.name for c in ERROR_DETAIL]
+    errs = {c["key"]: c for c in page["columns"] if c["key"].startswith("err:")}
+    assert set(errs) == {"err:o", "err:g", "err:beta", "err:retrive_index"}  # the rows' outputs, o first
+    assert errs["err:retrive_index"]["header"] == "retrive_index wrong" and errs["err:g"]["value"] == "e.g"
+    g, tree, dec = page["rows"]
+    assert g["e"] == {"g": 0.5, "beta": 0.75} and tree["e"] == {"retrive_index": 12} and dec["e"] == {"o": 0.5}
+    assert dec["m"] == 3.0 and dec["n"] == 5 and "m" not in g  # timing fields on timed rows only
+    assert tree["d"] == [["retrive_index", "bitwise", "12 wrong"]] and len(g["d"][0]) == len(ERROR_DETAIL)
+
+
+def test_results_js_draws_every_column_the_registry_declares():
+    """results.js holds no column list of its own: every renderer and derived value the registry's page
+    columns name exists there, and it builds its table from the payload's columns."""
+    import re
+    from pathlib import Path
+
+    from attnbench.columns import PAGE_COLUMNS
+
+    js = (Path(__import__("attnbench.report", fromlist=["x"]).__file__).parent / "results.js").read_text()
+    render = set(re.findall(r"^    (\w+): ", js[js.index("var RENDER") : js.index("var DERIVED")], re.M))
+    derived = set(re.findall(r'"(@\w+)"', js[js.index("var DERIVED") : js.index("var reader")]))
+    for c in PAGE_COLUMNS:
+        assert c.render in render and (not c.case or c.case in render), c.key
+        assert not c.value.startswith("@") or c.value in derived, c.key
+    assert "D.columns.map" in js and "D.detail.map" in js

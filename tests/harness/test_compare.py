@@ -167,7 +167,7 @@ def sleepy():
 def _sweep(out, sleep_s):
     from attnbench.report import render_all
     from attnbench.runner import RunOptions
-    from attnbench.sweep import Execution, execute, plan
+    from attnbench.sweep import Execution, Selection, execute, plan
     from attnbench.timing import TimingConfig
 
     SLEEP["s"] = sleep_s
@@ -180,7 +180,7 @@ def _sweep(out, sleep_s):
         target_ci=0.01,
         graph_below_us=0,
     )
-    p = plan(["smoke"], "cpu", ["sleepy"], ["merge_state"])
+    p = plan(Selection(("smoke",), "cpu", ("sleepy",), ("merge_state",)))
     execute(p, out, RunOptions(timing=True, timing_config=cfg), how=Execution(isolate=False))  # registered in-process
     render_all(out)
     return out

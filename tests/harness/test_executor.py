@@ -12,12 +12,12 @@ from attnbench.errors import AttnbenchError
 from attnbench.executor import Execution, InProcess, Isolated, Sanitized, choose
 from attnbench.messages import Ready, RunJob, Stop
 from attnbench.runner import RunOptions
-from attnbench.sweep import plan
+from attnbench.sweep import Selection, plan
 
 
 @pytest.fixture(scope="module")
 def p():
-    return plan(["smoke"], "cpu", ["torch"], ["merge_state"])
+    return plan(Selection(("smoke",), "cpu", ("torch",), ("merge_state",)))
 
 
 def test_the_executor_is_chosen_once_from_what_the_user_asked(p, tmp_path):

@@ -121,11 +121,11 @@ def test_the_largest_allowed_tolerance_loads(tmp_path):
     ids=["the same suite twice", "a suite and one of its cases", "the same --case twice"],
 )
 def test_repeated_suites_and_cases_are_planned_once(args):
-    from attnbench.sweep import plan
+    from attnbench.sweep import Selection, plan
 
     suites = [a for a in args if a == "smoke"]
     cases = [a for i, a in enumerate(args) if i and args[i - 1] == "--case"]
-    p = plan(suites, "cpu", ["torch"], ["merge_state"], case_ids=cases)
+    p = plan(Selection(tuple(suites), "cpu", ("torch",), ("merge_state",), case_ids=tuple(cases)))
     ids = [c.id for c in p.cases]
     assert len(ids) == len(set(ids)) and set(cases) <= set(ids)
     if suites:  # the suite's order, the first occurrence kept

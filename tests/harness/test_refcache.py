@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import os
 import time
+from pathlib import Path
 
 import pytest
 import torch
@@ -69,8 +70,23 @@ def test_the_cached_reference_is_bitwise_the_computed_one(tmp_path):
 def test_the_key_covers_references_ops_and_input_helpers():
     names = {(p.parent.name, p.name) for p in refcache.source_files(_case().op)}
     assert {("references", "attention.py"), ("references", "gdn.py"), ("references", "spec.py")} <= names
-    assert {("ops", "attention.py"), ("ops", "rng.py"), ("ops", "distributions.py"), ("ops", "base.py")} <= names
+    assert {("ops", "rng.py"), ("ops", "distributions.py"), ("ops", "base.py")} <= names
     assert {("harness", "buffers.py"), ("harness", "case.py")} <= names
+
+
+def test_the_key_covers_every_module_of_the_op_packages():
+    """An op split into a package (ops/attention/, ops/gdn/): a change to any of its modules is a new key."""
+    ops = Path(refcache.__file__).parent / "ops"
+    every = {p.resolve() for p in ops.rglob("*.py")}
+    assert {p.parent.name for p in every} >= {"ops", "attention", "gdn"}
+    assert every <= set(refcache.source_files(_case().op))
+
+
+def test_modules_named_alike_in_two_packages_are_told_apart(tmp_path):
+    ops = Path(refcache.__file__).parent / "ops"
+    a, b = ops / "attention" / "params.py", ops / "gdn" / "params.py"
+    assert refcache._source_name(a.resolve()) != refcache._source_name(b.resolve())
+    assert refcache._source_name(a.resolve()).endswith("ops/attention/params.py")
 
 
 def test_a_changed_reference_source_recomputes(tmp_path, monkeypatch):

@@ -16,7 +16,7 @@ from attnbench.cli import app
 from attnbench.results import read_results
 from attnbench.runner import RunOptions
 from attnbench.suite import load
-from attnbench.sweep import Execution, execute, plan, sample_per_op
+from attnbench.sweep import Execution, Selection, execute, plan, sample_per_op
 
 MEMCHECK_LOG = """\
 ========= COMPUTE-SANITIZER
@@ -136,7 +136,7 @@ def test_findings_fail_their_own_row_through_a_stand_in_sanitizer(tmp_path):
     from attnbench import backend as registry
 
     registry.load_plugin(str(tmp_path / "plug.py"))
-    p = plan(["smoke"], "cpu", ["leaky", "tidy"], ops=["merge_state"])
+    p = plan(Selection(("smoke",), "cpu", ("leaky", "tidy"), ops=("merge_state",)))
     p = replace(p, cases=p.cases[:2])
     out = tmp_path / "run"
     how = Execution(sanitize="memcheck", sanitizer=str(fake), plugins=(str(tmp_path / "plug.py"),))

@@ -8,6 +8,8 @@ import re
 import subprocess
 import sys
 
+import pytest
+
 # torch's merge_state, its output zeroed on two cases: one listed as a known failure, one not
 PLANTED = """
 import attnbench
@@ -59,3 +61,36 @@ def test_sweep_and_pytest_give_a_suite_with_a_known_failure_the_same_statuses(tm
     found = re.findall(r"^(PASSED|FAILED|XFAIL|SKIPPED) attnbench:smoke::(\S+)\[(\S+?)\]", tested.stdout, re.M)
     outcomes = {(case, backend): outcome for outcome, case, backend in found}
     assert outcomes == {key: _OUTCOME[s] for key, s in statuses.items()}, tested.stdout
+
+
+def test_the_cli_builds_one_typed_options_object(monkeypatch, tmp_path):
+    """`attnbench sweep`'s flags become one SweepOptions (selection for the plan, execution, run options,
+    run directory); the command itself only parses."""
+    from typer.testing import CliRunner
+
+    from attnbench import cli
+    from attnbench.sweep import Selection, SweepOptions
+
+    got = []
+    monkeypatch.setattr(cli, "_run_sweep", got.append)
+    args = ["sweep", "smoke", "-b", "torch", "--op", "merge_state", "-k", "t33", "--device", "cpu", "--shard", "1/2",
+            "--no-isolate", "--timeout", "30", "--require", "deterministic", "--no-expect", "--out", str(tmp_path)]  # fmt: skip
+    res = CliRunner().invoke(cli.app, args)
+    assert res.exit_code == 0, res.output
+    [o] = got
+    assert o == SweepOptions(
+        Selection(("smoke",), "cpu", ("torch",), ("merge_state",), ("t33",), shard=(1, 2), expect=False,
+                  require=("deterministic",)),
+        out=tmp_path, isolate=False, timeout_s=30.0,
+    )  # fmt: skip
+    assert o.execution(("cpu",), "").isolate is False and o.execution(("cpu",), "").timeout_s == 30.0
+
+
+def test_sweep_options_refuse_what_cannot_run():
+    from attnbench.errors import AttnbenchError
+    from attnbench.sweep import Selection, SweepOptions
+
+    for bad, says in ((SweepOptions(timeout_s=0), "--timeout"), (SweepOptions(Selection(max_cases=0)), "--max-cases"),
+                      (SweepOptions(resume=True), "--resume needs --out")):  # fmt: skip
+        with pytest.raises(AttnbenchError, match=says):
+            bad.check()

@@ -8,7 +8,7 @@ import pytest
 
 from attnbench.pool import Pool
 from attnbench.runner import RunOptions
-from attnbench.sweep import plan
+from attnbench.sweep import Selection, plan
 
 PLUGIN = textwrap.dedent(
     '''
@@ -46,7 +46,7 @@ def _run(devices, tmp_path, monkeypatch):
     marks = tmp_path / f"marks-{len(devices)}"
     marks.mkdir()
     monkeypatch.setenv("OOM_ONCE_DIR", str(marks))
-    cases = plan(["smoke"], "cpu", ["torch"], ["merge_state"]).cases[:3]
+    cases = plan(Selection(("smoke",), "cpu", ("torch",), ("merge_state",))).cases[:3]
     rows, problems = [], []
     pool = Pool(devices, RunOptions(timing=False), lambda c, r: rows.extend(r), plugins=[str(plugin)],
                 log_dir=tmp_path / "logs", on_problem=problems.append)  # fmt: skip

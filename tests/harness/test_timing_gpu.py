@@ -219,13 +219,13 @@ def test_gate_end_to_end_on_the_decode_suite(registered, tmp_path):
     from attnbench.compare import compare_runs
     from attnbench.report import render_all
     from attnbench.report.comparison import write_comparison
-    from attnbench.sweep import Execution, execute, plan
+    from attnbench.sweep import Execution, Selection, execute, plan
 
     registered("paced", _paced_class())
     runs = {}
     for name, factor in (("base", 0.0), ("again", 0.0), ("slower", 0.10)):
         PACE["factor"] = factor
-        p = plan([], DEVICE, ["paced"], case_ids=CASES)
+        p = plan(Selection(device=DEVICE, backends=("paced",), case_ids=tuple(CASES)))
         assert len(p.cases) == 6
         execute(p, tmp_path / name, RunOptions(timing=True), how=Execution(isolate=False))  # registered in-process
         render_all(tmp_path / name)

@@ -215,10 +215,10 @@ def test_the_serving_suite_replays_the_shipped_trace_in_sensible_classes():
 
 
 def test_ids_of_the_shipped_trace_resolve_without_naming_it():
-    from attnbench.sweep import plan
+    from attnbench.sweep import Selection, plan
 
     case = load("serving", "cuda").cases[7]
-    p = plan([], "cpu", ["torch"], case_ids=[case.id])
+    p = plan(Selection(device="cpu", backends=("torch",), case_ids=(case.id,)))
     assert [c.id for c in p.cases] == [case.id] and p.cases[0].params == case.params
     assert p.traces == ()  # only the traces named or replayed are recorded
 

@@ -41,9 +41,9 @@ def test_rows_are_fsynced_once_per_case_not_once_per_row(tmp_path, monkeypatch):
     from attnbench import results
     from attnbench.executor import Execution
     from attnbench.runner import RunOptions
-    from attnbench.sweep import execute, plan
+    from attnbench.sweep import Selection, execute, plan
 
-    p = plan(["smoke"], "cpu", ["torch", "flashinfer", "vllm"], ["merge_state"])
+    p = plan(Selection(("smoke",), "cpu", ("torch", "flashinfer", "vllm"), ("merge_state",)))
     p = dataclasses.replace(p, cases=p.cases[:3])
     assert len(p.backends) > 1
     synced = []
@@ -122,7 +122,7 @@ def test_precompile_counts_the_time_spent_finding_what_to_build(tmp_path, monkey
         return real(*args, **kw)
 
     monkeypatch.setattr(sweep, "precompile", slow)
-    p = sweep.plan(["smoke"], "cpu", ["torch"], ["merge_state"])
+    p = sweep.plan(sweep.Selection(("smoke",), "cpu", ("torch",), ("merge_state",)))
     p = dataclasses.replace(p, cases=p.cases[:3])
     rows = sweep.execute(p, tmp_path / "run", RunOptions(timing=False), how=Execution(isolate=False), argv=[])
     run = json.loads((tmp_path / "run" / "run.json").read_text())
