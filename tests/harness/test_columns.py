@@ -47,7 +47,9 @@ def test_a_registered_check_s_records_become_columns(monkeypatch):
         name, needs, records = "toy", frozenset({"outputs"}), ("toy_ok",)
 
     monkeypatch.setattr(checklist, "_ACTIVE", [*checklist.CHECKS, Toy()])
-    assert [c.name for c in csv_columns()][-3:] == ["deterministic", "batch_invariant", "toy_ok"]
+    assert [c.name for c in csv_columns()][-5:] == [
+        "deterministic", "batch_invariant", "stale_reruns", "stale_references", "toy_ok"
+    ]  # fmt: skip
 
 
 def test_markdown_row_tables_come_from_the_registry():
