@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from attnbench.buffers import bitwise_equal
-from attnbench.checks import Verdict, check, outputs_changed, stale_check
+from attnbench.checks import StaleCounts, Verdict, check, outputs_changed, stale_check
 from attnbench.prepared import PreparedCall
 from attnbench.replay import replay_outcome
 from attnbench.tolerance import Rule
@@ -208,20 +208,22 @@ def batch_invariant(p: PreparedCall, reference: dict) -> bool | None:
 class StaleOutputCheck:
     """Every input the op reads changed in place (`Op.perturbations`), the closure called again: every
     output must follow (attnbench.checks.stale_check; a failing re-run counts only where a freshly
-    prepared closure passes the same changed inputs). Records nothing but its problem."""
+    prepared closure passes the same changed inputs). Records its problem, and what it cost: the
+    re-runs (`stale_reruns`) and the perturbed float64 expectations this row computed (`stale_references`)."""
 
     name = "stale"
     needs = frozenset({"outputs", "call_again", "perturb", "fresh_call"})
-    records = ()
+    records = ("stale_reruns", "stale_references")
 
     def applies(self, ctx: CheckContext) -> bool:
         return True
 
     def run(self, ctx: CheckContext) -> dict[str, Any]:
         p, case = ctx.prepared, ctx.case
+        counts = StaleCounts()
         stale_check(ctx.op, ctx.params, p.pristine, p.call, p.work, ctx.verdict, p.sync, ctx.rule, case.torch_dtype,
-                    p.absent, ctx.memo_for(self.name), fresh=p.fresh_call_on, first=ctx.first)  # fmt: skip
-        return {}
+                    p.absent, ctx.memo_for(self.name), fresh=p.fresh_call_on, first=ctx.first, counts=counts)  # fmt: skip
+        return {"stale_reruns": counts.reruns, "stale_references": counts.references}
 
 
 class ReplayCheck:

@@ -53,8 +53,9 @@ class Execution:
 class Executor(Protocol):
     name: ClassVar[str]
 
-    def run(self, jobs: list[Job], record: Record) -> dict[str, float]:
-        """Run every job; rows reach `record` as they are produced. Returns the costs outside the cases
+    def run(self, jobs: list[Job], record: Record, before: Callable[[], None] | None = None) -> dict[str, float]:
+        """Run every job; rows reach `record` as they are produced. `before()` (the sweep's precompile) runs
+        first, in this process; worker processes start while it runs. Returns the costs outside the cases
         (worker start-up: `worker_start_s`, `workers_started`), for run.json's wall breakdown."""
 
 
@@ -67,7 +68,9 @@ class InProcess:
     opts: RunOptions
     env: Mapping
 
-    def run(self, jobs: list[Job], record: Record) -> dict[str, float]:
+    def run(self, jobs: list[Job], record: Record, before: Callable[[], None] | None = None) -> dict[str, float]:
+        if before:
+            before()
         lost = ""
         for case, names in jobs:
             if lost:
@@ -99,11 +102,12 @@ class Isolated:
     log_dir: Path | None = None
     on_problem: Callable[[str], None] | None = None
     launch: WorkerLaunch = WorkerLaunch()
+    warm: tuple[str, ...] = ()  # the sweep's backends: each worker imports their libraries before Ready
 
-    def run(self, jobs: list[Job], record: Record) -> dict[str, float]:
+    def run(self, jobs: list[Job], record: Record, before: Callable[[], None] | None = None) -> dict[str, float]:
         pool = Pool(list(self.devices), self.opts, record, plugins=list(self.plugins), timeout_s=self.timeout_s,
-                    log_dir=self.log_dir, on_problem=self.on_problem, launch=self.launch)  # fmt: skip
-        return pool.run(jobs)
+                    log_dir=self.log_dir, on_problem=self.on_problem, launch=self.launch, warm=list(self.warm))  # fmt: skip
+        return pool.run(jobs, before)
 
 
 @dataclass(frozen=True)
@@ -115,7 +119,9 @@ class Sanitized:
     env: Mapping
     workers: Isolated  # launched under the sanitizer, one job per worker
 
-    def run(self, jobs: list[Job], record: Record) -> dict[str, float]:
+    def run(self, jobs: list[Job], record: Record, before: Callable[[], None] | None = None) -> dict[str, float]:
+        if before:  # one worker per job, each started under the sanitizer when its job comes: nothing to overlap
+            before()
         single: list[Job] = []
         for case, names in jobs:
             rows, todo = triage(case, [self.backends[n] for n in names], dict(self.env))
@@ -138,10 +144,11 @@ def choose(
     by_name = {b.name: b for b in backends}
     if how.mode == InProcess.name:
         return InProcess(by_name, opts, env)
-    workers = Isolated(how.devices or (device,), opts, how.plugins, how.timeout_s, log_dir, on_problem)
+    workers = Isolated(how.devices or (device,), opts, how.plugins, how.timeout_s, log_dir, on_problem,
+                       warm=tuple(by_name))  # fmt: skip
     if how.mode == Isolated.name:
         return workers
     from attnbench import sanitizer
 
     launch = sanitizer.launch(how.sanitize, how.sanitizer)
-    return Sanitized(by_name, env, replace(workers, launch=launch))
+    return Sanitized(by_name, env, replace(workers, launch=launch, warm=()))  # a worker per job: its own backend

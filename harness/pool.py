@@ -69,6 +69,7 @@ class _Worker:
     job: _Job | None = None
     stage: str = ""
     started: float = 0.0
+    counted_from: float = 0.0  # start-up is counted from here (after the supervisor's own work it overlapped)
     done: list[str] = field(default_factory=list)  # backends of the current job with rows
 
 
@@ -96,8 +97,10 @@ class Pool:
         log_dir: Path | None = None,
         on_problem: Callable[[str], None] | None = None,
         launch: WorkerLaunch = WorkerLaunch(),
+        warm: list[str] | None = None,
     ):
         self.devices, self.opts, self.on_rows = devices, opts, on_rows
+        self.warm = list(warm or [])  # backends whose available() each worker asks before Ready (worker.py)
         self.plugins, self.timeout_s = plugins or [], timeout_s
         self.log_dir = Path(log_dir) if log_dir else Path(tempfile.mkdtemp(prefix="attnbench-logs-"))
         self.log_dir.mkdir(parents=True, exist_ok=True)
@@ -107,11 +110,13 @@ class Pool:
         self._problems_seen: set[str] = set()
         self._shared = len(set(devices)) < len(devices)  # some GPU has several workers
         self._alone: list[_Job] = []  # out of memory beside other workers: run again alone at the end
-        # seconds from each worker's start to its Ready (importing torch, loading backends), summed
-        # jobs_s: from handing a case to a worker to its last rows (the case plus messaging); worker_stop_s:
+        # worker_start_s: seconds from each worker's start to its Ready (importing torch, loading backends, their
+        # libraries), summed, less what ran while this process did its own work before the jobs (`run(before=)`:
+        # the precompile), which is worker_start_hidden_s and no part of the wall breakdown; jobs_s: from handing a case to a worker to its last rows (the case plus messaging); worker_stop_s:
         # waiting for workers to exit at the end
         self.costs: dict[str, float] = {
             "worker_start_s": 0.0,
+            "worker_start_hidden_s": 0.0,
             "workers_started": 0,
             "jobs_s": 0.0,
             "worker_stop_s": 0.0,
@@ -127,6 +132,8 @@ class Pool:
         args = [*self.launch.wrapper, sys.executable, "-m", "attnbench.worker", str(child.fileno()), device]
         for p in self.plugins:
             args += ["--plugin", p]
+        for b in self.warm:
+            args += ["--warm", b]
         env = dict(os.environ, PYTHONUNBUFFERED="1", **dict(self.launch.env))
         proc = subprocess.Popen(
             args, pass_fds=[child.fileno()], stdout=out, stderr=subprocess.STDOUT, env=env, start_new_session=True
@@ -135,7 +142,8 @@ class Pool:
         os.close(out)
         conn = Connection(os.dup(parent.fileno()))
         parent.close()
-        return _Worker(device, proc, conn, log, CappedLog(read_end, log), started=time.monotonic())
+        now = time.monotonic()
+        return _Worker(device, proc, conn, log, CappedLog(read_end, log), started=now, counted_from=now)
 
     def _kill(self, w: _Worker) -> None:
         try:
@@ -173,18 +181,33 @@ class Pool:
         self.on_rows(case, rows)
 
     # ---- the loop -------------------------------------------------------------------------------------
-    def run(self, jobs: list[tuple[Case, list[str]]]) -> dict[str, float]:
+    def run(self, jobs: list[tuple[Case, list[str]]], before: Callable[[], None] | None = None) -> dict[str, float]:
         """Run each (case, backend names); rows arrive through `on_rows` as each case finishes. Returns
-        `costs`: the workers' start-up seconds (summed over workers) and how many started."""
-        self._drain(deque(_Job(c, list(names)) for c, names in jobs if names), self.devices)
+        `costs`: the workers' start-up seconds (summed over workers) and how many started.
+
+        `before()`, when given, is the supervisor's own work before the first job (the sweep's precompile):
+        it runs while the workers start, and the start-up it hides is not counted in `worker_start_s`."""
+        queue = deque(_Job(c, list(names)) for c, names in jobs if names)
+        started = [self._start(d) for d in self.devices] if queue and before else []
+        if before:
+            try:
+                before()
+            except BaseException:
+                for w in started:
+                    self._stop(w, kill=True)
+                raise
+            done = time.monotonic()
+            for w in started:
+                w.counted_from = done
+        self._drain(queue, self.devices, started)
         if self._alone:  # out of memory beside other workers: once more, one worker per GPU
             retry, self._alone, self._shared = self._alone, [], False
             self.on_problem(f"{len(retry)} case(s) ran out of memory on a shared GPU: running them again alone")
             self._drain(deque(retry), list(dict.fromkeys(self.devices)))
         return dict(self.costs)
 
-    def _drain(self, queue: deque[_Job], devices: list[str]) -> None:
-        workers = [self._start(d) for d in devices]
+    def _drain(self, queue: deque[_Job], devices: list[str], started: list[_Worker] | None = None) -> None:
+        workers = started or [self._start(d) for d in devices]
         start_failures = 0
         try:
             while queue or any(w.job for w in workers):
@@ -200,7 +223,7 @@ class Pool:
                         replace = self._receive(w, queue)
                     elif w.job and time.monotonic() - w.started > self.timeout_s:
                         replace = self._timeout(w, queue)
-                    elif not w.ready and time.monotonic() - w.started > STARTUP_TIMEOUT_S:
+                    elif not w.ready and time.monotonic() - w.counted_from > STARTUP_TIMEOUT_S:
                         self._stop(w, kill=True)
                         self.on_problem(f"worker on {w.device} did not start in {STARTUP_TIMEOUT_S} s; log: {w.log}")
                         replace = True
@@ -228,7 +251,9 @@ class Pool:
             return self._crashed(w, queue)
         if isinstance(msg, Ready):
             w.ready = True
-            self.costs["worker_start_s"] += time.monotonic() - w.started
+            now = time.monotonic()
+            self.costs["worker_start_s"] += max(0.0, now - w.counted_from)
+            self.costs["worker_start_hidden_s"] += min(now, w.counted_from) - w.started
             self.costs["workers_started"] += 1
             for p in msg.problems:
                 if p not in self._problems_seen:

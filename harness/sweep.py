@@ -7,6 +7,7 @@ produced), and the rendered `report.html`, `results.csv`, `junit.xml`, `summary.
 from __future__ import annotations
 
 import json
+import math
 import sys
 import time
 from collections import Counter
@@ -358,7 +359,9 @@ def execute(
     # set-up: reading kept rows, the environment, peaks (measured once per device), git, run.json;
     # record: writing rows (fsynced) and showing progress, in this process
     costs: dict[str, float] = {"setup_s": time.perf_counter() - t0, "record_s": 0.0}
-    try:
+
+    def before_jobs() -> None:
+        """The precompile, in this process, while the workers start (their imports overlap it)."""
         t1 = time.perf_counter()
         records = precompile(p.backends, jobs, on_status)
         # all of it: asking each backend available(), supports() and precompile_keys() over the cases
@@ -372,6 +375,8 @@ def execute(
                         f"precompile for {', '.join(r['backends'])} failed ({r['error']}); each case compiles its own"
                     )
             write_run(run_info, out)
+
+    try:
         with ResultWriter(results) as writer:
 
             def record(case: Case, case_rows: list[Result]) -> None:
@@ -389,18 +394,19 @@ def execute(
             executor = choose(
                 how, p.device, list(p.backends), opts, envmod.short(environment), out / "logs", on_problem
             )
-            costs.update(executor.run(jobs, record) or {})
+            costs.update(executor.run(jobs, record, before_jobs) or {})
         run_info.complete = True
     except BaseException as e:  # say in run.json why the sweep stopped (Ctrl-C, a harness error)
         run_info.stopped_by = describe(e, first_line=True) if isinstance(e, Exception) else type(e).__name__
         raise
     finally:  # the report states the run's wall time (and whether it finished)
         run_info.finished = time.strftime("%Y-%m-%dT%H:%M:%S")
-        run_info.wall_s = round(time.perf_counter() - t0, 3)
+        # to the millisecond: the wall up, each cost down, so their rounding never makes "other" negative
+        run_info.wall_s = math.ceil((time.perf_counter() - t0) * 1000) / 1000
         run_info.complete = bool(run_info.complete)
         run_info.rows = len(rows)
         run_info.references = reference_counts(rows[len(earlier) :], opts.ref_cache)
-        run_info.costs = {k: round(v, 3) for k, v in costs.items()}
+        run_info.costs = {k: math.floor(v * 1000) / 1000 for k, v in costs.items()}
         write_run(run_info, out)
     return rows
 

@@ -1,9 +1,11 @@
 """A worker process: runs cases on one device for a supervisor (pool.py), one case at a time.
 
-    python -m attnbench.worker FD DEVICE [--plugin P ...]
+    python -m attnbench.worker FD DEVICE [--plugin P ...] [--warm BACKEND ...]
 
 It talks to the supervisor over the inherited socket FD with the records of messages.py: it loads
-the backends (built-in, entry points, plugins) and sends `Ready`, then answers each `RunJob` with
+the backends (built-in, entry points, plugins), asks each `--warm` backend `available()` (the import
+of its library, seconds for some: SGLang, CuTe DSL; without it the first case paid them inside its
+triage), and sends `Ready`, then answers each `RunJob` with
 `Stage` messages while it works and `Rows` when done, until `Stop`. When a backend breaks the CUDA
 context it sends the rows it has, then `Lost`, and exits: the supervisor starts a fresh worker.
 """
@@ -18,6 +20,7 @@ from multiprocessing.connection import Connection
 def main(argv: list[str]) -> None:
     fd, device, *rest = argv
     plugins = [rest[i + 1] for i, a in enumerate(rest) if a == "--plugin"]
+    warm = [rest[i + 1] for i, a in enumerate(rest) if a == "--warm"]
     conn = Connection(int(fd))
     from attnbench import backend as registry
     from attnbench import env as envmod
@@ -33,6 +36,7 @@ def main(argv: list[str]) -> None:
 
         torch.cuda.set_device(torch.device(device))
     env = envmod.short(envmod.capture(device))
+    _warm(registry, warm)
     conn.send(Ready(os.getpid(), tuple(registry.LOAD_PROBLEMS)))
     while True:
         msg = conn.recv()
@@ -48,6 +52,17 @@ def main(argv: list[str]) -> None:
             os._exit(3)
         conn.send(Rows(tuple(rows)))
     conn.close()
+
+
+def _warm(registry, names: list[str]) -> None:
+    """Each named backend's `available()`, once, before `Ready`: its library's import is then worker
+    start-up, which the supervisor overlaps with its precompile, not the first case's time. A failure
+    here is left to that case's triage, which reports it as the row's error."""
+    for name in names:
+        try:
+            registry.get_backend(name).available()
+        except Exception:
+            pass
 
 
 if __name__ == "__main__":

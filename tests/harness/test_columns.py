@@ -48,7 +48,9 @@ def test_a_registered_check_s_records_become_columns(monkeypatch):
         name, needs, records = "toy", frozenset({"outputs"}), ("toy_ok",)
 
     monkeypatch.setattr(checklist, "_ACTIVE", [*checklist.CHECKS, Toy()])
-    assert [c.name for c in csv_columns()][-4:] == ["deterministic", "batch_invariant", "replay", "toy_ok"]
+    assert [c.name for c in csv_columns()][-6:] == [
+        "deterministic", "batch_invariant", "stale_reruns", "stale_references", "replay", "toy_ok"
+    ]  # fmt: skip
 
 
 def test_markdown_row_tables_come_from_the_registry():
