@@ -204,6 +204,21 @@ def test_triton_out_of_memory_is_out_of_memory_and_other_runtime_errors_are_not(
     assert not out_of_memory(RuntimeError("index out of range")) and not out_of_memory(ValueError("out of memory"))
 
 
+class _TorchWith:
+    """The torch backend under another name, its `prepare` replaced by `prepare(inner, case, inputs)`."""
+
+    def __init__(self, name, prepare):
+        from attnbench.backend import get_backend
+
+        self.name, self.inner, self._prepare = name, get_backend("torch"), prepare
+
+    def __getattr__(self, item):
+        return getattr(self.inner, item)
+
+    def prepare(self, case, inputs):
+        return self._prepare(self.inner, case, inputs)
+
+
 def test_a_backend_that_keeps_device_memory_after_its_row_is_named(monkeypatch):
     """A backend whose row leaves tensors alive (a cache of its inputs) gets `kept_gib` in its
     prepare_info, so the out-of-memory error of a later backend has a named cause; one that frees
@@ -215,18 +230,9 @@ def test_a_backend_that_keeps_device_memory_after_its_row_is_named(monkeypatch):
 
     kept: list = []
 
-    class Leaky:
-        name = "leaky"
-
-        def __init__(self):
-            self.inner = get_backend("torch")
-
-        def __getattr__(self, item):
-            return getattr(self.inner, item)
-
-        def prepare(self, case, inputs):
-            kept.append(inputs)  # a module-level cache of every input it was given
-            return self.inner.prepare(case, inputs)
+    def leaky(inner, case, inputs):
+        kept.append(inputs)  # a module-level cache of every input it was given
+        return inner.prepare(case, inputs)
 
     def allocated():
         return sum(t.untyped_storage().nbytes() for x in kept for t in all_tensors(x)) * 2**20
@@ -234,32 +240,24 @@ def test_a_backend_that_keeps_device_memory_after_its_row_is_named(monkeypatch):
     monkeypatch.setattr(runner, "_watch_kept", lambda case, opts, built: True)
     monkeypatch.setattr(runner, "_allocated", allocated)
     case = Case.from_id("decode/b2-l40-h4x2-d64-p16-bf16", "cpu")
-    good, leaky = runner.run_case(case, [get_backend("torch"), Leaky()], runner.RunOptions(timing=False))
+    good, bad = runner.run_case(
+        case, [get_backend("torch"), _TorchWith("leaky", leaky)], runner.RunOptions(timing=False)
+    )
     assert good.status == "pass" and "kept_gib" not in (good.prepare_info or {})
-    assert leaky.status == "pass" and leaky.prepare_info["kept_gib"] > 0, leaky.prepare_info
+    assert bad.status == "pass" and bad.prepare_info["kept_gib"] > 0, bad.prepare_info
 
 
-def test_an_out_of_memory_row_says_what_the_case_holds(monkeypatch):
+def test_an_out_of_memory_row_says_what_the_case_holds():
     """An out-of-memory error names the case's own holdings (inputs, float64 expectation, twin, the
     checks' shared copies), so a suite whose cases cannot fit says which of them to cut."""
     from attnbench import runner
-    from attnbench.backend import get_backend
     from attnbench.case import Case
 
-    class Greedy:
-        name = "greedy"
-
-        def __init__(self):
-            self.inner = get_backend("torch")
-
-        def __getattr__(self, item):
-            return getattr(self.inner, item)
-
-        def prepare(self, case, inputs):
-            raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.46 GiB.")
+    def greedy(inner, case, inputs):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.46 GiB.")
 
     case = Case.from_id("decode/b2-l40-h4x2-d64-p16-bf16", "cpu")
-    row = runner.run_case(case, [Greedy()], runner.RunOptions(timing=False))[0]
+    row = runner.run_case(case, [_TorchWith("greedy", greedy)], runner.RunOptions(timing=False))[0]
     assert row.status == "error" and "Tried to allocate 16.46 GiB" in row.reason
     for held in ("case inputs", "float64 expectation", "twin", "cloned once per backend"):
         assert held in row.reason, row.reason
