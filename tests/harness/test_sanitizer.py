@@ -147,13 +147,13 @@ def test_findings_fail_their_own_row_through_a_stand_in_sanitizer(tmp_path):
         assert r.timing is None, "sanitize mode never times"
         if name == "leaky":
             assert r.status == "fail", r.reason
-            # the closure ran a bounded number of times: checked call, determinism repeats, one stale-output
-            # call per class of inputs merge_state reads
+            # the kernel ran a bounded number of times: checked call, determinism repeats, and per class of
+            # inputs merge_state reads one stale-output re-run and its control (a freshly prepared closure)
             from attnbench.checks import DETERMINISM_REPEATS
             from attnbench.ops import OPS
 
             op = OPS["merge_state"]
-            calls = 1 + DETERMINISM_REPEATS + len(op.perturbations(op.Params()))
+            calls = 1 + DETERMINISM_REPEATS + 2 * len(op.perturbations(op.Params()))
             assert r.reason.startswith(f"memcheck: {calls} findings, first: Invalid __global__ read of size 4 bytes")
             assert "in leaky_merge_kernel" in r.reason and "block (2,0,0)" in r.reason and "logs/worker-" in r.reason
             assert r.sanitizer["findings"] == calls
