@@ -123,6 +123,16 @@ def all_tensors(obj: Any) -> list[torch.Tensor]:
     return found
 
 
+def storage_bytes(obj: Any) -> int:
+    """Bytes of the distinct storages of every tensor `obj` holds (`all_tensors`): views of one storage,
+    padding included, count once."""
+    seen: dict[tuple[str, int], int] = {}
+    for t in all_tensors(obj):
+        s = t.untyped_storage()
+        seen[(str(t.device), s.data_ptr())] = s.nbytes()
+    return sum(seen.values())
+
+
 def tensor_fields(obj: Any) -> dict[str, torch.Tensor]:
     """The dataclass's fields that hold tensors (None fields left out)."""
     return {f.name: v for f in dataclasses.fields(obj) if isinstance(v := getattr(obj, f.name), torch.Tensor)}

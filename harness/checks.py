@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from attnbench.buffers import bitwise_equal, canary_intact, clone_tensors, tensor_fields
+from attnbench.buffers import bitwise_equal, canary_intact, clone_tensors, storage_bytes, tensor_fields
 from attnbench.ops.base import OutputSpec, magnitude_key
 from attnbench.tolerance import Rule
 
@@ -423,7 +423,7 @@ def _perturbed(op, params, base: Any, chosen, precision: torch.dtype, memo: dict
     entry = memo.get(key) if memo is not None else None
     if entry is None:
         x = perturbed_copy()
-        small = sum(t.untyped_storage().nbytes() for n, t in tensor_fields(x).items() if n in fields) <= MEMO_MAX_BYTES
+        small = storage_bytes([getattr(x, f) for f in fields]) <= MEMO_MAX_BYTES
         entry = {"x": x if small else None, "expected": None}
         if memo is not None:
             memo[key] = entry
@@ -557,19 +557,18 @@ def stale_check(
         sync()
         outputs = fn()
         sync()
-        if outputs_contract(op, params, outputs, absent):
-            return [outputs_contract(op, params, outputs, absent)]
+        if broken := outputs_contract(op, params, outputs, absent):
+            return [broken]
         control = None
-        if fresh is not None and _bytes_of(x) <= FRESH_FIRST_MAX_BYTES:
+        if fresh is not None and storage_bytes(x) <= FRESH_FIRST_MAX_BYTES:
             outputs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
             control = fresh(x)
             sync()
-            replays = first is not None and any(
-                bool(bitwise_equal(outputs[n], first[n]).all())
-                for n in outputs
-                if n in first and isinstance(outputs[n], torch.Tensor) and outputs[n].shape == first[n].shape
-            )
-            if not replays and _same_outputs(outputs, control[0]) and _storages_equal(work, control[1]):
+            if (
+                not _any_as_first(outputs, first, outputs)
+                and _same_outputs(outputs, control[0])
+                and _storages_equal(work, control[1])
+            ):
                 counts.matched_fresh += 1
                 return []  # what a fresh closure does on these inputs: not stale, whatever the reference says
         had = memo is not None and pure and key in memo and memo[key]["expected"] is not None
@@ -578,10 +577,7 @@ def stale_check(
         v = check(op, params, x, work, outputs, expected, twin, rule, absent=skip)
         new = [p for p in v.problems if p.split(":", 1)[0] not in failed and p not in verdict.problems]
         failing = {p.split(":", 1)[0] for p in new}
-        replayed = first is not None and any(
-            n in first and n in outputs and bool(bitwise_equal(outputs[n], first[n]).all()) for n in failing
-        )
-        if new and fresh is not None and not v.malformed and not replayed:
+        if new and fresh is not None and not v.malformed and not _any_as_first(outputs, first, failing):
             got, inputs = control if control is not None else fresh(x)
             sync()
             control_v = check(op, params, x, inputs, got, expected, twin, rule, absent=skip)
@@ -598,12 +594,13 @@ def stale_check(
             return
 
 
-def _bytes_of(x: Any) -> int:
-    """Bytes of the distinct storages of an input bundle's tensor fields."""
-    seen: dict[tuple[str, int], int] = {}
-    for t in tensor_fields(x).values():
-        seen[(str(t.device), t.untyped_storage().data_ptr())] = t.untyped_storage().nbytes()
-    return sum(seen.values())
+def _any_as_first(outputs: dict, first: dict | None, names) -> bool:
+    """Whether any output of `names` is bitwise the first call's (a result replayed, not recomputed)."""
+    return first is not None and any(
+        n in first and n in outputs and isinstance(outputs[n], torch.Tensor)
+        and outputs[n].shape == first[n].shape and bool(bitwise_equal(outputs[n], first[n]).all())
+        for n in names
+    )  # fmt: skip
 
 
 def _what(pert) -> str:

@@ -28,7 +28,7 @@ from typing import Any
 
 import torch
 
-from attnbench.buffers import tensor_fields
+from attnbench.buffers import storage_bytes, tensor_fields
 from attnbench.checks import _reset_from, check, outputs_contract
 from attnbench.errors import describe
 from attnbench.prepared import PreparedCall
@@ -89,12 +89,6 @@ class StandInGraph:
             static = self.outputs.get(name) if isinstance(self.outputs, dict) else None
             if isinstance(static, torch.Tensor) and static is not t:
                 static.copy_(t)
-
-
-def inputs_bytes(x: Any) -> int:
-    """Bytes of the distinct storages of the tensors of `x`."""
-    seen = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensor_fields(x).values()}
-    return sum(seen.values())
 
 
 def restore_reads(op, params, work: Any, source: Any) -> None:
@@ -189,7 +183,7 @@ def replay_outcome(p: PreparedCall, rule, enabled: bool = True, memo: dict | Non
         return "skip: off (--no-replay)", []
     if graph is None and not p.case.on_cuda:
         return f"skip: no CUDA graphs on {p.case.device}", []
-    if (n := inputs_bytes(p.pristine)) > REPLAY_MAX_BYTES:
+    if (n := storage_bytes(p.pristine)) > REPLAY_MAX_BYTES:
         return (
             f"skip: inputs of {n / 2**30:.1f} GiB (over {REPLAY_MAX_BYTES / 2**30:.0f} GiB: batch B would be another copy)",
             [],

@@ -19,7 +19,7 @@ from dataclasses import dataclass
 import torch
 
 from attnbench.backend import Backend
-from attnbench.buffers import clone_tensors
+from attnbench.buffers import clone_tensors, storage_bytes
 from attnbench.case import Case
 from attnbench.checklist import CheckContext, active, runnable
 from attnbench.checks import DETERMINISM_REPEATS, outputs_contract
@@ -74,7 +74,7 @@ KEPT_NOTE_BYTES = 64 * 2**20
 def _watch_kept(case: Case, opts: RunOptions, built: _Built) -> bool:
     """Whether each backend's row of this case is checked for device memory it leaves allocated: GPU
     cases with inputs of KEPT_WATCH_BYTES or more, correctness only (timing keeps every closure)."""
-    return case.on_cuda and not opts.timing and _nbytes(built.pristine) >= KEPT_WATCH_BYTES
+    return case.on_cuda and not opts.timing and storage_bytes(built.pristine) >= KEPT_WATCH_BYTES
 
 
 def _allocated() -> int:
@@ -95,25 +95,13 @@ def _held(built: _Built, memo: dict) -> str:
     """What the case itself holds while its backends run, for an out-of-memory reason: the inputs (each
     backend clones them once more), the float64 expectation, the twin and the checks' shared copies."""
     parts = {
-        "case inputs": _nbytes(built.pristine),
-        "float64 expectation": _nbytes(built.expected),
-        "twin": _nbytes(built.twin),
-        "checks' shared copies": _nbytes(memo),
+        "case inputs": storage_bytes(built.pristine),
+        "float64 expectation": storage_bytes(built.expected),
+        "twin": storage_bytes(built.twin),
+        "checks' shared copies": storage_bytes(memo),
     }
     held = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in parts.items() if v or k == "case inputs")
     return f"{held}; the inputs cloned once per backend"
-
-
-def _nbytes(inputs) -> int:
-    from attnbench.buffers import all_tensors
-
-    seen, total = set(), 0
-    for t in all_tensors(inputs):
-        key = t.untyped_storage().data_ptr()
-        if key not in seen:
-            seen.add(key)
-            total += t.untyped_storage().nbytes()
-    return total
 
 
 def _sync(case: Case) -> None:
@@ -265,7 +253,7 @@ def _build(case: Case, opts: RunOptions) -> _Built | _BuildFailed:
         ref_s = time.perf_counter() - t0
         flops, nbytes = op.flops(p, pristine), op.bytes(p, pristine)
     except Exception as e:
-        return _BuildFailed(e, f" (inputs {_nbytes(pristine) / 2**30:.2f} GiB)" if pristine is not None else "")
+        return _BuildFailed(e, f" (inputs {storage_bytes(pristine) / 2**30:.2f} GiB)" if pristine is not None else "")
     shared = {"reference_s": ref_s, "inputs_s": inputs_s} | ref  # every row of the case carries them
     return _Built(pristine, expected, twin, shared, flops, nbytes, rule_for(case))
 

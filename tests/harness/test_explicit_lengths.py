@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
+from attnbench.buffers import storage_bytes
 from attnbench.case import Case
 from attnbench.ops.attention import DecodeParams, ExtendParams
-from attnbench.runner import _nbytes
 
 SMALL = dict(heads_q=4, heads_kv=2, head_dim=16, page_size=4)
 
@@ -19,7 +19,7 @@ def test_decode_builds_exactly_the_lengths_given():
     x = case.make_inputs()
     assert x.seq_lens.tolist() == [5, 100, 37, 1]
     assert x.qo_indptr.tolist() == [0, 1, 2, 3, 4]
-    assert case.op.input_bytes(p, case.torch_dtype, 0) == _nbytes(x)
+    assert case.op.input_bytes(p, case.torch_dtype, 0) == storage_bytes(x)
 
 
 @pytest.mark.parametrize("new_kv", ["save", "attend", "shared"])
@@ -30,7 +30,7 @@ def test_extend_builds_exactly_the_lengths_given(new_kv):
     x = case.make_inputs()
     assert x.seq_lens.tolist() == [11, 30, 65, 10]
     assert x.qo_indptr.tolist() == [0, 1, 31, 32, 39]
-    assert case.op.input_bytes(p, case.torch_dtype, 0) == _nbytes(x)
+    assert case.op.input_bytes(p, case.torch_dtype, 0) == storage_bytes(x)
 
 
 def test_ids_name_explicit_lengths_by_digest():

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from attnbench.buffers import storage_bytes
 from attnbench.case import Case
 from attnbench.ops import OPS
-from attnbench.runner import _nbytes
 from attnbench.suite import load
 
 
@@ -28,7 +28,7 @@ def test_every_op_has_smoke_cases_to_check():
 def test_input_bytes_match_the_built_inputs(op):
     """Exact, byte for byte, for every smoke case of the op (pairwise over its parameters)."""
     for case in SMOKE[op]:
-        built = _nbytes(case.make_inputs())
+        built = storage_bytes(case.make_inputs())
         estimate = case.op.input_bytes(case.params, case.torch_dtype, case.seed)
         assert estimate == built, f"{case.id}: input_bytes {estimate} B, built {built} B"
 

@@ -11,14 +11,13 @@ from pydantic import ValidationError
 from typer.testing import CliRunner
 
 from attnbench.backend import get_backend
-from attnbench.buffers import alloc_output
+from attnbench.buffers import alloc_output, storage_bytes
 from attnbench.case import Case
 from attnbench.cli import app
 from attnbench.kernels.mutants import MUTANTS
 from attnbench.ops.attention import AttentionInputs, DecodeParams
 from attnbench.ops.paged import draft_pages
 from attnbench.references import attention as ref
-from attnbench.runner import _nbytes
 from helpers import KERNEL_REPEATS, run_one
 
 PARTIAL = "decode/b3-l45-mixed-h8x2-d64-p16-topk4-step3-bf16"  # prefixes 42 / mixed: partial last pages
@@ -69,7 +68,7 @@ def test_candidates_share_prefix_pages_copy_the_partial_one_and_own_their_draft_
     assert (copies > 0) == (case_id == PARTIAL) or ps == 1
     prefix = [x.seq_lens_host[b * k] - step for b in range(B)]
     assert len(set(x.kv_page_indices.tolist())) == draft_pages(prefix, k, step, ps)[0]
-    assert case.op.input_bytes(p, case.torch_dtype, case.seed) == _nbytes(x)
+    assert case.op.input_bytes(p, case.torch_dtype, case.seed) == storage_bytes(x)
 
 
 def test_bytes_count_a_shared_prefix_once_and_flops_every_row():
@@ -188,7 +187,7 @@ def test_explicit_lengths_are_per_request_and_give_topk_rows_each():
     case = Case("decode", p, "fp16")
     x = case.make_inputs()
     assert x.seq_lens.tolist() == [9, 9, 40, 40, 5, 5]
-    assert case.op.input_bytes(p, case.torch_dtype, 0) == _nbytes(x)
+    assert case.op.input_bytes(p, case.torch_dtype, 0) == storage_bytes(x)
 
 
 def test_a_suite_with_a_conflicting_draft_case_exits_2_with_file_line(tmp_path):
