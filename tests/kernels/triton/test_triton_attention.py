@@ -780,14 +780,15 @@ def test_fp8_decode_candidates_add_two_warp_programs_only_for_fp8_caches():
 
 
 def test_fp8_decode_candidates_per_conversion_path():
-    """The tuner tries today's fp8 path only, unless FP8_TUNED_DEQUANT (or the argument) names more."""
-    from attnbench.kernels.triton.decode import FP8_TUNED_DEQUANT, decode_candidates
+    """The tuner tries the default fp8 path ("f16-rows") only, unless FP8_TUNED_DEQUANT (or the argument)
+    names more; the heuristic's config takes that path too."""
+    from attnbench.kernels.triton.decode import FP8_TUNED_DEQUANT, DecodeConfig, decode_candidates
 
-    assert FP8_TUNED_DEQUANT == ("operand",)
+    assert FP8_TUNED_DEQUANT == ("f16-rows",) == (DecodeConfig(16, 64, 4, 3, 3).fp8_dequant,)
     tilings = decode_candidates(4, 128, 128, 90, kv_fp8=True)
-    assert {c.fp8_dequant for c in tilings} == {"operand"}
-    both = decode_candidates(4, 128, 128, 90, kv_fp8=True, fp8_dequant=("operand", "f16-rows"))
+    assert {c.fp8_dequant for c in tilings} == {"f16-rows"}
+    both = decode_candidates(4, 128, 128, 90, kv_fp8=True, fp8_dequant=("f16-rows", "operand"))
     assert both[: len(tilings)] == tilings
-    assert [dataclasses.replace(c, fp8_dequant="operand") for c in both[len(tilings) :]] == tilings
-    assert {c.fp8_dequant for c in both[len(tilings) :]} == {"f16-rows"}
+    assert [dataclasses.replace(c, fp8_dequant="f16-rows") for c in both[len(tilings) :]] == tilings
+    assert {c.fp8_dequant for c in both[len(tilings) :]} == {"operand"}
     assert decode_candidates(4, 128, 128, 90, fp8_dequant=("f16-rows",)) == decode_candidates(4, 128, 128, 90)
