@@ -55,17 +55,9 @@ def gdn_unsupported(case) -> str | None:
 
 def _native_pool(x, spare: int = 0):
     """(FlashInfer's K-last pool (and `spare` scratch slots), the finalize that writes the real
-    requests' slots back)."""
+    requests' slots back, as they are when it runs)."""
     pool, shared = states.native_pool(x, spare)
-    idx = x.state_indices.long()
-    slots = idx[idx >= 0]
-
-    def finalize(outputs):
-        if not shared:  # a pool handed in this layout (a gdn_chain step) is the kernel's own
-            states.state_canonical_(x.state_pool, pool, slots)
-        return outputs
-
-    return pool, finalize
+    return pool, states.write_back_real_slots(x, pool, shared)
 
 
 def _linear_gate(g: torch.Tensor) -> torch.Tensor:
