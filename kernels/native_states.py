@@ -61,3 +61,18 @@ def native_pool(x, spare: int = 0) -> tuple[torch.Tensor, bool]:
     if x.state_layout == "vk":
         return x.state_pool, True
     return state_v_major(x.state_pool, spare), False
+
+
+def write_back_real_slots(x, native: torch.Tensor, shared: bool):
+    """The `finalize` of a closure that runs a K-last kernel on `native` (from `native_pool(x)`): the real
+    requests' slots (`x.state_indices >= 0`) written back into the canonical `x.state_pool`, read when it
+    runs, not when `prepare` did: the slots are the batch's, rewritten in place between calls (a server's
+    next step, the replay check's batch B). Nothing for a pool handed in the native layout (`shared`)."""
+
+    def finalize(outputs):
+        if not shared:
+            idx = x.state_indices.long()
+            state_canonical_(x.state_pool, native, idx[idx >= 0])
+        return outputs
+
+    return finalize

@@ -30,7 +30,14 @@ class CuteDecode:
 
     decode_config = None
 
-    @implements("decode", limits=decode_limits)
+    @implements(
+        "decode",
+        limits=decode_limits,
+        graph_safe=(
+            "the split schedule (work items, merge table, grid) is planned in prepare from the batch's host-side "
+            "lengths (decode_plan.plan_splits): a graph replays batch A's key ranges"
+        ),
+    )
     def prepare_decode(self, case, x):
         from attnbench.kernels.cute import decode
 
@@ -43,7 +50,8 @@ class CuteGDN:
 
     gdn_bv = None
 
-    @implements("gdn_decode", limits=gdn_decode_limits, state_layout="kv")
+    # graph-safe: its grid comes from the shapes and it reads the slots (negative: padding) on the device
+    @implements("gdn_decode", limits=gdn_decode_limits, state_layout="kv", graph_safe=True)
     def prepare_gdn_decode(self, case, x):
         from attnbench.kernels.cute import gdn_decode
 

@@ -230,7 +230,15 @@ class FlashAttention4(Backend):
     def available(self) -> str | None:
         return unavailable()
 
-    @implements("decode", limits=_limits)
+    @implements(
+        "decode",
+        limits=_limits,
+        graph_safe=(
+            "the dense page table is built in prepare from the batch's CSR table (a copy: a page table written in "
+            "place never reaches it, and its width is batch A's longest request) and max_seqlen_k is batch A's host "
+            "value"
+        ),
+    )
     def prepare_decode(self, case, x):
         return self._prepare(case, x, decode=True)
 

@@ -34,7 +34,10 @@ class FlaBackend(Backend):
             found = False
         return None if found else "fla-core not installed"
 
-    @implements("gdn_decode", limits=limits, state_layout="kv")
+    # graph-safe: fla's launcher takes its grid from the shapes; the closure gathers the dense initial states by
+    # the slots on the device (index_select, where: no host sync) and its finalize scatters the final states
+    # into the slots as they are when it runs
+    @implements("gdn_decode", limits=limits, state_layout="kv", graph_safe=True)
     def prepare_gdn_decode(self, case, x):
         from attnbench.kernels.fla.gdn import prepare_decode
 

@@ -28,6 +28,14 @@ from attnbench.kernels.flashinfer.gdn import FlashInferGDN
 from attnbench.kernels.flashinfer.jitkeys import JitKey
 from attnbench.ops.attention import FP8
 
+# why decode's closures may not be captured in a CUDA graph and replayed on another batch (the replay check,
+# docs/replay.md): every decode path here (tensor-core, CUDA-core, MLA, AttentionSink) plans on the host
+PLANNED_ON_HOST = (
+    "plan() copies the batch's indptr and last-page lengths to the host and writes a work schedule for them into "
+    "the workspace, once, in prepare; the wrappers are not built with use_cuda_graph=True and nothing re-plans "
+    "before a replay (a server re-plans into its graph's buffers before each replay): a graph replays batch A's schedule"
+)
+
 
 def _kv_dtype(case) -> torch.dtype | None:
     """The KV cache's dtype where it is not the case dtype (fp8 caches), else None."""
@@ -114,7 +122,7 @@ def paged_decode_jit(backend, case) -> list[JitKey]:
 class PagedDecode:
     """Decode: tensor-core kernel, AttentionSink wrapper for sinks, MLA wrapper for MLA."""
 
-    @implements("decode", limits=paged_decode_limits, jit_keys=paged_decode_jit)
+    @implements("decode", limits=paged_decode_limits, jit_keys=paged_decode_jit, graph_safe=PLANNED_ON_HOST)
     def prepare_decode(self, case, x):
         if case.params.mla:
             from attnbench.kernels.flashinfer.mla import prepare_mla
@@ -153,7 +161,7 @@ def cuda_core_decode_jit(backend, case) -> list[JitKey]:
 class CudaCoreDecode:
     """Decode on FlashInfer's CUDA-core kernel (`use_tensor_cores=False`)."""
 
-    @implements("decode", limits=cuda_core_decode_limits, jit_keys=cuda_core_decode_jit)
+    @implements("decode", limits=cuda_core_decode_limits, jit_keys=cuda_core_decode_jit, graph_safe=PLANNED_ON_HOST)
     def prepare_decode(self, case, x):
         from attnbench.kernels.flashinfer.decode import prepare_decode
 

@@ -55,17 +55,9 @@ def gdn_unsupported(case) -> str | None:
 
 def _native_pool(x, spare: int = 0):
     """(FlashInfer's K-last pool (and `spare` scratch slots), the finalize that writes the real
-    requests' slots back)."""
+    requests' slots back, as they are when it runs)."""
     pool, shared = states.native_pool(x, spare)
-    idx = x.state_indices.long()
-    slots = idx[idx >= 0]
-
-    def finalize(outputs):
-        if not shared:  # a pool handed in this layout (a gdn_chain step) is the kernel's own
-            states.state_canonical_(x.state_pool, pool, slots)
-        return outputs
-
-    return pool, finalize
+    return pool, states.write_back_real_slots(x, pool, shared)
 
 
 def _linear_gate(g: torch.Tensor) -> torch.Tensor:
@@ -81,7 +73,10 @@ def _limits(backend, case) -> str | None:
 class FlashInferGDN:
     """Mixin of the flashinfer backend: gdn_decode, gdn_verify, gdn_extend (limits: `gdn_unsupported`)."""
 
-    @implements("gdn_decode", limits=_limits, state_layout="vk")
+    # graph-safe (decode and MTP verify): FlashInfer's wrappers choose the kernel, tile_v and vec_size from the
+    # shapes alone and its CuTe kernels load the slots (-1: skipped) on the device; the adapter's split of
+    # mixed_qkv allocates (from the graph's pool under capture) and reads nothing on the host
+    @implements("gdn_decode", limits=_limits, state_layout="vk", graph_safe=True)
     def prepare_gdn_decode(self, case, x):
         from flashinfer.gdn_decode import gated_delta_rule_decode_pretranspose
 
@@ -106,7 +101,7 @@ class FlashInferGDN:
         run.info = {"variant": f"{split}gated_delta_rule_decode_pretranspose (fp32 K-last pool from prepare)"}
         return run
 
-    @implements("gdn_verify", limits=_limits, state_layout="vk")
+    @implements("gdn_verify", limits=_limits, state_layout="vk", graph_safe=True)
     def prepare_gdn_verify(self, case, x):
         from flashinfer.gdn_decode import gated_delta_rule_mtp
 

@@ -28,6 +28,18 @@ def _gdn(backend, case) -> str | None:
     return gdn.gdn_unsupported(case)
 
 
+# Whether each closure may be captured in a CUDA graph once and replayed on another batch written into its
+# inputs in place (the replay check, docs/replay.md): why not, or True with what makes it safe.
+# SGLang's decode kernel itself reads kv_indptr/kv_indices/num_kv_splits from the device (its server captures
+# it with a fixed max_kv_splits), but the server rebuilds those tables on the device before every replay
+# (init_forward_metadata_replay_cuda_graph); this adapter builds them once, in prepare, from batch A.
+TABLES_FROM_PREPARE = (
+    "the token-level kv_indptr/kv_indices and num_kv_splits are built in prepare from the batch's host-side "
+    "lengths and page table (SGLang's server rebuilds them on the device before each replay; the adapter has no "
+    "such step): a graph replays batch A's key ranges"
+)
+
+
 class _SGLangTriton(Backend):
     """What SGLang's Triton backends share: the import guard and the device (CUDA, or the interpreter)."""
 
@@ -48,7 +60,7 @@ class _SGLangTriton(Backend):
 class SGLangBackend(_SGLangTriton):
     description = f"SGLang {_lib.PINNED} Triton kernels: split-KV decode, extend, merge_state, GDN"
 
-    @implements("decode", limits=_attention)
+    @implements("decode", limits=_attention, graph_safe=TABLES_FROM_PREPARE)
     def prepare_decode(self, case, x):
         return attn.prepare_decode(case, x)
 
@@ -68,7 +80,10 @@ class SGLangBackend(_SGLangTriton):
     def prepare_causal_conv1d(self, case, x):
         return gdn.prepare_conv(case, x)
 
-    @implements("gdn_decode", limits=_gdn, state_layout="vk")
+    # graph-safe (decode and verify): fused_sigmoid_gating_delta_rule_update and the packed decode take their grid
+    # and constexprs from the shapes and load slots (-1 skipped), cu_seqlens, intermediate indices and tree
+    # parents in the kernel; the adapter's cu_seqlens and intermediate indices depend on the shapes alone
+    @implements("gdn_decode", limits=_gdn, state_layout="vk", graph_safe=True)
     def prepare_gdn_decode(self, case, x):
         return gdn.prepare_decode(case, x)
 
@@ -76,7 +91,7 @@ class SGLangBackend(_SGLangTriton):
     def prepare_gdn_extend(self, case, x):
         return gdn.prepare_extend(case, x)
 
-    @implements("gdn_verify", limits=_gdn, state_layout="vk")
+    @implements("gdn_verify", limits=_gdn, state_layout="vk", graph_safe=True)
     def prepare_gdn_verify(self, case, x):
         return gdn.prepare_verify(case, x)
 
@@ -119,7 +134,11 @@ class SGLangCuteBackend(Backend):
 
     # its kernel reads h0[pool, hv, k, v] (kernels/sglang/cute.py): the canonical layout, SGLang's Triton kernels'
     # transpose (docs/chain.md: a chain that hands it their pool as it is shows which holds)
-    @implements("gdn_decode", limits=lambda backend, case: cute.cute_unsupported(case), state_layout="kv")
+    # graph-safe: the compiled kernel is keyed by shapes (batch, heads, dims, pool size), its cu_seqlens is cached
+    # per batch size and the slots are read on the device (SGLang's server captures it)
+    @implements(
+        "gdn_decode", limits=lambda backend, case: cute.cute_unsupported(case), state_layout="kv", graph_safe=True
+    )
     def prepare_gdn_decode(self, case, x):
         return cute.prepare_decode(case, x)
 

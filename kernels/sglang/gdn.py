@@ -41,11 +41,6 @@ def gdn_unsupported(case) -> str | None:
     return None
 
 
-def _real_slots(indices: torch.Tensor) -> torch.Tensor:
-    idx = indices.long()
-    return idx[idx >= 0]
-
-
 def prepare_gating(case, x):
     mod = _lib.module("fused_gdn_gating")
 
@@ -119,22 +114,15 @@ def _prepare_conv_verify(mod, x):
 
 
 def _native_pool(x, spare: int = 0):
-    """(SGLang's pool `[N, HV, V, K]` (and `spare` scratch slots), the slots the kernel writes, the
-    finalize that writes them back)."""
+    """(SGLang's pool `[N, HV, V, K]` (and `spare` scratch slots), the finalize that writes the real
+    requests' slots back, as they are when it runs)."""
     pool, shared = states.native_pool(x, spare)
-    slots = _real_slots(x.state_indices)
-
-    def back(outputs):
-        if not shared:  # a pool handed in this layout (a gdn_chain step) is the kernel's own
-            states.state_canonical_(x.state_pool, pool, slots)
-        return outputs
-
-    return pool, slots, back
+    return pool, states.write_back_real_slots(x, pool, shared)
 
 
 def prepare_decode(case, x):
     B, HV, V = x.batch, x.v.shape[1], x.v.shape[2]
-    pool, _, back = _native_pool(x)
+    pool, back = _native_pool(x)
     if x.mixed_qkv is not None:
         mod = _lib.module("fused_recurrent")
         out = x.o.view(B, 1, HV, V)
@@ -166,7 +154,7 @@ def prepare_decode(case, x):
 
 def prepare_extend(case, x):
     mod = _lib.module("chunk")
-    pool, _, back = _native_pool(x, spare=1)
+    pool, back = _native_pool(x, spare=1)
 
     def run():
         states.zero_fresh_states_(pool, x.state_indices, x.has_initial_state)  # as the server's scheduler does

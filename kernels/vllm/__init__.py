@@ -36,7 +36,15 @@ class VllmBackend(Backend):
             return f"no CUDA device ({NO_INTERPRETER})"
         return None
 
-    @implements("decode", limits=_limits)
+    @implements(
+        "decode",
+        limits=_limits,
+        graph_safe=(
+            "the dense block_table is built in prepare from the batch's CSR table (a copy: a page table written in "
+            "place never reaches it, and its width is batch A's longest request) and max_seqlen_k is batch A's host "
+            "value (vLLM's server keeps a persistent block table it rewrites before each replay)"
+        ),
+    )
     def prepare_decode(self, case, x):
         return attention.prepare_attention(case, x)
 

@@ -33,3 +33,22 @@ def test_zero_fresh_states_clears_only_requests_without_one():
     native = conv.state_v_major(torch.ones(4, 1, 2, 2), spare=1)
     conv.zero_fresh_states_(native, torch.tensor([2, 0, -1], dtype=torch.int32), torch.tensor([False, True, False]))
     assert native[2].abs().sum() == 0 and bool((native[[0, 1, 3]] == 1).all())
+
+
+def test_write_back_reads_the_slots_when_it_runs():
+    """A K-last closure's finalize writes back the slots the batch names after the call (rewritten in place
+    since prepare: a server's next step, the replay check's batch B), and only the real ones."""
+    from types import SimpleNamespace
+
+    x = SimpleNamespace(state_pool=torch.zeros(5, 1, 2, 3), state_indices=torch.tensor([0, 1], dtype=torch.int32),
+                        state_layout="kv")  # fmt: skip
+    native, shared = conv.native_pool(x)
+    finalize = conv.write_back_real_slots(x, native, shared)
+    x.state_indices.copy_(torch.tensor([3, -1], dtype=torch.int32))  # batch B, written in place
+    native.fill_(2.0)  # what the replayed kernel wrote
+    assert finalize({"o": 1}) == {"o": 1}
+    assert bool((x.state_pool[3] == 2).all()) and bool((x.state_pool[[0, 1, 2, 4]] == 0).all())
+    x.state_layout = "vk"  # a pool handed in the kernel's layout is the kernel's own: nothing to write back
+    x.state_pool = native
+    native2, shared2 = conv.native_pool(x)
+    assert native2 is native and shared2
