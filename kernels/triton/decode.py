@@ -212,7 +212,7 @@ def _decode_split_kernel(
             )  # fmt: skip
 
 
-MERGE_BLOCK_S = 16  # splits per step of the fused merge's max pass (fixed: no batch dependence)
+MERGE_BLOCK_S = tl.constexpr(16)  # splits per step of the fused merge's max pass (fixed: no batch dependence)
 
 
 @triton.jit
