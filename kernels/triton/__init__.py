@@ -54,6 +54,8 @@ class _TritonAttention(Backend):
         "split_keys": Knob("decode: fixed keys per KV split (default: planned from the SM count)",
                            (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)),
         "block_n": Knob("decode: keys per stage-1 step (default: by head dims)", (16, 32, 64, 128)),
+        "fused_merge": Knob("decode: KV splits merged by their last split program, one launch (1), or by a "
+                            "second kernel (0) (default: DecodeConfig's)", (0, 1)),
     }  # fmt: skip
 
     def available(self) -> str | None:
@@ -77,9 +79,12 @@ class _TritonAttention(Backend):
         mla = self.mla_decode(x, knobs)
         if mla is not None:
             return mla
-        config, tuned = (None, {}) if self.deterministic or knobs else d.tuned_decode_config(x)
+        tiling = {k: v for k, v in knobs.items() if k != "fused_merge"}  # fused_merge leaves the tuning on
+        config, tuned = (None, {}) if self.deterministic or tiling else d.tuned_decode_config(x)
         if "block_n" in knobs:
             config = replace(d.default_decode_config(x), block_n=knobs["block_n"])
+        if "fused_merge" in knobs:
+            config = replace(config or d.default_decode_config(x), fused_merge=bool(knobs["fused_merge"]))
         plans = {}
 
         def build(cfg):
@@ -95,7 +100,7 @@ class _TritonAttention(Backend):
         run.info = {
             "max_splits": max(plan.splits),
             "work_items": int(plan.work.shape[0]),
-            "config": vars(config) | {"two_stage": plan.merge is not None},
+            "config": vars(config) | {"two_stage": plan.merge is not None and not plan.fused},
             **tuned,
             **({"did_not_fit": shrunk} if shrunk else {}),
         }
@@ -110,6 +115,8 @@ class _TritonAttention(Backend):
         if "block_n" in knobs:
             return None
         cfg = m.mla_config(x.q.shape[1], x.k_cache.shape[1], arch(x.q.device))
+        if "fused_merge" in knobs:
+            cfg = replace(cfg, fused_merge=bool(knobs["fused_merge"]))
         if m.mla_unsupported(x, cfg):
             return None
         fixed = self.deterministic or "split_keys" in knobs
@@ -121,7 +128,7 @@ class _TritonAttention(Backend):
             "kernel": "mla",
             "max_splits": max(plan.splits),
             "work_items": int(plan.work.shape[0]),
-            "config": vars(cfg) | {"two_stage": plan.merge is not None},
+            "config": vars(cfg) | {"two_stage": plan.merge is not None and not plan.fused},
         }
         return run
 

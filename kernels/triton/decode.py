@@ -70,13 +70,15 @@ def _decode_split_kernel(
     stride_vp, stride_vs, stride_vh,
     stride_ot, stride_oh, stride_lt,
     stride_pw, stride_ph, stride_mw, stride_ml, stride_ksc, stride_vsc,
+    # Fused merge (FUSED_MERGE): merge rows, each work item's merge row, arrival counters [M, units]
+    merge, work_row, counters,
     # Meta-parameters
     G: tl.constexpr, NUM_HB: tl.constexpr,
     DK: tl.constexpr, DV: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, BLOCK_DV: tl.constexpr,
     PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     USE_DOT: tl.constexpr, V_FROM_K: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PRECISE_EXP: tl.constexpr, KV_FP8: tl.constexpr = 0,
-    FP8_DQ: tl.constexpr = 0,
+    FP8_DQ: tl.constexpr = 0, FUSED_MERGE: tl.constexpr = 0, MERGE_DV: tl.constexpr = 128,
 ):  # fmt: skip
     i_u, i_w = tl.program_id(0), tl.program_id(1)
     i_hk, i_hb = i_u // NUM_HB, i_u % NUM_HB
@@ -202,6 +204,94 @@ def _decode_split_kernel(
         tl.store(p_part, b_acc / b_l[:, None], mask=m_h[:, None] & m_dv[None, :])
         tl.store(part_ml + i_w * stride_mw + o_h, b_m, mask=m_h)
         tl.store(part_ml + i_w * stride_mw + stride_ml + o_h, b_l, mask=m_h)
+        if FUSED_MERGE:
+            merge_if_last(
+                merge, work_row, counters, i_w, i_u, sinks, part_o, part_ml, o, lse, i_t, o_h, m_h,
+                stride_pw, stride_ph, stride_mw, stride_ml, stride_ot, stride_oh, stride_lt,
+                DV, BLOCK_DV, MERGE_DV, BLOCK_H, HAS_SINKS, PRECISE_EXP,
+            )  # fmt: skip
+
+
+MERGE_BLOCK_S = tl.constexpr(16)  # splits per step of the fused merge's max pass (fixed: no batch dependence)
+
+
+@triton.jit
+def merge_if_last(
+    merge, work_row, counters, i_w, i_u, sinks, part_o, part_ml, o, lse, i_t, o_h, m_h,
+    stride_pw, stride_ph, stride_mw, stride_ml, stride_ot, stride_oh, stride_lt,
+    DV: tl.constexpr, BLOCK_DV: tl.constexpr, MERGE_DV: tl.constexpr, BLOCK_H: tl.constexpr,
+    HAS_SINKS: tl.constexpr, PRECISE_EXP: tl.constexpr,
+):  # fmt: skip
+    """The fused merge, called by a split program right after it stored its partial (work item `i_w`,
+    head-block unit `i_u`, heads `o_h` / `m_h`, output row `i_t`).
+
+    Every program of the group (one merge row `work_row[i_w]` x one unit) counts itself in
+    `counters[row, unit]` (int32, zero between calls): all threads' partial stores, then a CTA
+    barrier, then an acq_rel atomic add at gpu scope (the release publishes the stores; the last
+    program's acquire makes every other program's stores visible to its loads). The program that
+    sees `n - 1` arrivals before it merges the group's partials in split-index order
+    (`merge_group`: the same loads and arithmetic whichever program arrives last, so the result does
+    not depend on the arrival order) and sets the counter back to 0 for the next call (and a CUDA
+    graph replay). A launch that dies mid-way leaves counters set: the plan is then stale."""
+    i_r = tl.load(work_row + i_w)
+    w_start = tl.load(merge + i_r * 3 + 1)
+    w_end = tl.load(merge + i_r * 3 + 2)
+    p_count = counters + i_r * tl.num_programs(0) + i_u
+    tl.debug_barrier()  # every thread's partial stores before the release
+    arrived = tl.atomic_add(p_count, 1, sem="acq_rel", scope="gpu")
+    if arrived == w_end - w_start - 1:
+        merge_group(
+            sinks, part_o, part_ml, o, lse, i_t, o_h, m_h, w_start, w_end,
+            stride_pw, stride_ph, stride_mw, stride_ml, stride_ot, stride_oh, stride_lt,
+            DV, BLOCK_DV, MERGE_DV, BLOCK_H, MERGE_BLOCK_S, HAS_SINKS, PRECISE_EXP,
+        )  # fmt: skip
+        tl.atomic_xchg(p_count, 0, sem="relaxed", scope="gpu")
+
+
+@triton.jit
+def merge_group(
+    sinks, part_o, part_ml, o, lse, i_t, o_h, m_h, w_start, w_end,
+    stride_pw, stride_ph, stride_mw, stride_ml, stride_ot, stride_oh, stride_lt,
+    DV: tl.constexpr, BLOCK_DV: tl.constexpr, MERGE_DV: tl.constexpr, BLOCK_H: tl.constexpr,
+    BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr, PRECISE_EXP: tl.constexpr,
+):  # fmt: skip
+    """Merge the partials `[w_start, w_end)` of heads `o_h` (mask `m_h`) into output row `i_t`.
+
+    The max over the splits first (exact, any order), then per `MERGE_DV` columns the splits one at a
+    time in index order: weight `l_w 2^(m_w - M)` summed into the total and, times the partial, into
+    the accumulator (elementwise only: no reduction whose order a tile layout could change). Every
+    split of a decode holds keys, so M is finite for real heads."""
+    b_mx = tl.full([BLOCK_H], float("-inf"), tl.float32)
+    for s0 in tl.range(w_start, w_end, BLOCK_S):
+        o_s = s0 + tl.arange(0, BLOCK_S)
+        b_ms = tl.load(
+            part_ml + o_s[:, None] * stride_mw + o_h[None, :],
+            mask=(o_s < w_end)[:, None] & m_h[None, :],
+            other=float("-inf"),
+        )
+        b_mx = tl.maximum(b_mx, tl.max(b_ms, 0))
+    b_mr = tl.where(b_mx == float("-inf"), 0.0, b_mx)  # padding heads only
+    if HAS_SINKS:
+        b_sink = tl.load(sinks + o_h, mask=m_h, other=0.0)
+    else:
+        b_sink = b_mx  # unused
+    b_l = tl.zeros([BLOCK_H], tl.float32)
+    for d0 in tl.static_range(0, BLOCK_DV, MERGE_DV):
+        o_d = d0 + tl.arange(0, MERGE_DV)
+        m_hd = m_h[:, None] & (o_d < DV)[None, :]
+        b_l = tl.zeros([BLOCK_H], tl.float32)  # the same sum for every column block
+        b_acc = tl.zeros([BLOCK_H, MERGE_DV], tl.float32)
+        for w in tl.range(w_start, w_end):
+            b_mw = tl.load(part_ml + w * stride_mw + o_h, mask=m_h, other=float("-inf"))
+            b_lw = tl.load(part_ml + w * stride_mw + stride_ml + o_h, mask=m_h, other=0.0)
+            b_ow = tl.load(part_o + w * stride_pw + o_h[:, None] * stride_ph + o_d[None, :], mask=m_hd, other=0.0)
+            b_ww = b_lw * exp2_(b_mw - b_mr, PRECISE_EXP)
+            b_l = b_l + b_ww
+            b_acc = b_acc + b_ww[:, None] * b_ow
+        b_o = finish_o(b_acc, b_mx, b_l, b_sink, HAS_SINKS, PRECISE_EXP)
+        p_o = o + i_t * stride_ot + o_h[:, None] * stride_oh + o_d[None, :]
+        tl.store(p_o, b_o.to(o.dtype.element_ty), mask=m_hd)
+    tl.store(lse + i_t * stride_lt + o_h, finish_lse(b_mx, b_l, b_sink, HAS_SINKS, PRECISE_EXP), mask=m_h)
 
 
 @triton.jit
@@ -281,6 +371,10 @@ class DecodeConfig:
       thread) and staged through shared memory as fp16 for `ldmatrix.trans`;
     - "f16-bits": as "f16-rows", with K and V converted by byte permutes and masks instead of `cvt`
       (values x 2^-8, folded into the scales; e4m3 NaN reads as 480).
+
+    `fused_merge`: split requests are merged by the last of their split programs to finish (one
+    launch; `merge_if_last`) instead of by a second kernel (`_decode_merge_kernel`). Not yet timed on
+    a GPU, so off by default (NOTES.md, "Fused merge").
     """
 
     block_h: int
@@ -289,6 +383,7 @@ class DecodeConfig:
     num_stages: int
     ctas_per_sm: int
     fp8_dequant: str = "f16-rows"
+    fused_merge: bool = False
 
 
 FP8_DEQUANT = {"operand": 0, "f16": 1, "f16-rows": 2, "f16-bits": 3}  # DecodeConfig.fp8_dequant -> FP8_DQ
@@ -385,6 +480,14 @@ class DecodePlan:
     merge_meta: dict
     splits: list[int]  # per request
     config: DecodeConfig
+    # fused merge (FUSED_MERGE in meta): each work item's merge row (-1: final), arrival counters [M, units]
+    work_row: torch.Tensor | None = None
+    counters: torch.Tensor | None = None
+
+    @property
+    def fused(self) -> bool:
+        """Split requests are merged inside the split launch (no merge launch)."""
+        return bool(self.meta.get("FUSED_MERGE", 0))
 
 
 WAVES = 4  # programs planned per (SM x resident CTA) slot (extend's split path)
@@ -473,6 +576,19 @@ def split_tables(items: list[tuple[int, int, int]], requests: int, Hq: int, Dv: 
     part_o = torch.empty((W, Hq, Dv) if merge else (1, 1, 1), dtype=torch.float32, device=device)
     part_ml = torch.empty((W, 2, Hq) if merge else (1, 2, 1), dtype=torch.float32, device=device)
     return work_t, merge_t, part_o, part_ml, counts
+
+
+def fused_merge_tables(counts: list[int], units: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """For a split schedule with `counts` splits per request (work items grouped by request, merge
+    rows in request order, as `split_tables` makes them), run by `units` programs per work item:
+    `(work_row [W] int32: the merge row of each work item, -1 for a request's only item; counters
+    [M, units] int32 zeros: the arrival counters of the fused merge, which leaves them at zero)`."""
+    rows, r = [], 0
+    for n in counts:
+        rows += [r if n > 1 else -1] * n
+        r += n > 1
+    work_row = torch.tensor(rows, dtype=torch.int32).to(device)
+    return work_row, torch.zeros((max(1, r), units), dtype=torch.int32, device=device)
 
 
 def split_schedule(
@@ -564,7 +680,7 @@ def plan_decode(
         HAS_SINKS=x.sinks is not None, PRECISE_EXP=x.q.dtype == torch.float32,
         num_warps=4 if bdv >= 256 else 2,
     )  # fmt: skip
-    return DecodePlan(
+    plan = DecodePlan(
         work_t,
         merge_t,
         part_o,
@@ -576,6 +692,25 @@ def plan_decode(
         counts,
         cfg,
     )
+    return fuse_merge(plan, Hkv * num_hb) if cfg.fused_merge else plan
+
+
+def fuse_merge(plan: DecodePlan, units: int) -> DecodePlan:
+    """`plan` with its split requests merged inside the split launch (`merge_if_last`): the counters
+    and work rows added, `FUSED_MERGE` set. A plan with nothing split is returned as it is (one launch
+    already, compiled as without the option)."""
+    if plan.merge is None:
+        return plan
+    plan.work_row, plan.counters = fused_merge_tables(plan.splits, units, plan.work.device)
+    plan.meta = plan.meta | {"FUSED_MERGE": 1, "MERGE_DV": min(plan.meta.get("BLOCK_DV", 512), 128)}
+    return plan
+
+
+def fused_args(plan: DecodePlan) -> tuple:
+    """The split kernel's `merge, work_row, counters` arguments (stand-ins, never read, when not fused)."""
+    if not plan.fused:
+        return plan.work, plan.work, plan.work
+    return plan.merge, plan.work_row, plan.counters
 
 
 def _launches(x, plan: DecodePlan) -> list[tuple]:
@@ -593,10 +728,10 @@ def _launches(x, plan: DecodePlan) -> list[tuple]:
         v.stride(0), v.stride(1), v.stride(2),
         o.stride(0), o.stride(1), lse.stride(0),
         plan.part_o.stride(0), plan.part_o.stride(1), plan.part_ml.stride(0), plan.part_ml.stride(1),
-        stride_ksc, stride_vsc,
+        stride_ksc, stride_vsc, *fused_args(plan),
     )  # fmt: skip
     out = [(_decode_split_kernel, plan.grid, split_args, plan.meta)]
-    if plan.merge is not None:
+    if plan.merge is not None and not plan.fused:
         out.append(merge_launch(x.qo_indptr, plan, sinks, o, lse))
     return out
 

@@ -15,7 +15,8 @@ layout:
   sequence hold NaN, and `0 * NaN` in `P V` would reach the output).
 - **Splits sized for waves.** `mla_splits` picks the number of KV splits per request that fills whole
   waves of programs while the partial outputs (`BLOCK_H x 512` fp32 per split, written and read back)
-  stay small against the split's own keys; the merge is decode.py's `_decode_merge_kernel`.
+  stay small against the split's own keys; the merge is decode.py's `_decode_merge_kernel`, or with
+  `MLAConfig.fused_merge` decode.py's `merge_if_last` inside this kernel (the last split to finish).
 
 Numerics are the generic kernel's (kernels/triton/NOTES.md): base-2 scores, probabilities rounded to
 the input dtype before `P V`, fp32 accumulation, LSE finished in fp64. bf16/fp16 queries and caches of
@@ -39,6 +40,7 @@ from attnbench.kernels.triton.common import (
     soft_cap_scores,
     v_is_k_prefix,
 )
+from attnbench.kernels.triton.decode import merge_if_last
 
 D_LATENT, D_ROPE = 512, 64
 
@@ -96,10 +98,12 @@ def _mla_decode_kernel(
     # Strides (last dims are contiguous)
     stride_qt, stride_qh, stride_kvp, stride_kvs,
     stride_ot, stride_oh, stride_lt, stride_pw, stride_ph, stride_mw, stride_ml,
+    # Fused merge (FUSED_MERGE): merge rows, each work item's merge row, arrival counters [M, units]
+    merge, work_row, counters,
     # Meta-parameters
     G: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_H: tl.constexpr, BLOCK_N: tl.constexpr,
     NUM_STAGES: tl.constexpr, USE_TMA: tl.constexpr, WARP_SPECIALIZE: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
-    PRECISE_EXP: tl.constexpr,
+    PRECISE_EXP: tl.constexpr, FUSED_MERGE: tl.constexpr = 0, MERGE_DV: tl.constexpr = 128,
 ):  # fmt: skip
     i_hb, i_w = tl.program_id(0), tl.program_id(1)
     i_b = tl.load(work + i_w * 4)
@@ -163,6 +167,12 @@ def _mla_decode_kernel(
         tl.store(p_part, b_acc / b_l[:, None], mask=m_h[:, None])
         tl.store(part_ml + i_w * stride_mw + o_h, b_m, mask=m_h)
         tl.store(part_ml + i_w * stride_mw + stride_ml + o_h, b_l, mask=m_h)
+        if FUSED_MERGE:  # the last split of (request, head block) to finish merges them (decode.py)
+            merge_if_last(
+                merge, work_row, counters, i_w, i_hb, sinks, part_o, part_ml, o, lse, i_b, o_h, m_h,
+                stride_pw, stride_ph, stride_mw, stride_ml, stride_ot, stride_oh, stride_lt,
+                512, 512, MERGE_DV, BLOCK_H, HAS_SINKS, PRECISE_EXP,
+            )  # fmt: skip
 
 
 # ---- when this kernel applies, and its launch configuration --------------------------------------
@@ -178,6 +188,7 @@ class MLAConfig:
     num_stages: int = 2
     use_tma: bool = True
     warp_specialize: bool = False
+    fused_merge: bool = False  # split requests merged in the same launch (decode.DecodeConfig.fused_merge)
 
 
 def mla_config(group: int, page_size: int, sm: int) -> MLAConfig:
@@ -268,7 +279,7 @@ def plan_mla_decode(
         a decode.py `DecodePlan` (its `meta` for `_mla_decode_kernel`) with `descriptors` attached.
     """
     from attnbench.kernels.triton.common import arch, sm_count
-    from attnbench.kernels.triton.decode import DecodePlan, split_schedule, split_tables
+    from attnbench.kernels.triton.decode import DecodePlan, fuse_merge, split_schedule, split_tables
 
     device = x.q.device
     T, Hq, _ = x.q.shape
@@ -320,13 +331,13 @@ def plan_mla_decode(
         cfg,
     )
     plan.descriptors = make_descriptors(x, cfg)
-    return plan
+    return fuse_merge(plan, units) if cfg.fused_merge else plan
 
 
 def _launches(x, plan) -> list[tuple]:
     """(kernel, grid, args, kwargs) of the attention launch and, when a request is split, the merge."""
     from attnbench.kernels.triton.common import LOG2E
-    from attnbench.kernels.triton.decode import merge_launch
+    from attnbench.kernels.triton.decode import fused_args, merge_launch
 
     q, k, o, lse = x.q, x.k_cache, x.o, x.lse
     sinks = x.sinks if x.sinks is not None else lse  # never read without sinks
@@ -339,9 +350,10 @@ def _launches(x, plan) -> list[tuple]:
         q.stride(0), q.stride(1), k.stride(0), k.stride(1),
         o.stride(0), o.stride(1), lse.stride(0),
         plan.part_o.stride(0), plan.part_o.stride(1), plan.part_ml.stride(0), plan.part_ml.stride(1),
+        *fused_args(plan),
     )  # fmt: skip
     out = [(_mla_decode_kernel, plan.grid, args, plan.meta)]
-    if plan.merge is not None:
+    if plan.merge is not None and not plan.fused:
         out.append(merge_launch(x.qo_indptr, plan, sinks, o, lse))
     return out
 

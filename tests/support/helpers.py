@@ -1,14 +1,20 @@
-"""Shared test helpers: run one backend on one case the way a sweep does."""
+"""Shared test helpers: run one backend on one case the way a sweep does; judge a kernel's outputs as the
+harness would; one request of a decode batch on its own."""
 
 from __future__ import annotations
 
+import dataclasses
 import os
 
+import torch
+
 from attnbench.backend import Backend
+from attnbench.buffers import alloc_output
 from attnbench.case import Case
-from attnbench.checks import DETERMINISM_REPEATS
+from attnbench.checks import DETERMINISM_REPEATS, check
 from attnbench.results import Result
 from attnbench.runner import RunOptions, run_case
+from attnbench.tolerance import rule_for
 
 # Under TRITON_INTERPRET=1 a kernel runs program after program in numpy: a later call cannot reorder a
 # reduction, so the sweep's five determinism repeats (harness/checks.py) only multiply the time of the
@@ -25,3 +31,29 @@ def run_one(
     if isinstance(case, str):
         case = Case.from_id(case, device)
     return run_case(case, [backend], RunOptions(timing=timing, determinism_repeats=repeats))[0]
+
+
+def kernel_verdict(case: Case, pristine, work, outputs):
+    """The harness's verdict on `outputs` (and every side effect in `work`) for inputs `pristine`."""
+    op, p = case.op, case.params
+    expected = op.expected(p, pristine, torch.float64)
+    twin = op.expected(p, pristine, case.torch_dtype)
+    return check(op, p, pristine, work, outputs, expected, twin, rule_for(case))
+
+
+def decode_request(x, b: int):
+    """The decode inputs of request `b` alone (same caches, fresh outputs)."""
+    pages = x.kv_page_indices[int(x.kv_indptr[b]) : int(x.kv_indptr[b + 1])]
+    one = torch.tensor([0, 1], dtype=torch.int32, device=x.q.device)
+    return dataclasses.replace(
+        x,
+        q=x.q[b : b + 1].clone(),
+        kv_indptr=torch.tensor([0, len(pages)], dtype=torch.int32, device=x.q.device),
+        kv_page_indices=pages.clone(),
+        seq_lens=x.seq_lens[b : b + 1].clone(),
+        qo_indptr=one,
+        o=alloc_output((1, *x.o.shape[1:]), x.o.dtype, x.o.device),
+        lse=alloc_output((1, x.lse.shape[1]), x.lse.dtype, x.lse.device),
+        seq_lens_host=x.seq_lens_host[b : b + 1],
+        q_lens_host=(1,),
+    )

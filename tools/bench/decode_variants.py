@@ -15,6 +15,13 @@ see decode.py), so one sweep compares the conversion paths side by side:
 
     bash tools/bench/gpu_sweep.sh fp8dq 300 tools/bench/decode_fp8.yaml --plugin tools/bench/decode_variants.py \
         -b triton -b 'triton-fp8-*' -b flashinfer
+
+`triton-fused` and `triton-unfused` are the `triton` backend's decode (tuning, planner, MLA kernel and
+all) with `DecodeConfig.fused_merge` / `MLAConfig.fused_merge` on and off (the `fused_merge` knob),
+so one sweep times the fused merge against the two-launch path whatever the default is:
+
+    bash tools/bench/gpu_sweep.sh fused 300 tools/bench/decode_fused.yaml --plugin tools/bench/decode_variants.py \
+        -b triton -b triton-fused -b triton-unfused -b flashinfer -b fa4
 """
 
 from __future__ import annotations
@@ -22,7 +29,7 @@ from __future__ import annotations
 from typing import ClassVar
 
 import attnbench
-from attnbench.backend import implements
+from attnbench.backend import get_backend, implements
 from attnbench.errors import Unsupported
 from attnbench.kernels.triton import TritonBackend, attention_head_dims, on_device
 from attnbench.kernels.triton.common import kv_fp8_code
@@ -100,5 +107,29 @@ for _label, _cfg in FP8_VARIANTS.items():
             f"DecodeFp8Variant_{_label.replace('-', '_')}",
             (DecodeVariant,),
             {"config": _cfg, "fp8_only": True, "description": f"fp8 decode {_cfg}"},
+        )
+    )
+
+
+class MergeVariant(attnbench.Backend):
+    """decode on the `triton` backend with its `fused_merge` knob set (split requests merged in one launch or two)."""
+
+    fused: ClassVar[int]
+    backend_limits = on_device
+
+    def available(self) -> str | None:
+        return TritonBackend.available(self)
+
+    @implements("decode", limits=attention_head_dims)
+    def prepare_decode(self, case, x):
+        return get_backend(f"triton:fused_merge={self.fused}").prepare_decode(case, x)
+
+
+for _label, _fused in (("fused", 1), ("unfused", 0)):
+    attnbench.register_backend(f"triton-{_label}")(
+        type(
+            f"MergeVariant_{_label}",
+            (MergeVariant,),
+            {"fused": _fused, "description": f"triton decode, fused_merge={_fused}"},
         )
     )

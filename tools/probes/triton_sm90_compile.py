@@ -121,7 +121,8 @@ def _launches(case_id: str):
     key splits: the split path), `ID@pack=0` or `@pack=1` (GQA packing forced off or on); decode takes
     `MLAConfig` fields for the MLA kernel (`@block_n=64@num_stages=2@use_tma=1`) or `@mla=0` (the
     generic kernel where the backend would take the MLA kernel); other decodes take `DecodeConfig`
-    fields over the default config (`@num_warps=2@fp8_dequant=2`: the FP8_DEQUANT mode numbered 2)."""
+    fields over the default config (`@num_warps=2@fp8_dequant=2`: the FP8_DEQUANT mode numbered 2);
+    `@fused_merge=1` on either kernel merges the splits inside the split launch."""
     from attnbench.case import Case
     from attnbench.kernels.triton import decode, extend, extend_plan, merge
 
@@ -136,12 +137,13 @@ def _launches(case_id: str):
 
         default = decode_mla.mla_config(x.q.shape[1], x.k_cache.shape[1], 90)
         if kw.pop("mla", 1) and decode_mla.mla_unsupported(x, default) is None:
-            flags = ("use_tma", "warp_specialize")
+            flags = ("use_tma", "warp_specialize", "fused_merge")
             cfg = decode_mla.MLAConfig(**(vars(default) | {k: bool(v) if k in flags else v for k, v in kw.items()}))
             return decode_mla._launches(x, decode_mla.plan_mla_decode(x, config=cfg, num_sms=132))
     if case.op_name == "decode":
         dq = {v: k for k, v in decode.FP8_DEQUANT.items()}
         kw = {k: dq[v] if k == "fp8_dequant" else v for k, v in kw.items()}  # @fp8_dequant=N: FP8_DEQUANT's Nth
+        kw = {k: bool(v) if k == "fused_merge" else v for k, v in kw.items()}
         cfg = decode.DecodeConfig(**(vars(decode.default_decode_config(x)) | kw))
         return decode._launches(x, decode.plan_decode(x, config=cfg))
     if case.op_name == "extend":

@@ -15,12 +15,12 @@ import pytest
 import torch
 
 from attnbench.backend import get_backend, load_builtin
-from attnbench.buffers import alloc_output, bits, clone_tensors
+from attnbench.buffers import bits, clone_tensors
 from attnbench.case import Case
-from attnbench.checks import check
 from attnbench.suite import load
-from attnbench.tolerance import rule_for
 from helpers import KERNEL_REPEATS, run_one
+from helpers import decode_request as _request
+from helpers import kernel_verdict as _verdict
 
 pytestmark = [
     pytest.mark.interpreter,
@@ -41,14 +41,6 @@ def _triton(name: str = "triton"):
     if why:
         pytest.skip(why)
     return backend
-
-
-def _verdict(case: Case, pristine, work, outputs):
-    """The harness's verdict on `outputs` (and every side effect in `work`) for inputs `pristine`."""
-    op, p = case.op, case.params
-    expected = op.expected(p, pristine, torch.float64)
-    twin = op.expected(p, pristine, case.torch_dtype)
-    return check(op, p, pristine, work, outputs, expected, twin, rule_for(case))
 
 
 # ---- the smoke suite, through the harness ----------------------------------------------------------
@@ -120,24 +112,6 @@ def test_decode_splits(case_id):
 
 
 # ---- deterministic mode: a request alone equals the same request inside a batch, bit for bit -------
-
-
-def _request(x, b: int):
-    """The decode inputs of request `b` alone (same caches, fresh outputs)."""
-    pages = x.kv_page_indices[int(x.kv_indptr[b]) : int(x.kv_indptr[b + 1])]
-    one = torch.tensor([0, 1], dtype=torch.int32, device=x.q.device)
-    return dataclasses.replace(
-        x,
-        q=x.q[b : b + 1].clone(),
-        kv_indptr=torch.tensor([0, len(pages)], dtype=torch.int32, device=x.q.device),
-        kv_page_indices=pages.clone(),
-        seq_lens=x.seq_lens[b : b + 1].clone(),
-        qo_indptr=one,
-        o=alloc_output((1, *x.o.shape[1:]), x.o.dtype, x.o.device),
-        lse=alloc_output((1, x.lse.shape[1]), x.lse.dtype, x.lse.device),
-        seq_lens_host=x.seq_lens_host[b : b + 1],
-        q_lens_host=(1,),
-    )
 
 
 @pytest.mark.parametrize(

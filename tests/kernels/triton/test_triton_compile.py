@@ -31,6 +31,9 @@ FAST = [
     # fp8 decode on fp16 tensor cores, V converted in its load layout (DecodeConfig.fp8_dequant "f16-rows", "f16-bits")
     "decode/b2-l300-h32x8-d128-p16-fp8_e4m3-bf16@fp8_dequant=2",
     "decode/b2-l300-h32x8-d128-p16-fp8_e4m3-bf16@fp8_dequant=3",
+    # the fused merge (DecodeConfig/MLAConfig.fused_merge): split requests merged inside the split launch
+    "decode/b2-l3000-h32x8-d128-p16-bf16@fused_merge=1",  # GQA, 12 splits a request
+    "decode/b2-l300-h128x1-d576x512-p64-mla-bf16@fused_merge=1",  # MLA kernel, 3 splits
 ]
 # one case per constexpr branch: must compile and fit in shared memory
 BRANCHES = [
@@ -64,6 +67,8 @@ BRANCHES = [
     "decode/b2-l300-h128x1-d576x512-p64-mla-fp8_e4m3-bf16",
     "decode/b2-l45-h4x4-d128-p1-fp8_e5m2-kvscalehead-fp16",
     "decode/b2-l45-h4x2-d192x128-p16-fp8_e4m3-fp32",
+    "decode/b2-l3000-h4x4-d128-p1-bf16@fused_merge=1",  # MHA vector path, fused merge
+    "decode/b2-l3000-h8x2-d64-p16-swa2000-cap5-sink-fp8_e4m3-kvscalehead-bf16@fused_merge=1",  # sink in the merge
     "decode/b2-l300-h32x8-d128-p16-fp8_e4m3-bf16@fp8_dequant=1",  # fp16 tensor cores, operand-layout conversion
     "decode/b2-l45-h8x1-d96-p64-fp8_e5m2-fp16@fp8_dequant=2",  # e5m2 by byte permutes, 64 + 32 split
     "decode/b2-l300-h8x2-d64-p16-swa7-cap5-sink-fp8_e4m3-kvscalehead-bf16@fp8_dequant=3",
@@ -126,7 +131,10 @@ def test_compiles_for_sm90(compiled, case_id):
 # spills measured and accepted: the MLA kernel with pointer loads spills 88 bytes (255 registers: the 64 x 512
 # fp32 accumulator is half of them) and ran 1-3% faster on an H100 than the same kernel with TMA loads
 # (8 bytes) and 14-22% faster than the generic kernel (0 bytes): reports/examples/h100-session10
-MEASURED_SPILLS = {("decode/b2-l300-h128x1-d576x512-p64-mla-bf16", "_mla_decode_kernel"): 88}
+MEASURED_SPILLS = {
+    ("decode/b2-l300-h128x1-d576x512-p64-mla-bf16", "_mla_decode_kernel"): 88,
+    ("decode/b2-l300-h128x1-d576x512-p64-mla-bf16@fused_merge=1", "_mla_decode_kernel"): 88,  # the same spill
+}
 
 
 @pytest.mark.parametrize("case_id", FAST)

@@ -79,9 +79,8 @@ def test_bound_launch_equals_plain_launch(case_id):
 
 
 def test_deterministic_decode_is_batch_invariant_on_gpu():
-    from test_triton_attention import _request
-
     from attnbench.kernels.triton.decode import decode, plan_decode
+    from helpers import decode_request as _request
 
     x = Case.from_id("decode/b6-l3000-mixed-h32x8-d128-p16-swa2000-sink-bf16", "cuda").make_inputs()
     batch = decode(x, plan_decode(x, deterministic=True))
