@@ -34,6 +34,10 @@ Two more optional closure attributes, so that only the kernel is timed:
 - `absent: dict[str, str]`: outputs of the op the library's kernel does not produce (name -> why,
   e.g. `{"lse": "SGLang's extend kernel writes no LSE"}`). They are not checked; the row records
   them in `prepare_info["absent"]`. Every other output must be there.
+- `planned: dict[str, str]`: inputs the library consumes once, in `prepare` (its plan), as a server
+  does once per batch (name -> why, e.g. `{"custom_mask": "packed into the plan's buffer by
+  plan()"}`): the stale check does not change them in place (it changes every other input the op
+  reads); the row records them in `prepare_info["planned"]`.
 
 Built-in backends register exactly as plugins do::
 

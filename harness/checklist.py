@@ -222,7 +222,8 @@ class StaleOutputCheck:
         p, case = ctx.prepared, ctx.case
         counts = StaleCounts()
         stale_check(ctx.op, ctx.params, p.pristine, p.call, p.work, ctx.verdict, p.sync, ctx.rule, case.torch_dtype,
-                    p.absent, ctx.memo_for(self.name), fresh=p.fresh_call_on, first=ctx.first, counts=counts)  # fmt: skip
+                    p.absent, ctx.memo_for(self.name), fresh=p.fresh_call_on, first=ctx.first, counts=counts,
+                    planned=p.planned)  # fmt: skip
         return {"stale_reruns": counts.reruns, "stale_references": counts.references}
 
 

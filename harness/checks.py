@@ -19,7 +19,7 @@ from typing import Any
 
 import torch
 
-from attnbench.buffers import bitwise_equal, canary_intact, clone_tensors, storage_bytes, tensor_fields
+from attnbench.buffers import bitwise_equal, canary_intact, clone_tensors, count_true, storage_bytes, tensor_fields
 from attnbench.ops.base import OutputSpec, magnitude_key
 from attnbench.tolerance import Rule
 
@@ -28,6 +28,19 @@ from attnbench.tolerance import Rule
 # inputs where two orders give different bits, goes unseen with probability (1/k)^5: at most 1/32
 # (3.1%, k = 2), under 0.1% for k >= 4. docs/conventions.md "Determinism" says why the inputs qualify.
 DETERMINISM_REPEATS = 5
+
+
+class Problem(str):
+    """A verdict problem (its text) that also names what it is about, where the text's head cannot:
+    the replay check re-checks the outputs on another batch, and its one problem is about
+    `replay:<output>` for each output that failed there (attnbench.expectations.subjects)."""
+
+    subjects: tuple[str, ...] = ()
+
+    def __new__(cls, text: str, subjects=()):
+        p = super().__new__(cls, text)
+        p.subjects = tuple(subjects)
+        return p
 
 
 @dataclass
@@ -155,7 +168,7 @@ def compare_numeric(
         m["mismatch"] = float((err > bound_e).double().mean())
         m["worst"] = _where(worst, tuple(actual.shape), spec.dims)
         m["worst_abs"] = float(err.flatten()[worst])
-        m["nonfinite"] = int(bad.sum())
+        m["nonfinite"] = count_true(bad)
         over = m["mismatch"] > 0
     else:
         over = False
@@ -201,7 +214,7 @@ def _nonfinite_problem(name: str, a: torch.Tensor, bad: torch.Tensor, shape, dim
         m = mask & bad
         if m.any():
             first = _where(int(m.flatten().nonzero()[0]), tuple(shape), dims)
-            parts.append(f"{int(m.sum())} {what} where the reference is finite, first at {_fmt_where(first)} ({why})")
+            parts.append(f"{count_true(m)} {what} where the reference is finite, first at {_fmt_where(first)} ({why})")
     return f"{name}: " + "; ".join(parts)
 
 
@@ -222,12 +235,12 @@ def _heat(err: torch.Tensor, dims: tuple[str, ...], bins: int = 64) -> list[list
 def compare_exact(name: str, actual: torch.Tensor, expected: torch.Tensor, before: torch.Tensor, v: Verdict) -> None:
     """Bitwise comparison of a written input (cache slots), telling unwritten from wrongly written."""
     same = bitwise_equal(actual, expected)
-    v.metrics[name] = {"exact": True, "wrong": int((~same).sum())}
+    v.metrics[name] = {"exact": True, "wrong": count_true(~same)}
     if same.all():
         return
     should_change = ~bitwise_equal(before, expected)
-    missing = (~same & should_change).sum().item()
-    stray = (~same & ~should_change).sum().item()
+    missing = count_true(~same & should_change)
+    stray = count_true(~same & ~should_change)
     parts = []
     if missing:
         parts.append(f"{missing} elements not written as expected")
@@ -246,7 +259,7 @@ def compare_untouched(
     """
     e, b = expected.double(), before.double()
     keep = (e == b) | (e.isnan() & b.isnan())
-    stray = int((keep & ~bitwise_equal(actual, before)).sum())
+    stray = count_true(keep & ~bitwise_equal(actual, before))
     v.metrics.setdefault(name, {})["untouched_changed"] = stray
     if stray:
         v.problems.append(f"{name}: {stray} elements written that should be untouched")
@@ -254,7 +267,7 @@ def compare_untouched(
 
 def compare_spare(name: str, actual: torch.Tensor, before: torch.Tensor, v: Verdict) -> None:
     """The rows of a written pool before the region its requests use (`Op.written_rows`): bitwise unchanged."""
-    stray = int((~bitwise_equal(actual, before)).sum())
+    stray = count_true(~bitwise_equal(actual, before))
     v.metrics.setdefault(name, {})["spare_changed"] = stray
     if stray:
         v.problems.append(f"{name}: {stray} elements written in the pool's spare rows before the requests' region")
@@ -330,7 +343,7 @@ def check(
                 name, got, expected[name], tw, spec, rule, v, _units(spec, params), _rows(spec, rows, got), mag
             )
         if mask is not None:
-            v.metrics[name]["unspecified"] = int(mask.expand_as(got).sum())
+            v.metrics[name]["unspecified"] = count_true(mask.expand_as(got))
     writes = op.writes_for(params)
     starts = op.written_rows(params, pristine)
     for name, spec in writes.items():
@@ -508,8 +521,11 @@ def stale_check(
     fresh=None,
     first: dict[str, torch.Tensor] | None = None,
     counts: StaleCounts | None = None,
+    planned: dict[str, str] | None = None,
 ) -> None:
     """Change the inputs the closure reads, in place, and call it again: every output must follow.
+    Inputs the closure declares `planned` (consumed in prepare, as a server does once per batch:
+    harness/backend.py) are not changed: a perturbation of those alone is left out.
 
     The op's perturbations (`Op.perturbations`: each class of inputs it reads, changed to another valid
     input of the same case) are applied in turn, each alone, to a copy of the inputs (`_base`), written
@@ -537,7 +553,7 @@ def stale_check(
     no input is skipped (the determinism check repeated those calls). `counts` is told what was done.
     """
     counts = counts if counts is not None else StaleCounts()
-    perts = tuple(op.perturbations(params))
+    perts = tuple(p for p in op.perturbations(params) if not set(p.fields) <= set(planned or {}))
     if not perts:
         return
     names = [*op.outputs_for(params), *op.writes_for(params)]

@@ -50,6 +50,11 @@ class PreparedCall:
         """Outputs the closure declares it does not produce (name -> why; harness/backend.py)."""
         return dict(getattr(self.fn, "absent", {}) or {})
 
+    @property
+    def planned(self) -> dict[str, str]:
+        """Inputs the closure declares its library consumed in prepare (name -> why; harness/backend.py)."""
+        return dict(getattr(self.fn, "planned", {}) or {})
+
     def call(self) -> dict:
         """Call the closure again on its buffers (as they are now); its finalized outputs."""
         return call_untimed(self.fn)

@@ -29,8 +29,9 @@ from typing import Any
 import torch
 
 from attnbench.buffers import storage_bytes, tensor_fields
-from attnbench.checks import _reset_from, check, outputs_contract
+from attnbench.checks import Problem, _reset_from, check, outputs_contract
 from attnbench.errors import describe
+from attnbench.expectations import subjects
 from attnbench.prepared import PreparedCall
 
 # Inputs larger than this are not replayed: batch B is another copy of them (and is kept for the case's
@@ -165,9 +166,13 @@ def replay(p: PreparedCall, graph, rule, memo: dict | None = None) -> tuple[str,
     if not v.problems:
         return "pass", []
     more = f" (and {len(v.problems) - 1} more)" if len(v.problems) > 1 else ""
+    names = [*op.outputs_for(pb), *op.writes_for(pb)]
     return "fail", [
-        f"replay: captured on one batch, replayed on another of the same shapes ({change}), the closure did "
-        f"not follow: {v.problems[0]}{more}"
+        Problem(
+            f"replay: captured on one batch, replayed on another of the same shapes ({change}), the closure did "
+            f"not follow: {v.problems[0]}{more}",
+            [f"replay:{s}" for s in subjects(v.problems, names)],
+        )
     ]
 
 

@@ -56,6 +56,14 @@ def _strides_differ(x) -> bool:
     return tuple(x.k_cache.stride()) != tuple(x.v_cache.stride())
 
 
+def _planned(x) -> dict[str, str]:
+    """The custom mask is an argument of plan(), which packs it into the wrapper's own buffer: a server
+    plans each batch with its mask (SGLang's FlashInfer backend, per forward), run() never reads it."""
+    if x.custom_mask is None:
+        return {}
+    return {"custom_mask": "plan() packs it into the wrapper's buffer; a server re-plans per batch"}
+
+
 def prepare_paged(case, x, *, backend: str):
     """Extend as one paged prefill over prefix + new tokens (after saving them, for `save`)."""
     fi = _lib.flashinfer()
@@ -94,6 +102,7 @@ def prepare_paged(case, x, *, backend: str):
         return {"o": x.o, "lse": x.lse}
 
     run.info = {"jit_s": jit_s, "plan_s": plan_s, "variant": f"BatchPrefillWithPagedKVCacheWrapper {backend}"}
+    run.planned = _planned(x)
     return run
 
 
@@ -167,4 +176,5 @@ def prepare_cascade(case, x, *, backend: str):
 
     kind = "ragged + paged prefix + merge_state_in_place" if paged is not None else "ragged"
     run.info = {"jit_s": jit_s, "plan_s": plan_s, "variant": f"{kind} {backend}"}
+    run.planned = _planned(x)
     return run

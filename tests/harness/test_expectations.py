@@ -140,6 +140,22 @@ def test_failed_parts_falls_back_to_metrics():
     assert not ex.Expectation("triton", ("*",), "w", outputs=frozenset({"o"})).covers(None)
 
 
+def test_replay_failures_covered_only_where_the_output_failed_eagerly_too():
+    """A known failure of `o` seen again on the replayed batch (`replay:o`) is still that known
+    failure; a replay failure on an output that passed on the case's own batch is what the graph got
+    wrong, and no `outputs:` list covers it."""
+    from attnbench.checks import Problem
+
+    known = ex.Expectation("sglang", ("*",), "w", outputs=frozenset({"state_pool"}))
+    assert known.covers({"state_pool", "replay:state_pool"})
+    assert not known.covers({"replay:state_pool"})  # passed eagerly, failed on replay
+    assert not known.covers({"state_pool", "replay:o"})  # another output on replay
+    assert ex.Expectation("sglang", ("*",), "w").covers({"replay:o"})  # no outputs list: any failure
+    p = Problem("replay: captured on one batch ... o: 3 NaN", ["replay:o"])
+    assert ex.subjects([p, "state_pool: abs error 1 > bound 0"], ["o", "state_pool"]) == ["replay:o", "state_pool"]
+    assert ex.subjects(["replay: the closure could not be captured"], ["o"]) == ["replay: the closure could not be captured"]
+
+
 def test_subjects():
     problems = [
         "lse: max abs error 1e-4 > bound 6e-6 at token 0 head 11; 100% of elements over",

@@ -132,3 +132,65 @@ def test_a_pool_too_small_for_its_requests_is_a_clear_error():
         Case.from_id("decode/b3-l70-mixed-h8x2-d64-p16-pages5-bf16").make_inputs()
     with pytest.raises(Exception, match="cannot hold"):
         Case.from_id("gdn_decode/b4-h2x4-d32x32-slots3-fp32").make_inputs()
+
+
+def test_count_true_sums_a_mask_in_chunks(monkeypatch):
+    """`count_true` equals `mask.sum()` across chunk boundaries (it exists so that a 2.2e9-element
+    pool's mask is never converted to int64 whole: 16.5 GiB on the H100 `large` run)."""
+    import attnbench.buffers as B
+
+    monkeypatch.setattr(B, "COUNT_CHUNK", 7)
+    g = torch.Generator().manual_seed(0)
+    for shape in [(5, 13), (7,), (0,), (3, 1, 14)]:
+        m = torch.rand(shape, generator=g) > 0.5
+        assert B.count_true(m) == int(m.sum())
+    assert B.count_true(torch.ones(4, 4, dtype=torch.bool).t()) == 16  # non-contiguous
+
+
+def test_checks_of_big_inputs_free_copies_left_in_reference_cycles(monkeypatch):
+    """A copy a check leaves in a reference cycle is freed before the next check runs when the case's
+    inputs are big (COLLECT_FROM_BYTES), not at the next automatic collection."""
+    import dataclasses
+    import gc
+    import types
+    import weakref
+
+    import attnbench.runner as R
+
+    @dataclasses.dataclass
+    class Inputs:
+        x: torch.Tensor
+
+    refs, seen = [], []
+
+    class Leaky:
+        name, needs, records = "leaky", frozenset({"outputs"}), ()
+
+        def applies(self, ctx):
+            return True
+
+        def run(self, ctx):
+            box = {"copy": torch.zeros(1000)}
+            box["self"] = box  # a cycle: only the cycle collector frees it
+            refs.append(weakref.ref(box["copy"]))
+            return {}
+
+    class Probe(Leaky):
+        name = "probe"
+
+        def run(self, ctx):
+            seen.append(refs[-1]() is None)
+            return {}
+
+    ctx = types.SimpleNamespace(
+        verdict=types.SimpleNamespace(malformed=False), prepared=types.SimpleNamespace(pristine=Inputs(torch.zeros(8)))
+    )
+    gc.disable()
+    try:
+        monkeypatch.setattr(R, "COLLECT_FROM_BYTES", 1 << 40)  # small inputs: left to the collector
+        R._apply_checks(ctx, [Leaky(), Probe()])
+        monkeypatch.setattr(R, "COLLECT_FROM_BYTES", 1)  # big inputs: collected after each check
+        R._apply_checks(ctx, [Leaky(), Probe()])
+    finally:
+        gc.enable()
+    assert seen == [False, True]

@@ -87,6 +87,8 @@ def test_a_decode_that_baked_its_longest_length_fails_replay_and_the_capacity_on
     assert (good.status, good.replay) == ("pass", "pass"), good.reason
     assert (bad.status, bad.replay) == ("fail", "fail"), bad.reason
     assert bad.reason.startswith("replay: captured on one batch, replayed on another of the same shapes (lengths")
+    assert bad.failed and all(f.startswith("replay:") for f in bad.failed)  # what failed on batch B
+    assert "replay:o" in bad.failed, bad.failed
     assert "check_parts" in bad.model_fields_set or bad.check_parts.get("replay") is not None
 
 

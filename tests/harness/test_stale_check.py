@@ -237,3 +237,29 @@ def test_perturbed_copies_past_the_memo_cap_are_made_again_not_held(monkeypatch)
     )
     assert rows[0].status == "pass", rows[0].reason
     assert rows[1].status == "fail" and "stale output" in rows[1].reason, rows[1].reason
+
+
+def _declaring_mask_planned(inner):
+    """`inner`'s closures, declaring the custom mask consumed in prepare."""
+    from attnbench.backend import Backend
+
+    def prepare_extend(self, case, x):
+        fn = inner.prepare(case, x)
+        fn.planned = {"custom_mask": "packed by the plan"}
+        return fn
+
+    return type("Planned", (Backend,), {"name": f"planned-{inner.name}", "prepare_extend": prepare_extend})()
+
+
+def test_a_closure_declaring_the_custom_mask_planned_is_not_stale_for_it():
+    """A library that packs the custom mask in its plan (FlashInfer's plan(); a server re-plans per
+    batch) declares it `planned`: the mask is then not changed under it, every other input still is,
+    and the row records the declaration. Undeclared, the same closure is a stale output."""
+    case = Case.from_id("extend/b2-q6-pre10-h4x2-d32-p16-custom-emptyrows-bf16", "cpu")
+    mask = snapshot_backend("snap", {"extend": ("custom_mask",)})
+    assert run_one(case, mask).reason.startswith("stale output: the custom mask")
+    row = run_one(case, _declaring_mask_planned(mask))
+    assert row.status == "pass", row.reason
+    assert row.prepare_info["planned"] == {"custom_mask": "packed by the plan"}
+    queries = _declaring_mask_planned(snapshot_backend("snapq", {"extend": ("q",)}))
+    assert run_one(case, queries).reason.startswith("stale output: the queries")  # the rest still checked
