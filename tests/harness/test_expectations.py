@@ -5,8 +5,8 @@ from __future__ import annotations
 import pytest
 
 import synthetic
-from attnbench import expectations as ex
 from attnbench.errors import SuiteError
+from attnbench.plan import expectations as ex
 
 GOOD = """\
 expect:
@@ -153,7 +153,7 @@ def test_subjects():
 def test_builtin_expectations_are_pinned_and_name_real_cases():
     """Every shipped expectation pins its library version, says why, and each glob matches a case of a
     built-in suite (a glob matching nothing documents nothing)."""
-    from attnbench.suite import builtin_names, load
+    from attnbench.plan.suite import builtin_names, load
 
     ids = {c.id for n in builtin_names() for c in load(n, "cuda").cases}
     es = ex.builtin()
@@ -182,7 +182,7 @@ def test_builtin_expectations_are_pinned_and_name_real_cases():
     ],
 )
 def test_compare_treats_expectations_consistently(base, new, verdict):
-    from attnbench.compare import GateRule, compare_pair
+    from attnbench.report.compare import GateRule, compare_pair
 
     cid = "decode/b8-l1024-h32x8-d128-bf16"
     ch = compare_pair(synthetic.row(cid, "flashinfer", status=base, median_us=None),
@@ -193,7 +193,7 @@ def test_compare_treats_expectations_consistently(base, new, verdict):
 
 def test_suite_expect_entries(tmp_path):
     """`expect:` in a suite: loaded with the suite, and its errors name the suite's file and line."""
-    from attnbench.suite import load
+    from attnbench.plan.suite import load
 
     body = "name: mine\ncases:\n  - op: merge_state\n    params: {tokens: 5, heads: 2, head_dim: 16}\n"
     good = _write(
@@ -209,7 +209,7 @@ def test_suite_expect_entries(tmp_path):
 def test_cli_expect_errors_exit_2(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from attnbench.cli import app
+    from attnbench.cli.app import app
 
     bad = _write(tmp_path, "expect:\n  - backend: torch\n    cases: '*'\n    why: ok ok\n    outputs: lse\n")
     monkeypatch.chdir(tmp_path)  # nothing may be written (the default run directory is under ./reports)

@@ -15,9 +15,9 @@ def _imported(*args: str) -> tuple[subprocess.CompletedProcess, set[str]]:
 
 
 def test_importing_the_cli_does_not_import_torch():
-    res, modules = _imported("-c", "import attnbench.cli")
+    res, modules = _imported("-c", "import attnbench.cli.app")
     assert res.returncode == 0, res.stderr[-2000:]
-    assert "attnbench.cli" in modules and "torch" not in modules
+    assert "attnbench.cli.app" in modules and "torch" not in modules
 
 
 @pytest.mark.parametrize("args", [["--help"], ["--version"], ["sweep", "--help"]])

@@ -17,9 +17,9 @@ import torch
 from attnbench.backend import get_backend, load_builtin
 from attnbench.buffers import alloc_output, bits, clone_tensors
 from attnbench.case import Case
-from attnbench.checks import check
-from attnbench.suite import load
-from attnbench.tolerance import rule_for
+from attnbench.check.checks import check
+from attnbench.check.tolerance import rule_for
+from attnbench.plan.suite import load
 from helpers import KERNEL_REPEATS, run_one
 
 pytestmark = [
