@@ -1,4 +1,4 @@
-"""The `attnbench` command line: thin Typer commands over the services in sweep.py, report/ and suite.py.
+"""The `attnbench` command line: thin Typer commands over the services in run/sweep.py, report/ and plan/suite.py.
 
 Exit codes: 0 every row passed, skipped or failed as expected (xfail); 1 a row failed, errored or
 passed against an expectation (xpass); 2 bad usage or an invalid suite or expectations file (the

@@ -10,7 +10,7 @@ Measured (`measure`), with the harness's own timing function (hot L2 does not ma
 The result is cached in `peaks.json` under `$ATTNBENCH_CACHE` (default `~/.cache/attnbench`), keyed
 by device name and driver version, so a driver update measures again. `roofline()` places a timed
 result against these peaks: its lower bound is max(FLOPs / peak FLOP/s, bytes / peak bandwidth), with
-the FLOP and byte conventions of the op (docs/architecture.md), and `roofline_pct` = bound / time.
+the FLOP and byte conventions of the op (docs/conventions.md, "FLOPs and bytes"), and `roofline_pct` = bound / time.
 """
 
 from __future__ import annotations
