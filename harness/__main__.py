@@ -1,3 +1,3 @@
-from attnbench.cli import main
+from attnbench.cli.app import main
 
 main()

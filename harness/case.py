@@ -84,7 +84,7 @@ class Case:
     def from_id(cls, case_id: str, device: str = "cpu") -> Case:
         """Parse an id back into a case (parameters not in the id take their defaults). Only parses: an
         id naming explicit per-request lengths by digest (`lens3fa2c1d0`, a replayed batch) cannot be
-        parsed (ValueError); `attnbench.trace.case_from_id` looks those up in the traces."""
+        parsed (ValueError); `attnbench.plan.trace.case_from_id` looks those up in the traces."""
         op_name, _, rest = case_id.partition("/")
         op = get_op(op_name)
         dtype, seed, rest_tokens = "bf16", 0, []

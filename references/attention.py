@@ -1,6 +1,6 @@
 """Float64 references for the attention family: paged decode/extend and state merging.
 
-Written from the math in docs/architecture.md ("Canonical semantics"), independent of every backend:
+Written from the math in docs/conventions.md ("Canonical semantics"), independent of every backend:
 
     s[h, i, j] = (q[i, h] . k[j, h // G]) * sm_scale           G = Hq / Hkv (GQA)
     s = cap * tanh(s / cap)                                     soft cap, when cap > 0

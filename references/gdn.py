@@ -1,7 +1,8 @@
 """Float64 references for the Gated DeltaNet (GDN) family: gating, causal conv1d, and the gated delta rule.
 
-Written from the math in docs/architecture.md ("GDN") and the SGLang/FLA semantics it summarises; importable
-on its own (plain tensors in, plain tensors out, nothing from `attnbench.kernels` or the harness).
+Written from the math in docs/conventions.md ("Canonical semantics", "GDN speculative verify and commit") and
+the SGLang/FLA semantics it summarises; importable on its own (plain tensors in, plain tensors out, nothing
+from `attnbench.kernels` or the harness).
 
 Gating (per token and v-head), softplus with threshold 20 (`x` itself above it)::
 

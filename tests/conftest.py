@@ -15,7 +15,7 @@ HAS_CUDA = torch.cuda.is_available()
 if not HAS_CUDA:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before anything imports triton
 
-# The reference cache (harness/refcache.py) is off in tests unless a test turns it on: a test that plants a
+# The reference cache (harness/store/refcache.py) is off in tests unless a test turns it on: a test that plants a
 # wrong reference must see its reference, and no test writes into the user's cache. Subprocesses inherit it.
 os.environ.setdefault("ATTNBENCH_REF_CACHE", "off")
 

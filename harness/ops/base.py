@@ -48,7 +48,7 @@ class OutputSpec:
     `exact`: compared bit for bit (integer outputs, cache writes); otherwise with the tolerance rule.
     `floor_units`: name(s) of the op parameters whose sum n is the length of the float32 sums the
     output is computed through (dot products: head_dim for scores, the keys for P.V); their rounding,
-    sqrt(n) * u(fp32), joins the rule's floor (harness/tolerance.py); None: none.
+    sqrt(n) * u(fp32), joins the rule's floor (harness/check/tolerance.py); None: none.
     `slice_scale`: False for an output whose rounding its own magnitude does not bound (an LSE: the
     error of its score dot products follows sum |q_i k_i|, and cancellation can make |lse| small),
     so its floor keeps the tensor's scale while its twin term is still per slice.
@@ -69,7 +69,7 @@ class Perturbation:
     """One class of inputs an op reads, and how it may change between calls (the stale-output check).
 
     A server rewrites a closure's inputs in place between steps, so a closure must read every input's
-    current contents on every call. The stale-output check (harness/checks.py `stale_check`) applies
+    current contents on every call. The stale-output check (harness/check/checks.py `stale_check`) applies
     an op's perturbations to a copy of the inputs, writes them into the closure's buffers in place,
     calls the closure again and requires every output (and written input) to be right for the new
     inputs.

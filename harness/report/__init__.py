@@ -1,4 +1,7 @@
-"""Render a run directory from its results alone: report.html, results.csv, junit.xml, summary.md."""
+"""Stage report: everything that reads a run directory's rows, never a live run. Render a run directory from
+its results alone (report.html, results.csv, junit.xml, summary.md); compare two runs (compare.py, the
+regression gate), the CI verdict (gate.py), why a backend skipped (skips.py). Imports every stage but run/
+and cli/ (docs/architecture.md)."""
 
 from __future__ import annotations
 
@@ -7,8 +10,8 @@ from pathlib import Path
 
 from attnbench.report.exports import write_csv, write_junit, write_summary_md
 from attnbench.report.html import default_baseline, render_html
-from attnbench.results import read_run_results
-from attnbench.runinfo import read_run
+from attnbench.store.results import read_run_results
+from attnbench.store.runinfo import read_run
 
 
 def _load_json(path: Path) -> dict:
@@ -27,7 +30,7 @@ def render_all(run_dir: Path, baseline: str | None = None, against: Path | None 
     baseline = baseline or default_baseline(rows)
     comparison = None
     if against is not None:
-        from attnbench.compare import compare_runs
+        from attnbench.report.compare import compare_runs
 
         comparison = compare_runs(Path(against), run_dir)
     write_csv(rows, run_dir / "results.csv")

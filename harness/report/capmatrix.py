@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from attnbench.counts import FAILING, status_of
+from attnbench.store.counts import FAILING, status_of
 
 ALL, SOME, NONE = "●", "◐", "○"
 

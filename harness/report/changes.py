@@ -1,11 +1,11 @@
-"""What changed between two runs, with sizes: the presentation of a Comparison (attnbench.compare) shared by
+"""What changed between two runs, with sizes: the presentation of a Comparison (attnbench.report.compare) shared by
 the first screen (report.html, summary.md), compare.md, compare.html and the terminal.
 
 Every changed row says base → new µs and Δ%; rows come in order of severity (the comparison's order:
 broke, slower, xpass…, larger changes first); the rows judged "same" are summed up in one line (their
 median and worst change); rows absent from one run because the runs' plans differ (the other run has
 no row of that case at all) are kept apart from the rows that broke or slowed down. The verdicts and
-what the gate counts are attnbench.compare's: this module only sizes, orders and groups them.
+what the gate counts are attnbench.report.compare's: this module only sizes, orders and groups them.
 """
 
 from __future__ import annotations

@@ -8,7 +8,7 @@ from importlib import resources
 
 import jinja2
 
-from attnbench.columns import fmt
+from attnbench.store.columns import fmt
 
 
 def asset(name: str) -> str:

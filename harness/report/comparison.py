@@ -1,13 +1,13 @@
-"""Render a Comparison (attnbench.compare) as compare.md and a self-contained compare.html."""
+"""Render a Comparison (attnbench.report.compare) as compare.md and a self-contained compare.html."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
 
-from attnbench.compare import ORDER, Comparison
 from attnbench.report import changes, plots
 from attnbench.report.common import asset, fmt, md_text, template
+from attnbench.report.compare import ORDER, Comparison
 
 _SECTIONS = (
     ("Regressions", ("broke", "slower", "xpass")),

@@ -6,14 +6,14 @@ import csv
 from pathlib import Path
 from xml.sax.saxutils import escape, quoteattr
 
-from attnbench.columns import csv_columns, md_table
-from attnbench.counts import FAILING, STATUSES, count, status_of
 from attnbench.report.common import md_text
-from attnbench.results import Result
+from attnbench.store.columns import csv_columns, md_table
+from attnbench.store.counts import FAILING, STATUSES, count, status_of
+from attnbench.store.results import Result
 
 
 def write_csv(rows: list[Result], path: Path) -> None:
-    """results.csv: one line per row, the columns of the registry (attnbench.columns.csv_columns)."""
+    """results.csv: one line per row, the columns of the registry (attnbench.store.columns.csv_columns)."""
     cols = csv_columns(rows)
     with open(path, "w", newline="", encoding="utf-8") as f:
         w = csv.writer(f)
@@ -167,7 +167,7 @@ def write_summary_md(
     Path(path).write_text("\n".join(lines) + "\n", encoding="utf-8")
 
 
-# ---- determinism warnings (console and summary.md; owned by the determinism check, harness/checks.py) ----
+# ---- determinism warnings (console and summary.md; owned by the determinism check, harness/check/checks.py) ----
 def determinism_warnings(rows: list[Result]) -> list[str]:
     """One line per backend with rows whose repeated calls gave different bits, or that changed with the
     batch around a request (a warning unless required or declared, when the row itself fails)."""

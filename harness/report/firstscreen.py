@@ -8,11 +8,11 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 
-from attnbench.counts import FAILING, Counts, count, status_of
 from attnbench.report import changes as changes_mod
 from attnbench.report import ranking
 from attnbench.report.common import md_text, repro
-from attnbench.verified import missing_rows
+from attnbench.store.counts import FAILING, Counts, count, status_of
+from attnbench.store.verified import missing_rows
 
 _NUM = re.compile(r"[-+]?(?:\d+\.?\d*|\.\d+)(?:e[-+]?\d+)?%?", re.IGNORECASE)
 
@@ -81,7 +81,7 @@ class FirstScreen:
     unranked: str  # why some timed rows are not ranked
     kinds: dict  # timed rows per clock
     changes: dict | None  # compare verdict counts and regressions, with a baseline run
-    missing: list[str] = field(default_factory=list)  # results.jsonl against run.json (attnbench.verified)
+    missing: list[str] = field(default_factory=list)  # results.jsonl against run.json (attnbench.store.verified)
     loosened: list[str] = field(default_factory=list)  # the suites' looser tolerances, each with its why
 
 
@@ -109,7 +109,7 @@ def first_screen(rows, run: dict, comparison=None) -> FirstScreen:
 def loosened_line(t: dict) -> str:
     """One loosened tolerance (run.json `tolerances` record) as text: where, the rule against the
     default, and its why."""
-    from attnbench.tolerance import DEFAULT_FACTOR, DEFAULT_FLOOR
+    from attnbench.check.tolerance import DEFAULT_FACTOR, DEFAULT_FLOOR
 
     rule = []
     for key, default in (("factor", DEFAULT_FACTOR), ("floor", DEFAULT_FLOOR)):

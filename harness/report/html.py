@@ -8,12 +8,12 @@ op, the compact capability matrix, measurement, speedups over a baseline backend
 
 from __future__ import annotations
 
-from attnbench.counts import STATUSES
+from attnbench.check.tolerance import DEFAULT_FACTOR, DEFAULT_FLOOR
 from attnbench.report import capmatrix, changes, plots, ranking, rowdata, winners
 from attnbench.report.common import asset, fmt, template
 from attnbench.report.firstscreen import FASTEST_NOTE, fastest_cells, first_screen
 from attnbench.report.measure import determinism, harness_cost, measurement, peaks_view
-from attnbench.tolerance import DEFAULT_FACTOR, DEFAULT_FLOOR
+from attnbench.store.counts import STATUSES
 
 MAX_HEATMAPS = 4  # per op: error heatmaps of failing outputs that carry information
 

@@ -37,7 +37,7 @@ def measurement(rows) -> dict:
     }
 
 
-CHECK_KINDS = {  # a row's check_parts, in the order they run (harness/runner.py)
+CHECK_KINDS = {  # a row's check_parts, in the order they run (harness/run/runner.py)
     "outputs": "checks: outputs against the reference",
     "determinism": "checks: determinism repeats",
     "invariance": "checks: batch invariance",

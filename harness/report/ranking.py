@@ -8,7 +8,7 @@ carries its mark ("o ✓, lse known finding") wherever it is ranked. Host-clock 
 Triton under TRITON_INTERPRET=1 are labelled and never compared with anything.
 
 Ties: two timings whose medians' 95% CIs overlap, or that differ by less than the gate's threshold
-(max(3%, 3 x CV), attnbench.compare.GateRule), are tied (`tied`), and shown as tied ("a ≈ b"). A class's
+(max(3%, 3 x CV), attnbench.report.compare.GateRule), are tied (`tied`), and shown as tied ("a ≈ b"). A class's
 fastest is decided over all its cases: the geometric mean of each backend's time over the per-case
 best, never by counting wins that noise decided.
 """
@@ -20,15 +20,15 @@ import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 
-from attnbench.compare import GateRule
-from attnbench.counts import FAILING, status_of
-from attnbench.expectations import failed_parts
-from attnbench.results import Status
+from attnbench.plan.expectations import failed_parts
+from attnbench.report.compare import GateRule
+from attnbench.store.counts import FAILING, status_of
+from attnbench.store.results import Status
 
 TIE_RULE = GateRule()  # the gate's rule: a difference it would call "same" or "noisy" is a tie here
 
-# what clock a row's timing came from (attnbench.clocks; re-exported: the report's readers use them from here)
-from attnbench.clocks import GPU, HOST, INTERPRETER, timing_kind  # noqa: E402, F401
+# what clock a row's timing came from (attnbench.store.clocks; re-exported: the report's readers use them from here)
+from attnbench.store.clocks import GPU, HOST, INTERPRETER, timing_kind  # noqa: E402, F401
 
 
 def rankable(r) -> bool:
@@ -42,7 +42,7 @@ def known_finding(r) -> str | None:
     """The mark of a row ranked on its passing outputs ("o ✓, lse known finding"), or None.
 
     A row qualifies when it is xfail, timed on a GPU clock, its expectation declared `outputs:`, every
-    part that failed (attnbench.expectations.failed_parts, known) is one of them, and at least one other
+    part that failed (attnbench.plan.expectations.failed_parts, known) is one of them, and at least one other
     output was checked and passed. An expectation without `outputs:`, or any undeclared failure
     (another output, a canary, staleness, a modified input), leaves the row unranked.
     """

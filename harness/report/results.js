@@ -39,7 +39,7 @@
     return s;
   };
   var pct = function (x) { return x == null ? "" : (100 * x).toFixed(1) + "%"; };
-  // How a cell is drawn, by the `render` its column declares (harness/columns.py PAGE_COLUMNS).
+  // How a cell is drawn, by the `render` its column declares (harness/store/columns.py PAGE_COLUMNS).
   var RENDER = {
     text: function (r, c) { return esc(c.v(r)); },
     num: function (r, c) { return num(c.v(r)); },

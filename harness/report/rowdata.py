@@ -5,7 +5,7 @@ number is in the page once.
 Payload: {"cases": [{id, op, cls, f}], "backends": [...], "reasons": [...], "rows": [row...], "columns":
 [the results table's columns], "detail": [the case view's error table headers], "repro": [prefix,
 suffix]}. What a row holds, the table's columns and the error table all come from the column registry
-(attnbench.columns: `PAGE_FIELDS`, `page_columns`, `ERROR_DETAIL`); this module works out what the
+(attnbench.store.columns: `PAGE_FIELDS`, `page_columns`, `ERROR_DETAIL`); this module works out what the
 registry reads (indices, timing kind, time over the best) and nothing else. `x` is set only on rows
 that may be ranked.
 """
@@ -16,10 +16,10 @@ import dataclasses
 import json
 import shlex
 
-from attnbench.columns import ERROR_DETAIL, PageRow, page_columns, page_row
-from attnbench.counts import status_of
 from attnbench.report import ranking
 from attnbench.report.common import interpreted, repro_tail
+from attnbench.store.columns import ERROR_DETAIL, PageRow, page_columns, page_row
+from attnbench.store.counts import status_of
 
 _KIND = {ranking.GPU: "gpu", ranking.HOST: "host", ranking.INTERPRETER: "interp"}
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import math
 
-from attnbench.counts import FAILING, status_of
 from attnbench.report import ranking
 from attnbench.report.common import fmt
+from attnbench.store.counts import FAILING, status_of
 
 
 def colour(x: float) -> str:

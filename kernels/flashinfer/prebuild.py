@@ -248,7 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         if stub := driver_stub():
             print(f"no libcuda.so on this machine: linking against a stub ({stub})")
     from attnbench.backend import all_backends, load_builtin
-    from attnbench.suite import load
+    from attnbench.plan.suite import load
 
     load_builtin()
     chosen = args.backend or [n for n in all_backends() if n.startswith("flashinfer")]

@@ -4,7 +4,7 @@ Each wraps the torch backend, but hands its closure a copy of some inputs taken 
 queries, the page table, the slots, ...), so every later call computes from the inputs as they were
 then, while the other inputs are read as they are now: what a kernel that converts, packs or plans
 from an input once and reuses it does in a server, which rewrites every input in place between steps.
-The stale-output check (harness/checks.py `stale_check`) must catch each: it changes every input an
+The stale-output check (harness/check/checks.py `stale_check`) must catch each: it changes every input an
 op reads (`Op.perturbations`) and requires the outputs to follow.
 
 The fields are written here, per op, apart from the ops' declarations, so a class of inputs an op

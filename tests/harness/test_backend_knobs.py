@@ -6,9 +6,9 @@ import pytest
 from typer.testing import CliRunner
 
 from attnbench.backend import get_backend, parse_backend
-from attnbench.cli import app
+from attnbench.cli.app import app
 from attnbench.errors import AttnbenchError
-from attnbench.results import read_results
+from attnbench.store.results import read_results
 
 runner = CliRunner()
 CASE = "decode/b2-l300-h4x2-d64-p16-bf16"

@@ -5,8 +5,8 @@ from __future__ import annotations
 import re
 
 from attnbench.case import Case
-from attnbench.suite import builtin_names, load
-from attnbench.trace import case_from_id
+from attnbench.plan.suite import builtin_names, load
+from attnbench.plan.trace import case_from_id
 
 
 def test_every_builtin_case_id_is_short_and_recreates_the_same_case():

@@ -1,4 +1,4 @@
-"""The checks as data (harness/checklist.py): the runner applies the list it is given, in order, and
+"""The checks as data (harness/check/checklist.py): the runner applies the list it is given, in order, and
 holds each check to its declaration."""
 
 from __future__ import annotations
@@ -7,9 +7,9 @@ import pytest
 
 from attnbench.backend import Backend, get_backend
 from attnbench.case import Case
-from attnbench.checklist import CHECKS, OutputsCheck, validate
+from attnbench.check.checklist import CHECKS, OutputsCheck, validate
 from attnbench.kernels.torch.attention import paged_attention
-from attnbench.runner import RunOptions, run_case
+from attnbench.run.runner import RunOptions, run_case
 
 CASE = "decode/b2-l45-h4x2-d13-p16-bf16"
 

@@ -40,7 +40,7 @@ def test_selftest_catches_every_mutant_with_the_default_suites():
     """Every mutant is caught by a smoke case (the first one is reported), and torch passes them all."""
     from typer.testing import CliRunner
 
-    from attnbench.cli import app
+    from attnbench.cli.app import app
 
     res = CliRunner().invoke(app, ["selftest"], catch_exceptions=False)
     n, k = len(MUTANTS), sum(bool(m.known_escape or m.cuda_only) for m in MUTANTS)  # a CPU run: cuda_only escapes
@@ -69,7 +69,7 @@ def test_upstream_mutants_cite_a_real_bug_and_have_no_case_written_for_them():
 
 def test_selftest_reports_a_mutant_the_suites_miss(monkeypatch):
     """A mutant no default case can catch (a correct backend in disguise) lowers the score and fails."""
-    from attnbench import selftest
+    from attnbench.cli import selftest
     from attnbench.kernels import mutants
     from attnbench.kernels.torch import TorchBackend
 
@@ -77,11 +77,11 @@ def test_selftest_reports_a_mutant_the_suites_miss(monkeypatch):
     harmless = mutants.Mutant("harmless", "no bug at all", (), disguised)
     monkeypatch.setattr(mutants, "MUTANTS", (harmless,))
     monkeypatch.setattr(selftest, "DEFAULT_SUITES", ("smoke",))
-    from attnbench.suite import load
+    from attnbench.plan.suite import load
 
     small = load("smoke")
     small.cases = [c for c in small.cases if c.op_name == "gdn_gating"]
-    for where in ("attnbench.suite.load", "attnbench.sweep.load"):  # selftest plans through sweep.plan
+    for where in ("attnbench.plan.suite.load", "attnbench.run.sweep.load"):  # selftest plans through sweep.plan
         monkeypatch.setattr(where, lambda name, *args, **kwargs: small)
     rep = selftest.run()
     assert rep.caught == 0 and rep.score == 0.0 and not rep.ok
@@ -91,14 +91,14 @@ def test_selftest_reports_a_mutant_the_suites_miss(monkeypatch):
 def test_a_known_escape_is_shown_and_fails_once_caught(monkeypatch):
     """A mutant marked as a known escape keeps the self-test green while missed (and counts as missed);
     once the suites catch it the self-test fails until the mark is removed."""
-    from attnbench import selftest
+    from attnbench.cli import selftest
     from attnbench.kernels import mutants
     from attnbench.kernels.torch import TorchBackend
-    from attnbench.suite import load
+    from attnbench.plan.suite import load
 
     small = load("smoke")
     small.cases = [c for c in small.cases if c.op_name == "gdn_gating"][:2]
-    for where in ("attnbench.suite.load", "attnbench.sweep.load"):  # selftest plans through sweep.plan
+    for where in ("attnbench.plan.suite.load", "attnbench.run.sweep.load"):  # selftest plans through sweep.plan
         monkeypatch.setattr(where, lambda name, *args, **kwargs: small)
     disguised = type("Harmless", (TorchBackend,), {"name": "harmless"})
     missed = mutants.Mutant("harmless", "no bug at all", (), disguised, known_escape="nothing to find")
@@ -114,14 +114,14 @@ def test_a_known_escape_is_shown_and_fails_once_caught(monkeypatch):
 
 def test_a_mutant_that_only_raises_is_not_caught_and_says_why(monkeypatch):
     """An error row proves nothing about the checks: the mutant stays uncaught, with the error as the reason."""
-    from attnbench import selftest
     from attnbench.backend import Backend
+    from attnbench.cli import selftest
     from attnbench.kernels import mutants
-    from attnbench.suite import load
+    from attnbench.plan.suite import load
 
     small = load("smoke")
     small.cases = [c for c in small.cases if c.op_name == "gdn_gating"][:1]
-    for where in ("attnbench.suite.load", "attnbench.sweep.load"):  # selftest plans through sweep.plan
+    for where in ("attnbench.plan.suite.load", "attnbench.run.sweep.load"):  # selftest plans through sweep.plan
         monkeypatch.setattr(where, lambda name, *args, **kwargs: small)
 
     def prepare(self, case, x):

@@ -9,9 +9,9 @@ import textwrap
 import pytest
 from typer.testing import CliRunner
 
-from attnbench.cli import app
-from attnbench.results import read_results
-from attnbench.suite import load
+from attnbench.cli.app import app
+from attnbench.plan.suite import load
+from attnbench.store.results import read_results
 
 runner = CliRunner()
 

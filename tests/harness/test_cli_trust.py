@@ -7,8 +7,8 @@ import os
 from typer.testing import CliRunner
 
 import synthetic
-from attnbench.cli import app
-from attnbench.compare import GateRule, compare_pair, compare_runs
+from attnbench.cli.app import app
+from attnbench.report.compare import GateRule, compare_pair, compare_runs
 
 runner = CliRunner()
 CASES = [f"decode/b{b}-l1024-h32x8-d128-bf16" for b in (1, 8, 64)]
@@ -221,7 +221,7 @@ def test_not_on_a_terminal_progress_is_plain_lines_and_paths_stay_whole(tmp_path
     assert res.exit_code == 0, res.output
     lines = res.output.splitlines()
     progress = [line for line in lines if line.startswith("progress: rows ")]
-    from attnbench.suite import load
+    from attnbench.plan.suite import load
 
     n = sum(c.op_name == "merge_state" for c in load("smoke").cases)  # smoke is generated: count, don't pin
     assert progress and progress[-1].startswith(f"progress: rows {n}/{n} (100%), pass {n}, fail 0, error 0, skip 0")
@@ -236,7 +236,7 @@ def test_plain_progress_lines_come_at_a_steady_rate():
 
     from rich.console import Console
 
-    from attnbench.progress import SweepProgress
+    from attnbench.cli.progress import SweepProgress
 
     buf = io.StringIO()
     with SweepProgress(Console(file=buf, width=200), total=10, every_s=0.05) as prog:
@@ -286,7 +286,7 @@ def _pytest(tmp_path, *args):
 
 def _smoke_merge_cases() -> int:
     """merge_state cases in smoke (generated: counted, not pinned)."""
-    from attnbench.suite import load
+    from attnbench.plan.suite import load
 
     return sum(c.op_name == "merge_state" for c in load("smoke").cases)
 
@@ -369,7 +369,7 @@ def test_console_summary_md_and_junit_count_the_same(tmp_path):
     console = [int(x) for x in line.split()[1:] if x.isdigit()]
     junit = (out / "junit.xml").read_text()
     failures = int(re.search(r'<testsuites[^>]* failures="(\d+)"', junit).group(1))
-    from attnbench.suite import load
+    from attnbench.plan.suite import load
 
     n = sum(c.op_name == "merge_state" and "t17" in c.id for c in load("smoke").cases)  # the rows 'half' breaks
     assert failures == sum(console[i] for i in (1, 3)) == n  # fail + xpass columns (pass fail xfail xpass ...)
@@ -377,7 +377,7 @@ def test_console_summary_md_and_junit_count_the_same(tmp_path):
 
 
 def test_dry_run_lists_every_case_id(tmp_path):
-    from attnbench.suite import load
+    from attnbench.plan.suite import load
 
     res = invoke("sweep", "smoke", "--op", "merge_state", "--dry-run", "--device", "cpu")
     assert res.exit_code == 0, res.output
@@ -389,7 +389,7 @@ def test_dry_run_lists_every_case_id(tmp_path):
 def test_dry_run_sizes_each_case_and_flags_what_cannot_fit(monkeypatch):
     """Each case line carries its input size and least peak; a case over the device's free memory is
     flagged, with a count at the end (sizes from `Op.input_bytes`, tests/harness/test_input_bytes.py)."""
-    import attnbench.footprint as fp
+    import attnbench.run.footprint as fp
 
     small, big = "decode/b2-l33-h4x2-d64-p16-bf16", "decode/b64-l65536-h32x8-d128-p16-bf16"
     monkeypatch.setattr(fp, "available", lambda device: (8 * 2**30, "test device"))

@@ -14,8 +14,8 @@ from attnbench.backend import Backend
 from attnbench.case import Case
 from attnbench.kernels.torch import gdn as torch_gdn
 from attnbench.kernels.torch.merge import merge_state
-from attnbench.runner import RunOptions, run_case
-from attnbench.timing import TimingConfig
+from attnbench.run.runner import RunOptions, run_case
+from attnbench.run.timing import TimingConfig
 
 GDN_CASE = "gdn_decode/b4-h2x4-d16x16-pad1-fp32"
 

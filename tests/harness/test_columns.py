@@ -1,4 +1,4 @@
-"""The column registry (harness/columns.py): results.csv and summary.md's row tables come from it, and
+"""The column registry (harness/store/columns.py): results.csv and summary.md's row tables come from it, and
 every op's outputs get error columns."""
 
 from __future__ import annotations
@@ -6,11 +6,11 @@ from __future__ import annotations
 import csv
 import dataclasses
 
-from attnbench import checklist
-from attnbench.columns import csv_columns, md_table
+from attnbench.check import checklist
 from attnbench.ops import OPS
 from attnbench.report.exports import write_csv
-from attnbench.results import Result
+from attnbench.store.columns import csv_columns, md_table
+from attnbench.store.results import Result
 
 
 def _row(op, metrics, **kw):
@@ -66,7 +66,7 @@ def _page(rows):
 
 
 def test_page_rows_hold_only_registry_fields_and_every_output_gets_a_page_column():
-    from attnbench.columns import ERROR_DETAIL, PAGE_FIELDS, page_columns
+    from attnbench.store.columns import ERROR_DETAIL, PAGE_FIELDS, page_columns
 
     rows = [
         _row("gdn_gating", {"g": {"max_abs": 1e-7, "bound": 2e-7}, "beta": {"max_abs": 3e-7, "bound": 4e-7}}),
@@ -92,7 +92,7 @@ def test_results_js_draws_every_column_the_registry_declares():
     import re
     from pathlib import Path
 
-    from attnbench.columns import PAGE_COLUMNS
+    from attnbench.store.columns import PAGE_COLUMNS
 
     js = (Path(__import__("attnbench.report", fromlist=["x"]).__file__).parent / "results.js").read_text()
     render = set(re.findall(r"^    (\w+): ", js[js.index("var RENDER") : js.index("var DERIVED")], re.M))

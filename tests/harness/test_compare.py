@@ -12,8 +12,8 @@ from typer.testing import CliRunner
 import attnbench
 import synthetic
 from attnbench.backend import _INSTANCES, _REGISTRY
-from attnbench.cli import app
-from attnbench.compare import GateRule, compare_pair, compare_rows, compare_runs
+from attnbench.cli.app import app
+from attnbench.report.compare import GateRule, compare_pair, compare_rows, compare_runs
 from attnbench.report.comparison import write_comparison
 
 CASES = [f"decode/b{b}-l{l}-h32x8-d128-bf16" for b in (1, 8, 64) for l in (1024, 4096)]
@@ -166,9 +166,9 @@ def sleepy():
 
 def _sweep(out, sleep_s):
     from attnbench.report import render_all
-    from attnbench.runner import RunOptions
-    from attnbench.sweep import Execution, Selection, execute, plan
-    from attnbench.timing import TimingConfig
+    from attnbench.run.runner import RunOptions
+    from attnbench.run.sweep import Execution, Selection, execute, plan
+    from attnbench.run.timing import TimingConfig
 
     SLEEP["s"] = sleep_s
     cfg = TimingConfig(
@@ -227,7 +227,7 @@ def test_end_to_end_gate_on_cpu(sleepy, tmp_path):
 def test_pooled_baselines_carry_the_noise_between_runs():
     """Two baseline runs 5% apart on one row: a third run at the slower one's speed is not a
     regression against both (it is against the faster one alone); a real 10% slowdown still is."""
-    from attnbench.compare import pool_runs
+    from attnbench.report.compare import pool_runs
 
     fast, slow = _rows(seed=1), _rows({CASES[0]: 1.05}, seed=2)
     again = _rows({CASES[0]: 1.05}, seed=3)
@@ -248,7 +248,7 @@ def test_pooled_baselines_carry_the_noise_between_runs():
 
 
 def test_cli_compare_pools_baselines_with_also(tmp_path):
-    from attnbench.results import ResultWriter
+    from attnbench.store.results import ResultWriter
 
     for name, rows in (
         ("b1", _rows(seed=1)),

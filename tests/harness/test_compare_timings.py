@@ -7,8 +7,8 @@ import pytest
 from typer.testing import CliRunner
 
 import synthetic
-from attnbench.cli import app
-from attnbench.compare import GateRule, compare_pair
+from attnbench.cli.app import app
+from attnbench.report.compare import GateRule, compare_pair
 
 CASES = [f"decode/b{b}-l1024-h32x8-d128-bf16" for b in (1, 8)]
 CPU_ENV = {"device": "cpu", "cpu": "x86_64", "libraries": {"torch": "2.13.0"}}

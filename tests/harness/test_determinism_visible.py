@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from typer.testing import CliRunner
 
-from attnbench import checks
-from attnbench.cli import app
+from attnbench.check import checks
+from attnbench.cli.app import app
 from attnbench.kernels.mutants.interactions import Bugs, _RandomOrderPromisedDeterministic, attend
 from attnbench.report.exports import determinism_warnings
 from helpers import run_one
@@ -91,7 +91,7 @@ def test_summary_md_and_console_carry_the_warning(tmp_path):
 def test_console_summary_prints_the_warning(monkeypatch):
     from rich.console import Console
 
-    from attnbench import cli
+    from attnbench.cli import app as cli
 
     rec = Console(record=True, width=200)
     monkeypatch.setattr(cli, "console", rec)

@@ -9,8 +9,8 @@ from __future__ import annotations
 import pytest
 from typer.testing import CliRunner
 
-from attnbench.cli import app
-from attnbench.suite import builtin_names
+from attnbench.cli.app import app
+from attnbench.plan.suite import builtin_names
 
 
 @pytest.mark.parametrize("name", builtin_names())

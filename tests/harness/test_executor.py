@@ -9,10 +9,10 @@ import pytest
 
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError
-from attnbench.executor import Execution, InProcess, Isolated, Sanitized, choose
-from attnbench.messages import Ready, RunJob, Stop
-from attnbench.runner import RunOptions
-from attnbench.sweep import Selection, plan
+from attnbench.run.executor import Execution, InProcess, Isolated, Sanitized, choose
+from attnbench.run.messages import Ready, RunJob, Stop
+from attnbench.run.runner import RunOptions
+from attnbench.run.sweep import Selection, plan
 
 
 @pytest.fixture(scope="module")

@@ -5,8 +5,9 @@ from __future__ import annotations
 import pytest
 
 import synthetic
-from attnbench import expectations as ex
+from attnbench.check.checks import subjects
 from attnbench.errors import SuiteError
+from attnbench.plan import expectations as ex
 
 GOOD = """\
 expect:
@@ -144,7 +145,7 @@ def test_replay_failures_covered_only_where_the_output_failed_eagerly_too():
     """A known failure of `o` seen again on the replayed batch (`replay:o`) is still that known
     failure; a replay failure on an output that passed on the case's own batch is what the graph got
     wrong, and no `outputs:` list covers it."""
-    from attnbench.checks import Problem
+    from attnbench.check.checks import Problem
 
     known = ex.Expectation("sglang", ("*",), "w", outputs=frozenset({"state_pool"}))
     assert known.covers({"state_pool", "replay:state_pool"})
@@ -152,8 +153,10 @@ def test_replay_failures_covered_only_where_the_output_failed_eagerly_too():
     assert not known.covers({"state_pool", "replay:o"})  # another output on replay
     assert ex.Expectation("sglang", ("*",), "w").covers({"replay:o"})  # no outputs list: any failure
     p = Problem("replay: captured on one batch ... o: 3 NaN", ["replay:o"])
-    assert ex.subjects([p, "state_pool: abs error 1 > bound 0"], ["o", "state_pool"]) == ["replay:o", "state_pool"]
-    assert ex.subjects(["replay: the closure could not be captured"], ["o"]) == ["replay: the closure could not be captured"]
+    assert subjects([p, "state_pool: abs error 1 > bound 0"], ["o", "state_pool"]) == ["replay:o", "state_pool"]
+    assert subjects(["replay: the closure could not be captured"], ["o"]) == [
+        "replay: the closure could not be captured"
+    ]
 
 
 def test_subjects():
@@ -163,13 +166,13 @@ def test_subjects():
         "input k_cache was modified",
         "missing output 'lse'",
     ]
-    assert ex.subjects(problems, ["o", "lse"]) == ["input k_cache was modified", "lse", "missing output 'lse'", "o"]
+    assert subjects(problems, ["o", "lse"]) == ["input k_cache was modified", "lse", "missing output 'lse'", "o"]
 
 
 def test_builtin_expectations_are_pinned_and_name_real_cases():
     """Every shipped expectation pins its library version, says why, and each glob matches a case of a
     built-in suite (a glob matching nothing documents nothing)."""
-    from attnbench.suite import builtin_names, load
+    from attnbench.plan.suite import builtin_names, load
 
     ids = {c.id for n in builtin_names() for c in load(n, "cuda").cases}
     es = ex.builtin()
@@ -198,7 +201,7 @@ def test_builtin_expectations_are_pinned_and_name_real_cases():
     ],
 )
 def test_compare_treats_expectations_consistently(base, new, verdict):
-    from attnbench.compare import GateRule, compare_pair
+    from attnbench.report.compare import GateRule, compare_pair
 
     cid = "decode/b8-l1024-h32x8-d128-bf16"
     ch = compare_pair(synthetic.row(cid, "flashinfer", status=base, median_us=None),
@@ -209,7 +212,7 @@ def test_compare_treats_expectations_consistently(base, new, verdict):
 
 def test_suite_expect_entries(tmp_path):
     """`expect:` in a suite: loaded with the suite, and its errors name the suite's file and line."""
-    from attnbench.suite import load
+    from attnbench.plan.suite import load
 
     body = "name: mine\ncases:\n  - op: merge_state\n    params: {tokens: 5, heads: 2, head_dim: 16}\n"
     good = _write(
@@ -225,7 +228,7 @@ def test_suite_expect_entries(tmp_path):
 def test_cli_expect_errors_exit_2(tmp_path, monkeypatch):
     from typer.testing import CliRunner
 
-    from attnbench.cli import app
+    from attnbench.cli.app import app
 
     bad = _write(tmp_path, "expect:\n  - backend: torch\n    cases: '*'\n    why: ok ok\n    outputs: lse\n")
     monkeypatch.chdir(tmp_path)  # nothing may be written (the default run directory is under ./reports)

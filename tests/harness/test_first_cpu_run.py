@@ -6,9 +6,9 @@ from __future__ import annotations
 from typer.testing import CliRunner
 
 import synthetic
-from attnbench.cli import app
-from attnbench.results import read_results
-from attnbench.skips import skipped_backends
+from attnbench.cli.app import app
+from attnbench.report.skips import skipped_backends
+from attnbench.store.results import read_results
 
 CASE = "merge_state/t9-h2-d16-fp32"
 

@@ -11,7 +11,7 @@ import pytest
 from typer.testing import CliRunner
 
 import synthetic
-from attnbench.cli import app
+from attnbench.cli.app import app
 
 runner = CliRunner()
 CASE = "merge_state/t9-h2-d16-fp32"  # a small smoke case the torch backend passes on a CPU
@@ -121,7 +121,7 @@ def test_the_largest_allowed_tolerance_loads(tmp_path):
     ids=["the same suite twice", "a suite and one of its cases", "the same --case twice"],
 )
 def test_repeated_suites_and_cases_are_planned_once(args):
-    from attnbench.sweep import Selection, plan
+    from attnbench.run.sweep import Selection, plan
 
     suites = [a for a in args if a == "smoke"]
     cases = [a for i, a in enumerate(args) if i and args[i - 1] == "--case"]
@@ -129,7 +129,7 @@ def test_repeated_suites_and_cases_are_planned_once(args):
     ids = [c.id for c in p.cases]
     assert len(ids) == len(set(ids)) and set(cases) <= set(ids)
     if suites:  # the suite's order, the first occurrence kept
-        from attnbench.suite import load
+        from attnbench.plan.suite import load
 
         assert ids == [c.id for c in load("smoke", "cpu").cases if c.op_name == "merge_state"]
     res = invoke("sweep", *args, "-b", "torch", "--device", "cpu", "--dry-run")
@@ -254,7 +254,7 @@ def test_a_loosened_tolerance_is_shown_on_the_console_in_summary_md_and_the_repo
 
 
 def test_a_second_sweep_into_a_run_directory_in_use_is_refused(tmp_path):
-    from attnbench.rundir import lock_run_dir
+    from attnbench.store.rundir import lock_run_dir
 
     out = tmp_path / "run"
     out.mkdir()
@@ -280,7 +280,7 @@ def test_a_lock_left_by_a_killed_sweep_does_not_block(tmp_path):
     out = tmp_path / "run"
     out.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from attnbench.rundir import lock_run_dir; "
+        [sys.executable, "-c", "import sys, time; from attnbench.store.rundir import lock_run_dir; "
          f"f = lock_run_dir({str(out)!r}); print('locked', flush=True); time.sleep(600)"],
         stdout=subprocess.PIPE, text=True,
     )  # fmt: skip

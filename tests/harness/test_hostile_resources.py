@@ -16,7 +16,7 @@ import pytest
 from typer.testing import CliRunner
 
 import synthetic
-from attnbench.cli import app
+from attnbench.cli.app import app
 
 CASE = "merge_state/t9-h2-d16-fp32"
 

@@ -1,5 +1,6 @@
 """No import cycle among attnbench's modules, the hidden ones included: every import in every module,
-at module level or inside a function (where a cycle hides until some call order trips it), is an edge."""
+at module level or inside a function (where a cycle hides until some call order trips it), is an edge.
+And the layering of docs/architecture.md: no module imports one of a later stage."""
 
 from __future__ import annotations
 
@@ -103,3 +104,84 @@ def test_the_finder_sees_a_cycle_held_open_by_an_import_inside_a_function(tmp_pa
     assert cycles(tmp_path) == [["attnbench.a", "attnbench.b", "attnbench.sub.c"]]
     (pkg / "b.py").write_text("def f():\n    pass\n")
     assert cycles(tmp_path) == []
+
+
+# ---- the layering -------------------------------------------------------------------------------
+# The stages of docs/architecture.md, lowest first. A module may import its own stage and any of a lower
+# rank, never a higher one, nor a sibling of the same rank (plan and store: neither reads the other).
+# references/ import nothing of attnbench but themselves (they must stand alone); kernels/ (the backends)
+# build on the core and the references only.
+RANKS = {"references": 0, "core": 1, "kernels": 2, "check": 3, "plan": 4, "store": 4, "run": 5, "report": 6,
+         "cli": 7}  # fmt: skip
+STAGES = ("check", "plan", "store", "run", "report", "cli")  # the subpackages of harness/
+# harness/'s top level: the model every stage and every backend shares (kernels/ and plugins import these
+# by name). A new module at the top is a test failure until it is put in a stage or named here.
+CORE = {"attnbench", "attnbench.errors", "attnbench.dtypes", "attnbench.buffers", "attnbench.case",
+        "attnbench.backend"}  # fmt: skip
+FACADE = "attnbench"  # the package: its public names (Case, register_check) re-exported lazily, from any stage
+# Imports that cross the layers on purpose, each with its reason; any other is a failure.
+ALLOWED = {
+    ("attnbench.kernels.flashinfer.prebuild", "attnbench.plan.suite"):
+        "a command-line tool beside the FlashInfer adapter: it reads suites to know which kernels to compile",
+}  # fmt: skip
+
+
+def stage_of(module: str) -> str | None:
+    """The stage a module belongs to, or None for a top-level module that is in no stage."""
+    parts = module.split(".")
+    if module == "attnbench.__main__":
+        return "cli"
+    if len(parts) > 1 and parts[1] in ("references", "kernels"):
+        return parts[1]
+    if len(parts) > 1 and parts[1] in STAGES:
+        return parts[1]
+    if module in CORE or (len(parts) > 1 and parts[1] in ("ops", "suites")):
+        return "core"
+    return None
+
+
+def layering_violations(root: Path = ROOT) -> list[str]:
+    """Every import (module level or inside a function) that goes up the stages or sideways, and every
+    module at harness/'s top level that is in no stage."""
+    mods = modules(root)
+    out = []
+    for name, path in sorted(mods.items()):
+        own = stage_of(name)
+        if own is None:
+            out.append(f"{name}: a module at harness/'s top level in no stage (move it into one, or add it to CORE)")
+            continue
+        if name == FACADE:
+            continue
+        for dep in sorted(imports(name, path, set(mods))):
+            theirs = stage_of(dep)
+            if theirs is None or theirs == own or (name, dep) in ALLOWED:
+                continue
+            if RANKS[theirs] >= RANKS[own]:
+                out.append(f"{name} ({own}) imports {dep} ({theirs})")
+    return out
+
+
+def test_no_module_imports_a_later_stage():
+    assert layering_violations() == []
+
+
+def test_the_layering_sees_an_import_up_the_stages_inside_a_function(tmp_path):
+    pkg = tmp_path / "harness"
+    for sub in ("plan", "store", "report"):
+        (pkg / sub).mkdir(parents=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "__init__.py").write_text("def __getattr__(name):\n    from attnbench.report import x\n")  # facade
+    (pkg / "errors.py").write_text("")
+    (pkg / "plan" / "suite.py").write_text("from attnbench import errors\nfrom ..store import rows\n")
+    (pkg / "store" / "rows.py").write_text("from attnbench.errors import E\n")
+    (pkg / "report" / "x.py").write_text("from attnbench.store import rows\n")
+    assert layering_violations(tmp_path) == ["attnbench.plan.suite (plan) imports attnbench.store.rows (store)"]
+    (pkg / "plan" / "suite.py").write_text("def f():\n    from attnbench.report.x import y\n")
+    (pkg / "loose.py").write_text("")
+    assert layering_violations(tmp_path) == [
+        "attnbench.loose: a module at harness/'s top level in no stage (move it into one, or add it to CORE)",
+        "attnbench.plan.suite (plan) imports attnbench.report.x (report)",
+    ]
+    (pkg / "plan" / "suite.py").write_text("from attnbench.errors import E\n")
+    (pkg / "loose.py").unlink()
+    assert layering_violations(tmp_path) == []

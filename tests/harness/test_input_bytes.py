@@ -7,7 +7,7 @@ import pytest
 from attnbench.buffers import storage_bytes
 from attnbench.case import Case
 from attnbench.ops import OPS
-from attnbench.suite import load
+from attnbench.plan.suite import load
 
 
 def _smoke_cases():

@@ -12,7 +12,7 @@ from attnbench.backend import get_backend
 from attnbench.case import Case
 from attnbench.kernels.mutants import MUTANTS
 from attnbench.kernels.mutants.interactions import Bugs, attention_mutant, wrapped_rows
-from attnbench.suite import load
+from attnbench.plan.suite import load
 from helpers import KERNEL_REPEATS, run_one
 
 # decode, MLA decode, extend saving its new K/V, a sliding-window layer's own pool, and GDN
@@ -155,7 +155,7 @@ def test_checks_of_big_inputs_free_copies_left_in_reference_cycles(monkeypatch):
     import types
     import weakref
 
-    import attnbench.runner as R
+    import attnbench.run.runner as R
 
     @dataclasses.dataclass
     class Inputs:

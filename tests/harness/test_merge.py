@@ -8,9 +8,9 @@ import re
 import pytest
 from typer.testing import CliRunner
 
-from attnbench.cli import app
+from attnbench.cli.app import app
 from attnbench.report import render_all
-from attnbench.results import read_results
+from attnbench.store.results import read_results
 from synthetic import ENV, row, write_run
 
 runner = CliRunner()

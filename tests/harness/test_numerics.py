@@ -12,7 +12,7 @@ from attnbench.backend import get_backend
 from attnbench.case import Case
 from attnbench.kernels.torch.attention import prepare_paged_attention
 from attnbench.ops.distributions import DISTRIBUTIONS
-from attnbench.runner import RunOptions, run_case
+from attnbench.run.runner import RunOptions, run_case
 from helpers import run_one
 
 

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from attnbench import nvml, peaks
+from attnbench.run import nvml, peaks
 
 
 class FakeNvml:
-    """The pynvml calls attnbench.nvml uses, with settable values."""
+    """The pynvml calls attnbench.run.nvml uses, with settable values."""
 
     def __init__(self, sm=1980, mem=2619, reasons=0, fail=()):
         self.sm, self.mem, self.reasons, self.fail = sm, mem, reasons, set(fail)

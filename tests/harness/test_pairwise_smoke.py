@@ -9,7 +9,7 @@ import pytest
 from pydantic import Field
 
 from attnbench.ops import OPS, coverage
-from attnbench.suite import load
+from attnbench.plan.suite import load
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +79,7 @@ def test_coverage_report_names_pairs_and_forbidden(plans):
 def test_list_ops_coverage_on_the_command_line():
     from typer.testing import CliRunner
 
-    from attnbench.cli import app
+    from attnbench.cli.app import app
 
     res = CliRunner().invoke(app, ["list", "ops", "--coverage"])
     assert res.exit_code == 0 and "decode:" in res.output and "allowed pairs covered" in res.output

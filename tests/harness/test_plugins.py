@@ -9,8 +9,8 @@ from pathlib import Path
 from typer.testing import CliRunner
 
 from attnbench import backend
-from attnbench.cli import app
-from attnbench.results import read_results
+from attnbench.cli.app import app
+from attnbench.store.results import read_results
 
 EXAMPLE = Path(__file__).resolve().parents[2] / "examples" / "sdpa_backend.py"
 

@@ -9,8 +9,8 @@ import textwrap
 
 from typer.testing import CliRunner
 
-from attnbench.cli import app
-from attnbench.results import read_results
+from attnbench.cli.app import app
+from attnbench.store.results import read_results
 
 PLUGIN = textwrap.dedent("""
     import json, os

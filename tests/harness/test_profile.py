@@ -7,8 +7,8 @@ from typer.testing import CliRunner
 
 from attnbench.backend import Backend
 from attnbench.case import Case
-from attnbench.cli import app
-from attnbench.profile import profile_case, render
+from attnbench.cli.app import app
+from attnbench.run.profile import profile_case, render
 
 CASE = "gdn_decode/b2-h2x4-d16x16-fp32"
 

@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from attnbench import backend as backend_mod
-from attnbench.pytest_plugin import worker_device
+from attnbench.cli.pytest_plugin import worker_device
 
 pytest_plugins = ["pytester"]
 
@@ -163,6 +163,6 @@ def test_under_xdist(pytester):
 
 
 def _merge_cases() -> int:
-    from attnbench.suite import load
+    from attnbench.plan.suite import load
 
     return sum(c.op_name == "merge_state" for c in load("smoke").cases)

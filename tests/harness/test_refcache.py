@@ -12,12 +12,13 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from attnbench import refcache
+import attnbench.ops
 from attnbench.backend import get_backend
 from attnbench.case import Case
-from attnbench.cli import app
-from attnbench.results import read_results
-from attnbench.runner import RunOptions, run_case
+from attnbench.cli.app import app
+from attnbench.run.runner import RunOptions, run_case
+from attnbench.store import refcache
+from attnbench.store.results import read_results
 
 MERGE = "merge_state/t33-h4-d64-fp32"
 
@@ -76,14 +77,14 @@ def test_the_key_covers_references_ops_and_input_helpers():
 
 def test_the_key_covers_every_module_of_the_op_packages():
     """An op split into a package (ops/attention/, ops/gdn/): a change to any of its modules is a new key."""
-    ops = Path(refcache.__file__).parent / "ops"
+    ops = Path(attnbench.ops.__file__).parent
     every = {p.resolve() for p in ops.rglob("*.py")}
     assert {p.parent.name for p in every} >= {"ops", "attention", "gdn"}
     assert every <= set(refcache.source_files(_case().op))
 
 
 def test_modules_named_alike_in_two_packages_are_told_apart(tmp_path):
-    ops = Path(refcache.__file__).parent / "ops"
+    ops = Path(attnbench.ops.__file__).parent
     a, b = ops / "attention" / "params.py", ops / "gdn" / "params.py"
     assert refcache._source_name(a.resolve()) != refcache._source_name(b.resolve())
     assert refcache._source_name(a.resolve()).endswith("ops/attention/params.py")

@@ -9,9 +9,9 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from attnbench.cli import app
-from attnbench.results import read_results
-from attnbench.suite import load
+from attnbench.cli.app import app
+from attnbench.plan.suite import load
+from attnbench.store.results import read_results
 
 runner = CliRunner()
 CASE = "merge_state/t8-h2-d16-bf16"
@@ -122,7 +122,7 @@ def test_resume_reruns_nothing_finished_and_everything_missing(tmp_path):
 def _row(line):
     import json
 
-    from attnbench.results import Result
+    from attnbench.store.results import Result
 
     return Result.from_dict(json.loads(line))
 
@@ -223,10 +223,10 @@ def test_a_backend_that_keeps_device_memory_after_its_row_is_named(monkeypatch):
     """A backend whose row leaves tensors alive (a cache of its inputs) gets `kept_gib` in its
     prepare_info, so the out-of-memory error of a later backend has a named cause; one that frees
     everything gets nothing."""
-    from attnbench import runner
     from attnbench.backend import get_backend
     from attnbench.buffers import all_tensors
     from attnbench.case import Case
+    from attnbench.run import runner
 
     kept: list = []
 
@@ -250,8 +250,8 @@ def test_a_backend_that_keeps_device_memory_after_its_row_is_named(monkeypatch):
 def test_an_out_of_memory_row_says_what_the_case_holds():
     """An out-of-memory error names the case's own holdings (inputs, float64 expectation, twin, the
     checks' shared copies), so a suite whose cases cannot fit says which of them to cut."""
-    from attnbench import runner
     from attnbench.case import Case
+    from attnbench.run import runner
 
     def greedy(inner, case, inputs):
         raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 16.46 GiB.")

@@ -1,4 +1,4 @@
-"""The CUDA-graph replay check (harness/replay.py, docs/replay.md) on a CPU, through the stand-in graph.
+"""The CUDA-graph replay check (harness/check/replay.py, docs/replay.md) on a CPU, through the stand-in graph.
 
 The stand-in runs the same sequence as a CUDA graph (capture on batch A, batch B written in place,
 replay, compare with B's float64 reference); what a closure took on the host at prepare stays frozen,
@@ -15,12 +15,12 @@ import torch
 from attnbench.backend import Backend, get_backend, implements
 from attnbench.buffers import bitwise_equal, tensor_fields
 from attnbench.case import Case
-from attnbench.checklist import CHECKS, OutputsCheck, ReplayCheck
+from attnbench.check.checklist import CHECKS, OutputsCheck, ReplayCheck
+from attnbench.check.replay import StandInGraph
 from attnbench.kernels.mutants.replay import BakedLengthDecode, GraphSafeDecode
 from attnbench.kernels.torch import gdn as torch_gdn
 from attnbench.ops.replay_batches import other_lengths, same_shapes
-from attnbench.replay import StandInGraph
-from attnbench.runner import RunOptions, run_case
+from attnbench.run.runner import RunOptions, run_case
 
 STAND_IN = tuple(c for c in CHECKS if c.name != "replay") + (ReplayCheck(StandInGraph),)
 DECODES = (
@@ -181,7 +181,7 @@ def test_sweep_records_the_outcome_in_rows_and_results_csv(tmp_path, flag, outco
 
     from typer.testing import CliRunner
 
-    from attnbench.cli import app
+    from attnbench.cli.app import app
 
     plugin = tmp_path / "graph_safe_plugin.py"
     plugin.write_text(

@@ -11,7 +11,7 @@ import torch
 from attnbench.backend import get_backend
 from attnbench.case import Case
 from attnbench.kernels.mutants.replay import BakedLengthDecode, GraphSafeDecode
-from attnbench.runner import RunOptions, run_case
+from attnbench.run.runner import RunOptions, run_case
 
 pytestmark = [
     pytest.mark.gpu,

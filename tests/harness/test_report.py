@@ -9,12 +9,12 @@ import pytest
 from typer.testing import CliRunner
 
 import synthetic
-from attnbench.cli import app
+from attnbench.cli.app import app
 from attnbench.report import render_all
 from attnbench.report.common import fmt, repro
 from attnbench.report.measure import harness_cost, measurement
 from attnbench.report.ranking import speedups
-from attnbench.results import read_results
+from attnbench.store.results import read_results
 
 
 @pytest.fixture(scope="module")

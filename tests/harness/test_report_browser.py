@@ -19,9 +19,9 @@ import pytest
 from typer.testing import CliRunner
 
 import synthetic
-from attnbench.cli import app
-from attnbench.compare import compare_runs
+from attnbench.cli.app import app
 from attnbench.report import render_all
+from attnbench.report.compare import compare_runs
 from attnbench.report.comparison import write_comparison
 from cdp import CHROMIUM, Chromium
 

@@ -13,9 +13,9 @@ import pytest
 from typer.testing import CliRunner
 
 import synthetic
-from attnbench.cli import app
+from attnbench.cli.app import app
 from attnbench.report import render_all
-from attnbench.results import read_results, read_run_results
+from attnbench.store.results import read_results, read_run_results
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "reports" / "examples"
 

@@ -9,10 +9,10 @@ import re
 import xml.etree.ElementTree as ET
 
 import synthetic
-from attnbench import cli
-from attnbench.counts import STATUSES, count
+from attnbench.cli import app as cli
 from attnbench.report import render_all, rowdata, winners
 from attnbench.report.ranking import HOST, INTERPRETER, class_summary, speedups, timing_kind
+from attnbench.store.counts import STATUSES, count
 
 CASES = [f"decode/b{b}-l{l}-h32x8-d128-bf16" for b in (1, 64) for l in (1024, 4096, 8192)]
 
@@ -163,7 +163,7 @@ def test_console_junit_and_summary_agree(tmp_path, capsys):
 
 
 def test_rows_record_the_triton_interpreter(monkeypatch):
-    from attnbench import env
+    from attnbench.store import env
 
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert env.short(env.capture("cpu"))["triton_interpret"] is True
@@ -174,7 +174,7 @@ def test_rows_record_the_triton_interpreter(monkeypatch):
 def test_markup_in_a_backend_name_or_reason_shows_as_written(tmp_path):
     """A plugin's name and an exception message are text: escaped in report.html (its embedded JSON
     cannot end the <script> element or open a comment) and in summary.md and gate.md, round-tripping."""
-    from attnbench.gate import decide, render_md
+    from attnbench.report.gate import decide, render_md
 
     name, why = "x<b>bold</b>", "RuntimeError: <!--<script>alert(1)</script> & <img src=x onerror=alert(2)> | cell"
     rows = [synthetic.row(CASES[0], "torch"), synthetic.row(CASES[0], name, status="error", reason=why)]

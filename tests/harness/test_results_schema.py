@@ -9,10 +9,10 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from attnbench.cli import app
-from attnbench.results import SCHEMA_VERSION, Result, ResultWriter, SchemaError, Status, read_results
-from attnbench.runinfo import read_run
-from attnbench.sweep import exit_code
+from attnbench.cli.app import app
+from attnbench.run.sweep import exit_code
+from attnbench.store.results import SCHEMA_VERSION, Result, ResultWriter, SchemaError, Status, read_results
+from attnbench.store.runinfo import read_run
 from synthetic import row, write_run
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "reports" / "examples"
@@ -147,7 +147,7 @@ def test_resume_refuses_a_run_with_an_unreadable_row_and_touches_nothing(tmp_pat
 
 
 def test_a_copy_without_git_takes_its_commit_from_the_environment(tmp_path, monkeypatch):
-    from attnbench.runinfo import git_info
+    from attnbench.store.runinfo import git_info
 
     (tmp_path / "pyproject.toml").write_text("")  # a tree copied without .git (a GPU runner's copy)
     monkeypatch.delenv("ATTNBENCH_GIT_COMMIT", raising=False)

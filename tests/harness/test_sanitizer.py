@@ -11,12 +11,12 @@ from dataclasses import replace
 
 from typer.testing import CliRunner
 
-from attnbench import sanitizer
-from attnbench.cli import app
-from attnbench.results import read_results
-from attnbench.runner import RunOptions
-from attnbench.suite import load
-from attnbench.sweep import Execution, Selection, execute, plan, sample_per_op
+from attnbench.cli.app import app
+from attnbench.plan.suite import load
+from attnbench.run import sanitizer
+from attnbench.run.runner import RunOptions
+from attnbench.run.sweep import Execution, Selection, execute, plan, sample_per_op
+from attnbench.store.results import read_results
 
 MEMCHECK_LOG = """\
 ========= COMPUTE-SANITIZER
@@ -149,7 +149,7 @@ def test_findings_fail_their_own_row_through_a_stand_in_sanitizer(tmp_path):
             assert r.status == "fail", r.reason
             # the kernel ran a bounded number of times: checked call, determinism repeats, and per class of
             # inputs merge_state reads one stale-output re-run and its control (a freshly prepared closure)
-            from attnbench.checks import DETERMINISM_REPEATS
+            from attnbench.check.checks import DETERMINISM_REPEATS
             from attnbench.ops import OPS
 
             op = OPS["merge_state"]

@@ -15,8 +15,8 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
-from attnbench.cli import app
-from attnbench.results import read_results
+from attnbench.cli.app import app
+from attnbench.store.results import read_results
 
 pytestmark = pytest.mark.gpu
 if not torch.cuda.is_available():

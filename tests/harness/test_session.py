@@ -1,4 +1,4 @@
-"""One session for every entry point (harness/session.py): a suite with a known failure gets the same
+"""One session for every entry point (harness/run/session.py): a suite with a known failure gets the same
 statuses from `attnbench sweep` and from `pytest --attnbench`, expectations applied both ways."""
 
 from __future__ import annotations
@@ -68,8 +68,8 @@ def test_the_cli_builds_one_typed_options_object(monkeypatch, tmp_path):
     run directory); the command itself only parses."""
     from typer.testing import CliRunner
 
-    from attnbench import cli
-    from attnbench.sweep import Selection, SweepOptions
+    from attnbench.cli import app as cli
+    from attnbench.run.sweep import Selection, SweepOptions
 
     got = []
     monkeypatch.setattr(cli, "_run_sweep", got.append)
@@ -88,7 +88,7 @@ def test_the_cli_builds_one_typed_options_object(monkeypatch, tmp_path):
 
 def test_sweep_options_refuse_what_cannot_run():
     from attnbench.errors import AttnbenchError
-    from attnbench.sweep import Selection, SweepOptions
+    from attnbench.run.sweep import Selection, SweepOptions
 
     for bad, says in ((SweepOptions(timeout_s=0), "--timeout"), (SweepOptions(Selection(max_cases=0)), "--max-cases"),
                       (SweepOptions(resume=True), "--resume needs --out")):  # fmt: skip

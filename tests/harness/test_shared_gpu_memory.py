@@ -6,9 +6,9 @@ import textwrap
 
 import pytest
 
-from attnbench.pool import Pool
-from attnbench.runner import RunOptions
-from attnbench.sweep import Selection, plan
+from attnbench.run.pool import Pool
+from attnbench.run.runner import RunOptions
+from attnbench.run.sweep import Selection, plan
 
 PLUGIN = textwrap.dedent(
     '''

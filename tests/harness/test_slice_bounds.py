@@ -5,10 +5,10 @@ from __future__ import annotations
 import torch
 
 from attnbench.backend import get_backend
-from attnbench.checks import Verdict, compare_numeric, slice_index
+from attnbench.check.checks import Verdict, compare_numeric, slice_index
+from attnbench.check.tolerance import Rule
 from attnbench.kernels.mutants.interactions import Bugs, attention_mutant
 from attnbench.ops.base import OutputSpec
-from attnbench.tolerance import Rule
 from helpers import run_one
 
 SKEWED = "decode/b4-l1000-skewed-h8x2-d64-p16-bf16"  # one request of 1000 keys, three of 62

@@ -6,7 +6,7 @@ from __future__ import annotations
 import re
 
 import synthetic
-from attnbench import expectations as ex
+from attnbench.plan import expectations as ex
 from attnbench.report import ranking, render_all, winners
 from attnbench.report.firstscreen import fastest_cells
 
@@ -178,7 +178,7 @@ def _changed_runs(tmp_path):
 def test_what_changed_has_sizes_order_and_the_same_spread(tmp_path):
     from typer.testing import CliRunner
 
-    from attnbench.cli import app
+    from attnbench.cli.app import app
 
     base, new = _changed_runs(tmp_path)
     res = CliRunner().invoke(app, ["report", str(new), "--against", str(base)])
@@ -198,7 +198,7 @@ def test_what_changed_has_sizes_order_and_the_same_spread(tmp_path):
 def test_compare_outputs_sizes_plan_apart_and_no_none(tmp_path):
     from typer.testing import CliRunner
 
-    from attnbench.cli import app
+    from attnbench.cli.app import app
 
     base, new = _changed_runs(tmp_path)
     env = dict(synthetic.ENV, libraries={"torch": "2.11.0"})
@@ -245,7 +245,7 @@ def test_repro_carries_the_interpreter_and_causes_are_whole(tmp_path):
 def test_gate_md_keeps_whole_reasons_and_the_terminal_ends_with_the_verdict(tmp_path):
     from typer.testing import CliRunner
 
-    from attnbench.cli import app
+    from attnbench.cli.app import app
 
     rows = [synthetic.row(c, "planted", status="fail", median_us=5.0, reason=LONG) for c in CLASS]
     rows += [synthetic.timed(c, "triton", 100.0) for c in CLASS] + [

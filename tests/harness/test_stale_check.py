@@ -1,5 +1,5 @@
 """The stale-output check, both ways: it never fails a correct kernel, and it sees every input a
-closure could have cached (harness/checks.py `stale_check`, `Op.perturbations`)."""
+closure could have cached (harness/check/checks.py `stale_check`, `Op.perturbations`)."""
 
 from __future__ import annotations
 
@@ -214,8 +214,8 @@ def test_perturbed_copies_past_the_memo_cap_are_made_again_not_held(monkeypatch)
     """Past `MEMO_MAX_BYTES` a case's memo keeps the perturbed expectations but not the perturbed copy
     (a production-size pool would be held twice more for the whole case): the next backend gets the
     same perturbed inputs made again, and a stale closure behind it is still caught."""
-    from attnbench import checks
-    from attnbench.runner import RunOptions, run_case
+    from attnbench.check import checks
+    from attnbench.run.runner import RunOptions, run_case
 
     case = Case.from_id(CASES[0], "cpu")
     op, p = case.op, case.params

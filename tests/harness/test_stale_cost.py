@@ -83,6 +83,6 @@ def test_a_perturbation_that_changes_nothing_of_a_pure_op_is_not_rerun():
 
 
 def test_the_stale_check_records_its_counts_in_the_csv_columns():
-    from attnbench.columns import check_columns
+    from attnbench.store.columns import check_columns
 
     assert {"stale_reruns", "stale_references"} <= {c.name for c in check_columns()}

@@ -7,7 +7,7 @@ import textwrap
 import pytest
 
 from attnbench.errors import SuiteError
-from attnbench.suite import builtin_names, load
+from attnbench.plan.suite import builtin_names, load
 
 
 def write(tmp_path, text: str, name: str = "s.yaml"):

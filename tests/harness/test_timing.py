@@ -7,7 +7,7 @@ import time
 
 import pytest
 
-from attnbench.timing import (
+from attnbench.run.timing import (
     CPU_CONFIG,
     HostSampler,
     Sampled,

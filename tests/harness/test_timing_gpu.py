@@ -18,8 +18,8 @@ import torch
 import attnbench
 from attnbench.backend import _INSTANCES, _REGISTRY, Backend
 from attnbench.case import Case
-from attnbench.runner import RunOptions, run_case
-from attnbench.timing import Rotation, TimingConfig, time_closures
+from attnbench.run.runner import RunOptions, run_case
+from attnbench.run.timing import Rotation, TimingConfig, time_closures
 
 pytestmark = pytest.mark.gpu
 DEVICE = "cuda"
@@ -90,7 +90,7 @@ def test_long_kernels_stay_per_call_with_a_cold_l2():
 
 
 def test_nvml_reads_clocks_and_timing_records_them():
-    from attnbench import nvml
+    from attnbench.run import nvml
 
     mon = nvml.monitor(DEVICE)
     assert mon is not None, "NVML could not be loaded (neither pynvml nor libnvidia-ml.so.1)"
@@ -104,7 +104,7 @@ def test_nvml_reads_clocks_and_timing_records_them():
 
 
 def test_peaks_are_measured_plausibly_and_cached(tmp_path, monkeypatch):
-    from attnbench import peaks
+    from attnbench.run import peaks
 
     monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path))
     p = peaks.get_peaks(DEVICE)
@@ -216,10 +216,10 @@ def _paced_class():
 
 
 def test_gate_end_to_end_on_the_decode_suite(registered, tmp_path):
-    from attnbench.compare import compare_runs
     from attnbench.report import render_all
+    from attnbench.report.compare import compare_runs
     from attnbench.report.comparison import write_comparison
-    from attnbench.sweep import Execution, Selection, execute, plan
+    from attnbench.run.sweep import Execution, Selection, execute, plan
 
     registered("paced", _paced_class())
     runs = {}

@@ -10,14 +10,14 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from attnbench import trace
-from attnbench.cli import app
+from attnbench.cli.app import app
 from attnbench.errors import SuiteError
+from attnbench.plan import trace
+from attnbench.plan.suite import load
 from attnbench.report import ranking
 from attnbench.report.common import repro
-from attnbench.results import read_results
-from attnbench.runinfo import read_run
-from attnbench.suite import load
+from attnbench.store.results import read_results
+from attnbench.store.runinfo import read_run
 
 TINY = Path(__file__).parents[1] / "support" / "tiny_trace.jsonl"
 HEADS = '"heads_q": 4, "heads_kv": 2, "head_dim": 16, "page_size": 4'
@@ -215,7 +215,7 @@ def test_the_serving_suite_replays_the_shipped_trace_in_sensible_classes():
 
 
 def test_ids_of_the_shipped_trace_resolve_without_naming_it():
-    from attnbench.sweep import Selection, plan
+    from attnbench.run.sweep import Selection, plan
 
     case = load("serving", "cuda").cases[7]
     p = plan(Selection(device="cpu", backends=("torch",), case_ids=(case.id,)))
@@ -224,7 +224,7 @@ def test_ids_of_the_shipped_trace_resolve_without_naming_it():
 
 
 def _row(case_id, backend, status, median_us, count, suite="tiny", lens=(3, 4)):
-    from attnbench.results import Result
+    from attnbench.store.results import Result
 
     timing = {"clock": "cuda-events", "median_us": median_us} if median_us else None
     return Result(case_id=case_id, op="decode", backend=backend, status=status, params={"kv_lens": list(lens)} if lens else {"batch": 2},
@@ -251,7 +251,7 @@ def test_summary_totals_a_replayed_trace_per_backend_over_common_batches(tmp_pat
 
 
 def test_a_pytest_rerun_hint_names_the_trace(tmp_path):
-    from attnbench.pytest_plugin import rerun_command
+    from attnbench.cli.pytest_plugin import rerun_command
 
     case = trace.read(TINY)[0].case
     assert rerun_command(case, "torch", []).endswith(f"--trace {TINY}")

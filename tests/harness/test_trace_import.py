@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from attnbench import trace
-from attnbench.cli import app
-from attnbench.trace_import import definition_params, read_safetensors
+from attnbench.cli.app import app
+from attnbench.plan import trace
+from attnbench.plan.trace_import import definition_params, read_safetensors
 
 runner = CliRunner()
 

@@ -10,9 +10,9 @@ import time
 import pytest
 from typer.testing import CliRunner
 
-from attnbench.cli import app
+from attnbench.cli.app import app
 from attnbench.report.measure import harness_cost
-from attnbench.results import read_results
+from attnbench.store.results import read_results
 
 
 def test_a_small_cpu_sweep_leaves_little_unattributed(tmp_path):
@@ -38,10 +38,10 @@ def test_a_small_cpu_sweep_leaves_little_unattributed(tmp_path):
 
 def test_rows_are_fsynced_once_per_case_not_once_per_row(tmp_path, monkeypatch):
     """Each fsync costs milliseconds: one per row was a fifth of a small CPU sweep's wall time."""
-    from attnbench import results
-    from attnbench.executor import Execution
-    from attnbench.runner import RunOptions
-    from attnbench.sweep import Selection, execute, plan
+    from attnbench.run.executor import Execution
+    from attnbench.run.runner import RunOptions
+    from attnbench.run.sweep import Selection, execute, plan
+    from attnbench.store import results
 
     p = plan(Selection(("smoke",), "cpu", ("torch", "flashinfer", "vllm"), ("merge_state",)))
     p = dataclasses.replace(p, cases=p.cases[:3])
@@ -111,9 +111,9 @@ def test_a_resumed_run_counts_only_the_rows_its_own_process_produced(tmp_path):
 def test_precompile_counts_the_time_spent_finding_what_to_build(tmp_path, monkeypatch):
     """Precompile asks every backend available() (a library's import, in the supervisor), supports() and
     precompile_keys() over the cases before any build: all of it is the precompile part, not "other"."""
-    from attnbench import sweep
-    from attnbench.executor import Execution
-    from attnbench.runner import RunOptions
+    from attnbench.run import sweep
+    from attnbench.run.executor import Execution
+    from attnbench.run.runner import RunOptions
 
     real = sweep.precompile
 

@@ -19,10 +19,10 @@ import pytest
 import torch
 
 from attnbench.backend import all_backends, load_builtin
-from attnbench.capability import matrix, matrix_from_rows
 from attnbench.case import Case
 from attnbench.errors import Unsupported
-from attnbench.suite import load
+from attnbench.plan.capability import matrix, matrix_from_rows
+from attnbench.plan.suite import load
 
 # beyond smoke: mixed prefixes where some request has none (the cascade's paged half cannot run it)
 EXTRA = ["extend/b8-q7-pre3-mixed-h4x2-d64-p16-kvattend-bf16", "extend/b8-q7-pre3-mixed-h4x2-d64-p16-bf16"]

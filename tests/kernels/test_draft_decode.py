@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 from attnbench.backend import get_backend
 from attnbench.buffers import alloc_output, storage_bytes
 from attnbench.case import Case
-from attnbench.cli import app
+from attnbench.cli.app import app
 from attnbench.kernels.mutants import MUTANTS
 from attnbench.ops.attention import AttentionInputs, DecodeParams
 from attnbench.ops.paged import draft_pages
@@ -200,7 +200,7 @@ def test_a_suite_with_a_conflicting_draft_case_exits_2_with_file_line(tmp_path):
 
 def test_smoke_holds_draft_decode_with_pages_and_partial_prefix_pages():
     """The pairwise axis (coverage.SPACE) gives smoke draft cases on pages > 1 whose prefixes end mid-page."""
-    from attnbench.suite import load
+    from attnbench.plan.suite import load
 
     paged = partial = 0
     for case in load("smoke").cases:

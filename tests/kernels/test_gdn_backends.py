@@ -18,7 +18,7 @@ import torch
 from attnbench.backend import Backend, get_backend
 from attnbench.buffers import clone_tensors
 from attnbench.case import Case
-from attnbench.suite import load
+from attnbench.plan.suite import load
 from helpers import KERNEL_REPEATS, run_one
 
 GDN_OPS = ("gdn_gating", "causal_conv1d", "gdn_decode", "gdn_extend", "gdn_verify", "gdn_commit")

@@ -18,8 +18,8 @@ from attnbench.backend import all_backends, get_backend, load_builtin
 from attnbench.case import Case
 from attnbench.kernels.mutants.chain import CHAIN_MUTANTS, chain_with
 from attnbench.ops.gdn_chain import ChainParams
-from attnbench.runner import RunOptions, run_case
-from attnbench.suite import load
+from attnbench.plan.suite import load
+from attnbench.run.runner import RunOptions, run_case
 
 load_builtin()
 OPTS = RunOptions(timing=False)

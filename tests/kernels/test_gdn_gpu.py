@@ -11,7 +11,7 @@ import pytest
 
 from attnbench.backend import Backend, get_backend
 from attnbench.kernels.flashinfer.gdn import FlashInferGDN, gdn_unsupported
-from attnbench.suite import load
+from attnbench.plan.suite import load
 from helpers import run_one
 
 GDN_OPS = ("gdn_gating", "causal_conv1d", "gdn_decode", "gdn_extend", "gdn_verify", "gdn_commit")

@@ -20,8 +20,8 @@ from attnbench.backend import Backend, get_backend
 from attnbench.buffers import clone_tensors
 from attnbench.case import Case
 from attnbench.ops.attention import AttentionInputs
+from attnbench.plan.suite import load
 from attnbench.references import attention as ref_attn
-from attnbench.suite import load
 from helpers import KERNEL_REPEATS, run_one
 
 SPEC_OPS = ("tree_verify", "eagle_build_tree", "verify_greedy")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from attnbench.backend import get_backend
-from attnbench.suite import load
+from attnbench.plan.suite import load
 from helpers import run_one
 
 pytestmark = pytest.mark.gpu

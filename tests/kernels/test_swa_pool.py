@@ -11,7 +11,7 @@ from typer.testing import CliRunner
 
 from attnbench.backend import get_backend
 from attnbench.case import Case
-from attnbench.cli import app
+from attnbench.cli.app import app
 from attnbench.kernels.mutants import MUTANTS
 from attnbench.ops.paged import window_start_page
 from attnbench.references import attention as ref

@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 
 from attnbench.case import Case
-from attnbench.suite import load
+from attnbench.plan.suite import load
 
 MLA = "d576x512-p64-mla-scale0.1352337788608801"
 

@@ -11,13 +11,13 @@ import torch
 from attnbench.backend import Backend
 from attnbench.buffers import alloc_output
 from attnbench.case import Case
-from attnbench.checks import DETERMINISM_REPEATS, check
-from attnbench.results import Result
-from attnbench.runner import RunOptions, run_case
-from attnbench.tolerance import rule_for
+from attnbench.check.checks import DETERMINISM_REPEATS, check
+from attnbench.check.tolerance import rule_for
+from attnbench.run.runner import RunOptions, run_case
+from attnbench.store.results import Result
 
 # Under TRITON_INTERPRET=1 a kernel runs program after program in numpy: a later call cannot reorder a
-# reduction, so the sweep's five determinism repeats (harness/checks.py) only multiply the time of the
+# reduction, so the sweep's five determinism repeats (harness/check/checks.py) only multiply the time of the
 # interpreter tests; one repeat still checks that the closure recomputes from its inputs. Compiled
 # kernels (a GPU) get the sweep's full count.
 KERNEL_REPEATS = 1 if os.environ.get("TRITON_INTERPRET") == "1" else DETERMINISM_REPEATS

@@ -6,8 +6,8 @@ import json
 import random
 from pathlib import Path
 
-from attnbench.results import Result, ResultWriter
-from attnbench.timing import summarize
+from attnbench.run.timing import summarize
+from attnbench.store.results import Result, ResultWriter
 
 PEAKS = {
     "device": "NVIDIA H100 80GB HBM3",

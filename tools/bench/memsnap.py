@@ -63,7 +63,7 @@ def main() -> int:
             torch.cuda.memory._dump_snapshot(a.out_pickle)
 
     torch._C._cuda_attach_out_of_memory_observer(on_oom)
-    from attnbench.cli import main as cli_main
+    from attnbench.cli.app import main as cli_main
 
     sys.argv = ["attnbench", "sweep", *args, "--no-isolate"]
     try:

@@ -3,7 +3,7 @@
 # Usage (repo root, .gpu parts unpacked): bash tools/bench/ncu_rows.sh ROWS-FILE [EXTRA SWEEP ARGS...]
 # ROWS-FILE: one "CASE-ID BACKEND" per line (# comments). Each row runs `attnbench sweep --case ... -b ...
 # --no-timing --no-isolate` under ncu, which keeps only the kernels inside the row's NVTX range
-# `attnbench:<backend>` (harness/runner.py `_profiled`: the first, checked call), after a warm-up run of
+# `attnbench:<backend>` (harness/run/runner.py `_profiled`: the first, checked call), after a warm-up run of
 # the same row without ncu (Triton autotuning cached on disk: TRITON_CACHE_AUTOTUNING=1). Writes $OUT/ncu/<n>.csv
 # and $OUT/ncu/summary.md (tools/bench/ncu_summary.py: per kernel, its last launch, its duration, DRAM and SM throughput,
 # occupancy, registers, grid and the top stall reasons).

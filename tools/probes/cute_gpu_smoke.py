@@ -19,7 +19,7 @@ import torch
 
 from attnbench.backend import get_backend, load_builtin
 from attnbench.case import Case
-from attnbench.runner import RunOptions, run_case
+from attnbench.run.runner import RunOptions, run_case
 
 DECODE = [
     "decode/b4-l300-h8x8-d128-p16-bf16",  # MHA

@@ -12,7 +12,7 @@ from __future__ import annotations
 import pytest
 
 from attnbench.backend import get_backend, load_builtin
-from attnbench.suite import load
+from attnbench.plan.suite import load
 from helpers import run_one
 
 load_builtin()

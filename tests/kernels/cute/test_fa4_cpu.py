@@ -12,7 +12,7 @@ from attnbench.backend import get_backend
 from attnbench.case import Case
 from attnbench.errors import Unsupported
 from attnbench.kernels.cute import fa4
-from attnbench.suite import load
+from attnbench.plan.suite import load
 from helpers import run_one
 
 

@@ -18,7 +18,7 @@ from attnbench.backend import get_backend
 from attnbench.case import Case
 from attnbench.kernels.flashinfer import _lib, limits
 from attnbench.kernels.flashinfer import conventions as conv
-from attnbench.suite import load
+from attnbench.plan.suite import load
 from helpers import run_one
 
 FI_BACKENDS = ("flashinfer", "flashinfer-fa3", "flashinfer-cudacore", "flashinfer-ragged", "flashinfer-ragged-fa3")

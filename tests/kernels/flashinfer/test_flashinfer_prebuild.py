@@ -22,7 +22,7 @@ import pytest
 import torch
 
 from attnbench.backend import get_backend, load_builtin
-from attnbench.suite import load
+from attnbench.plan.suite import load
 
 SUITES = ("smoke", "decode", "extend", "mla", "swa", "spec")
 BACKENDS = ("flashinfer", "flashinfer-fa3", "flashinfer-cudacore", "flashinfer-ragged", "flashinfer-ragged-fa3")

@@ -15,7 +15,7 @@ import pytest
 
 from attnbench.backend import get_backend
 from attnbench.case import Case
-from attnbench.runner import RunOptions, run_case
+from attnbench.run.runner import RunOptions, run_case
 from helpers import KERNEL_REPEATS, run_one
 from kernel_only import watch_kernels
 from sglang_env import sglang_kernels_or_skip
@@ -78,7 +78,7 @@ def test_limits_let_supported_cases_run(backend, case_id):
 
 
 def test_unified_declares_itself_deterministic():
-    """A row whose two calls differ fails (harness/runner.py): SGLang's deterministic path promises that."""
+    """A row whose two calls differ fails (harness/run/runner.py): SGLang's deterministic path promises that."""
     assert get_backend("sglang-unified").deterministic is True
 
 

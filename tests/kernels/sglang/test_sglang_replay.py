@@ -10,9 +10,9 @@ import pytest
 
 from attnbench.backend import get_backend
 from attnbench.case import Case
-from attnbench.checklist import CHECKS, ReplayCheck
-from attnbench.replay import StandInGraph
-from attnbench.runner import RunOptions, run_case
+from attnbench.check.checklist import CHECKS, ReplayCheck
+from attnbench.check.replay import StandInGraph
+from attnbench.run.runner import RunOptions, run_case
 from sglang_env import sglang_kernels_or_skip
 
 pytestmark = pytest.mark.interpreter

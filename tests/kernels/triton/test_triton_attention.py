@@ -17,7 +17,7 @@ import torch
 from attnbench.backend import get_backend, load_builtin
 from attnbench.buffers import bits, clone_tensors
 from attnbench.case import Case
-from attnbench.suite import load
+from attnbench.plan.suite import load
 from helpers import KERNEL_REPEATS, run_one
 from helpers import decode_request as _request
 from helpers import kernel_verdict as _verdict

@@ -16,7 +16,7 @@ import torch
 from attnbench.backend import get_backend, load_builtin
 from attnbench.buffers import bits, clone_tensors
 from attnbench.case import Case
-from attnbench.suite import load
+from attnbench.plan.suite import load
 from helpers import run_one
 
 pytestmark = pytest.mark.gpu

@@ -1,0 +1,195 @@
+"""The replay check's sequence: a closure captured in a CUDA graph on one batch, replayed on another.
+
+A server captures decode and verify once per padded batch-size bucket and replays the graph for every
+later batch of that bucket, after writing the new batch's metadata and inputs into the captured
+tensors in place (sequence lengths, page tables, slots, padding rows). Whatever the closure decided
+on the host for the batch it was captured on (a split count, a maximum length, a grid, a pointer to
+a temporary, a value read with `.item()`) is frozen into the graph: right eagerly, wrong on replay.
+
+`replay(prepared, graph, rule, memo)` runs the sequence on a `PreparedCall` (docs/replay.md):
+
+1. the closure's read inputs back to the case's own (batch A, as `prepare` saw them);
+2. a warm-up call (on a side stream for a CUDA graph: autotuning, lazy initialisation, JIT), then its
+   `finalize`; then the capture of one call;
+3. batch B from the op (`Op.replay_batch`: the same tensor shapes, other lengths, tables, slots,
+   data, a padding request where the op has them), its float64 expectation and twin;
+4. every tensor of B written into the closure's buffers in place (outputs back to their NaN fill);
+5. one replay, `finalize`, and B's outputs and written inputs checked like the first call's
+   (`checks.check`, the same tolerance rule);
+6. the read inputs back to A's (the closure is timed on the case's inputs afterwards).
+
+The graph is an object with `warm_up(fn)`, `capture(fn) -> outputs` and `replay()`: `CudaGraph` on a
+GPU; `StandInGraph` lets CPU tests drive the same sequence (module `StandInGraph` says how it differs).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from attnbench.buffers import storage_bytes, tensor_fields
+from attnbench.check.checks import Problem, _reset_from, check, outputs_contract, subjects
+from attnbench.check.prepared import PreparedCall
+from attnbench.errors import describe
+
+# Inputs larger than this are not replayed: batch B is another copy of them (and is kept for the case's
+# other backends where the op writes nothing); the large suite's pools of several GiB would not fit twice.
+REPLAY_MAX_BYTES = 2**30
+
+
+class CudaGraph:
+    """A `torch.cuda.CUDAGraph` as a server uses one: a warm-up call on a side stream, then the capture."""
+
+    def __init__(self, device):
+        self.device = torch.device(device)
+        self.graph: torch.cuda.CUDAGraph | None = None
+
+    def warm_up(self, fn) -> Any:
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            out = fn()
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        return out
+
+    def capture(self, fn) -> Any:
+        torch.cuda.synchronize(self.device)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            out = fn()
+        return out
+
+    def replay(self) -> None:
+        self.graph.replay()
+
+
+class StandInGraph:
+    """The CPU stand-in of `CudaGraph` (tests): `capture` records the closure without running it (and hands
+    back the warm-up's outputs: a closure returns its preallocated buffers), `replay` calls it again and
+    copies what it returns into those buffers. What the closure took on the host at prepare (a length,
+    a schedule, a grid) stays as it was, as in a graph; unlike a graph, a host read of a device tensor
+    inside the call (`.item()`, `.tolist()`) sees batch B, so such a closure passes here and not on a GPU."""
+
+    def __init__(self, device=None):
+        self.fn = None
+        self.outputs: Any = None
+
+    def warm_up(self, fn) -> Any:
+        self.outputs = fn()
+        return self.outputs
+
+    def capture(self, fn) -> Any:
+        self.fn = fn
+        return self.outputs
+
+    def replay(self) -> None:
+        got = self.fn()
+        for name, t in (got or {}).items():
+            static = self.outputs.get(name) if isinstance(self.outputs, dict) else None
+            if isinstance(static, torch.Tensor) and static is not t:
+                static.copy_(t)
+
+
+def restore_reads(op, params, work: Any, source: Any) -> None:
+    """Every tensor of `work` but the inputs the case writes gets `source`'s bits in place (the written
+    ones, pools a backend may hold in its own layout, stay as the closure's calls left them)."""
+    written = set(op.writes_for(params))
+    keep = {work_t.untyped_storage().data_ptr() for n, work_t in tensor_fields(work).items() if n in written}
+    done = set(keep)
+    for name, t in tensor_fields(work).items():
+        key = t.untyped_storage().data_ptr()
+        if key not in done:
+            done.add(key)
+            t.untyped_storage().copy_(getattr(source, name).untyped_storage())
+
+
+def what_changed(a: Any, b: Any) -> str:
+    """Batch A -> B in a few words, for messages: the lengths, else the slots."""
+    if getattr(a, "seq_lens_host", ()) and a.seq_lens_host != b.seq_lens_host:
+        return f"lengths {list(a.seq_lens_host)} -> {list(b.seq_lens_host)}"
+    if hasattr(a, "state_indices"):
+        return f"slots {a.state_indices.tolist()} -> {b.state_indices.tolist()}"
+    return "other data"
+
+
+def batch_b(op, params, work: Any, dtype: torch.dtype, seed: int, memo: dict | None) -> tuple | str:
+    """`(params, inputs, expected, twin)` of batch B (`Op.replay_batch`), or why there is none. Memoised
+    in `memo` for an op that writes nothing (B is then the same for every backend of the case)."""
+    pure = not op.writes_for(params)
+    if pure and memo is not None and "batch" in memo:
+        return memo["batch"]
+    got = op.replay_batch(params, work, dtype, seed)
+    if not isinstance(got, str):
+        pb, xb = got
+        got = (pb, xb, op.expected(pb, xb, torch.float64), op.expected(pb, xb, dtype))
+    if pure and memo is not None:
+        memo["batch"] = got
+    return got
+
+
+def replay(p: PreparedCall, graph, rule, memo: dict | None = None) -> tuple[str, list[str]]:
+    """The sequence of the module docstring on `p` with `graph`: `(outcome, problems)`, the outcome
+    `"pass"`, `"fail"` (the first problem of batch B, in `problems`) or `"skip: why"` (the op has no
+    batch B for this case)."""
+    case, op, params = p.case, p.case.op, p.case.params
+    work, fn = p.work, p.fn
+    finalize = getattr(fn, "finalize", None)
+    restore_reads(op, params, work, p.pristine)
+    p.sync()
+    out = graph.warm_up(fn)
+    if finalize is not None:
+        finalize(out)
+    p.sync()
+    try:
+        static = graph.capture(fn)
+    except Exception as e:  # a sync, an allocation or a host read inside the call
+        restore_reads(op, params, work, p.pristine)
+        return "fail", [f"replay: the closure could not be captured in a CUDA graph: {describe(e)}"]
+    got = batch_b(op, params, work, case.torch_dtype, case.seed, memo)
+    if isinstance(got, str):
+        return f"skip: {got}", []
+    pb, xb, expected, twin = got
+    change = what_changed(p.pristine, xb)
+    try:
+        _reset_from(work, xb)  # the captured pointers now hold batch B
+        p.sync()
+        graph.replay()
+        p.sync()
+        outputs = finalize(static) if finalize is not None else static
+        if broken := outputs_contract(op, pb, outputs, p.absent):
+            return "fail", [f"replay: {broken}"]
+        v = check(op, pb, xb, work, outputs, expected, twin, rule, absent=p.absent)
+    finally:
+        restore_reads(op, params, work, p.pristine)
+    if not v.problems:
+        return "pass", []
+    more = f" (and {len(v.problems) - 1} more)" if len(v.problems) > 1 else ""
+    names = [*op.outputs_for(pb), *op.writes_for(pb)]
+    return "fail", [
+        Problem(
+            f"replay: captured on one batch, replayed on another of the same shapes ({change}), the closure did "
+            f"not follow: {v.problems[0]}{more}",
+            [f"replay:{s}" for s in subjects(v.problems, names)],
+        )
+    ]
+
+
+def replay_outcome(p: PreparedCall, rule, enabled: bool = True, memo: dict | None = None, graph=None) -> tuple:
+    """The replay check of one row: `replay(...)` where it runs, else `("skip: why", [])`. `graph`: a
+    factory `graph(device)` (default: `CudaGraph`, on CUDA devices only)."""
+    declared = p.backend.graph_safe(p.case)
+    if declared is None:
+        return "skip: not declared graph-safe", []
+    if declared is not True:
+        return f"skip: not graph-safe: {declared}", []
+    if not enabled:
+        return "skip: off (--no-replay)", []
+    if graph is None and not p.case.on_cuda:
+        return f"skip: no CUDA graphs on {p.case.device}", []
+    if (n := storage_bytes(p.pristine)) > REPLAY_MAX_BYTES:
+        return (
+            f"skip: inputs of {n / 2**30:.1f} GiB (over {REPLAY_MAX_BYTES / 2**30:.0f} GiB: batch B would be another copy)",
+            [],
+        )
+    return replay(p, (graph or CudaGraph)(p.case.device), rule, memo)

@@ -1,0 +1,422 @@
+"""Run cases: reference once per case, then every backend prepared, checked and timed the same way.
+
+For one case: backends that do not support it become `skip` rows; the inputs are built once and the
+float64 reference and the native-precision twin computed once; each backend gets its own clone of the
+inputs, `prepare` (timed apart, by host clock), one checked call, then the checks of
+`RunOptions.checks` in order (harness/check/checklist.py: outputs, determinism repeats, batch invariance,
+stale output); then the closures of all backends that ran are timed together, interleaved. Any
+exception becomes an `error` row for that backend only. The runner knows no check by name.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from attnbench.backend import Backend
+from attnbench.buffers import clone_tensors, storage_bytes
+from attnbench.case import Case
+from attnbench.check.checklist import CheckContext, active, runnable
+from attnbench.check.checks import DETERMINISM_REPEATS, outputs_contract, subjects
+from attnbench.check.prepared import PreparedCall, call_untimed, sync_device
+from attnbench.check.tolerance import Rule, rule_for
+from attnbench.errors import Unsupported, describe, out_of_memory
+from attnbench.run.peaks import roofline
+from attnbench.run.timing import Rotation, TimingConfig, time_closures
+from attnbench.store.results import Result
+
+
+@dataclass(frozen=True)
+class RunOptions:
+    timing: bool = True
+    timing_config: TimingConfig | None = None
+    invariance: bool = False  # check batch invariance for every case (else only where a suite requires it)
+    peaks: dict | None = None  # attnbench.run.peaks.get_peaks() of the device: adds the roofline to `derived`
+    # calls after the checked one that must reproduce its bits (harness/check/checks.py says why 5); fewer only
+    # where the execution cannot vary between calls (tests of kernels under the Triton interpreter)
+    determinism_repeats: int = DETERMINISM_REPEATS
+    ref_cache: str | None = None  # reference cache directory (harness/store/refcache.py); None: off
+    ref_cache_max: int | None = None  # its cap in bytes; None: refcache.default_max_bytes()
+    checks: tuple | None = None  # the checks every row goes through, in order; None: checklist.active()
+    replay: bool = True  # the CUDA-graph replay check (GPU rows of graph-safe backends; docs/replay.md)
+
+
+class ContextLost(Exception):
+    """A backend broke the CUDA context (illegal address, device assert): nothing more can run here.
+
+    Carries the rows finished so far (the culprit's error row included); the process must end.
+    """
+
+    def __init__(self, rows: list[Result], reason: str):
+        super().__init__(reason)
+        self.rows, self.reason = rows, reason
+
+
+_STICKY = ("illegal memory access", "device-side assert", "unspecified launch failure", "misaligned address",
+           "illegal instruction", "an illegal", "CUDA error: unknown error", "uncorrectable ECC")  # fmt: skip
+
+
+def context_lost(e: BaseException) -> bool:
+    """True for the CUDA errors after which the context is unusable."""
+    return isinstance(e, RuntimeError) and any(s in str(e) for s in _STICKY)
+
+
+KEPT_WATCH_BYTES = 2**30  # cases with inputs this large check what each backend leaves allocated
+KEPT_NOTE_BYTES = 64 * 2**20
+
+
+def _watch_kept(case: Case, opts: RunOptions, built: _Built) -> bool:
+    """Whether each backend's row of this case is checked for device memory it leaves allocated: GPU
+    cases with inputs of KEPT_WATCH_BYTES or more, correctness only (timing keeps every closure)."""
+    return case.on_cuda and not opts.timing and storage_bytes(built.pristine) >= KEPT_WATCH_BYTES
+
+
+def _allocated() -> int:
+    """Device memory held by live tensors, after a collection (a dropped closure's cycles freed)."""
+    gc.collect()
+    return torch.cuda.memory_allocated()
+
+
+def _note_kept(row: Result, kept: int) -> None:
+    """Device memory a backend's row left allocated once its closure was dropped (a leak: a cache of
+    tensors, an exception kept alive) goes into the row's prepare_info (`kept_gib`): the next backend's
+    out-of-memory error then has a named cause."""
+    if kept >= KEPT_NOTE_BYTES:
+        row.prepare_info = dict(row.prepare_info or {}) | {"kept_gib": round(kept / 2**30, 2)}
+
+
+def _held(built: _Built, memo: dict) -> str:
+    """What the case itself holds while its backends run, for an out-of-memory reason: the inputs (each
+    backend clones them once more), the float64 expectation, the twin and the checks' shared copies."""
+    parts = {
+        "case inputs": storage_bytes(built.pristine),
+        "float64 expectation": storage_bytes(built.expected),
+        "twin": storage_bytes(built.twin),
+        "checks' shared copies": storage_bytes(memo),
+    }
+    held = ", ".join(f"{k} {v / 2**30:.2f} GiB" for k, v in parts.items() if v or k == "case inputs")
+    return f"{held}; the inputs cloned once per backend"
+
+
+def _sync(case: Case) -> None:
+    sync_device(case)
+
+
+def error_row(case: Case, backend: str, reason: str, env: dict | None = None) -> Result:
+    """An `error` row for a backend that could not finish `case` (crash, timeout)."""
+    return _row(case, backend, "error", reason, env=env or {})
+
+
+def _row(case: Case, backend: str, status: str, reason: str = "", **kw) -> Result:
+    return Result(
+        case_id=case.id,
+        op=case.op_name,
+        backend=backend,
+        status=status,
+        reason=reason,
+        params=case.params.model_dump(),
+        dtype=case.dtype,
+        seed=case.seed,
+        suite=case.suite,
+        count=case.count,
+        features=list(case.features),
+        tolerance_why=case.tolerance.why if case.tolerance else "",
+        **kw,
+    )
+
+
+def _supports(backend: Backend, case: Case) -> str | None:
+    try:
+        return backend.supports(case)
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # a plugin whose supports() raises is an error, not a crash
+        raise _SupportsFailed(f"supports() raised {describe(e)}") from e
+
+
+class _SupportsFailed(Exception):
+    pass
+
+
+def triage(case: Case, backends: list[Backend], env: dict | None = None) -> tuple[dict[str, Result], list[Backend]]:
+    """Rows for the backends that skip `case` (or whose `supports` raises), and the backends that run it."""
+    rows: dict[str, Result] = {}
+    todo: list[Backend] = []
+    for b in backends:
+        try:
+            reason = _supports(b, case)
+        except _SupportsFailed as e:
+            rows[b.name] = _row(case, b.name, "error", str(e), env=env or {})
+            continue
+        if reason:
+            rows[b.name] = _row(case, b.name, "skip", reason, env=env or {})
+        else:
+            todo.append(b)
+    return rows, todo
+
+
+def run_case(
+    case: Case,
+    backends: list[Backend],
+    opts: RunOptions,
+    env: dict | None = None,
+    on_stage: Callable[[str], None] | None = None,
+) -> list[Result]:
+    """All rows of one case, in backend order.
+
+    `on_stage(name)` is told which backend is about to run (`"timing"` for the shared timing phase,
+    `"reference"` before inputs and references) so a supervisor can attribute a crash or a timeout.
+    Raises ContextLost when a backend broke the CUDA context. Runs with the case's GPU as the current
+    device (kernels that launch on the current device, like Triton's, then find their tensors).
+    """
+    t0 = time.perf_counter()
+    with torch.cuda.device(torch.device(case.device)) if case.on_cuda else contextlib.nullcontext():
+        rows = _run_case(case, backends, opts, env, on_stage)
+    case_s = time.perf_counter() - t0
+    for r in rows:
+        r.case_s = case_s
+    return rows
+
+
+def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
+    """Orchestration only: triage, the case's inputs and reference, each backend prepared and checked
+    (`_run_backend`), then the closures timed together (`_time`)."""
+    env = env or {}
+    stage = on_stage or (lambda name: None)
+    rows, todo = triage(case, backends, env)
+    if todo:
+        stage("reference")
+        built = _build(case, opts)
+        if isinstance(built, _BuildFailed):
+            e = built.error
+            for b in todo:
+                rows[b.name] = _row(case, b.name, "error", f"building inputs/reference failed: {describe(e)}{built.size}",
+                                    env=env)  # fmt: skip
+            if context_lost(e):
+                raise ContextLost([rows[b.name] for b in backends if b.name in rows], str(e)) from e
+        else:
+            closures: dict[str, Callable] = {}
+            memo: dict[str, dict] = {}  # per check: what the backends of the case share
+            watch = _watch_kept(case, opts, built)
+            for b in todo:
+                stage(b.name)
+                before = _allocated() if watch else 0
+                rows[b.name], fn = _run_backend(case, b, built, opts, env, memo, rows)
+                if fn is not None:
+                    # without timing nothing calls it again: drop it, so its copy of the inputs (a production-size
+                    # pool of gigabytes, suites/large.yaml) is freed before the next backend's is made
+                    closures[b.name] = fn if opts.timing else None
+                del fn
+                if watch:
+                    _note_kept(rows[b.name], _allocated() - before)
+            _time(case, todo, built, closures, rows, opts, stage)
+    return [rows[b.name] for b in backends]
+
+
+@dataclass
+class _Built:
+    """A case's inputs and references, built once and shared by its backends."""
+
+    pristine: object
+    expected: dict
+    twin: dict
+    shared: dict  # the fields every row of the case carries (reference_s, inputs_s, reference_from...)
+    flops: float
+    nbytes: float
+    rule: Rule
+
+
+@dataclass
+class _BuildFailed:
+    error: Exception
+    size: str  # " (inputs N GiB)" when the inputs were built, else ""
+
+
+def _build(case: Case, opts: RunOptions) -> _Built | _BuildFailed:
+    """The case's inputs, the float64 reference and the twin, FLOPs, bytes and the tolerance rule;
+    or what went wrong."""
+    op, p = case.op, case.params
+    pristine = None
+    try:
+        t0 = time.perf_counter()
+        pristine = case.make_inputs()
+        _sync(case)
+        inputs_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        expected, twin, ref = _reference(case, pristine, opts)
+        ref_s = time.perf_counter() - t0
+        flops, nbytes = op.flops(p, pristine), op.bytes(p, pristine)
+    except Exception as e:
+        return _BuildFailed(e, f" (inputs {storage_bytes(pristine) / 2**30:.2f} GiB)" if pristine is not None else "")
+    shared = {"reference_s": ref_s, "inputs_s": inputs_s} | ref  # every row of the case carries them
+    return _Built(pristine, expected, twin, shared, flops, nbytes, rule_for(case))
+
+
+def _run_backend(
+    case: Case, b: Backend, built: _Built, opts: RunOptions, env: dict, memo: dict, rows: dict
+) -> tuple[Result, Callable | None]:
+    """One backend's row: a copy of the inputs, `prepare`, the checked call, then the checks of
+    `opts.checks` in order (harness/check/checklist.py). Returns the row and the closure to time (None when
+    it did not run to a verdict). Any exception is this row's error (ContextLost when it broke the
+    CUDA context, carrying the rows so far)."""
+    op, p, shared = case.op, case.params, built.shared
+    try:
+        t0 = time.perf_counter()
+        work = clone_tensors(built.pristine)
+        copy_s = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        fn = b.prepare(case, work)
+        _sync(case)
+        prep = time.perf_counter() - t0
+        t0 = time.perf_counter()
+        outputs = call_untimed(fn, around=_profiled(case, b.name))
+        _sync(case)
+        call_s = copy_s + time.perf_counter() - t0
+        call = PreparedCall(case, b, built.pristine, work, fn)
+        absent = call.absent
+        if broken := outputs_contract(op, p, outputs, absent):
+            return _row(case, b.name, "error", broken, prepare_s=prep, call_s=call_s, env=env, **shared), None
+        ctx = CheckContext(call, outputs, built.expected, built.twin, built.rule, opts, memo=memo)
+        parts, fields = _apply_checks(ctx, opts.checks if opts.checks is not None else active())
+        verdict = ctx.verdict
+        failed = subjects(verdict.problems, [*op.outputs_for(p), *op.writes_for(p)])
+        row = _row(
+            case, b.name, "pass" if verdict.ok else "fail", verdict.reason, prepare_s=prep, call_s=call_s,
+            check_s=sum(parts.values()), check_parts=parts, prepare_info=_info(fn, absent), env=env,
+            failed=failed, **shared, **fields,
+        )  # fmt: skip
+        return row, fn
+    except Unsupported as e:
+        return _row(case, b.name, "skip", str(e), env=env), None
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:  # also SystemExit (a library's sys.exit): this row's error, not the sweep's end
+        reason = describe(e)
+        if out_of_memory(e):
+            reason += f" ({_held(built, memo)})"
+        row = _row(case, b.name, "error", reason, env=env, **shared)
+        if context_lost(e):
+            raise ContextLost([*(rows[n] for n in rows), row], f"{b.name}: {e}") from e
+        if case.on_cuda:
+            torch.cuda.empty_cache()
+        return row, None
+
+
+# Inputs from this size on (suites/large.yaml: 8 GiB pools) are collected after every check: a copy
+# that sits in a reference cycle until the next automatic collection is another pool on the device
+# (H100, `large` extend: 7 copies of 8.3 GiB alive at once before this).
+COLLECT_FROM_BYTES = 2**30
+
+
+def _apply_checks(ctx: CheckContext, checks) -> tuple[dict[str, float], dict]:
+    """Each check that applies, in order: its seconds (`check_parts`) and the row fields it records."""
+    parts: dict[str, float] = {}
+    fields: dict = {}
+    big = storage_bytes(ctx.prepared.pristine) >= COLLECT_FROM_BYTES
+    for c in checks:
+        if not runnable(c, ctx):
+            continue
+        with _timed(parts, c.name):
+            got = c.run(ctx) or {}
+            if big:  # copies a check made (fresh closures, perturbed pools) may sit in reference cycles
+                gc.collect()
+        if stray := set(got) - set(c.records):
+            raise TypeError(f"check {c.name!r} returned {sorted(stray)}, which it does not declare in `records`")
+        fields |= got
+    return parts, fields
+
+
+def _time(case: Case, todo: list[Backend], built: _Built, closures: dict, rows: dict, opts: RunOptions, stage) -> None:
+    """Time the closures that ran, interleaved (when timing is on), and add FLOPs, bytes and the
+    roofline to their rows."""
+    flops, nbytes = built.flops, built.nbytes
+    if not (opts.timing and closures):
+        for name in closures:
+            rows[name].derived = {"flops": flops, "bytes": nbytes} | roofline(flops, nbytes, 0.0, None, case.dtype)
+        return
+    stage("timing")
+    # graph mode rotates over closures prepared on fresh copies of the inputs
+    by_name = {b.name: b for b in todo}
+    factories = {n: (lambda b=by_name[n]: b.prepare(case, clone_tensors(built.pristine))) for n in closures}
+    try:
+        stats = time_closures(closures, case.device, opts.timing_config, Rotation(factories, nbytes))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
+        for name in closures:
+            rows[name].status, rows[name].reason = "error", f"timing failed: {describe(e)}"
+        if context_lost(e):
+            raise ContextLost([rows[n] for n in rows], f"timing: {e}") from e
+        stats = {}
+    for name, st in stats.items():
+        secs = st.median_us * 1e-6
+        rows[name].timing = st.to_dict()
+        rows[name].derived = {
+            "flops": flops,
+            "bytes": nbytes,
+            "tflops": flops / secs / 1e12 if secs > 0 else 0.0,
+            "tbps": nbytes / secs / 1e12 if secs > 0 else 0.0,
+        } | roofline(flops, nbytes, secs, opts.peaks, case.dtype)
+
+
+def _reference(case: Case, pristine, opts: RunOptions) -> tuple[dict, dict, dict]:
+    """The float64 expectation and the native-precision twin of `case`, from the reference cache when
+    it holds them (harness/store/refcache.py), else computed (and stored there). The third value is what the
+    rows record: `reference_from` ("cache" | "computed") and `reference_note` (a cache problem)."""
+    from attnbench.store import refcache
+
+    op, p = case.op, case.params
+    cache = refcache.open_cache(opts.ref_cache, opts.ref_cache_max)
+    note = ""
+    if cache is not None:
+        hit, note = cache.get(case, pristine)
+        if hit is not None:
+            return *hit, {"reference_from": "cache"}
+    expected = op.expected(p, pristine, torch.float64)
+    twin = op.expected(p, pristine, case.torch_dtype)
+    _sync(case)
+    if cache is not None:
+        stored = cache.put(case, expected, twin, pristine)
+        note = "; ".join(filter(None, (note, stored)))
+    return expected, twin, {"reference_from": "computed"} | ({"reference_note": note} if note else {})
+
+
+@contextlib.contextmanager
+def _profiled(case: Case, backend: str):
+    """The checked call of each row (not its finalize) inside an NVTX range `attnbench:<backend>` (GPU cases), so a
+    profiler can keep exactly one call of one backend's kernels: `ncu --nvtx --nvtx-include
+    "attnbench:triton/"` (tools/bench/ncu_rows.sh). Costs a few microseconds outside any window."""
+    if not case.on_cuda:
+        yield
+        return
+    torch.cuda.nvtx.range_push(f"attnbench:{backend}")
+    try:
+        yield
+    finally:
+        torch.cuda.nvtx.range_pop()
+
+
+@contextlib.contextmanager
+def _timed(parts: dict[str, float], name: str):
+    """Add the seconds the block takes to `parts[name]` (a row's `check_parts`)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        parts[name] = parts.get(name, 0.0) + time.perf_counter() - t0
+
+
+def _info(fn: Callable, absent: dict[str, str]) -> dict:
+    """The row's prepare_info: the closure's `info`, plus the outputs its kernel does not produce and the
+    inputs it consumed in prepare (`planned`)."""
+    planned = dict(getattr(fn, "planned", {}) or {})
+    return (
+        dict(getattr(fn, "info", {}) or {})
+        | ({"absent": absent} if absent else {})
+        | ({"planned": planned} if planned else {})
+    )

@@ -1,0 +1,458 @@
+"""The one timing function: every backend of a case is timed the same way, interleaved.
+
+CUDA, per-call mode (default): each sample is one call of the prepared closure between two CUDA
+events, after an L2 flush (a memset of 2x the device's L2, outside the events).
+
+CUDA, graph mode (short kernels): when the fastest closure of a case has a pilot median under
+`graph_below_us`, every closure is captured `calls` times in one CUDA graph, rotating over closures
+prepared on distinct copies of the inputs (`Rotation`) so that the rotated working set is at least
+`rotate_l2_multiple` x L2; a sample is one graph replay (after a flush) divided by `calls`. If any
+closure of the case cannot be captured, or the rotation cannot be sized, every backend of the case
+stays in per-call mode, and `note` says why.
+
+Samples are taken round-robin over the backends, in rounds, until the 95% confidence interval of
+every median is within `target_ci` (order-statistic interval, no normality assumed) or the time or
+count budget runs out (`converged` false). With NVML (attnbench.run.nvml), the GPU's clocks and throttle
+reasons are read during and after every round; samples of a throttled round are set aside and
+retaken (counted in `n_throttled`, reasons in `throttle`); only when too few clean samples remain
+are they used, and `throttled` says so.
+
+CPU: the same loop with a host clock (`clock: host`), labelled as such in results and report.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, field
+from typing import Protocol
+
+import torch
+
+from attnbench.errors import describe
+from attnbench.run import nvml
+
+
+@dataclass(frozen=True)
+class TimingConfig:
+    warmup_s: float = 0.025  # at least this long, and at least `warmup_calls`, before sampling
+    warmup_calls: int = 3
+    min_samples: int = 10
+    max_samples: int = 500
+    max_s: float = 2.0  # per case, all backends together (sampling stops there, flagged)
+    target_ci: float = 0.01  # half-width of the median's 95% CI, relative
+    round_size: int = 10
+    flush_l2: bool = True
+    graph_below_us: float = 300.0  # CUDA-graph mode when the fastest pilot median is below this; 0: never
+    graph_calls: int = 10  # calls per graph replay, at least (rounded up to a multiple of the copies)
+    graph_warmup_s: float = 0.2  # graph replays before sampling, all backends in turn (clocks and power settle)
+    rotate_l2_multiple: float = 5.0  # rotated working set >= this x L2 in graph mode
+    max_copies: int = 512  # input copies per backend for rotation, at most
+    max_memory_fraction: float = 0.5  # of the free device memory that the copies may take
+
+
+CPU_CONFIG = TimingConfig(
+    warmup_s=0.0, warmup_calls=1, min_samples=3, max_samples=50, max_s=0.5, target_ci=0.05, graph_below_us=0
+)
+
+
+@dataclass(frozen=True)
+class Rotation:
+    """How to get more closures of a case over distinct copies of its inputs (for graph mode).
+
+    `factories[name]()` returns a new prepared closure of backend `name` over a fresh copy of the
+    case's inputs; `bytes_per_call` is what one call reads and writes (the op's byte count), which
+    sizes the rotation.
+    """
+
+    factories: dict[str, Callable[[], Callable[[], object]]]
+    bytes_per_call: float
+
+
+@dataclass
+class TimingStats:
+    """Statistics of one closure's samples (microseconds per call) and how they were taken."""
+
+    median_us: float
+    p10_us: float
+    p90_us: float
+    min_us: float
+    mean_us: float
+    cv: float  # population standard deviation / mean
+    ci95_us: tuple[float, float]  # 95% confidence interval of the median
+    n: int
+    clock: str  # "cuda-events" | "host"
+    l2_flush: bool
+    converged: bool  # the CI target was met within budget
+    mode: str = "per-call"  # "per-call": one call per sample | "cuda-graph": one replay of `calls_per_sample`
+    calls_per_sample: int = 1
+    copies: int = 1  # input copies rotated (graph mode)
+    working_set_bytes: float | None = None  # bytes touched per rotation cycle (graph mode)
+    note: str = ""  # why graph mode was not used, budget notes
+    q1_us: float = 0.0
+    q3_us: float = 0.0
+    max_us: float = 0.0
+    stdev_us: float = 0.0
+    rcv: float = 0.0  # robust CV: 1.4826 MAD / median (= cv for normal noise; outliers, up to half, do not count)
+    n_throttled: int = 0  # samples set aside because the GPU throttled while they ran
+    throttled: bool = False  # throttled samples had to be used (too few clean ones)
+    throttle: list[str] = field(default_factory=list)  # throttle reasons seen
+    nvml: dict | None = None  # GPU state before and after sampling (clocks, temperature, power)
+    wall_s: float = 0.0  # wall time of the whole timing of the case (all backends: warm-up, pilot, sampling)
+    kernel_s: float = 0.0  # time inside this closure's timed windows
+    samples_us: list[float] = field(default_factory=list)  # in the order taken
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def median_ci(samples: list[float], z: float = 1.96) -> tuple[float, float]:
+    """95% confidence interval of the median from order statistics (binomial approximation)."""
+    s = sorted(samples)
+    n = len(s)
+    half = z * math.sqrt(n) / 2
+    lo = max(0, math.floor(n / 2 - half))
+    hi = min(n - 1, math.ceil(n / 2 + half))
+    return s[lo], s[hi]
+
+
+def summarize(samples_s: list[float], clock: str, flush: bool, converged: bool, **extra) -> TimingStats:
+    """TimingStats of samples given in seconds per call; `extra` fills the descriptive fields."""
+    raw = [x * 1e6 for x in samples_s]
+    us = sorted(raw)
+    q = statistics.quantiles(us, n=20, method="inclusive") if len(us) > 1 else [us[0]] * 19
+    mean = statistics.fmean(us)
+    sd = statistics.pstdev(us)
+    return TimingStats(
+        median_us=statistics.median(us),
+        p10_us=q[1],
+        p90_us=q[17],
+        min_us=us[0],
+        mean_us=mean,
+        cv=sd / mean if mean > 0 else 0.0,
+        ci95_us=median_ci(us),
+        n=len(us),
+        clock=clock,
+        l2_flush=flush,
+        converged=converged,
+        q1_us=q[4],
+        q3_us=q[14],
+        max_us=us[-1],
+        stdev_us=sd,
+        rcv=_robust_cv(us),
+        samples_us=[float(f"{x:.6g}") for x in raw],
+        **extra,
+    )
+
+
+def _robust_cv(us: list[float]) -> float:
+    """1.4826 x median absolute deviation / median: the CV of normal noise, blind to up to half outliers."""
+    med = statistics.median(us)
+    return 1.4826 * statistics.median(abs(x - med) for x in us) / med if med > 0 else 0.0
+
+
+def _converged(samples: list[float], target: float, minimum: int) -> bool:
+    if len(samples) < minimum:
+        return False
+    lo, hi = median_ci(samples)
+    med = statistics.median(samples)
+    return med > 0 and (hi - lo) / 2 <= target * med
+
+
+# ---- samplers: one round of samples per closure, seconds per call ------------------------------
+
+
+class Sampler(Protocol):
+    """Takes one round: `size` samples of each named closure, round-robin, in seconds per call.
+
+    `during`, when given, is called once while the round's work is still running (GPU samplers call it
+    after enqueueing everything and before synchronizing).
+    """
+
+    clock: str
+
+    def round(
+        self, names: list[str], size: int, during: Callable[[], None] | None = None
+    ) -> dict[str, list[float]]: ...
+
+
+class HostSampler:
+    """Host clock around each call (CPU devices)."""
+
+    clock = "host"
+
+    def __init__(self, closures: dict[str, Callable]):
+        self.closures = closures
+
+    def round(self, names, size, during=None):
+        out = {n: [] for n in names}
+        for _ in range(size):
+            for n in names:
+                t0 = time.perf_counter()
+                self.closures[n]()
+                out[n].append(time.perf_counter() - t0)
+        if during:
+            during()
+        return out
+
+
+class EventSampler:
+    """CUDA events around each call (or graph replay, divided by `calls[name]`), each after a flush."""
+
+    clock = "cuda-events"
+
+    def __init__(self, runs: dict[str, Callable], device: torch.device, flush: Callable | None, calls=None):
+        self.runs, self.device, self.flush = runs, device, flush
+        self.calls = calls or {}
+
+    def round(self, names, size, during=None):
+        events = {n: [] for n in names}
+        for _ in range(size):
+            for n in names:
+                if self.flush:
+                    self.flush()
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                self.runs[n]()
+                e1.record()
+                events[n].append((e0, e1))
+        if during:
+            during()
+        torch.cuda.synchronize(self.device)
+        return {n: [a.elapsed_time(b) * 1e-3 / self.calls.get(n, 1) for a, b in events[n]] for n in names}
+
+
+class _Flusher:
+    def __init__(self, device: torch.device):
+        l2 = torch.cuda.get_device_properties(device).L2_cache_size
+        self.buf = torch.empty(max(2 * l2, 1 << 20), dtype=torch.uint8, device=device)
+
+    def __call__(self):
+        self.buf.zero_()
+
+
+# ---- the adaptive loop ---------------------------------------------------------------------------
+
+
+@dataclass
+class Sampled:
+    """What `sample_until_converged` took: clean samples, throttled ones set aside, and their reasons."""
+
+    clean: dict[str, list[float]]
+    throttled: dict[str, list[float]]
+    reasons: list[str]
+
+
+def sample_until_converged(
+    sampler: Sampler,
+    names: list[str],
+    cfg: TimingConfig,
+    throttle_check: Callable[[], str | None] | None = None,
+    now: Callable[[], float] = time.perf_counter,
+    start: dict[str, list[float]] | None = None,
+) -> Sampled:
+    """Rounds of `cfg.round_size` samples per closure until every median's CI meets the target.
+
+    Stops at `cfg.max_samples` clean samples of the least-sampled closure or after `cfg.max_s`.
+    `throttle_check` (called during each round, while its work runs, and after it) returns a reason
+    when the GPU throttled; that round's samples are set aside.
+    `start` seeds the clean samples (a pilot round already taken the same way).
+    """
+    clean = {n: list((start or {}).get(n, [])) for n in names}
+    throttled: dict[str, list[float]] = {n: [] for n in names}
+    reasons: list[str] = []
+    seen: list[str] = []
+    during = (lambda: seen.append(throttle_check() or "")) if throttle_check else None
+    t0 = now()
+    while True:
+        if all(_converged(s, cfg.target_ci, cfg.min_samples) for s in clean.values()):
+            break
+        if min(len(s) for s in clean.values()) >= cfg.max_samples or now() - t0 > cfg.max_s:
+            break
+        seen.clear()
+        got = sampler.round(names, cfg.round_size, during)
+        why = [w for w in seen if w]
+        if throttle_check is not None and (after := throttle_check()):
+            why.append(after)
+        target = throttled if why else clean
+        for n in names:
+            target[n] += got[n]
+        for w in why:
+            if w not in reasons:
+                reasons.append(w)
+    return Sampled(clean, throttled, reasons)
+
+
+# ---- CUDA graphs ---------------------------------------------------------------------------------
+
+
+def rotation_plan(bytes_per_call: float, l2_bytes: int, cfg: TimingConfig) -> tuple[int, int] | str:
+    """(copies, calls per graph) so that `copies` x bytes >= rotate_l2_multiple x L2; else why not."""
+    if bytes_per_call <= 0:
+        return "no byte count to size the input rotation"
+    need = cfg.rotate_l2_multiple * l2_bytes
+    copies = max(1, math.ceil(need / bytes_per_call))
+    if copies > cfg.max_copies:
+        need_l2 = f"{cfg.rotate_l2_multiple:g}x L2"
+        return f"rotation needs {copies} input copies to reach {need_l2} (max {cfg.max_copies})"
+    calls = copies * math.ceil(max(cfg.graph_calls, copies) / copies)
+    assert copies * bytes_per_call >= need, "rotated working set below the L2 multiple"
+    return copies, calls
+
+
+@dataclass
+class _Graphs:
+    replays: dict[str, Callable[[], None]]
+    keep: list  # closures, their inputs and the graphs: alive as long as the replays are used
+    copies: int
+    calls: int
+    working_set: float
+
+
+def _capture_graphs(
+    closures: dict[str, Callable], rotation: Rotation, device: torch.device, cfg: TimingConfig
+) -> _Graphs | str:
+    """One CUDA graph per closure, `calls` calls over rotated input copies; a reason string on failure."""
+    plan = rotation_plan(rotation.bytes_per_call, torch.cuda.get_device_properties(device).L2_cache_size, cfg)
+    if isinstance(plan, str):
+        return plan
+    copies, calls = plan
+    free, _ = torch.cuda.mem_get_info(device)
+    extra = (copies - 1) * rotation.bytes_per_call * len(closures)
+    if extra > cfg.max_memory_fraction * free:
+        need, have = extra / 2**30, free / 2**30
+        return f"{copies - 1} more input copies per backend need {need:.1f} GiB, {have:.1f} GiB free"
+    keep: list = []
+    replays: dict[str, Callable[[], None]] = {}
+    side = torch.cuda.Stream(device)
+    for name, fn in closures.items():
+        try:
+            fns = [fn] + [rotation.factories[name]() for _ in range(copies - 1)]
+            side.wait_stream(torch.cuda.current_stream(device))
+            with torch.cuda.stream(side):  # first calls (lazy init, autotune) outside the capture
+                for f in fns:
+                    f()
+            torch.cuda.current_stream(device).wait_stream(side)
+            torch.cuda.synchronize(device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+                for i in range(calls):
+                    fns[i % copies]()
+        except Exception as e:  # not capturable, or no memory for the copies
+            torch.cuda.synchronize(device)
+            return f"graph capture failed for {name}: {describe(e, first_line=True)}"
+        keep += [fns, graph]
+        replays[name] = graph.replay
+    return _Graphs(replays, keep, copies, calls, copies * rotation.bytes_per_call)
+
+
+# ---- the entry point -----------------------------------------------------------------------------
+
+
+def _warm_up(closures: dict[str, Callable], cfg: TimingConfig, sync: Callable[[], None]) -> None:
+    for fn in closures.values():
+        t0, calls = time.perf_counter(), 0
+        while calls < cfg.warmup_calls or time.perf_counter() - t0 < cfg.warmup_s:
+            fn()
+            calls += 1
+            sync()
+
+
+def _settle(replays: dict[str, Callable], seconds: float, sync: Callable[[], None]) -> None:
+    """Replay every graph in turn for `seconds`: the kernels that were just captured, not the previous
+    case's, set the clocks and power draw the samples are taken at."""
+    t0 = time.perf_counter()
+    while time.perf_counter() - t0 < seconds:
+        for replay in replays.values():
+            replay()
+        sync()
+
+
+def time_closures(
+    closures: dict[str, Callable[[], object]],
+    device: torch.device | str,
+    config: TimingConfig | None = None,
+    rotation: Rotation | None = None,
+) -> dict[str, TimingStats]:
+    """Median-converged timings of each closure, sampled round-robin (see module docstring)."""
+    device = torch.device(device)
+    cuda = device.type == "cuda"
+    cfg = config or (TimingConfig() if cuda else CPU_CONFIG)
+    names = list(closures)
+    wall0 = time.perf_counter()
+    if not cuda:
+        _warm_up(closures, cfg, lambda: None)
+        got = sample_until_converged(HostSampler(closures), names, cfg)
+        return _finish(got, names, cfg, "host", False, wall0, {"mode": "per-call"})
+
+    flush = _Flusher(device) if cfg.flush_l2 else None
+    monitor = nvml.monitor(device)
+    before = monitor.snapshot() if monitor else None
+    _warm_up(closures, cfg, lambda: torch.cuda.synchronize(device))
+    events = EventSampler(closures, device, flush)
+    pilot = events.round(names, max(3, min(cfg.round_size, cfg.min_samples)))
+    extra: dict = {"mode": "per-call"}
+    sampler: EventSampler = events
+    graphs = None
+    fastest = min(statistics.median(s) for s in pilot.values()) * 1e6
+    if cfg.graph_below_us > 0 and fastest < cfg.graph_below_us:
+        graphs = _capture_graphs(closures, rotation, device, cfg) if rotation else "no input rotation given"
+        if isinstance(graphs, str):
+            extra["note"] = f"per-call: {graphs}"
+            graphs = None
+        else:
+            calls = dict.fromkeys(names, graphs.calls)
+            _settle(graphs.replays, cfg.graph_warmup_s, lambda: torch.cuda.synchronize(device))
+            sampler = EventSampler(graphs.replays, device, flush, calls)
+            extra |= {
+                "mode": "cuda-graph",
+                "calls_per_sample": graphs.calls,
+                "copies": graphs.copies,
+                "working_set_bytes": graphs.working_set,
+            }
+            pilot = {}
+    check = (lambda: nvml.throttle_reason(monitor.snapshot())) if monitor else None
+    if check and pilot and check():
+        pilot = {}  # the pilot ran throttled: do not keep its samples
+    got = sample_until_converged(sampler, names, cfg, check, start=pilot)
+    extra["nvml"] = {"before": before, "after": monitor.snapshot()} if monitor else None
+    return _finish(got, names, cfg, "cuda-events", flush is not None, wall0, extra)
+
+
+def _finish(got: Sampled, names, cfg: TimingConfig, clock: str, flush: bool, wall0: float, extra: dict):
+    out = {}
+    wall = time.perf_counter() - wall0
+    calls = extra.get("calls_per_sample", 1)
+    for n in names:
+        clean, bad = got.clean[n], got.throttled[n]
+        use_bad = len(clean) < cfg.min_samples and bad
+        samples = clean + bad if use_bad else clean
+        note = extra.get("note", "")
+        if use_bad:
+            note = (note + "; " if note else "") + f"{len(bad)} throttled samples used (too few clean ones)"
+        out[n] = summarize(
+            samples,
+            clock,
+            flush,
+            _converged(samples, cfg.target_ci, cfg.min_samples),
+            **(extra | {"note": note}),
+            n_throttled=len(bad),
+            throttled=bool(use_bad),
+            throttle=list(got.reasons),
+            wall_s=wall,
+            kernel_s=sum(clean + bad) * calls,
+        )
+    return out
+
+
+def storage_bytes(obj) -> int:
+    """Bytes of the distinct storages behind the tensor fields of a dataclass (an input bundle)."""
+    from attnbench.buffers import tensor_fields
+
+    seen: dict[tuple[str, int], int] = {}
+    for t in tensor_fields(obj).values():
+        s = t.untyped_storage()
+        seen[(str(t.device), s.data_ptr())] = s.nbytes()
+    return sum(seen.values())

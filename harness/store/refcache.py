@@ -1,0 +1,412 @@
+"""The reference cache: a case's float64 reference and native-precision twin, kept on disk by content.
+
+What `Op.expected` returns depends only on the op, its parameters, the dtype, the seed, the code that
+builds the inputs and computes the references, the torch that runs it and the device kind it runs on.
+The cache key is a SHA-256 of all of these (`key_material`): the source of every file in
+`source_files()` (references/, harness/ops/, the input helpers, and the op's own module, a plugin's
+too) is part of it, so editing a reference or the input generation invalidates every entry it could
+affect; nothing else ever does.
+
+Layout: one file per case, `DIR/<key>.ref` = a header line (`attnbench-ref 1 <sha256 of the payload>`)
+then the payload (`torch.save` of `{"key": <the key material as JSON>, "expected": {...}, "twin": {...}}`,
+read back with `weights_only=True`: tensors and plain values only). An entry is
+written to a temporary file in `DIR` and renamed into place, so readers (other workers, other runs)
+see the old file, the new one or none, never a torn one; an entry whose header, digest, key or
+contents do not check out is recomputed and replaced, never trusted: `get` says why, and the sweep
+prints it as a warning.
+
+Outputs that are inputs written in place (a KV cache, a state pool) are stored as the elements that
+differ from the case's pristine input (`_delta`): a pool of a gigabyte whose step writes a few slots
+costs a few slots. The pristine inputs are rebuilt from the same seed and source, so they are the
+same bits.
+
+Size: at most `max_bytes` (default `DEFAULT_MAX_BYTES`, 4 GiB; `$ATTNBENCH_REF_CACHE_MAX`). After each
+store the least recently used entries (by mtime, which a hit refreshes) not written or read in the
+last `KEEP_S` (a day) are deleted until the total fits; recent entries stay, and a new entry that
+still does not fit is not kept. So a suite whose references outweigh the cap keeps the same entries
+from run to run and hits on them: on an H100 the `ci` suite's references (float64 GDN state pools
+among them) outgrew 4 GiB, and a plain LRU, or one that spared only the running sweep's entries,
+evicted each entry just before the next run read it (0 of 18 loaded by a second run). An entry
+larger than the cap on its own is not stored.
+
+Where: `--ref-cache DIR|off` of `attnbench sweep`, else `$ATTNBENCH_REF_CACHE` (a directory or `off`),
+else `$ATTNBENCH_CACHE/refs`, else `$XDG_CACHE_HOME/attnbench/refs`, else `~/.cache/attnbench/refs`.
+`attnbench cache info|clear` shows and empties it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import platform
+import re
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from attnbench.errors import AttnbenchError
+
+FORMAT = 2  # bump when the entry layout changes: older entries then miss
+MAGIC = b"attnbench-ref"
+SUFFIX = ".ref"
+DEFAULT_MAX_BYTES = 4 * 2**30
+STALE_TMP_S = 3600  # a temporary file this old was left by a writer that died: removed when seen
+_KEY = re.compile(r"^[0-9a-f]{64}\.ref$")
+_TMP = re.compile(r"^\.[0-9a-f]{64}\.ref\..+\.tmp$")
+
+_HARNESS = Path(__file__).resolve().parents[1]  # the attnbench package (harness/), above store/
+KEEP_S = 24 * 3600  # entries written or read this recently are never evicted (see Size in the docstring)
+_INPUT_HELPERS = ("buffers.py", "dtypes.py", "case.py")  # what make_inputs uses outside ops/
+
+
+# ---- where --------------------------------------------------------------------------------------
+def default_dir() -> Path | None:
+    """The cache directory from the environment (module docstring), or None when `$ATTNBENCH_REF_CACHE=off`."""
+    env = os.environ.get("ATTNBENCH_REF_CACHE", "").strip()
+    if env:
+        return None if env.lower() == "off" else Path(env).expanduser()
+    if root := os.environ.get("ATTNBENCH_CACHE", "").strip():
+        return Path(root).expanduser() / "refs"
+    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
+    return (Path(xdg) if xdg else Path.home() / ".cache") / "attnbench" / "refs"
+
+
+def resolve(option: str | None) -> Path | None:
+    """The cache directory for a `--ref-cache` value: `off` (None), a directory, or None for the default."""
+    if option is None:
+        return default_dir()
+    if option.strip().lower() == "off":
+        return None
+    if not option.strip():
+        raise AttnbenchError("--ref-cache takes a directory or off, got an empty value")
+    path = Path(option).expanduser()
+    if path.exists() and not path.is_dir():
+        raise AttnbenchError(f"--ref-cache {option}: not a directory")
+    return path.resolve()
+
+
+_SIZE = re.compile(r"^\s*(\d+(?:\.\d*)?)\s*(b|k|kb|kib|m|mb|mib|g|gb|gib|t|tb|tib)?\s*$", re.IGNORECASE)
+_UNITS = {"": 1, "b": 1, "k": 2**10, "kb": 10**3, "kib": 2**10, "m": 2**20, "mb": 10**6, "mib": 2**20,
+          "g": 2**30, "gb": 10**9, "gib": 2**30, "t": 2**40, "tb": 10**12, "tib": 2**40}  # fmt: skip
+
+
+def parse_size(text: str, what: str = "$ATTNBENCH_REF_CACHE_MAX") -> int:
+    """`4GiB`, `500MB`, plain bytes `1048576` -> bytes; anything else is an AttnbenchError."""
+    m = _SIZE.match(text)
+    if not m:
+        raise AttnbenchError(f"{what}: {text!r} is not a size (e.g. 4GiB, 500MB, 1048576)")
+    return int(float(m.group(1)) * _UNITS[(m.group(2) or "").lower()])
+
+
+def default_max_bytes() -> int:
+    env = os.environ.get("ATTNBENCH_REF_CACHE_MAX", "").strip()
+    return parse_size(env) if env else DEFAULT_MAX_BYTES
+
+
+# ---- the key ------------------------------------------------------------------------------------
+def source_files(op: Any = None) -> list[Path]:
+    """The files whose source the references depend on: every module of references/ and harness/ops/,
+    the input helpers (buffers, dtypes, case), and the module that defines `op`'s class (a plugin op)."""
+    import attnbench.references as refs
+
+    files = {p.resolve() for d in refs.__path__ for p in Path(d).glob("*.py")}
+    files |= {p.resolve() for p in (_HARNESS / "ops").rglob("*.py")}  # the op packages (attention/, gdn/) too
+    files |= {(_HARNESS / name).resolve() for name in _INPUT_HELPERS}
+    if op is not None:
+        mod = sys.modules.get(type(op).__module__)
+        if mod is not None and getattr(mod, "__file__", None):
+            files.add(Path(mod.__file__).resolve())
+    return sorted(files)
+
+
+_digests: dict[tuple, str] = {}
+
+
+def _source_name(f: Path) -> str:
+    """`f` as the digest names it: its path below the folder holding harness/ (`harness/ops/gdn/params.py`:
+    two modules named alike in different packages are told apart), or its file name for one elsewhere."""
+    try:
+        return f.relative_to(_HARNESS.parent.resolve()).as_posix()
+    except ValueError:
+        return f.name
+
+
+def source_digest(files: list[Path]) -> str:
+    """SHA-256 over the files' names and bytes (recomputed when a file's size or mtime changes)."""
+    stamp = []
+    for f in files:
+        try:
+            st = f.stat()
+            stamp.append((str(f), st.st_mtime_ns, st.st_size))
+        except OSError:
+            stamp.append((str(f), None, None))
+    stamp = tuple(stamp)
+    if stamp not in _digests:
+        h = hashlib.sha256()
+        for f in files:
+            h.update(_source_name(f).encode() + b"\0")
+            try:
+                h.update(f.read_bytes())
+            except OSError:
+                h.update(b"<unreadable>")
+            h.update(b"\0")
+        _digests[stamp] = h.hexdigest()
+    return _digests[stamp]
+
+
+def device_kind(device: str) -> str:
+    """What a reference's bits may depend on besides the code: the device model and its math libraries."""
+    import torch
+
+    dev = torch.device(device)
+    if dev.type == "cuda":
+        name = torch.cuda.get_device_name(dev)
+        cap = ".".join(map(str, torch.cuda.get_device_capability(dev)))
+        return f"cuda {name} sm{cap} cuda{torch.version.cuda}"
+    return f"{dev.type} {platform.machine()} {_cpu_model()}"
+
+
+def _cpu_model() -> str:
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor()
+
+
+def key_material(case) -> dict[str, Any]:
+    """Everything a case's reference depends on, as a JSON-able record (its SHA-256 is the key)."""
+    import torch
+
+    return {
+        "format": FORMAT,
+        "op": case.op_name,
+        "params": case.params.model_dump(mode="json"),
+        "dtype": case.dtype,
+        "seed": case.seed,
+        "device": device_kind(case.device),
+        "torch": str(torch.__version__),
+        "source": source_digest(source_files(case.op)),
+    }
+
+
+def key_of(material: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(material, sort_keys=True).encode()).hexdigest()
+
+
+# ---- the store ----------------------------------------------------------------------------------
+@dataclass(frozen=True)
+class RefCache:
+    """A cache directory and its cap. `get`/`put` never raise for a bad entry or a full disk: they say
+    what went wrong in their second value ("" when nothing did)."""
+
+    root: Path
+    max_bytes: int = DEFAULT_MAX_BYTES
+
+    def path(self, key: str) -> Path:
+        return self.root / f"{key}{SUFFIX}"
+
+    def get(self, case, inputs: Any = None) -> tuple[tuple[dict, dict] | None, str]:
+        """((expected, twin) of `case` on its device, ""), or (None, why) for an entry that is there but
+        does not check out, or (None, "") for a miss."""
+        material = key_material(case)
+        path = self.path(key_of(material))
+        try:
+            blob = path.read_bytes()
+        except FileNotFoundError:
+            return None, ""
+        except OSError as e:
+            return None, f"reference cache entry {path} unreadable ({e}): recomputed"
+        try:
+            entry = _decode(blob, case.device)
+            if entry.get("key") != json.dumps(material, sort_keys=True):
+                raise ValueError("written for another case or source")
+            expected = _undelta(_tensors(entry.get("expected")), entry.get("deltas", {}).get("expected", {}), inputs)
+            twin = _undelta(_tensors(entry.get("twin")), entry.get("deltas", {}).get("twin", {}), inputs)
+        except Exception as e:  # corrupt, truncated, foreign: recomputed and overwritten
+            why = (str(e).strip().splitlines() or [""])[0][:200]
+            return None, f"reference cache entry {path} is corrupt ({type(e).__name__}: {why}): recomputed"
+        try:  # most recently used: eviction goes by mtime
+            os.utime(path)
+        except OSError:
+            pass
+        return (expected, twin), ""
+
+    def put(self, case, expected: dict, twin: dict, inputs: Any = None) -> str:
+        """Store `case`'s reference (atomically); "" when stored, else why not (too large, disk error,
+        the cache full of this run's entries). `inputs`: the case's pristine inputs, against which
+        outputs written in place are stored as their changed elements."""
+        import torch
+
+        material = key_material(case)
+        exp_kept, exp_delta = _delta(expected, inputs)
+        twin_kept, twin_delta = _delta(twin, inputs)
+        entry = {
+            "key": json.dumps(material, sort_keys=True),
+            "expected": exp_kept,
+            "twin": twin_kept,
+            "deltas": {"expected": exp_delta, "twin": twin_delta},
+        }
+        buf = io.BytesIO()
+        torch.save(entry, buf)
+        payload = buf.getvalue()
+        blob = b"%s %d %s\n" % (MAGIC, FORMAT, hashlib.sha256(payload).hexdigest().encode()) + payload
+        if len(blob) > self.max_bytes:
+            return f"reference of {len(blob)} bytes is larger than the cache's cap ({self.max_bytes}): not stored"
+        key = key_of(material)
+        try:
+            self.root.mkdir(parents=True, exist_ok=True)
+            fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{key}{SUFFIX}.", suffix=".tmp")
+            try:
+                with os.fdopen(fd, "wb") as f:
+                    f.write(blob)
+                os.replace(tmp, self.path(key))
+            except BaseException:
+                _unlink(Path(tmp))
+                raise
+        except OSError as e:
+            return f"reference cache {self.root}: could not store an entry ({e})"
+        self.evict()
+        if self.size() > self.max_bytes:  # full of this run's entries: the new one goes, the others stay
+            _unlink(self.path(key))
+            return f"reference cache {self.root} full ({self.max_bytes} bytes of entries used today): not kept"
+        return ""
+
+    def entries(self) -> list[tuple[Path, os.stat_result]]:
+        """The entries (not temporary files) with their stat, oldest first."""
+        found = []
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return []
+        for name in names:
+            p = self.root / name
+            try:
+                st = p.stat()
+            except OSError:  # evicted by another process meanwhile
+                continue
+            if _KEY.match(name):
+                found.append((p, st))
+            elif _TMP.match(name) and time.time() - st.st_mtime > STALE_TMP_S:
+                _unlink(p)
+        return sorted(found, key=lambda e: e[1].st_mtime)
+
+    def size(self) -> int:
+        return sum(st.st_size for _, st in self.entries())
+
+    def evict(self, since: float | None = None) -> int:
+        """Delete least recently used entries until the total is at most the cap, never one written or
+        read since `since` (default: `KEEP_S` ago); returns how many."""
+        since = time.time() - KEEP_S if since is None else since
+        entries = self.entries()
+        total, gone = sum(st.st_size for _, st in entries), 0
+        for p, st in entries:
+            if total <= self.max_bytes or st.st_mtime >= since:
+                break
+            _unlink(p)
+            total -= st.st_size
+            gone += 1
+        return gone
+
+    def clear(self) -> int:
+        """Delete every entry and temporary file of the cache (nothing else in the directory); returns
+        the number of entries deleted."""
+        n = 0
+        try:
+            names = os.listdir(self.root)
+        except OSError:
+            return 0
+        for name in names:
+            if _KEY.match(name) or _TMP.match(name):
+                n += bool(_KEY.match(name)) and _unlink(self.root / name)
+        return n
+
+
+def open_cache(root: Path | str | None, max_bytes: int | None = None) -> RefCache | None:
+    """The cache at `root` (None: off)."""
+    if root is None:
+        return None
+    return RefCache(Path(root), default_max_bytes() if max_bytes is None else max_bytes)
+
+
+def _cpu(tensors: dict) -> dict:
+    return {k: v.detach().cpu() for k, v in tensors.items()}
+
+
+def _same_bits(a, b):
+    """Elementwise: `a` and `b` (same dtype) hold the same value, NaN equal to NaN."""
+    return (a == b) | (a.isnan() & b.isnan()) if a.is_floating_point() else a == b
+
+
+def _delta(tensors: dict, inputs: Any) -> tuple[dict, dict]:
+    """(`tensors` stored whole, {name: (flat indices, values)} of those that are an input of the same
+    name and shape written in place, stored as the elements that differ from it in their dtype)."""
+    import torch
+
+    whole, delta = {}, {}
+    for name, t in tensors.items():
+        base = getattr(inputs, name, None) if inputs is not None else None
+        if isinstance(base, torch.Tensor) and base.shape == t.shape and t.numel() > 0:
+            flat, ref = t.detach().reshape(-1), base.detach().to(t.dtype).reshape(-1)
+            idx = (~_same_bits(flat, ref)).nonzero().reshape(-1)
+            if idx.numel() * 3 < flat.numel():  # worth it (indices are int64)
+                delta[name] = {"idx": idx.cpu(), "val": flat[idx].cpu()}
+                continue
+        whole[name] = t.detach().cpu()
+    return whole, delta
+
+
+def _undelta(whole: dict, delta: Any, inputs: Any) -> dict:
+    """The tensors `_delta` split, rebuilt from the pristine `inputs` (on the inputs' device)."""
+    import torch
+
+    if not isinstance(delta, dict):
+        raise ValueError("bad deltas")
+    out = dict(whole)
+    for name, d in delta.items():
+        base = getattr(inputs, name, None) if inputs is not None else None
+        if not isinstance(base, torch.Tensor) or not isinstance(d, dict):
+            raise ValueError(f"delta of {name!r} without its input")
+        idx, val = d["idx"].to(base.device), d["val"].to(base.device)
+        flat = base.detach().to(val.dtype).reshape(-1).clone()
+        flat[idx] = val
+        out[name] = flat.view(base.shape)
+    return out
+
+
+def _tensors(d: Any) -> dict:
+    import torch
+
+    if not isinstance(d, dict) or not all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in d.items()):
+        raise ValueError("not a dict of tensors")
+    return d
+
+
+def _decode(blob: bytes, device: str) -> dict:
+    import torch
+
+    header, sep, payload = blob.partition(b"\n")
+    parts = header.split(b" ")
+    if not sep or len(parts) != 3 or parts[0] != MAGIC or parts[1] != str(FORMAT).encode():
+        raise ValueError("bad header")
+    if hashlib.sha256(payload).hexdigest().encode() != parts[2]:
+        raise ValueError("contents do not match their digest")
+    entry = torch.load(io.BytesIO(payload), map_location=torch.device(device), weights_only=True)
+    if not isinstance(entry, dict):
+        raise ValueError("not an entry")
+    return entry
+
+
+def _unlink(p: Path) -> bool:
+    try:
+        p.unlink()
+        return True
+    except OSError:
+        return False
