@@ -20,7 +20,7 @@ differ from the case's pristine input (`_delta`): a pool of a gigabyte whose ste
 costs a few slots. The pristine inputs are rebuilt from the same seed and source, so they are the
 same bits.
 
-Size: at most `max_bytes` (default `DEFAULT_MAX_BYTES`, 4 GiB; `$ATTNBENCH_REF_CACHE_MAX`). After each
+Size: at most `max_bytes` (default `DEFAULT_MAX_BYTES`, 16 GiB; `$ATTNBENCH_REF_CACHE_MAX`). After each
 store the least recently used entries (by mtime, which a hit refreshes) not written or read in the
 last `KEEP_S` (a day) are deleted until the total fits; recent entries stay, and a new entry that
 still does not fit is not kept. So a suite whose references outweigh the cap keeps the same entries
@@ -54,7 +54,10 @@ from attnbench.errors import AttnbenchError
 FORMAT = 2  # bump when the entry layout changes: older entries then miss
 MAGIC = b"attnbench-ref"
 SUFFIX = ".ref"
-DEFAULT_MAX_BYTES = 4 * 2**30
+# 16 GiB: on an H100 the `targets` sweep's references filled a 4 GiB cache, so a `ci` sweep after it on
+# the same day kept 14 of its 18 (the four float64 GDN state pools were "not kept") and its second
+# run computed those four again (reports/examples/h100-session13/ci: 16.8 s of references in 115.7 s)
+DEFAULT_MAX_BYTES = 16 * 2**30
 STALE_TMP_S = 3600  # a temporary file this old was left by a writer that died: removed when seen
 _KEY = re.compile(r"^[0-9a-f]{64}\.ref$")
 _TMP = re.compile(r"^\.[0-9a-f]{64}\.ref\..+\.tmp$")
