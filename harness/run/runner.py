@@ -287,7 +287,7 @@ def _run_backend(
         failed = subjects(verdict.problems, [*op.outputs_for(p), *op.writes_for(p)])
         row = _row(
             case, b.name, "pass" if verdict.ok else "fail", verdict.reason, prepare_s=prep, call_s=call_s,
-            check_s=sum(parts.values()), check_parts=parts, prepare_info=_info(fn, absent), env=env,
+            check_s=sum(parts.values()), check_parts=parts, prepare_info=_info(call), env=env,
             failed=failed, **shared, **fields,
         )  # fmt: skip
         return row, fn
@@ -411,12 +411,12 @@ def _timed(parts: dict[str, float], name: str):
         parts[name] = parts.get(name, 0.0) + time.perf_counter() - t0
 
 
-def _info(fn: Callable, absent: dict[str, str]) -> dict:
-    """The row's prepare_info: the closure's `info`, plus the outputs its kernel does not produce and the
-    inputs it consumed in prepare (`planned`)."""
-    planned = dict(getattr(fn, "planned", {}) or {})
+def _info(call: PreparedCall) -> dict:
+    """The row's prepare_info: the closure's `info`, plus the outputs its kernel does not produce
+    (`absent`) and the inputs it consumed in prepare (`planned`), as the prepared call reads them."""
+    absent, planned = call.absent, call.planned
     return (
-        dict(getattr(fn, "info", {}) or {})
+        dict(getattr(call.fn, "info", {}) or {})
         | ({"absent": absent} if absent else {})
         | ({"planned": planned} if planned else {})
     )
