@@ -104,12 +104,22 @@ def restore_reads(op, params, work: Any, source: Any) -> None:
             t.untyped_storage().copy_(getattr(source, name).untyped_storage())
 
 
+SHOWN = 6  # items of a long list a message shows (its length is said)
+
+
+def brief(values: list) -> str:
+    """A list for a one-line message: whole up to `SHOWN + 2` items, else its first `SHOWN` and its length."""
+    if len(values) <= SHOWN + 2:
+        return str(values)
+    return "[" + ", ".join(map(str, values[:SHOWN])) + f", … ({len(values)} in all)]"
+
+
 def what_changed(a: Any, b: Any) -> str:
-    """Batch A -> B in a few words, for messages: the lengths, else the slots."""
+    """Batch A -> B in a few words, for messages: the lengths, else the slots (long lists cut, `brief`)."""
     if getattr(a, "seq_lens_host", ()) and a.seq_lens_host != b.seq_lens_host:
-        return f"lengths {list(a.seq_lens_host)} -> {list(b.seq_lens_host)}"
+        return f"lengths {brief(list(a.seq_lens_host))} -> {brief(list(b.seq_lens_host))}"
     if hasattr(a, "state_indices"):
-        return f"slots {a.state_indices.tolist()} -> {b.state_indices.tolist()}"
+        return f"slots {brief(a.state_indices.tolist())} -> {brief(b.state_indices.tolist())}"
     return "other data"
 
 

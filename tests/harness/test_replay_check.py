@@ -198,3 +198,17 @@ def test_sweep_records_the_outcome_in_rows_and_results_csv(tmp_path, flag, outco
     assert row["replay"] == outcome
     (csv_row,) = list(csv.DictReader((out / "results.csv").open()))
     assert csv_row["replay"] == outcome
+
+
+def test_what_changed_names_long_slot_lists_by_their_start_and_length():
+    """A 256-request batch's slots would bury the replay's problem (the message's point) under 2 KB."""
+    from types import SimpleNamespace
+
+    from attnbench.check.replay import what_changed
+
+    a = SimpleNamespace(state_indices=torch.arange(256))
+    b = SimpleNamespace(state_indices=torch.arange(256).flip(0))
+    said = what_changed(a, b)
+    assert said == "slots [0, 1, 2, 3, 4, 5, … (256 in all)] -> [255, 254, 253, 252, 251, 250, … (256 in all)]"
+    short = SimpleNamespace(seq_lens_host=(3, 5)), SimpleNamespace(seq_lens_host=(7, 5))
+    assert what_changed(*short) == "lengths [3, 5] -> [7, 5]"
