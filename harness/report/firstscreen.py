@@ -23,6 +23,9 @@ def cause(reason: str) -> str:
     return _NUM.sub("#", first)[:120]
 
 
+CAUSE_CHARS = 600  # a first-screen cause longer than this loses its middle (`Broken.summary`)
+
+
 @dataclass
 class Group:
     """Failing rows of one backend with one status and one cause."""
@@ -37,11 +40,14 @@ class Group:
 
     @property
     def summary(self) -> str:
-        """The first row's reason, whole (its first line; past 600 characters cut with '…': the title and
-        the case view have it all). The detail in parentheses is often the point (which bound, which
-        expectation to remove), so it is never cut."""
+        """The first row's reason, whole (its first line; past `CAUSE_CHARS` its middle is cut to '…': the
+        title and the case view have it all). A reason's start says what failed and its end is often the
+        point (which bound, which expectation to remove, the problem after a long context), so both stay."""
         first = (self.reason or "no reason given").split("\n", 1)[0]
-        return first if len(first) <= 600 else first[:599] + "…"
+        if len(first) <= CAUSE_CHARS:
+            return first
+        head = CAUSE_CHARS * 2 // 3
+        return first[:head] + " … " + first[len(first) - (CAUSE_CHARS - head - 3) :]
 
     @property
     def n(self) -> int:

@@ -258,3 +258,14 @@ def test_gate_md_keeps_whole_reasons_and_the_terminal_ends_with_the_verdict(tmp_
     out = " ".join(res.output.split())
     assert "what broke" in out and "6 × planted fail" in out and out.count("× planted fail") == 1  # collapsed
     assert "attnbench sweep --case" in out and "fastest" in out and "≈" in out
+
+
+def test_a_long_cause_keeps_its_start_and_its_end():
+    """A replay failure names the batch change before the problem; a 2 KB slot list cut at its end left
+    the first screen without the problem (h100-session14's default sweep): the middle goes instead."""
+    from attnbench.report.firstscreen import CAUSE_CHARS, broken
+
+    reason = "replay: captured on one batch (slots " + ", ".join(map(str, range(400))) + "): state_pool: abs error 8.9e-07"
+    (g,) = broken([synthetic.row(CLASS[0], "triton", status="fail", median_us=5.0, reason=reason)], {})
+    assert len(g.summary) == CAUSE_CHARS and " … " in g.summary
+    assert g.summary.startswith("replay: captured on one batch") and g.summary.endswith("abs error 8.9e-07")
