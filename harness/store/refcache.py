@@ -56,7 +56,7 @@ MAGIC = b"attnbench-ref"
 SUFFIX = ".ref"
 # 16 GiB: on an H100 the `targets` sweep's references filled a 4 GiB cache, so a `ci` sweep after it on
 # the same day kept 14 of its 18 (the four float64 GDN state pools were "not kept") and its second
-# run computed those four again (reports/examples/h100-session13/ci: 16.8 s of references in 115.7 s)
+# run computed those four again (reports/examples/h100-session13/ci at e281b29: 16.8 s of references in 115.7 s)
 DEFAULT_MAX_BYTES = 16 * 2**30
 STALE_TMP_S = 3600  # a temporary file this old was left by a writer that died: removed when seen
 _KEY = re.compile(r"^[0-9a-f]{64}\.ref$")

@@ -542,7 +542,7 @@ def decode_chunk(sizes: list[int], units: int, block_n: int, sms: int, ctas_per_
     - More: the split count whose waves of programs end soonest, each program costing its keys plus
       `STEP_KEYS` (`ceil(programs / slots) x (chunk + STEP_KEYS)`); the fewest splits within 5%.
 
-    Measured on an H100 (reports/examples/h100-session10/splits: Llama-3 8B heads, B 1-128, 1k-8k keys,
+    Measured on an H100 (reports/examples/h100-session10/splits at e281b29: Llama-3 8B heads, B 1-128, 1k-8k keys,
     every fixed split size beside the plan): the four-wave plan this replaces cut B16-B32 requests of
     1k-8k keys into 4-12 splits where one or two ran 5-14% faster, and B8 into 16-22 where 4 did.
     """
