@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import Any
 
 import torch
@@ -74,64 +74,78 @@ def count_true(mask: torch.Tensor) -> int:
     return sum(int(flat[i : i + COUNT_CHUNK].sum()) for i in range(0, flat.numel(), COUNT_CHUNK))
 
 
+def map_tensors(v: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """`v` with every tensor `t` it holds (in lists, tuples and dicts, at any depth) replaced by `fn(t)`.
+
+    A module-level recursion on purpose: a nested function that calls itself is a reference cycle
+    (function -> closure cell -> function), which keeps everything the closure reaches (the copies
+    `clone_tensors` made, the device storages `to_device` moved) alive until Python's cycle collector
+    runs. On a GPU that is memory: on an 8 GiB GDN state pool the stale-output check's copies piled up to
+    nine pools and ran out of memory (suites/large.yaml on an H100)."""
+    if isinstance(v, torch.Tensor):
+        return fn(v)
+    if isinstance(v, (list, tuple)):
+        return type(v)(map_tensors(x, fn) for x in v)
+    if isinstance(v, dict):
+        return {k: map_tensors(x, fn) for k, x in v.items()}
+    return v
+
+
+def map_fields(obj: Any, fn: Callable[[torch.Tensor], torch.Tensor]) -> Any:
+    """A copy of dataclass `obj` with `map_tensors(field, fn)` for every field."""
+    return dataclasses.replace(obj, **{f.name: map_tensors(getattr(obj, f.name), fn) for f in dataclasses.fields(obj)})
+
+
 def clone_tensors(obj: Any, only: Iterable[str] | None = None) -> Any:
     """Deep-copy every tensor field of a dataclass, keeping views that share storage as views.
 
     Each distinct storage is copied once (padding included), and every tensor is rebuilt on the copy
     with its own offset, shape and strides. With `only` (field names), just the storages of those
     fields are copied, with every field that views one of them; the other fields are the same tensors
-    (a perturbed copy of a multi-GB input then costs the fields it changes).
+    (a perturbed copy of a multi-GB input then costs the fields it changes). Nothing but the returned
+    copy holds the new storages (no reference cycle: `map_tensors`).
     """
     copies: dict[tuple[str, int], torch.UntypedStorage] = {}
-
-    def key_of(t: torch.Tensor) -> tuple[str, int]:
-        return (str(t.device), t.untyped_storage().data_ptr())
-
     wanted = None
     if only is not None:
-        wanted = {key_of(t) for f in only if isinstance(t := getattr(obj, f), torch.Tensor)}
+        wanted = {_key_of(t) for f in only if isinstance(t := getattr(obj, f), torch.Tensor)}
 
     def clone(t: torch.Tensor) -> torch.Tensor:
-        key = key_of(t)
+        key = _key_of(t)
         if wanted is not None and key not in wanted:
             return t
         if key not in copies:
             copies[key] = t.untyped_storage().clone()
         return torch.empty(0, dtype=t.dtype, device=t.device).set_(copies[key], t.storage_offset(), t.shape, t.stride())
 
-    def walk(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            return clone(v)
-        if isinstance(v, (list, tuple)):
-            return type(v)(walk(x) for x in v)
-        if isinstance(v, dict):
-            return {k: walk(x) for k, x in v.items()}
-        return v
+    return map_fields(obj, clone)
 
-    changes = {f.name: walk(getattr(obj, f.name)) for f in dataclasses.fields(obj)}
-    return dataclasses.replace(obj, **changes)
+
+def _key_of(t: torch.Tensor) -> tuple[str, int]:
+    return (str(t.device), t.untyped_storage().data_ptr())
 
 
 def all_tensors(obj: Any) -> list[torch.Tensor]:
     """Every tensor of a dataclass, in its fields and in the tuples, lists and dicts they hold (a
     gdn_chain's per-step inputs); of a tuple, list or dict, every tensor it holds, dataclasses included."""
     found: list[torch.Tensor] = []
-
-    def walk(v: Any) -> None:
-        if isinstance(v, torch.Tensor):
-            found.append(v)
-        elif isinstance(v, (list, tuple)):
-            for x in v:
-                walk(x)
-        elif isinstance(v, dict):
-            for x in v.values():
-                walk(x)
-        elif dataclasses.is_dataclass(v) and not isinstance(v, type):
-            for f in dataclasses.fields(v):
-                walk(getattr(v, f.name))
-
-    walk(obj)
+    _collect(obj, found)
     return found
+
+
+def _collect(v: Any, found: list[torch.Tensor]) -> None:
+    """`all_tensors`' walk (module-level: see `map_tensors` on nested recursive functions)."""
+    if isinstance(v, torch.Tensor):
+        found.append(v)
+    elif isinstance(v, (list, tuple)):
+        for x in v:
+            _collect(x, found)
+    elif isinstance(v, dict):
+        for x in v.values():
+            _collect(x, found)
+    elif dataclasses.is_dataclass(v) and not isinstance(v, type):
+        for f in dataclasses.fields(v):
+            _collect(getattr(v, f.name), found)
 
 
 def storage_bytes(obj: Any) -> int:

@@ -9,13 +9,14 @@ thread pool. The result depends on neither the thread count nor the device.
 
 from __future__ import annotations
 
-import dataclasses
 import math
 import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 import torch
+
+from attnbench.buffers import map_fields
 
 CHUNK = 1 << 22  # elements per independently seeded chunk
 _GOLDEN = 0x9E3779B97F4A7C15
@@ -76,13 +77,4 @@ def to_device(inputs: Any, device: torch.device | str) -> Any:
             moved[s.data_ptr()], t.storage_offset(), t.shape, t.stride()
         )
 
-    def walk(v: Any) -> Any:
-        if isinstance(v, torch.Tensor):
-            return move(v)
-        if isinstance(v, (list, tuple)):
-            return type(v)(walk(x) for x in v)
-        if isinstance(v, dict):
-            return {k: walk(x) for k, x in v.items()}
-        return v
-
-    return dataclasses.replace(inputs, **{f.name: walk(getattr(inputs, f.name)) for f in dataclasses.fields(inputs)})
+    return map_fields(inputs, move)  # no reference cycle keeps the moved storages alive (`map_tensors`)
