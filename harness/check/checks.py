@@ -572,7 +572,7 @@ def stale_check(
     perts = tuple(p for p in op.perturbations(params) if not set(p.fields) <= set(planned or {}))
     if not perts:
         return
-    names = [*op.outputs_for(params), *op.writes_for(params)]
+    names = op.checked_names(params)
     failed = {p.split(":", 1)[0] for p in verdict.problems} & set(names)
     skip = dict(absent or {}) | {n: "failed the first call" for n in failed if n in op.outputs_for(params)}
     pure = not op.writes_for(params)

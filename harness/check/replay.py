@@ -175,7 +175,7 @@ def replay(p: PreparedCall, graph, rule, memo: dict | None = None) -> tuple[str,
     if not v.problems:
         return "pass", []
     more = f" (and {len(v.problems) - 1} more)" if len(v.problems) > 1 else ""
-    names = [*op.outputs_for(pb), *op.writes_for(pb)]
+    names = op.checked_names(pb)
     return "fail", [
         Problem(
             f"replay: captured on one batch, replayed on another of the same shapes ({change}), the closure did "

@@ -209,6 +209,11 @@ class Op:
         """Inputs this case writes (side effects), each compared with its expected final value."""
         return {}
 
+    def checked_names(self, p: Params) -> list[str]:
+        """Everything a check of this case compares, by name: its outputs, then the inputs it writes (the
+        names a failure's problems start with, `check.checks.subjects`)."""
+        return [*self.outputs_for(p), *self.writes_for(p)]
+
     def written_rows(self, p: Params, inputs: Any) -> dict[str, int]:
         """Written inputs whose expectation covers only rows `[start:]` of dim 0, by name (a production-size
         pool whose requests all sit at its end, `pool_pages` / `state_slots`): the check compares those rows

@@ -284,7 +284,7 @@ def _run_backend(
         ctx = CheckContext(call, outputs, built.expected, built.twin, built.rule, opts, memo=memo)
         parts, fields = _apply_checks(ctx, opts.checks if opts.checks is not None else active())
         verdict = ctx.verdict
-        failed = subjects(verdict.problems, [*op.outputs_for(p), *op.writes_for(p)])
+        failed = subjects(verdict.problems, op.checked_names(p))
         row = _row(
             case, b.name, "pass" if verdict.ok else "fail", verdict.reason, prepare_s=prep, call_s=call_s,
             check_s=sum(parts.values()), check_parts=parts, prepare_info=_info(call), env=env,
