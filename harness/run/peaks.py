@@ -7,7 +7,7 @@ Measured (`measure`), with the harness's own timing function (hot L2 does not ma
 - `bf16_tflops`, `fp16_tflops`: torch.matmul of square matrices (the best of 4096, 8192, 16384),
   2 n^3 FLOPs per product; `fp32_tflops` the same in float32 without TF32.
 
-The result is cached in `peaks.json` under `$ATTNBENCH_CACHE` (default `~/.cache/attnbench`), keyed
+The result is cached in `peaks.json` under the cache root (store/cacheroot.py: `$ATTNBENCH_CACHE`, default `~/.cache/attnbench`), keyed
 by device name and driver version, so a driver update measures again. `roofline()` places a timed
 result against these peaks: its lower bound is max(FLOPs / peak FLOP/s, bytes / peak bandwidth), with
 the FLOP and byte conventions of the op (docs/conventions.md, "FLOPs and bytes"), and `roofline_pct` = bound / time.
@@ -16,7 +16,6 @@ the FLOP and byte conventions of the op (docs/conventions.md, "FLOPs and bytes")
 from __future__ import annotations
 
 import json
-import os
 import re
 import time
 from dataclasses import asdict, dataclass
@@ -24,6 +23,7 @@ from pathlib import Path
 
 import torch
 
+from attnbench.cacheroot import cache_root
 from attnbench.run import nvml
 from attnbench.run.timing import TimingConfig, time_closures
 
@@ -115,8 +115,7 @@ def measure(device: torch.device | str) -> dict[str, float]:
 
 
 def cache_path() -> Path:
-    root = os.environ.get("ATTNBENCH_CACHE") or Path.home() / ".cache" / "attnbench"
-    return Path(root) / "peaks.json"
+    return cache_root() / "peaks.json"
 
 
 def _driver() -> str:

@@ -49,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from attnbench.cacheroot import cache_root
 from attnbench.errors import AttnbenchError
 
 FORMAT = 2  # bump when the entry layout changes: older entries then miss
@@ -73,10 +74,7 @@ def default_dir() -> Path | None:
     env = os.environ.get("ATTNBENCH_REF_CACHE", "").strip()
     if env:
         return None if env.lower() == "off" else Path(env).expanduser()
-    if root := os.environ.get("ATTNBENCH_CACHE", "").strip():
-        return Path(root).expanduser() / "refs"
-    xdg = os.environ.get("XDG_CACHE_HOME", "").strip()
-    return (Path(xdg) if xdg else Path.home() / ".cache") / "attnbench" / "refs"
+    return cache_root() / "refs"
 
 
 def resolve(option: str | None) -> Path | None:

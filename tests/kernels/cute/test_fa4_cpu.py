@@ -142,3 +142,31 @@ def test_tma_page_with_partial_last_page_is_a_skip(fake_fa4):
         get_backend("fa4").prepare(case, case.make_inputs())
     case = Case.from_id("decode/b2-l256-h4x2-d128-p128-bf16")  # whole pages: runs
     get_backend("fa4").prepare(case, case.make_inputs())
+
+
+def test_fa4_compile_cache_goes_to_the_attnbench_cache_unless_the_user_chose(monkeypatch, tmp_path):
+    """FA4's on-disk compile cache (off by default in FA4) is turned on in the attnbench cache root;
+    a user's own setting of either variable wins."""
+    monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path))
+    monkeypatch.delenv(fa4.CACHE_ENV, raising=False)
+    monkeypatch.delenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", raising=False)
+    fa4.use_compile_cache()
+    import os
+
+    assert os.environ[fa4.CACHE_ENV] == "1"
+    assert os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"] == str(tmp_path / "compile" / "fa4")
+    monkeypatch.setenv(fa4.CACHE_ENV, "0")
+    monkeypatch.setenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", "/elsewhere")
+    fa4.use_compile_cache()
+    assert os.environ[fa4.CACHE_ENV] == "0" and os.environ["FLASH_ATTENTION_CUTE_DSL_CACHE_DIR"] == "/elsewhere"
+
+
+def test_the_cache_root_is_shared_by_every_cache(monkeypatch, tmp_path):
+    from attnbench.run import peaks
+    from attnbench.store import refcache
+
+    monkeypatch.delenv("ATTNBENCH_CACHE", raising=False)
+    monkeypatch.delenv("ATTNBENCH_REF_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert refcache.default_dir() == tmp_path / "attnbench" / "refs"
+    assert peaks.cache_path() == tmp_path / "attnbench" / "peaks.json"  # XDG honoured here too now
