@@ -23,7 +23,7 @@ preallocated `inputs.o`, `inputs.lse`, ... it wrote. A closure may carry an `inf
 for what only the library or the process can tell late (a planner refusing, a module name taken);
 anything decidable from the case belongs in `limits`, so the capability matrix says what runs.
 
-Two more optional closure attributes, so that only the kernel is timed:
+More optional closure attributes, so that only the kernel is timed and checked as a server runs it:
 
 - `finalize(outputs) -> outputs`: a backend that holds an op's stateful inputs in its library's
   native layout from `prepare` on (e.g. GDN states `[N, HV, V, K]`, converted once from the
@@ -34,6 +34,11 @@ Two more optional closure attributes, so that only the kernel is timed:
 - `absent: dict[str, str]`: outputs of the op the library's kernel does not produce (name -> why,
   e.g. `{"lse": "SGLang's extend kernel writes no LSE"}`). They are not checked; the row records
   them in `prepare_info["absent"]`. Every other output must be there.
+- `before_replay() -> Any`: the host-side step a server runs before each CUDA-graph replay to refill
+  the graph's static buffers from the batch's device tensors (SGLang's
+  `init_forward_metadata_replay_cuda_graph`: token tables, split counts). The replay check calls it
+  after writing batch B into the closure's inputs and before replaying; it is never timed and never
+  captured. A closure whose plan must follow the batch and has no such step is not graph-safe.
 - `planned: dict[str, str]`: inputs the library consumes once, in `prepare` (its plan), as a server
   does once per batch (name -> why, e.g. `{"custom_mask": "packed into the plan's buffer by
   plan()"}`): the stale check does not change them in place (it changes every other input the op

@@ -13,7 +13,8 @@ a temporary, a value read with `.item()`) is frozen into the graph: right eagerl
    `finalize`; then the capture of one call;
 3. batch B from the op (`Op.replay_batch`: the same tensor shapes, other lengths, tables, slots,
    data, a padding request where the op has them), its float64 expectation and twin;
-4. every tensor of B written into the closure's buffers in place (outputs back to their NaN fill);
+4. every tensor of B written into the closure's buffers in place (outputs back to their NaN fill),
+   then the closure's `before_replay()` if it has one (a server's metadata step before a replay);
 5. one replay, `finalize`, and B's outputs and written inputs checked like the first call's
    (`checks.check`, the same tolerance rule);
 6. the read inputs back to A's (the closure is timed on the case's inputs afterwards).
@@ -145,6 +146,7 @@ def replay(p: PreparedCall, graph, rule, memo: dict | None = None) -> tuple[str,
     case, op, params = p.case, p.case.op, p.case.params
     work, fn = p.work, p.fn
     finalize = getattr(fn, "finalize", None)
+    before = getattr(fn, "before_replay", None)
     restore_reads(op, params, work, p.pristine)
     p.sync()
     out = graph.warm_up(fn)
@@ -163,6 +165,8 @@ def replay(p: PreparedCall, graph, rule, memo: dict | None = None) -> tuple[str,
     change = what_changed(p.pristine, xb)
     try:
         _reset_from(work, xb)  # the captured pointers now hold batch B
+        if before is not None:  # the host-side step a server runs before each replay (harness/backend.py)
+            before()
         p.sync()
         graph.replay()
         p.sync()

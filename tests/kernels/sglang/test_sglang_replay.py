@@ -37,7 +37,29 @@ def test_gdn_rows_replay_on_other_slots(sglang, case_id):
     assert (row.status, row.replay) == ("pass", "pass"), row.reason
 
 
-def test_decode_declares_why_not(sglang):
-    (row,) = run_case(Case.from_id("decode/b3-l40-mixed-h4x2-d16-p4-fp16", "cpu"), [sglang], RunOptions(timing=False))
-    assert row.status == "pass", row.reason
-    assert row.replay.startswith("skip: not graph-safe: the token-level kv_indptr/kv_indices")
+DECODE_CASES = ["decode/b3-l40-mixed-h4x2-d16-p4-fp16", "decode/b3-l40-mixed-h4x2-d16-p4-swa7-fp16"]
+
+
+@pytest.mark.parametrize("case_id", DECODE_CASES)
+def test_decode_replays_on_other_lengths_through_its_before_replay_step(sglang, case_id):
+    """The token table and split counts are static buffers `before_replay` refills from batch B's device
+    lengths and page table, as SGLang's server does before each replay."""
+    (row,) = run_case(Case.from_id(case_id, "cpu"), [sglang], RunOptions(timing=False, checks=STAND_IN))
+    assert (row.status, row.replay) == ("pass", "pass"), row.reason
+
+
+def test_decode_without_the_step_replays_batch_a_tables_and_fails(sglang, monkeypatch):
+    """The control: the same closure with its `before_replay` dropped keeps batch A's key ranges."""
+    from attnbench.kernels.sglang import attention
+
+    real = attention.prepare_decode
+
+    def without_step(case, x):
+        run = real(case, x)
+        del run.before_replay
+        return run
+
+    monkeypatch.setattr(attention, "prepare_decode", without_step)
+    (row,) = run_case(Case.from_id(DECODE_CASES[0], "cpu"), [sglang], RunOptions(timing=False, checks=STAND_IN))
+    assert (row.status, row.replay) == ("fail", "fail"), row.reason
+    assert row.reason.startswith("replay: captured on one batch") and "replay:o" in row.failed
