@@ -42,8 +42,10 @@ NO_LSE = "SGLang's {} kernel returns no final LSE"
 def attention_unsupported(case) -> str | None:
     """Why SGLang's Triton attention cannot run `case` (None: it can)."""
     p = case.params
-    if p.kv_dtype != "auto":
-        return "sglang adapter: fp8 KV caches are not wired (SGLang's kernels take float k/v scales per layer)"
+    if p.kv_dtype != "auto" and case.op_name != "decode":
+        return "sglang adapter: fp8 KV caches are wired for decode only (the extend would quantize the new tokens itself)"
+    if p.kv_dtype != "auto" and p.kv_scale == "head":
+        return "SGLang's Triton decode takes one k and one v scale per layer (floats): per-head scales cannot be expressed"
     if case.op_name == "extend":
         if p.new_kv == "shared":
             return "SGLang's extend_attention_fwd reads the new tokens from k_extend/v_extend (new_kv shared has none)"
@@ -131,11 +133,14 @@ def prepare_decode(case, x):
     logits = torch.empty(B, Hq, MAX_KV_SPLITS, Dv, dtype=torch.float32, device=dev)
     lse = torch.empty(B, Hq, MAX_KV_SPLITS, dtype=torch.float32, device=dev)
     k_buf, v_buf = conv.token_view(x.k_cache), conv.token_view(x.v_cache)
+    # fp8 caches: the layer's k/v scales as floats (SGLang's `layer.k_scale_float`), read once here
+    k_scale = 1.0 if x.k_scale is None else float(x.k_scale.reshape(-1)[0])
+    v_scale = 1.0 if x.v_scale is None else float(x.v_scale.reshape(-1)[0])
 
     def run():
         mod.decode_attention_fwd(
             x.q, k_buf, v_buf, x.o, kv_indptr, kv_indices, logits, lse, num_kv_splits, MAX_KV_SPLITS,
-            x.sm_scale, 1.0, 1.0, logit_cap=x.soft_cap, sinks=x.sinks,
+            x.sm_scale, k_scale, v_scale, logit_cap=x.soft_cap, sinks=x.sinks,
         )  # fmt: skip
         return {"o": x.o}
 
