@@ -43,9 +43,13 @@ def attention_unsupported(case) -> str | None:
     """Why SGLang's Triton attention cannot run `case` (None: it can)."""
     p = case.params
     if p.kv_dtype != "auto" and case.op_name != "decode":
-        return "sglang adapter: fp8 KV caches are wired for decode only (the extend would quantize the new tokens itself)"
+        return (
+            "sglang adapter: fp8 KV caches are wired for decode only (the extend would quantize the new tokens itself)"
+        )
     if p.kv_dtype != "auto" and p.kv_scale == "head":
-        return "SGLang's Triton decode takes one k and one v scale per layer (floats): per-head scales cannot be expressed"
+        return (
+            "SGLang's Triton decode takes one k and one v scale per layer (floats): per-head scales cannot be expressed"
+        )
     if case.op_name == "extend":
         if p.new_kv == "shared":
             return "SGLang's extend_attention_fwd reads the new tokens from k_extend/v_extend (new_kv shared has none)"
