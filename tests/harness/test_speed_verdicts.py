@@ -265,7 +265,9 @@ def test_a_long_cause_keeps_its_start_and_its_end():
     the first screen without the problem (h100-session14's default sweep): the middle goes instead."""
     from attnbench.report.firstscreen import CAUSE_CHARS, broken
 
-    reason = "replay: captured on one batch (slots " + ", ".join(map(str, range(400))) + "): state_pool: abs error 8.9e-07"
+    reason = (
+        "replay: captured on one batch (slots " + ", ".join(map(str, range(400))) + "): state_pool: abs error 8.9e-07"
+    )
     (g,) = broken([synthetic.row(CLASS[0], "triton", status="fail", median_us=5.0, reason=reason)], {})
     assert len(g.summary) == CAUSE_CHARS and " … " in g.summary
     assert g.summary.startswith("replay: captured on one batch") and g.summary.endswith("abs error 8.9e-07")
