@@ -19,7 +19,7 @@ from attnbench.buffers import bits, clone_tensors
 from attnbench.case import Case
 from attnbench.kernels.triton.limits import interpreting
 from attnbench.plan.suite import load
-from helpers import KERNEL_REPEATS, run_one
+from helpers import KERNEL, run_one
 from helpers import decode_request as _request
 from helpers import kernel_verdict as _verdict
 
@@ -70,7 +70,7 @@ def test_known_fails_name_smoke_cases():
 
 @pytest.mark.parametrize("case", _marked(SMOKE), ids=[c.id for c in SMOKE])
 def test_smoke_case(case):
-    row = run_one(case, _triton(), repeats=KERNEL_REPEATS)
+    row = run_one(case, _triton(), **KERNEL)
     assert row.status == "pass", row.reason
     # the interpreter runs the programs in order: a call that does not reproduce the first call's bits read
     # memory it never wrote (triton-det declares this; its fp8 runs lean on this check, see below)
@@ -125,7 +125,7 @@ def test_smoke_fp8_case_deterministic_backend(case):
     det = _triton("triton-det")
     if case.id not in KNOWN_FAILS and _alike(_plans(det, case), _plans(_triton(), case)):
         return
-    row = run_one(case, det, repeats=KERNEL_REPEATS)
+    row = run_one(case, det, **KERNEL)
     assert row.status == "pass", row.reason
 
 
@@ -416,7 +416,7 @@ def test_split_kv_through_the_harness(case_id, monkeypatch):
 
     plan_extend = ep.plan_extend
     monkeypatch.setattr(ep, "plan_extend", functools.wraps(plan_extend)(forced))
-    row = run_one(case_id, _triton(), repeats=KERNEL_REPEATS)
+    row = run_one(case_id, _triton(), **KERNEL)
     assert row.status == "pass", row.reason
     assert plans and all(p.meta["SPLIT"] for p in plans)
 
@@ -742,7 +742,7 @@ def test_tree_verify_packed_through_the_harness(case_id, forced, monkeypatch):
 
     plan_extend = ep.plan_extend
     monkeypatch.setattr(ep, "plan_extend", functools.wraps(plan_extend)(forcing))
-    row = run_one(case_id, _triton(), repeats=KERNEL_REPEATS)
+    row = run_one(case_id, _triton(), **KERNEL)
     assert row.status == "pass", row.reason
     assert plans and all((p.meta["HEADS"] > 1) == forced["pack"] for p in plans)
     assert all(p.meta["SPLIT"] == ("splits" in forced) for p in plans)
