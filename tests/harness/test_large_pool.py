@@ -13,7 +13,7 @@ from attnbench.case import Case
 from attnbench.kernels.mutants import MUTANTS
 from attnbench.kernels.mutants.interactions import Bugs, attention_mutant, wrapped_rows
 from attnbench.plan.suite import load
-from helpers import KERNEL_REPEATS, run_one
+from helpers import KERNEL, run_one
 
 # decode, MLA decode, extend saving its new K/V, a sliding-window layer's own pool, and GDN
 # decode/extend/verify, each with its pool grown and its requests at the end
@@ -65,7 +65,7 @@ def test_the_reference_reads_only_the_requests_region(case_id):
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("case_id", CASES)
 def test_torch_and_triton_pass_with_the_requests_at_the_end_of_the_pool(case_id, backend):
-    row = run_one(case_id, get_backend(backend), repeats=KERNEL_REPEATS)
+    row = run_one(case_id, get_backend(backend), **KERNEL)
     assert row.status == "pass", row.reason
 
 

@@ -86,3 +86,21 @@ def test_the_stale_check_records_its_counts_in_the_csv_columns():
     from attnbench.store.columns import check_columns
 
     assert {"stale_reruns", "stale_references"} <= {c.name for c in check_columns()}
+
+
+@pytest.mark.parametrize("control_first", [True, False], ids=["control-first", "reference-first"])
+def test_both_orders_of_the_stale_check_give_the_same_verdicts(control_first):
+    """The kernel tests under the interpreter take the reference first (helpers.KERNEL): a re-run is judged on
+    the float64 reference of the changed inputs, the fresh closure only controls a failing one. Either order
+    passes a correct closure and one unlike any fresh one, and names the same class for a stale one."""
+    from attnbench.kernels.mutants.stale import snapshot_backend
+
+    case = Case.from_id(DECODE, "cpu")
+    perts = case.op.perturbations(case.params)
+    row = run_one(case, get_backend("torch"), stale_control_first=control_first)
+    assert row.status == "pass", row.reason
+    assert row.stale_references == (1 if control_first else len(perts))  # reference-first: one per re-run
+    assert run_one(case, Jitter(), repeats=1, stale_control_first=control_first).status == "pass"
+    for q in perts:
+        stale = run_one(case, snapshot_backend("snap", {"decode": q.fields}), stale_control_first=control_first)
+        assert stale.status == "fail" and stale.reason.startswith(f"stale output: the {q.name} "), stale.reason

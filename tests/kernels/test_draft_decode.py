@@ -18,7 +18,7 @@ from attnbench.kernels.mutants import MUTANTS
 from attnbench.ops.attention import AttentionInputs, DecodeParams
 from attnbench.ops.paged import draft_pages
 from attnbench.references import attention as ref
-from helpers import KERNEL_REPEATS, run_one
+from helpers import KERNEL, run_one
 
 PARTIAL = "decode/b3-l45-mixed-h8x2-d64-p16-topk4-step3-bf16"  # prefixes 42 / mixed: partial last pages
 SLOTS = "decode/b2-l20-h4x2-d32-p1-topk2-step2-fp16"  # SGLang's token slots: the whole prefix shared
@@ -139,7 +139,7 @@ def test_reference_and_torch_on_a_draft_case_worked_by_hand():
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("case_id", [PARTIAL, SLOTS])
 def test_torch_and_triton_pass_draft_decode(case_id, backend):
-    row = run_one(case_id, get_backend(backend), repeats=KERNEL_REPEATS)
+    row = run_one(case_id, get_backend(backend), **KERNEL)
     assert row.status == "pass", row.reason
 
 

@@ -15,7 +15,7 @@ from attnbench.cli.app import app
 from attnbench.kernels.mutants import MUTANTS
 from attnbench.ops.paged import window_start_page
 from attnbench.references import attention as ref
-from helpers import KERNEL_REPEATS, run_one
+from helpers import KERNEL, run_one
 
 # gpt-oss in miniature: window, sinks, pages of 16 (and of 1, SGLang's token slots), decode and extend
 # over a prefix with the new tokens saved, attended from k_new, or read from the cache
@@ -32,7 +32,7 @@ MUTANT = {m.name: m for m in MUTANTS}
 @pytest.mark.parametrize("backend", ["torch", "triton"])
 @pytest.mark.parametrize("case_id", CASES)
 def test_torch_and_triton_pass_on_the_swa_pool(case_id, backend):
-    row = run_one(case_id, get_backend(backend), repeats=KERNEL_REPEATS)
+    row = run_one(case_id, get_backend(backend), **KERNEL)
     assert row.status == "pass", row.reason
 
 

@@ -5,12 +5,14 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from unittest import mock
 
 import torch
 
 from attnbench.backend import Backend
 from attnbench.buffers import alloc_output
 from attnbench.case import Case
+from attnbench.check import checks
 from attnbench.check.checks import DETERMINISM_REPEATS, check
 from attnbench.check.tolerance import rule_for
 from attnbench.run.runner import RunOptions, run_case
@@ -20,17 +22,36 @@ from attnbench.store.results import Result
 # reduction, so the sweep's five determinism repeats (harness/check/checks.py) only multiply the time of the
 # interpreter tests; one repeat still checks that the closure recomputes from its inputs. Compiled
 # kernels (a GPU) get the sweep's full count.
-KERNEL_REPEATS = 1 if os.environ.get("TRITON_INTERPRET") == "1" else DETERMINISM_REPEATS
+INTERPRETED = os.environ.get("TRITON_INTERPRET") == "1"
+KERNEL_REPEATS = 1 if INTERPRETED else DETERMINISM_REPEATS
+# The stale-output check matches each re-run against a freshly prepared closure's call first and computes the
+# float64 reference of the changed inputs only where they differ (checks.FRESH_FIRST_MAX_BYTES): on a GPU the
+# reference is the dear part. Under the interpreter a test case's reference takes milliseconds and a kernel call
+# seconds, so the kernel tests take the other order: the reference first, the fresh closure only as the control of
+# a failing re-run. The verdicts are the same either way (a re-run that does what a fresh closure does fails the
+# reference exactly where that closure does, and the control passes it over: stale_check's docstring);
+# test_stale_cost.py holds the control-first order to that, on the torch backend.
+KERNEL = {"repeats": KERNEL_REPEATS, "stale_control_first": not INTERPRETED}  # run_one's options for kernel tests
 
 
 def run_one(
-    case: Case | str, backend: Backend, device: str = "cpu", timing: bool = False, repeats: int = DETERMINISM_REPEATS
+    case: Case | str,
+    backend: Backend,
+    device: str = "cpu",
+    timing: bool = False,
+    repeats: int = DETERMINISM_REPEATS,
+    stale_control_first: bool = True,
 ) -> Result:
     """The result row of `backend` on `case` (an id or a Case), correctness only by default; `repeats`:
-    the determinism check's calls (`KERNEL_REPEATS` for our kernels' tests)."""
+    the determinism check's calls; `stale_control_first`: the stale check's order (`**KERNEL` sets both for
+    our kernels' tests)."""
     if isinstance(case, str):
         case = Case.from_id(case, device)
-    return run_case(case, [backend], RunOptions(timing=timing, determinism_repeats=repeats))[0]
+    opts = RunOptions(timing=timing, determinism_repeats=repeats)
+    if stale_control_first:
+        return run_case(case, [backend], opts)[0]
+    with mock.patch.object(checks, "FRESH_FIRST_MAX_BYTES", -1):
+        return run_case(case, [backend], opts)[0]
 
 
 def kernel_verdict(case: Case, pristine, work, outputs):

@@ -16,7 +16,7 @@ import pytest
 from attnbench.backend import get_backend
 from attnbench.case import Case
 from attnbench.run.runner import RunOptions, run_case
-from helpers import KERNEL_REPEATS, run_one
+from helpers import KERNEL, KERNEL_REPEATS, run_one
 from kernel_only import watch_kernels
 from sglang_env import sglang_kernels_or_skip
 
@@ -99,7 +99,7 @@ UNIFIED = [
 @pytest.mark.interpreter
 @pytest.mark.parametrize("case_id", UNIFIED)
 def test_unified_case_passes(unified, case_id):
-    r = run_one(case_id, unified, repeats=KERNEL_REPEATS)
+    r = run_one(case_id, unified, **KERNEL)
     assert r.status == "pass", f"{r.status}: {r.reason}"
     assert "lse" in r.prepare_info["absent"]
     assert r.deterministic is True
@@ -125,7 +125,7 @@ PREFILL = [
 @pytest.mark.interpreter
 @pytest.mark.parametrize("case_id", PREFILL)
 def test_prefill_case_passes(prefill, case_id):
-    r = run_one(case_id, prefill, repeats=KERNEL_REPEATS)
+    r = run_one(case_id, prefill, **KERNEL)
     assert r.status == "pass", f"{r.status}: {r.reason}"
     assert "lse" in r.prepare_info["absent"]
 
@@ -182,9 +182,9 @@ def test_unified_reads_custom_mask_rows_with_the_windowed_length(unified, monkey
     from attnbench.kernels.sglang import _lib
     from attnbench.kernels.sglang import conventions as conv
 
-    r = run_one(SWA_CUSTOM, unified, repeats=KERNEL_REPEATS)
+    r = run_one(SWA_CUSTOM, unified, **KERNEL)
     assert r.status == "fail" and r.reason.startswith("o:"), f"{r.status}: {r.reason}"
-    assert run_one(SWA_CUSTOM, _backend("sglang"), repeats=KERNEL_REPEATS).status == "pass"
+    assert run_one(SWA_CUSTOM, _backend("sglang"), **KERNEL).status == "pass"
 
     p = Case.from_id(SWA_CUSTOM).params
     mod = _lib.module("extend_attention")
@@ -201,7 +201,7 @@ def test_unified_reads_custom_mask_rows_with_the_windowed_length(unified, monkey
         return kernel(*args, custom_mask=torch.cat(rows), mask_indptr=indptr, **kwargs)
 
     monkeypatch.setattr(mod, "extend_attention_fwd_unified", windowed_rows)
-    r = run_one(SWA_CUSTOM, unified, repeats=KERNEL_REPEATS)
+    r = run_one(SWA_CUSTOM, unified, **KERNEL)
     assert r.status == "pass", f"{r.status}: {r.reason}"
 
 
@@ -209,7 +209,7 @@ def test_unified_reads_custom_mask_rows_with_the_windowed_length(unified, monkey
 def test_unified_empty_mask_rows_are_nan(unified):
     """As SGLang's two-stage extend (docs/findings.md, a limit: its masks let a token see itself): a
     custom-mask row that sees no key is acc / deno = 0 / 0."""
-    r = run_one("extend/b2-q6-pre5-h4x2-d16-p4-custom-emptyrows-fp16", unified, repeats=KERNEL_REPEATS)
+    r = run_one("extend/b2-q6-pre5-h4x2-d16-p4-custom-emptyrows-fp16", unified, **KERNEL)
     assert r.status == "fail" and "NaN" in r.reason, f"{r.status}: {r.reason}"
 
 
@@ -237,5 +237,5 @@ def test_eagle_links_by_hand():
 def test_conv_verify_writes_the_pool_and_nothing_else_is_wrong(case_id):
     """docs/findings.md: SGLang's verify writes the conv pool (its server restores it at commit); y and
     the intermediate windows (a tree's through the next-token/sibling links) pass."""
-    r = run_one(case_id, _backend("sglang"), repeats=KERNEL_REPEATS)
+    r = run_one(case_id, _backend("sglang"), **KERNEL)
     assert r.status == "fail" and r.reason == "input conv_states was modified", f"{r.status}: {r.reason}"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pytest
 
 from attnbench.backend import get_backend
-from helpers import KERNEL_REPEATS, run_one
+from helpers import KERNEL, run_one
 from kernel_only import watch_kernels
 from sglang_env import sglang_kernels_or_skip
 
@@ -53,7 +53,7 @@ ATTENTION = [
 
 @pytest.mark.parametrize("case_id", ATTENTION)
 def test_attention_case_passes(sglang, case_id):
-    r = run_one(case_id, sglang, repeats=KERNEL_REPEATS)
+    r = run_one(case_id, sglang, **KERNEL)
     assert r.status == "pass", f"{r.status}: {r.reason}"
     if r.op != "merge_state":
         assert "lse" in r.prepare_info["absent"]
@@ -75,7 +75,7 @@ GDN = [
 
 @pytest.mark.parametrize("case_id", GDN)
 def test_gdn_case_passes(sglang, case_id):
-    r = run_one(case_id, sglang, repeats=KERNEL_REPEATS)
+    r = run_one(case_id, sglang, **KERNEL)
     assert r.status == "pass", f"{r.status}: {r.reason}"
 
 

@@ -25,7 +25,7 @@ pytest.importorskip("triton")
 from attnbench.backend import LOAD_PROBLEMS, get_backend, load_builtin, load_plugin
 from attnbench.buffers import bits, clone_tensors
 from attnbench.case import Case
-from helpers import KERNEL_REPEATS, decode_request, kernel_verdict, run_one
+from helpers import KERNEL, decode_request, kernel_verdict, run_one
 
 pytestmark = [
     pytest.mark.interpreter,
@@ -185,7 +185,7 @@ def test_mla_kernel_fused_merge_agrees_with_two_launches():
 def test_fused_merge_through_the_harness(case_id, backend):
     """The knob through `run_one`: float64 verdict, NaN-poisoned cache and outputs, the determinism repeats
     (the counters must be back at zero after every call) and the stale-output check."""
-    row = run_one(case_id, get_backend(backend), repeats=KERNEL_REPEATS)
+    row = run_one(case_id, get_backend(backend), **KERNEL)
     assert row.status == "pass", row.reason
     assert row.prepare_info["config"]["fused_merge"] is True
     assert row.prepare_info["max_splits"] >= 2 and row.prepare_info["config"]["two_stage"] is False

@@ -18,7 +18,7 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 from attnbench.backend import get_backend  # noqa: E402
 from attnbench.case import Case  # noqa: E402
 from attnbench.kernels.triton import decode_mla as m  # noqa: E402
-from tests.support.helpers import KERNEL_REPEATS, run_one  # noqa: E402
+from tests.support.helpers import KERNEL, run_one  # noqa: E402
 
 CASES = [
     "decode/b3-l200-mixed-h128x1-d576x512-p64-mla-bf16",  # two head blocks, partial last pages
@@ -33,7 +33,7 @@ def test_mla_kernel_matches_float64(case_id, backend):
     be = get_backend(backend)
     x = Case.from_id(case_id, "cpu").make_inputs()
     assert m.mla_unsupported(x, m.mla_config(x.q.shape[1], x.k_cache.shape[1], 90)) is None
-    r = run_one(case_id, be, repeats=KERNEL_REPEATS)
+    r = run_one(case_id, be, **KERNEL)
     assert r.status == "pass", r.reason
     assert r.prepare_info["kernel"] == "mla"
     if backend.endswith("=64") and case_id == CASES[0]:  # 64-key splits of up to 200 keys: partials merged
@@ -53,7 +53,7 @@ def test_other_layouts_take_the_generic_kernel(case_id, reason):
     x = Case.from_id(case_id, "cpu").make_inputs()
     why = m.mla_unsupported(x, m.mla_config(x.q.shape[1], x.k_cache.shape[1], 90))
     assert why is not None and reason in why
-    r = run_one(case_id, get_backend("triton"), repeats=KERNEL_REPEATS)
+    r = run_one(case_id, get_backend("triton"), **KERNEL)
     assert r.status == "pass", r.reason
     assert "kernel" not in r.prepare_info
 
