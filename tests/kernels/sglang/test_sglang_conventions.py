@@ -100,7 +100,8 @@ def test_num_kv_splits_worked_example():
     [
         ("extend/b2-q8-pre16-h4x2-d64-p16-kvshared-bf16", "k_extend"),
         ("extend/b2-q8-pre16-h4x2-d64-p16-swa0-bf16", "window 0"),
-        ("decode/b2-l64-h4x2-d64-p16-fp8_e4m3-bf16", "fp8"),
+        ("decode/b2-l64-h4x2-d64-p16-fp8_e4m3-kvscalehead-bf16", "one k and one v scale per layer"),
+        ("extend/b2-q8-pre16-h4x2-d64-p16-fp8_e4m3-bf16", "fp8 KV caches are wired for decode only"),
         ("gdn_extend/b2-t70-h1x2-d32x16-fp32", "float32"),
         ("gdn_decode/b2-h1x2-d512x64-bf16", "head_dim_k"),
     ],
@@ -110,6 +111,13 @@ def test_sglang_limits_name_what_its_kernels_cannot_say(case_id, why):
     from attnbench.case import Case
 
     assert why in get_backend("sglang").limits(Case.from_id(case_id, "cuda"))
+
+
+def test_sglang_decode_takes_a_per_tensor_fp8_cache():
+    from attnbench.backend import get_backend
+    from attnbench.case import Case
+
+    assert get_backend("sglang").limits(Case.from_id("decode/b2-l64-h4x2-d64-p16-fp8_e4m3-bf16", "cuda")) is None
 
 
 def test_sglang_limits_let_the_rest_run():
