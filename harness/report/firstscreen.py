@@ -23,7 +23,7 @@ def cause(reason: str) -> str:
     return _NUM.sub("#", first)[:120]
 
 
-CAUSE_CHARS = 600  # a first-screen cause longer than this loses its middle (`Broken.summary`)
+CAUSE_CHARS = 600  # a first-screen cause longer than this loses its middle (`Group.summary`)
 
 
 @dataclass

@@ -7,7 +7,7 @@ Measured (`measure`), with the harness's own timing function (hot L2 does not ma
 - `bf16_tflops`, `fp16_tflops`: torch.matmul of square matrices (the best of 4096, 8192, 16384),
   2 n^3 FLOPs per product; `fp32_tflops` the same in float32 without TF32.
 
-The result is cached in `peaks.json` under the cache root (store/cacheroot.py: `$ATTNBENCH_CACHE`, default `~/.cache/attnbench`), keyed
+The result is cached in `peaks.json` under the cache root (harness/cacheroot.py: `$ATTNBENCH_CACHE`, default `~/.cache/attnbench`), keyed
 by device name and driver version, so a driver update measures again. `roofline()` places a timed
 result against these peaks: its lower bound is max(FLOPs / peak FLOP/s, bytes / peak bandwidth), with
 the FLOP and byte conventions of the op (docs/conventions.md, "FLOPs and bytes"), and `roofline_pct` = bound / time.

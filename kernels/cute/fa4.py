@@ -115,6 +115,15 @@ def use_compile_cache() -> None:
     os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(compile_cache_dir("fa4")))
 
 
+def _interface():
+    """`flash_attn.cute.interface`, imported with the compile cache set up first (`use_compile_cache`):
+    the one place this module imports FA4."""
+    use_compile_cache()
+    import flash_attn.cute.interface as interface
+
+    return interface
+
+
 def unavailable() -> str | None:
     """Why FA4 cannot run here (None: it can): packages, a CUDA GPU of sm_90 or newer, the import."""
     missing = [n for n in ("cutlass", "flash_attn.cute", "quack") if not _find(n)]
@@ -127,8 +136,7 @@ def unavailable() -> str | None:
         return f"FA4's paged forward needs sm_90 or newer; this GPU is sm_{major}{minor}"
     if not _IMPORT_PROBLEM:
         try:
-            use_compile_cache()
-            import flash_attn.cute.interface  # noqa: F401
+            _interface()
         except Exception as e:
             _IMPORT_PROBLEM.append(f"flash_attn.cute does not import: {type(e).__name__}: {e}")
         else:
@@ -212,10 +220,7 @@ def _arch_major() -> int:
 def _tile_n(head_dim: int, head_dim_v: int, causal: bool, local: bool) -> int:
     """FA4's key tile (the TMA page size) for this configuration on the current GPU."""
     if _arch_major() == 9:
-        use_compile_cache()
-        from flash_attn.cute.interface import _tile_size_fwd_sm90
-
-        return _tile_size_fwd_sm90(head_dim, head_dim_v, causal, local).n_block_size
+        return _interface()._tile_size_fwd_sm90(head_dim, head_dim_v, causal, local).n_block_size
     return OTHER_ARCH_TILE_N
 
 
@@ -263,8 +268,7 @@ class FlashAttention4(Backend):
         return self._prepare(case, x, decode=False)
 
     def _prepare(self, case, x, *, decode: bool):
-        use_compile_cache()
-        from flash_attn.cute.interface import _flash_attn_fwd
+        _flash_attn_fwd = _interface()._flash_attn_fwd
 
         from attnbench.kernels.torch.attention import save_new_kv
 

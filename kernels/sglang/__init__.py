@@ -30,9 +30,10 @@ def _gdn(backend, case) -> str | None:
 
 # Whether each closure may be captured in a CUDA graph once and replayed on another batch written into its
 # inputs in place (the replay check, docs/replay.md): why not, or True with what makes it safe.
-# SGLang's decode kernel itself reads kv_indptr/kv_indices/num_kv_splits from the device (its server captures
-# it with a fixed max_kv_splits), but the server rebuilds those tables on the device before every replay
-# (init_forward_metadata_replay_cuda_graph); this adapter builds them once, in prepare, from batch A.
+# SGLang's decode kernel reads kv_indptr/kv_indices/num_kv_splits from the device (its server captures it
+# with a fixed max_kv_splits) and the server refills those tables before every replay
+# (init_forward_metadata_replay_cuda_graph): the adapter keeps them in static buffers its closure's
+# `before_replay` refills (attention.prepare_decode).
 
 
 class _SGLangTriton(Backend):
