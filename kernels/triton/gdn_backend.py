@@ -26,6 +26,7 @@ class TritonGDN:
     backends (plugins) set; kernels/triton/NOTES.md."""
 
     gdn_tri = None
+    gdn_fuse_out = False
 
     @implements("gdn_gating")
     def prepare_gdn_gating(self, case, x):
@@ -110,17 +111,18 @@ class TritonGDN:
 
     @implements("gdn_extend", limits=extend_head_dims, state_layout="kv")
     def prepare_gdn_extend(self, case, x):
-        return prepare_gdn_extend(case, x, self.gdn_tri)
+        return prepare_gdn_extend(case, x, self.gdn_tri, self.gdn_fuse_out)
 
 
-def prepare_gdn_extend(case, x, tri=None):
+def prepare_gdn_extend(case, x, tri=None, fuse_out=False):
     """The chunked prefill: the chunk plan and workspaces are built here, the closure launches the
-    kernels of gdn_chunk.py. `tri`: a frozen `gdn_chunk.TriConfig` for bf16/fp16 (None: `gdn_chunk.TRI`)."""
+    kernels of gdn_chunk.py. `tri`: a frozen `gdn_chunk.TriConfig` for bf16/fp16 (None: `gdn_chunk.TRI`);
+    `fuse_out`: the output computed inside the state recurrence (no H / U' round trip)."""
     from attnbench.kernels.triton.gdn_chunk import TRI, chunk_gated_delta_rule, plan
 
     tri = tri or TRI
     K, V = x.q.shape[2], x.v.shape[2]
-    p = plan(list(x.lens_host), x.q.shape[1], x.v.shape[1], K, V, x.q.dtype, x.q.device)
+    p = plan(list(x.lens_host), x.q.shape[1], x.v.shape[1], K, V, x.q.dtype, x.q.device, fuse_out)
 
     def run():
         chunk_gated_delta_rule(
@@ -129,5 +131,5 @@ def prepare_gdn_extend(case, x, tri=None):
         )  # fmt: skip
         return {"o": x.o}
 
-    run.info = {"chunk": 64, "chunks": int(p.chunks.shape[0])}
+    run.info = {"chunk": 64, "chunks": int(p.chunks.shape[0]), "fuse_out": fuse_out}
     return run

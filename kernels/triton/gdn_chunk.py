@@ -45,6 +45,14 @@ class TriConfig:
     neumann: str = "tf32x3"
     newton: str = "tf32x3"
     merge: str = "tf32x3"
+    kk: str = "blocks"  # "blocks": the keys loaded as each block set needs them; "once": one 64 x 64 k k^T dot
+    diag: str = "neumann"  # the 16 x 16 diagonal inverses: "neumann" (dots) or "subst" (forward substitution)
+
+    def __post_init__(self):
+        if self.kk not in ("blocks", "once"):
+            raise ValueError(f"TriConfig.kk must be 'blocks' or 'once', not {self.kk!r}")
+        if self.diag not in ("neumann", "subst"):
+            raise ValueError(f"TriConfig.diag must be 'neumann' or 'subst', not {self.diag!r}")
 
 
 TRI = TriConfig()  # the default for bf16/fp16
@@ -125,6 +133,90 @@ def _decayed(b_kk, keep, g_i, g_j, beta_i):
 
 
 @triton.jit
+def _unit_lower_inverse_subst(L, S: tl.constexpr):
+    """(I + L)^-1 of a batch `[B, S, S]` of strictly lower L by forward substitution in float32 (the
+    float32 twin's algorithm): row i of X is e_i - sum_j L[i, j] X[j, :], where rows j >= i of X are
+    still e_j and L[i, j] = 0, so only the rows already solved contribute. S - 1 dependent steps of
+    elementwise products and 16-wide sums; no dots."""
+    r = tl.arange(0, S)
+    X = tl.where((r[:, None] == r[None, :])[None, :, :], 1.0, 0.0) + tl.zeros_like(L)
+    for i in tl.static_range(1, S):
+        row_i = (r == i)[None, :, None]
+        l_i = tl.sum(tl.where(row_i, L, 0.0), 1)  # [B, S]: row i of L
+        X = tl.where(row_i, X - tl.sum(l_i[:, :, None] * X, 1)[:, None, :], X)
+    return X
+
+
+@triton.jit
+def _l_blocks_loaded(
+    p_k, p_g, p_b, khat, bos, i_h, i_hv, o_k, m_k, stride_kt,
+    rows4, rows_e, rows_o, r2, m4, m_e, m_o, m_lo, m_hi,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, S: tl.constexpr, DT: tl.constexpr,
+    EMULATE: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """The blocks of L the doubling needs (diagonal `[4, S, S]`, (1, 0) and (3, 2) `[2, S, S]`,
+    L[2S:, :2S]), each from its own load of the keys (L1/L2 hits), so every key tile dies at its dot."""
+    r = tl.arange(0, S)
+    k4 = _load_norm_rows3(p_k, rows4, m4, o_k, m_k, stride_kt, DT, EMULATE)
+    if i_hv % (HV // H) == 0:  # one program per q/k head keeps the normalised keys for the later kernels
+        p_kh = khat + ((bos + rows4) * H + i_h)[:, :, None] * K + o_k[None, None, :]
+        tl.store(p_kh, k4, mask=m4[:, :, None] & m_k[None, None, :])
+    kk4 = mm(k4, tl.permute(k4, (0, 2, 1)), EMULATE, IEEE)
+    k_e = _load_norm_rows3(p_k, rows_e, m_e, o_k, m_k, stride_kt, DT, EMULATE)
+    k_o = _load_norm_rows3(p_k, rows_o, m_o, o_k, m_k, stride_kt, DT, EMULATE)
+    kk2 = mm(k_o, tl.permute(k_e, (0, 2, 1)), EMULATE, IEEE)
+    k_lo = _load_norm_rows(p_k, r2, m_lo, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
+    k_hi = _load_norm_rows(p_k, 2 * S + r2, m_hi, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
+    kk_hl = mm(k_hi, tl.trans(k_lo), EMULATE, IEEE)
+
+    g4 = tl.load(p_g + rows4 * HV, mask=m4, other=0)
+    b4 = tl.load(p_b + rows4 * HV, mask=m4, other=0)
+    keep4 = m4[:, :, None] & m4[:, None, :] & (r[:, None] > r[None, :])[None, :, :]
+    L4 = _decayed(kk4, keep4, g4, g4, b4)
+    g_e = tl.load(p_g + rows_e * HV, mask=m_e, other=0)
+    g_o = tl.load(p_g + rows_o * HV, mask=m_o, other=0)
+    b_o = tl.load(p_b + rows_o * HV, mask=m_o, other=0)
+    L2 = _decayed(kk2, m_o[:, :, None] & m_e[:, None, :], g_o, g_e, b_o)
+    g_lo = tl.load(p_g + r2 * HV, mask=m_lo, other=0)
+    g_hi = tl.load(p_g + (2 * S + r2) * HV, mask=m_hi, other=0)
+    b_hi = tl.load(p_b + (2 * S + r2) * HV, mask=m_hi, other=0)
+    L_hl = _decayed(kk_hl, m_hi[:, None] & m_lo[None, :], g_hi, g_lo, b_hi)
+    return L4, L2, L_hl
+
+
+@triton.jit
+def _l_blocks_once(
+    p_k, p_g, p_b, khat, bos, n, i_h, i_hv, o_k, m_k, stride_kt,
+    H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, C: tl.constexpr, S: tl.constexpr, DT: tl.constexpr,
+    EMULATE: tl.constexpr, IEEE: tl.constexpr,
+):  # fmt: skip
+    """The same blocks as `_l_blocks_loaded`, cut from the whole `[C, C]` L of one `k k^T` dot: the
+    keys loaded and normalised once; a block is the masked sum over the block axis of L viewed as
+    `[4, S, 4, S]` (or `[2, 2S, 2, 2S]`), no gather."""
+    o_t = tl.arange(0, C)
+    m_t = o_t < n
+    b_k = _load_norm_rows(p_k, o_t, m_t, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
+    if i_hv % (HV // H) == 0:  # one program per q/k head keeps the normalised keys for the later kernels
+        p_kh = khat + ((bos + o_t) * H + i_h)[:, None] * K + o_k[None, :]
+        tl.store(p_kh, b_k, mask=m_t[:, None] & m_k[None, :])
+    kk = mm(b_k, tl.trans(b_k), EMULATE, IEEE)
+    b_g = tl.load(p_g + o_t * HV, mask=m_t, other=0)
+    b_b = tl.load(p_b + o_t * HV, mask=m_t, other=0)
+    keep = m_t[:, None] & m_t[None, :] & (o_t[:, None] > o_t[None, :])
+    L = _decayed(kk, keep, b_g, b_g, b_b)
+    a4 = tl.arange(0, 4)
+    L44 = tl.reshape(L, [4, S, 4, S])  # (row block, row, column block, column)
+    L4 = tl.sum(tl.where((a4[:, None] == a4[None, :])[:, None, :, None], L44, 0.0), 2)
+    below = (a4[:, None] == a4[None, :] + 1) & (a4 % 2 == 1)[:, None]  # blocks (1, 0) and (3, 2)
+    L2 = tl.sum(tl.reshape(tl.sum(tl.where(below[:, None, :, None], L44, 0.0), 2), [2, 2, S, S]), 1)
+    a2 = tl.arange(0, 2)
+    L22 = tl.reshape(L, [2, 2 * S, 2, 2 * S])
+    corner = (a2[:, None] == 1) & (a2[None, :] == 0)
+    L_hl = tl.sum(tl.sum(tl.where(corner[:, None, :, None], L22, 0.0), 2), 0)
+    return L4, L2, L_hl
+
+
+@triton.jit
 def _pair_split(x):
     """`[4, ...]` -> (`x[0::2]`, `x[1::2]`), each `[2, ...]`: blocks (0, 2) and (1, 3)."""
     x = tl.reshape(x, [2, 2, x.shape[1], x.shape[2]])
@@ -144,12 +236,13 @@ def _lower_2x2(a, c, d):
 @triton.jit
 def _chunk_tri_batched_kernel(
     # Pointers
-    k, beta, gcum, tmat, khat, chunks, cu_seqlens,
+    k, beta, gcum, tmat, khat, chunks, cu_seqlens, q, qhat, amat,
     # Sizes and strides
-    stride_kt, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+    stride_kt, stride_qt, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
     # Meta-parameters
     C: tl.constexpr, S: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
     IEEE: tl.constexpr, P_NEU: tl.constexpr, P_NEWTON: tl.constexpr, P_MERGE: tl.constexpr,
+    KK_ONCE: tl.constexpr, SUBST: tl.constexpr, FUSE_OUT: tl.constexpr,
 ):  # fmt: skip
     """T per (chunk, v-head) by recursive doubling, each level one batched or one larger dot chain:
 
@@ -158,6 +251,8 @@ def _chunk_tri_batched_kernel(
         T[32:, :32] = -D^-1 L[32:, :32] A^-1        two 32 x 32 dots, A^-1 / D^-1 the 32 x 32 diagonal blocks
 
     11 dependent small dots instead of 44, so 4x fewer layout round trips (C = 64, S = 16 only).
+    With FUSE_OUT it also writes what the fused state pass needs and does not depend on the state:
+    q^ (one program per q/k head) and the decayed causal block tril(q^ k^T) e^(gamma_t - gamma_s).
     """
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -169,47 +264,28 @@ def _chunk_tri_batched_kernel(
     p_g = gcum + bos * HV + i_hv
     p_b = beta + bos * HV + i_hv
 
-    # every block of L first, from three loads of the keys (each dies at its dot: registers)
-    # the four diagonal blocks as a batch: token rows 16 b + i
-    rows4 = tl.arange(0, 4)[:, None] * S + r[None, :]
-    m4 = rows4 < n
-    k4 = _load_norm_rows3(p_k, rows4, m4, o_k, m_k, stride_kt, DT, EMULATE)
-    if i_hv % (HV // H) == 0:  # one program per q/k head keeps the normalised keys for the later kernels
-        p_kh = khat + ((bos + rows4) * H + i_h)[:, :, None] * K + o_k[None, None, :]
-        tl.store(p_kh, k4, mask=m4[:, :, None] & m_k[None, None, :])
-    kk4 = mm(k4, tl.permute(k4, (0, 2, 1)), EMULATE, IEEE)
-    # blocks (1, 0) and (3, 2): rows 32 p + 16 + i against rows 32 p + i
-    rows_e = tl.arange(0, 2)[:, None] * (2 * S) + r[None, :]
-    rows_o = rows_e + S
-    m_e, m_o = rows_e < n, rows_o < n
-    k_e = _load_norm_rows3(p_k, rows_e, m_e, o_k, m_k, stride_kt, DT, EMULATE)
-    k_o = _load_norm_rows3(p_k, rows_o, m_o, o_k, m_k, stride_kt, DT, EMULATE)
-    kk2 = mm(k_o, tl.permute(k_e, (0, 2, 1)), EMULATE, IEEE)
-    # L[32:, :32]
+    rows4 = tl.arange(0, 4)[:, None] * S + r[None, :]  # the diagonal blocks: token rows 16 b + i
+    rows_e = tl.arange(0, 2)[:, None] * (2 * S) + r[None, :]  # blocks (1, 0) and (3, 2): rows 32 p + 16 + i
+    rows_o = rows_e + S  # ... against rows 32 p + i
     r2 = tl.arange(0, 2 * S)
-    m_lo, m_hi = r2 < n, 2 * S + r2 < n
-    k_lo = _load_norm_rows(p_k, r2, m_lo, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
-    k_hi = _load_norm_rows(p_k, 2 * S + r2, m_hi, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
-    kk_hl = mm(k_hi, tl.trans(k_lo), EMULATE, IEEE)
-
-    g4 = tl.load(p_g + rows4 * HV, mask=m4, other=0)
-    b4 = tl.load(p_b + rows4 * HV, mask=m4, other=0)
-    keep4 = m4[:, :, None] & m4[:, None, :] & (r[:, None] > r[None, :])[None, :, :]
-    X4 = _unit_lower_inverse(_decayed(kk4, keep4, g4, g4, b4), S, P_NEU, P_NEWTON)  # X00, X11, X22, X33
+    m4, m_e, m_o, m_lo, m_hi = rows4 < n, rows_e < n, rows_o < n, r2 < n, 2 * S + r2 < n
+    if KK_ONCE:
+        L4, L2, L_hl = _l_blocks_once(p_k, p_g, p_b, khat, bos, n, i_h, i_hv, o_k, m_k, stride_kt,
+                                      H, HV, K, C, S, DT, EMULATE, IEEE)  # fmt: skip
+    else:
+        L4, L2, L_hl = _l_blocks_loaded(p_k, p_g, p_b, khat, bos, i_h, i_hv, o_k, m_k, stride_kt,
+                                        rows4, rows_e, rows_o, r2, m4, m_e, m_o, m_lo, m_hi,
+                                        H, HV, K, S, DT, EMULATE, IEEE)  # fmt: skip
+    if SUBST:
+        X4 = _unit_lower_inverse_subst(L4, S)  # X00, X11, X22, X33
+    else:
+        X4 = _unit_lower_inverse(L4, S, P_NEU, P_NEWTON)
 
     # level 1: X10, X32
-    g_e = tl.load(p_g + rows_e * HV, mask=m_e, other=0)
-    g_o = tl.load(p_g + rows_o * HV, mask=m_o, other=0)
-    b_o = tl.load(p_b + rows_o * HV, mask=m_o, other=0)
-    L2 = _decayed(kk2, m_o[:, :, None] & m_e[:, None, :], g_o, g_e, b_o)  # L10, L32
     X_e, X_o = _pair_split(X4)  # (X00, X22), (X11, X33)
     Y = -tl.dot(X_o, tl.dot(L2, X_e, input_precision=P_MERGE), input_precision=P_MERGE)  # X10, X32
 
     # level 2: T[32:, :32] = -D^-1 L[32:, :32] A^-1
-    g_lo = tl.load(p_g + r2 * HV, mask=m_lo, other=0)
-    g_hi = tl.load(p_g + (2 * S + r2) * HV, mask=m_hi, other=0)
-    b_hi = tl.load(p_b + (2 * S + r2) * HV, mask=m_hi, other=0)
-    L_hl = _decayed(kk_hl, m_hi[:, None] & m_lo[None, :], g_hi, g_lo, b_hi)
     AD = _lower_2x2(X_e, Y, X_o)  # [[X00, 0], [X10, X11]], [[X22, 0], [X32, X33]]
     A_inv, D_inv = tl.split(tl.permute(AD, (1, 2, 0)))
     Z = -tl.dot(D_inv, tl.dot(L_hl, A_inv, input_precision=P_MERGE), input_precision=P_MERGE)
@@ -225,6 +301,20 @@ def _chunk_tri_batched_kernel(
     p_2 = p_t + r2[:, None] * RS + r2[None, :]
     tl.store(p_2 + 2 * S * RS, round_to(Z, DT, EMULATE), mask=m_hi[:, None])
     tl.store(p_2 + 2 * S, tl.zeros_like(Z), mask=m_lo[:, None])
+
+    if FUSE_OUT:  # after the chain, whose registers are free by now
+        o_t = tl.arange(0, C)
+        m_t = o_t < n
+        b_q = _load_norm_rows(q + bos * stride_qt + i_h * K, o_t, m_t, o_k, m_k, stride_qt, scale, DT, EMULATE)
+        if i_hv % (HV // H) == 0:
+            p_qh = qhat + ((bos + o_t) * H + i_h)[:, None] * K + o_k[None, :]
+            tl.store(p_qh, b_q, mask=m_t[:, None] & m_k[None, :])
+        b_k = _load_norm_rows(p_k, o_t, m_t, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
+        b_g = tl.load(p_g + o_t * HV, mask=m_t, other=0)
+        keep = (o_t[:, None] >= o_t[None, :]) & m_t[:, None] & m_t[None, :]
+        b_a = mm(b_q, tl.trans(b_k), EMULATE, IEEE)
+        b_a = round_to(tl.where(keep, b_a * tl.exp(tl.where(keep, b_g[:, None] - b_g[None, :], 0.0)), 0.0), DT, EMULATE)
+        tl.store(amat + (bos * HV + i_hv) * C + o_t[:, None] * RS + o_t[None, :], b_a, mask=m_t[:, None])
 
 
 # ---- W = T (beta e^gamma k^), U = T (beta v) -----------------------------------------------------------
@@ -324,6 +414,82 @@ def _chunk_state_kernel(
     tl.store(p_pool, b_s, mask=m_h)
 
 
+# ---- the state recurrence with the output fused (`fuse_out`) ---------------------------------------------
+# The same recurrence, and each chunk's output computed from the state in registers: H (the chunk's
+# start state, [NC, HV, K, V]) and U' are neither written nor read back. The q k^T block does not depend
+# on the state, so it fills the recurrence's dependency stalls; each program recomputes it for its BV
+# value columns.
+_STATE_OUT_CONFIGS = autotune_configs(
+    [
+        triton.Config({"BV": 32}, num_warps=4, num_stages=2),
+        triton.Config({"BV": 16}, num_warps=4, num_stages=2),
+        triton.Config({"BV": 32}, num_warps=4, num_stages=3),
+        triton.Config({"BV": 64}, num_warps=4, num_stages=2),
+        triton.Config({"BV": 64}, num_warps=8, num_stages=2),
+        triton.Config({"BV": 16}, num_warps=2, num_stages=3),
+    ]
+)
+
+
+@triton.autotune(configs=_STATE_OUT_CONFIGS, key=["B_KEY", "H", "HV", "K", "V"], restore_value=["pool"])
+@triton.jit
+def _chunk_state_out_kernel(
+    # Pointers
+    qhat, khat, amat, gcum, w, u, o, pool, indices, has_initial_state, cu_seqlens,
+    # Sizes and strides
+    B_KEY, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    # Meta-parameters
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
+    IEEE: tl.constexpr,
+):  # fmt: skip
+    """Per (BV value columns, request x v-head), chunk by chunk: with S the state (float32) and S_r
+    it rounded to DT (what `_chunk_state_kernel` stores as H),
+
+        U' = U - W S_r,  O = (e^gamma q^) S_r + (tril(q^ k^T) e^(gamma_t - gamma_s)) U',
+        S = e^gamma_last S + k^T (e^(gamma_last - gamma) U')
+
+    rounded at the same points as the two kernels it replaces; the final S goes to the pool. q^ and
+    the decayed causal block come from the T kernel (FUSE_OUT)."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_n, i_hv = i_nh // HV, i_nh % HV
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    o_t, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    m_h = (o_k < K)[:, None] & (o_v < V)[None, :]
+    p_pool = pool + (tl.load(indices + i_n).to(tl.int64) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
+    init = tl.load(has_initial_state + i_n) != 0
+    b_s = tl.load(p_pool, mask=m_h & init, other=0).to(tl.float32)
+
+    for j in range(tl.cdiv(eos - bos, C)):
+        t0 = bos + j * C
+        nj = tl.minimum(eos - t0, C)
+        m_t = o_t < nj
+        # the state-free operands first
+        p_q = tl.make_block_ptr(qhat + (t0 * H + i_h) * K, (nj, K), (H * K, 1), (0, 0), (C, BK), (1, 0))
+        p_k = tl.make_block_ptr(khat + (t0 * H + i_h) * K, (nj, K), (H * K, 1), (0, 0), (C, BK), (1, 0))
+        p_a = tl.make_block_ptr(amat + (t0 * HV + i_hv) * C, (nj, C), (HV * C, 1), (0, 0), (C, C), (1, 0))
+        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_k = round_to(tl.load(p_k, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
+        b_a = round_to(tl.load(p_a, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
+        b_g = tl.load(gcum + (t0 + o_t) * HV + i_hv, mask=m_t, other=0)
+        b_glast = tl.load(gcum + (t0 + nj - 1) * HV + i_hv)
+        b_qg = round_to(b_q * tl.exp(b_g)[:, None], DT, EMULATE)
+        # then the recurrence
+        b_sr = round_to(b_s, DT, EMULATE)
+        p_w = tl.make_block_ptr(w + (t0 * HV + i_hv) * K, (nj, K), (HV * K, 1), (0, 0), (C, BK), (1, 0))
+        p_u = tl.make_block_ptr(u + (t0 * HV + i_hv) * V, (nj, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0))
+        b_w = round_to(tl.load(p_w, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
+        b_u = tl.load(p_u, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        b_vn = round_to(b_u - mm(b_w, b_sr, EMULATE, IEEE), DT, EMULATE)  # U' = U - W S
+        b_o = mm(b_qg, b_sr, EMULATE, IEEE) + mm(b_a, b_vn, EMULATE, IEEE)
+        p_o = tl.make_block_ptr(o + (t0 * HV + i_hv) * V, (nj, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0))
+        tl.store(p_o, round_to(b_o, DT, EMULATE).to(DT), boundary_check=(0, 1))
+        b_vd = round_to(b_vn.to(tl.float32) * tl.exp(b_glast - b_g)[:, None], DT, EMULATE)
+        b_s = b_s * tl.exp(b_glast) + mm(tl.trans(b_k), b_vd, EMULATE, IEEE)
+    tl.store(p_pool, b_s, mask=m_h)
+
+
 # ---- the output ---------------------------------------------------------------------------------------
 # No BV = 32: with num_warps=4, num_stages=2 Triton 3.6 compiles this kernel into one that reads shared
 # memory out of range on an H200 (`attnbench sweep --sanitize memcheck`: "Invalid __shared__ read of
@@ -386,11 +552,18 @@ class ChunkPlan:
     tmat: torch.Tensor  # [T, HV, C] input dtype
     w: torch.Tensor  # [T, HV, K]
     u: torch.Tensor  # [T, HV, V]
-    h: torch.Tensor  # [NC, HV, K, V]: the state at the start of every chunk
-    vnew: torch.Tensor  # [T, HV, V]: U' = U - W S
+    h: torch.Tensor | None  # [NC, HV, K, V]: the state at the start of every chunk (None: fused output)
+    vnew: torch.Tensor | None  # [T, HV, V]: U' = U - W S (None: fused output)
+    fuse_out: bool = False  # the output computed inside the state recurrence (`_chunk_state_out_kernel`)
+    qhat: torch.Tensor | None = None  # [T, H, K]: the normalised, scaled queries (fused output only)
+    amat: torch.Tensor | None = None  # [T, HV, C]: the decayed causal q^ k^T block (fused output only)
 
 
-def plan(lens: list[int], H: int, HV: int, K: int, V: int, dtype: torch.dtype, device) -> ChunkPlan:
+def plan(
+    lens: list[int], H: int, HV: int, K: int, V: int, dtype: torch.dtype, device, fuse_out: bool = False
+) -> ChunkPlan:
+    """The chunk rows and workspaces for requests of `lens` tokens; `fuse_out`: no H / U' workspaces
+    (the output is computed inside the state recurrence)."""
     rows, offsets = [], [0]
     for n, L in enumerate(lens):
         nc = triton.cdiv(L, CHUNK)
@@ -405,20 +578,30 @@ def plan(lens: list[int], H: int, HV: int, K: int, V: int, dtype: torch.dtype, d
         tmat=torch.empty(T, HV, CHUNK, dtype=dtype, device=device),
         w=torch.empty(T, HV, K, dtype=dtype, device=device),
         u=torch.empty(T, HV, V, dtype=dtype, device=device),
-        h=torch.empty(NC, HV, K, V, dtype=dtype, device=device),
-        vnew=torch.empty(T, HV, V, dtype=dtype, device=device),
+        h=None if fuse_out else torch.empty(NC, HV, K, V, dtype=dtype, device=device),
+        vnew=None if fuse_out else torch.empty(T, HV, V, dtype=dtype, device=device),
+        fuse_out=fuse_out,
+        qhat=torch.empty(T, H, K, dtype=dtype, device=device) if fuse_out else None,
+        amat=torch.empty(T, HV, CHUNK, dtype=dtype, device=device) if fuse_out else None,
     )
 
 
-def launch_tri(k: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor, p: ChunkPlan, tri: TriConfig):
-    """The T kernel (p.tmat, p.khat from k, beta, p.gcum) with the knobs `tri`."""
+def launch_tri(
+    k: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor, p: ChunkPlan, tri: TriConfig,
+    q: torch.Tensor | None = None, scale: float = 1.0,
+):  # fmt: skip
+    """The T kernel (p.tmat, p.khat from k, beta, p.gcum) with the knobs `tri`; with `p.fuse_out` also
+    p.qhat and p.amat from `q` and `scale`."""
     T, H, K = k.shape
     HV = beta.shape[1]
+    fused = p.fuse_out
+    q_, qhat, amat = (q, p.qhat, p.amat) if fused else (k, p.khat, p.tmat)  # never touched unless fused
     _chunk_tri_batched_kernel[(p.chunks.shape[0], HV)](
-        k, beta, p.gcum, p.tmat, p.khat, p.chunks, cu_seqlens, k.stride(0), H=H, HV=HV, K=K, C=CHUNK, S=SUB,
+        k, beta, p.gcum, p.tmat, p.khat, p.chunks, cu_seqlens, q_, qhat, amat, k.stride(0), q_.stride(0), scale,
+        H=H, HV=HV, K=K, C=CHUNK, S=SUB,
         BK=max(16, triton.next_power_of_2(K)), DT=TL_DTYPES[k.dtype], EMULATE=INTERPRET,
         IEEE=k.dtype == torch.float32, P_NEU=tri.neumann, P_NEWTON=tri.newton, P_MERGE=tri.merge,
-        num_warps=tri.num_warps,
+        KK_ONCE=tri.kk == "once", SUBST=tri.diag == "subst", FUSE_OUT=fused, num_warps=tri.num_warps,
     )  # fmt: skip
 
 
@@ -460,14 +643,21 @@ def chunk_gated_delta_rule(
     BK = max(16, triton.next_power_of_2(K))
     common = dict(DT=DT, EMULATE=INTERPRET)
     _chunk_cumsum_kernel[(NC, HV)](g, p.gcum, p.chunks, cu_seqlens, HV=HV, C=CHUNK)
-    launch_tri(k, beta, cu_seqlens, p, TRI_IEEE if ieee else tri)
+    launch_tri(k, beta, cu_seqlens, p, TRI_IEEE if ieee else tri, q, scale)
     _chunk_wu_kernel[(NC, HV)](
         p.khat, v, beta, p.gcum, p.tmat, p.w, p.u, p.chunks, cu_seqlens, v.stride(0), H=H, HV=HV, K=K, V=V,
         C=CHUNK, BK=BK, BV=min(64, max(16, triton.next_power_of_2(V))), IEEE=ieee, num_warps=8, **common,
     )  # fmt: skip
+    b_key = B if B < 64 else B // 64 * 64
+    if p.fuse_out:
+        _chunk_state_out_kernel[lambda meta: (triton.cdiv(V, meta["BV"]), B * HV)](
+            p.qhat, p.khat, p.amat, p.gcum, p.w, p.u, o, pool, indices, has_initial_state, cu_seqlens,
+            b_key, H=H, HV=HV, K=K, V=V, C=CHUNK, BK=BK, IEEE=ieee, **common,
+        )  # fmt: skip
+        return
     _chunk_state_kernel[lambda meta: (triton.cdiv(V, meta["BV"]), B * HV)](
         p.khat, p.gcum, p.w, p.u, p.h, p.vnew, pool, indices, has_initial_state, cu_seqlens, p.chunk_offsets,
-        B if B < 64 else B // 64 * 64, H=H, HV=HV, K=K, V=V, C=CHUNK, BK=BK, IEEE=ieee, **common,
+        b_key, H=H, HV=HV, K=K, V=V, C=CHUNK, BK=BK, IEEE=ieee, **common,
     )  # fmt: skip
     _chunk_out_kernel[lambda meta: (NC, HV, triton.cdiv(V, meta["BV"]))](
         q, p.khat, p.gcum, p.h, p.vnew, o, p.chunks, cu_seqlens, q.stride(0), scale, H=H, HV=HV, K=K, V=V,

@@ -28,6 +28,10 @@ VARIANTS = {
     "tf32x3-8w": TriConfig(num_warps=8),
     "tf32x3-2w": TriConfig(num_warps=2),
     "neumann-tf32": TriConfig(neumann="tf32"),
+    "once": TriConfig(kk="once"),
+    "subst": TriConfig(diag="subst"),
+    "once-subst": TriConfig(kk="once", diag="subst"),
+    "once-subst-8w": TriConfig(num_warps=8, kk="once", diag="subst"),
     # less accurate than the float32 twin (kernels/triton/NOTES.md): for the record, not a candidate
     "tf32": TriConfig(neumann="tf32", newton="tf32", merge="tf32"),
 }
@@ -37,6 +41,7 @@ class TriVariant(attnbench.Backend):
     """gdn_extend on our Triton kernels with the T kernel's knobs `tri`."""
 
     tri: ClassVar[TriConfig]
+    fuse_out: ClassVar[bool] = False
     backend_limits = on_device
 
     def available(self) -> str | None:
@@ -44,10 +49,21 @@ class TriVariant(attnbench.Backend):
 
     @implements("gdn_extend", limits=extend_head_dims)
     def prepare_gdn_extend(self, case, x):
-        return prepare_gdn_extend(case, x, self.tri)
+        return prepare_gdn_extend(case, x, self.tri, self.fuse_out)
 
+
+# the output fused into the state recurrence (gdn_chunk._chunk_state_out_kernel), with a T kernel
+FUSED = {"fused": TriConfig(), "once-subst-fused": TriConfig(kk="once", diag="subst")}
 
 for _label, _tri in VARIANTS.items():
     attnbench.register_backend(f"triton-gdn-tri:{_label}")(
         type(f"TriVariant_{_label.replace('-', '_')}", (TriVariant,), {"tri": _tri, "description": f"T kernel {_tri}"})
+    )
+for _label, _tri in FUSED.items():
+    attnbench.register_backend(f"triton-gdn-tri:{_label}")(
+        type(
+            f"TriVariant_{_label.replace('-', '_')}",
+            (TriVariant,),
+            {"tri": _tri, "fuse_out": True, "description": f"T kernel {_tri}, output fused into the state pass"},
+        )
     )

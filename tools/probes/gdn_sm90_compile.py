@@ -26,7 +26,9 @@ TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
 
 
-def build(kernel, sig: dict, consts: dict, config: triton.Config | None = None, num_warps: int = 4) -> None:
+def build(
+    kernel, sig: dict, consts: dict, config: triton.Config | None = None, num_warps: int = 4, label: str = ""
+) -> None:
     if isinstance(kernel, Autotuner):
         config = config or kernel.configs[0]
         kernel = kernel.fn
@@ -46,7 +48,7 @@ def build(kernel, sig: dict, consts: dict, config: triton.Config | None = None, 
     usage = subprocess.run([CUOBJDUMP, "--dump-resource-usage", f.name], capture_output=True, text=True).stdout
     os.unlink(f.name)
     m = re.search(r"REG:(\d+) STACK:(\d+)", usage)
-    print(kernel.__name__, *(m.groups() if m else ("?", "?")), flush=True)
+    print(kernel.__name__ + label, *(m.groups() if m else ("?", "?")), flush=True)
 
 
 def main() -> None:
@@ -112,13 +114,7 @@ def main() -> None:
         chunked = dict(chunks=i32, cu_seqlens=i32)
         build(gdn_chunk._chunk_cumsum_kernel, dict(g=f32, gcum=f32, **chunked), dict(HV=32, C=64))
         tri = gdn_chunk.TRI_IEEE if ieee else gdn_chunk.TRI
-        build(
-            gdn_chunk._chunk_tri_batched_kernel,
-            dict(k=p, beta=f32, gcum=f32, tmat=p, khat=p, stride_kt="i32", **chunked),
-            {k: v for k, v in common.items() if k != "V"}
-            | dict(S=16, P_NEU=tri.neumann, P_NEWTON=tri.newton, P_MERGE=tri.merge),
-            num_warps=tri.num_warps,
-        )
+        build_tri(tri, p, common)
         build(
             gdn_chunk._chunk_wu_kernel,
             dict(khat=p, v=p, beta=f32, gcum=f32, tmat=p, w=p, u=p, stride_vt="i32", **chunked),
@@ -148,6 +144,33 @@ def main() -> None:
             dict(q=p, khat=p, gcum=f32, h=p, vnew=p, o=p, stride_qt="i32", scale="fp32", **chunked),
             common,
         )
+        build(
+            gdn_chunk._chunk_state_out_kernel,
+            dict(
+                qhat=p, khat=p, amat=p, gcum=f32, w=p, u=p, o=p, pool=f32, indices=i32, has_initial_state="*i1",
+                cu_seqlens=i32, B_KEY="i32",
+            ),
+            common,
+        )  # fmt: skip
+    # the T kernel's other variants (TriConfig kk / diag), bf16
+    common = dict(**qwen, C=64, BK=128, DT=tl.bfloat16, EMULATE=False, IEEE=False)
+    for kk, diag in (("once", "neumann"), ("blocks", "subst"), ("once", "subst")):
+        build_tri(gdn_chunk.TriConfig(kk=kk, diag=diag), bf, common, label=f"[{kk},{diag}]")
+    build_tri(gdn_chunk.TriConfig(kk="once", diag="subst"), bf, common, label="[once,subst,fuse_out]", fuse_out=True)
+
+
+def build_tri(tri, p: str, common: dict, label: str = "", fuse_out: bool = False) -> None:
+    f32, i32 = "*fp32", "*i32"
+    build(
+        gdn_chunk._chunk_tri_batched_kernel,
+        dict(k=p, beta=f32, gcum=f32, tmat=p, khat=p, stride_kt="i32", chunks=i32, cu_seqlens=i32)
+        | dict(q=p, qhat=p, amat=p, stride_qt="i32", scale="fp32"),
+        {k: v for k, v in common.items() if k != "V"}
+        | dict(S=16, P_NEU=tri.neumann, P_NEWTON=tri.newton, P_MERGE=tri.merge)
+        | dict(KK_ONCE=tri.kk == "once", SUBST=tri.diag == "subst", FUSE_OUT=fuse_out),
+        num_warps=tri.num_warps,
+        label=label,
+    )
 
 
 if __name__ == "__main__":

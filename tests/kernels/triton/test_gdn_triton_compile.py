@@ -21,6 +21,7 @@ CHUNK = [
     "_chunk_wu_kernel",
     "_chunk_state_kernel",
     "_chunk_out_kernel",
+    "_chunk_state_out_kernel",
 ]
 # gating; decode and tree verify; conv fn and update; the chunk kernels in bf16 and fp32
 EXPECTED = [
@@ -30,6 +31,10 @@ EXPECTED = [
     "_conv1d_update_kernel",
     *CHUNK,
     *CHUNK,
+    "_chunk_tri_batched_kernel[once,neumann]",
+    "_chunk_tri_batched_kernel[blocks,subst]",
+    "_chunk_tri_batched_kernel[once,subst]",
+    "_chunk_tri_batched_kernel[once,subst,fuse_out]",
 ]
 
 

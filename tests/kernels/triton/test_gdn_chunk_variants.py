@@ -1,0 +1,56 @@
+"""Variants of our chunked GDN prefill (gdn_chunk.py) on the CPU (TRITON_INTERPRET=1): the T kernel's
+`TriConfig.kk` / `TriConfig.diag` and the output fused into the state pass (`fuse_out`) each pass the
+harness's float64 checks, and agree with the default kernels to within bf16 rounding of the output."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from attnbench.case import Case  # noqa: E402
+from attnbench.kernels.triton import gdn_backend, gdn_chunk  # noqa: E402
+from attnbench.kernels.triton.limits import interpreting  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not interpreting(), reason="runs our Triton kernels under TRITON_INTERPRET=1")
+
+# two requests of mixed length (a partial last chunk, one without an initial state), grouped v-heads
+CASE = "gdn_extend/b2-t70-h1x2-d32x16-initmixed-bf16"
+VARIANTS = {
+    "once": (gdn_chunk.TriConfig(kk="once"), False),
+    "subst": (gdn_chunk.TriConfig(diag="subst"), False),
+    "fused": (gdn_chunk.TRI, True),
+    "once-subst-fused": (gdn_chunk.TriConfig(kk="once", diag="subst"), True),
+}
+
+
+def _run(tri, fuse_out):
+    case = Case.from_id(CASE)
+    x = case.make_inputs()
+    gdn_backend.prepare_gdn_extend(case, x, tri, fuse_out)()
+    return x.o.float(), x.state_pool.clone()
+
+
+@pytest.mark.parametrize("name", list(VARIANTS))
+def test_variant_agrees_with_the_default(name):
+    o0, s0 = _run(gdn_chunk.TRI, False)
+    o1, s1 = _run(*VARIANTS[name])
+    assert o0.abs().max() > 0 and torch.isfinite(o1).all()
+    # the same math rounded at the same points: differences come from float32 summation order only,
+    # so at most a bf16 ulp or two of the output and float32-level differences of the state
+    torch.testing.assert_close(o1, o0, rtol=2**-7, atol=1e-5)
+    torch.testing.assert_close(s1, s0, rtol=1e-4, atol=1e-6)
+
+
+def test_fused_plan_has_no_chunk_state_workspace():
+    p = gdn_chunk.plan([70, 3], 1, 2, 32, 16, torch.bfloat16, "cpu", fuse_out=True)
+    assert p.h is None and p.vnew is None and p.qhat.shape == (73, 1, 32) and p.amat.shape == (73, 2, 64)
+    q = gdn_chunk.plan([70, 3], 1, 2, 32, 16, torch.bfloat16, "cpu")
+    assert q.h.shape == (3, 2, 32, 16) and q.qhat is None
+
+
+@pytest.mark.parametrize("field", ["kk", "diag"])
+def test_tri_config_rejects_unknown_values(field):
+    with pytest.raises(ValueError, match=field):
+        gdn_chunk.TriConfig(**{field: "bogus"})
