@@ -53,7 +53,11 @@ class TriVariant(attnbench.Backend):
 
 
 # the output fused into the state recurrence (gdn_chunk._chunk_state_out_kernel), with a T kernel
-FUSED = {"fused": TriConfig(), "once-subst-fused": TriConfig(kk="once", diag="subst")}
+FUSED = {
+    "fused": TriConfig(),
+    "once-fused": TriConfig(kk="once"),
+    "once-subst-fused": TriConfig(kk="once", diag="subst"),
+}
 
 for _label, _tri in VARIANTS.items():
     attnbench.register_backend(f"triton-gdn-tri:{_label}")(
