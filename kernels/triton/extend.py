@@ -84,13 +84,14 @@ def _attend_range(
     (the caller guarantees it), so no mask is computed at all. KV_FP8: the source's K/V are fp8 values
     in stored units (converted to the query dtype, exactly); with REQUANT they are the new tokens in
     the query dtype, rounded here to what the cache stores (`x * inv` to fp8) before use.
-    TMA: blocks by tensor descriptor (`k_desc`/`v_desc` over `[rows, Hkv * D]`): the new tokens'
-    blocks all (a masked block's box may run past the request into the next one's rows, or past the
-    tensor into zeros: their scores are masked as every masked key's, and their values zeroed here,
-    so no value of another request reaches P.V); the cache's only where not MASKED (whole blocks
-    inside one page, aligned by the caller).
+    TMA: every block by tensor descriptor (`k_desc`/`v_desc` over `[rows, Hkv * D]`). A masked block's
+    box may hold rows outside [n_lo, n_hi): past the request, the next request's rows (or zeros past
+    the tensor's end); in the cache, blocks start at multiples of BLOCK_N (one page each: the page
+    size is a multiple of BLOCK_N), so a range's first block may begin before n_lo, and slots past a
+    sequence may hold NaN. Those rows' scores are masked like every masked key's and their values
+    zeroed here, so nothing of them reaches P.V (0 x NaN would).
     """
-    DESC: tl.constexpr = TMA and (FROM_NEW or not MASKED)
+    ALIGNED: tl.constexpr = TMA and not FROM_NEW  # cache blocks by descriptor: aligned, inside one page
     o_da = tl.arange(0, DA)
     o_dv = tl.arange(0, BLOCK_DV)
     m_da = o_da < DK
@@ -100,25 +101,30 @@ def _attend_range(
         m_db = o_db < DK
     # paged keys: page indices are loaded one block ahead by hand, so the pipeliner overlaps the K/V
     # copies with the math (with the index load in the same iteration it does not)
+    if ALIGNED:  # from the block holding n_lo (none where the range is empty)
+        n_first = n_lo // BLOCK_N * BLOCK_N
+        n_end = tl.where(n_lo < n_hi, n_hi, n_first)
+    else:
+        n_first = n_lo
+        n_end = n_hi
     o_n = n_lo + tl.arange(0, BLOCK_N)
-    if FROM_NEW:
+    if FROM_NEW or TMA:
         i_page_next = o_n  # unused
-    elif DESC:  # one page per block: its index alone
-        i_page_next = tl.load(p_pages + n_lo // PAGE_SIZE, mask=n_lo < n_hi, other=0)
     else:
         i_page_next = tl.load(p_pages + o_n // PAGE_SIZE, mask=o_n < n_hi, other=0)
-    for n0 in tl.range(n_lo, n_hi, BLOCK_N):
+    for n0 in tl.range(n_first, n_end, BLOCK_N):
         o_n = n0 + tl.arange(0, BLOCK_N)
-        m_n = o_n < n_hi
+        if ALIGNED:
+            m_n = (o_n >= n_lo) & (o_n < n_hi)
+        else:
+            m_n = o_n < n_hi
         if FROM_NEW:  # packed new tokens: row = first row of the request + (position - prefix)
             i_row = (row0 + o_n - new_start).to(tl.int64)
             p_k = k_src + i_row * stride_kp + i_hk * stride_kh
             p_v = v_src + i_row * stride_vp + i_hk * stride_vh
-            i_box = row0 + n0 - new_start  # the block's first row (DESC)
-        elif DESC:  # paged cache, a whole aligned block inside one page: row of the cache viewed as [rows, Hkv * D]
-            i_box = i_page_next * PAGE_SIZE + n0 % PAGE_SIZE
-            n_next = n0 + BLOCK_N
-            i_page_next = tl.load(p_pages + n_next // PAGE_SIZE, mask=n_next < n_hi, other=0)
+            i_box = row0 + n0 - new_start  # the block's first row (TMA)
+        elif TMA:  # paged cache, an aligned block inside one page: its row of the cache as [rows, Hkv * D]
+            i_box = tl.load(p_pages + n0 // PAGE_SIZE) * PAGE_SIZE + n0 % PAGE_SIZE
         else:  # paged cache
             i_page = i_page_next.to(tl.int64)
             o_next = o_n + BLOCK_N
@@ -126,7 +132,7 @@ def _attend_range(
             o_slot = o_n % PAGE_SIZE
             p_k = k_src + i_page * stride_kp + o_slot * stride_ks + i_hk * stride_kh
             p_v = v_src + i_page * stride_vp + o_slot * stride_vs + i_hk * stride_vh
-        if DESC:
+        if TMA:
             b_k = k_desc.load([i_box, i_hk * DK])
         else:
             b_k = load_tile(p_k[:, None] + o_da[None, :], m_n, m_da, MASKED, DA > DK)
@@ -148,11 +154,11 @@ def _attend_range(
             b_s = b_s * qk_scale
         if V_FROM_K:
             b_v = b_k
-        elif DESC:
+        elif TMA:
             b_v = v_desc.load([i_box, i_hk * DV])
         else:
             b_v = load_tile(p_v[:, None] + o_dv[None, :], m_n, m_dv, MASKED, BLOCK_DV > DV)
-        if DESC and MASKED:  # rows of the box past the range: another request's (or zeros) -> 0
+        if TMA and MASKED:  # rows of the box outside the range (another request's, zeros, NaN slots) -> 0
             b_v = tl.where(m_n[:, None], b_v, 0.0)
         if not V_FROM_K:
             if KV_FP8:

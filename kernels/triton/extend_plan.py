@@ -293,11 +293,11 @@ def tma_sources(x, cfg: ExtendConfig, meta: dict) -> tuple[dict, list[str]]:
     packed new tokens, `k_cache_desc`/`v_cache_desc` for whole-page cache blocks; a source left out is
     read by pointers) and why each source left out could not be.
 
-    New tokens: any block of `block_n` rows by descriptor, the masked ones too (a box crossing the
-    request's end reads the next request's rows, or zeros past the tensor's end; the kernel masks
-    those rows' scores and zeroes their values in registers). Cache: only whole blocks every row sees,
-    aligned to `block_n` inside one page (page size a multiple of `block_n`); masked cache blocks keep
-    row-masked pointer loads (slots past a sequence may hold NaN).
+    Every block of a source it covers, the masked ones too: a box crossing the request's end reads the
+    next request's rows (or zeros past the tensor's end); cache blocks are aligned to `block_n` inside
+    one page (page size a multiple of `block_n`), so a box may hold keys before the range and slots
+    past the sequence (NaN in a poisoned pool). The kernel masks those rows' scores and zeroes their
+    values in registers.
     """
     from triton.tools.tensor_descriptor import TensorDescriptor
 

@@ -179,11 +179,13 @@ def test_bad_knob_values_are_clear_errors(spec, words):
 @pytest.mark.parametrize(
     "backend",
     ["triton:extend_tma=1", "triton:extend_persistent=1", "triton:extend_block_n=32,extend_stages=2",
-     "triton-det:extend_tma=1,extend_persistent=1"],
+     "triton-det:extend_tma=1,extend_persistent=1", "triton:extend_tma=1,extend_block_n=16"],
 )  # fmt: skip
 def test_knobs_through_the_harness(backend):
     """The knobs reach the plan (prepare_info) and pass the sweep's checks: float64, NaN-poisoned cache slots
-    and outputs, determinism, the stale-output check."""
+    and outputs, determinism, the stale-output check. With 16-key blocks over 16-slot pages the cache is read
+    by TMA too: its last block of each prefix holds poisoned slots past the sequence, and a window start
+    inside a block puts keys before the range in the first box."""
     row = run_one("extend/b3-q40-pre30-mixed-h4x2-d64-p16-swa25-cap5-sink-bf16", get_backend(backend), **KERNEL)
     assert row.status == "pass", row.reason
     cfg, info = row.prepare_info["config"], row.prepare_info
@@ -203,3 +205,34 @@ def test_tma_where_no_source_can_take_it_is_a_skip():
     row = run_one("extend/b2-q6-pre17-h4x2-d13-p1-bf16", get_backend("triton:extend_tma=1"), repeats=1)
     assert row.status == "skip", (row.status, row.reason)
     assert "no key source can be read by tensor descriptor" in row.reason and "head dim 13" in row.reason
+
+
+@pytest.mark.parametrize("window", ["", "-swa20"])
+def test_cache_box_slots_past_the_prefix_never_reach_the_rows(window):
+    """Cache blocks by TMA (16-key blocks, 16-slot pages): the last block of each prefix holds the slots
+    after it, NaN here; with a window the first box also holds keys before the window. Same bits as with
+    those slots clean, and the clean run passes float64."""
+    from attnbench.kernels.triton.extend import extend
+    from attnbench.kernels.triton.extend_plan import ExtendConfig, plan_extend
+
+    case = Case.from_id(f"extend/b2-q20-pre37-mixed-h4x2-d64-p16-kvattend{window}-bf16")
+    pristine = case.make_inputs()
+    cfg = ExtendConfig(16, 16, 4, 1, use_tma=True)
+    clean = clone_tensors(pristine)
+    plan = plan_extend(clean, config=cfg)
+    assert plan.meta["TMA_CACHE"] == 1 and plan.meta["SAVE_KV"] is False
+    out = extend(clean, plan)
+    verdict = kernel_verdict(case, pristine, clean, out)
+    assert verdict.ok, verdict.reason
+    poisoned = clone_tensors(pristine)
+    page = pristine.k_cache.shape[1]
+    hit = 0
+    for b, (L, n) in enumerate(zip(pristine.seq_lens_host, pristine.q_lens_host, strict=True)):
+        pages = pristine.kv_page_indices[int(pristine.kv_indptr[b]) : int(pristine.kv_indptr[b + 1])].tolist()
+        for pos in range(L - n, len(pages) * page):  # every slot of the request's pages after its prefix
+            poisoned.k_cache[pages[pos // page], pos % page] = float("nan")
+            poisoned.v_cache[pages[pos // page], pos % page] = float("nan")
+            hit += (pos // 16) == ((L - n - 1) // 16)  # in the prefix's last block
+    assert hit, "no poisoned slot shares a block with the prefix's last key"
+    out_p = extend(poisoned, plan_extend(poisoned, config=cfg))
+    assert torch.equal(out_p["o"], out["o"]) and torch.equal(out_p["lse"], out["lse"])
