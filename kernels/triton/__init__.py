@@ -56,6 +56,15 @@ class _TritonAttention(Backend):
         "block_n": Knob("decode: keys per stage-1 step (default: by head dims)", (16, 32, 64, 128)),
         "fused_merge": Knob("decode: KV splits merged by their last split program, one launch (1), or by a "
                             "second kernel (0) (default: DecodeConfig's)", (0, 1)),
+        # extend (prefill); values in extend_plan.EXTEND_KNOBS, applied by extend_plan.with_extend_knobs
+        "extend_tma": Knob("extend: new-token K/V blocks (and whole-page cache blocks) by TMA tensor descriptor "
+                           "(1) or by pointers (0, default); the tuner times TMA tilings", (0, 1)),
+        "extend_persistent": Knob("extend: one program per SM walking the tiles heaviest first (1) or one "
+                                  "program per tile and head (0, default)", (0, 1)),
+        "extend_block_n": Knob("extend: keys per step (default: by head dims; fixes the tiling, no tuning)",
+                               (16, 32, 64, 128)),
+        "extend_stages": Knob("extend: software-pipelining stages (default: by head dims; fixes the tiling)",
+                              (1, 2, 3, 4)),
     }  # fmt: skip
 
     def available(self) -> str | None:
@@ -79,7 +88,7 @@ class _TritonAttention(Backend):
         mla = self.mla_decode(x, knobs)
         if mla is not None:
             return mla
-        tiling = {k: v for k, v in knobs.items() if k != "fused_merge"}  # fused_merge leaves the tuning on
+        tiling = {k: v for k, v in knobs.items() if k in ("split_keys", "block_n")}  # the others leave the tuning on
         config, tuned = (None, {}) if self.deterministic or tiling else d.tuned_decode_config(x)
         if "block_n" in knobs:
             config = replace(d.default_decode_config(x), block_n=knobs["block_n"])
@@ -134,26 +143,34 @@ class _TritonAttention(Backend):
 
     @implements("extend", limits=attention_head_dims)
     def prepare_extend(self, case, x):
+        from attnbench.errors import Unsupported
         from attnbench.kernels.triton import extend as e
         from attnbench.kernels.triton import extend_plan as ep
         from attnbench.kernels.triton.common import first_that_fits
 
-        config, tuned = (None, {}) if self.deterministic else e.tuned_extend_config(x)
+        knobs = {k: v for k, v in self.settings.items() if k.startswith("extend_")}
+        variants = dict(use_tma=bool(knobs.get("extend_tma")), persistent=bool(knobs.get("extend_persistent")))
+        fixed = self.deterministic or ep.tiling_knobs(knobs)
+        config, tuned = (None, {}) if fixed else e.tuned_extend_config(x, **variants)
+        config = ep.with_extend_knobs(config or ep.default_extend_config(x, self.deterministic), knobs)
         plans = {}
 
         def build(cfg):
             plans[cfg] = ep.plan_extend(x, config=cfg, deterministic=self.deterministic)
             return e.bind_extend(x, plans[cfg])
 
-        run, config, shrunk = first_that_fits(
-            config or ep.default_extend_config(x, self.deterministic), ep.shrink_extend_config, build, x.q.device
-        )
+        try:
+            run, config, shrunk = first_that_fits(config, ep.shrink_extend_config, build, x.q.device)
+        except ep.TMAUnavailable as err:
+            raise Unsupported(str(err)) from None
         plan = plans[config]
         run.info = {
             "tiles": int(plan.tiles.shape[0]),  # split path: work items (tile x key split)
             "gqa_heads": plan.meta["HEADS"],  # query heads packed per token of a tile (1: unpacked)
             **({"kv_splits": plan.splits, "two_stage": plan.merge is not None} if plan.meta["SPLIT"] else {}),
             "config": vars(config),
+            **({"tma": sorted(k for k in plan.extra if k.endswith("_desc"))} if config.use_tma else {}),
+            **({"grid": plan.grid[0]} if config.persistent else {}),
             **tuned,
             **({"did_not_fit": shrunk} if shrunk else {}),
         }

@@ -68,7 +68,7 @@ from attnbench.kernels.triton.extend_plan import (
 @triton.jit
 def _attend_range(
     b_acc, b_m, b_l, b_q, b_qb,
-    k_src, v_src, p_pages, row0, new_start, n_lo, n_hi,
+    k_src, v_src, k_desc, v_desc, p_pages, row0, new_start, n_lo, n_hi,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
     o_pos, m_rows, o_mask_row, custom_mask, seq_len, window,
     qk_scale, scale_over_cap, cap_log2e, k_inv, v_inv,
@@ -76,7 +76,7 @@ def _attend_range(
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     MASKED: tl.constexpr, FROM_NEW: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr,
     HAS_MASK: tl.constexpr, HAS_SOFTCAP: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PRECISE_EXP: tl.constexpr, KV_FP8: tl.constexpr, REQUANT: tl.constexpr,
+    PRECISE_EXP: tl.constexpr, KV_FP8: tl.constexpr, REQUANT: tl.constexpr, TMA: tl.constexpr = 0,
 ):  # fmt: skip
     """Online-softmax update of (acc, m, l) over keys [n_lo, n_hi) of one source.
 
@@ -84,7 +84,14 @@ def _attend_range(
     (the caller guarantees it), so no mask is computed at all. KV_FP8: the source's K/V are fp8 values
     in stored units (converted to the query dtype, exactly); with REQUANT they are the new tokens in
     the query dtype, rounded here to what the cache stores (`x * inv` to fp8) before use.
+    TMA: every block by tensor descriptor (`k_desc`/`v_desc` over `[rows, Hkv * D]`). A masked block's
+    box may hold rows outside [n_lo, n_hi): past the request, the next request's rows (or zeros past
+    the tensor's end); in the cache, blocks start at multiples of BLOCK_N (one page each: the page
+    size is a multiple of BLOCK_N), so a range's first block may begin before n_lo, and slots past a
+    sequence may hold NaN. Those rows' scores are masked like every masked key's and their values
+    zeroed here, so nothing of them reaches P.V (0 x NaN would).
     """
+    ALIGNED: tl.constexpr = TMA and not FROM_NEW  # cache blocks by descriptor: aligned, inside one page
     o_da = tl.arange(0, DA)
     o_dv = tl.arange(0, BLOCK_DV)
     m_da = o_da < DK
@@ -94,18 +101,30 @@ def _attend_range(
         m_db = o_db < DK
     # paged keys: page indices are loaded one block ahead by hand, so the pipeliner overlaps the K/V
     # copies with the math (with the index load in the same iteration it does not)
+    if ALIGNED:  # from the block holding n_lo (none where the range is empty)
+        n_first = n_lo // BLOCK_N * BLOCK_N
+        n_end = tl.where(n_lo < n_hi, n_hi, n_first)
+    else:
+        n_first = n_lo
+        n_end = n_hi
     o_n = n_lo + tl.arange(0, BLOCK_N)
-    if FROM_NEW:
+    if FROM_NEW or TMA:
         i_page_next = o_n  # unused
     else:
         i_page_next = tl.load(p_pages + o_n // PAGE_SIZE, mask=o_n < n_hi, other=0)
-    for n0 in tl.range(n_lo, n_hi, BLOCK_N):
+    for n0 in tl.range(n_first, n_end, BLOCK_N):
         o_n = n0 + tl.arange(0, BLOCK_N)
-        m_n = o_n < n_hi
+        if ALIGNED:
+            m_n = (o_n >= n_lo) & (o_n < n_hi)
+        else:
+            m_n = o_n < n_hi
         if FROM_NEW:  # packed new tokens: row = first row of the request + (position - prefix)
             i_row = (row0 + o_n - new_start).to(tl.int64)
             p_k = k_src + i_row * stride_kp + i_hk * stride_kh
             p_v = v_src + i_row * stride_vp + i_hk * stride_vh
+            i_box = row0 + n0 - new_start  # the block's first row (TMA)
+        elif TMA:  # paged cache, an aligned block inside one page: its row of the cache as [rows, Hkv * D]
+            i_box = tl.load(p_pages + n0 // PAGE_SIZE) * PAGE_SIZE + n0 % PAGE_SIZE
         else:  # paged cache
             i_page = i_page_next.to(tl.int64)
             o_next = o_n + BLOCK_N
@@ -113,7 +132,10 @@ def _attend_range(
             o_slot = o_n % PAGE_SIZE
             p_k = k_src + i_page * stride_kp + o_slot * stride_ks + i_hk * stride_kh
             p_v = v_src + i_page * stride_vp + o_slot * stride_vs + i_hk * stride_vh
-        b_k = load_tile(p_k[:, None] + o_da[None, :], m_n, m_da, MASKED, DA > DK)
+        if TMA:
+            b_k = k_desc.load([i_box, i_hk * DK])
+        else:
+            b_k = load_tile(p_k[:, None] + o_da[None, :], m_n, m_da, MASKED, DA > DK)
         if KV_FP8:
             if REQUANT:
                 b_k = to_fp8(b_k.to(tl.float32) * k_inv, KV_FP8)
@@ -132,8 +154,13 @@ def _attend_range(
             b_s = b_s * qk_scale
         if V_FROM_K:
             b_v = b_k
+        elif TMA:
+            b_v = v_desc.load([i_box, i_hk * DV])
         else:
             b_v = load_tile(p_v[:, None] + o_dv[None, :], m_n, m_dv, MASKED, BLOCK_DV > DV)
+        if TMA and MASKED:  # rows of the box outside the range (another request's, zeros, NaN slots) -> 0
+            b_v = tl.where(m_n[:, None], b_v, 0.0)
+        if not V_FROM_K:
             if KV_FP8:
                 if REQUANT:
                     b_v = to_fp8(b_v.to(tl.float32) * v_inv, KV_FP8)
@@ -165,7 +192,7 @@ def _attend_range(
 @triton.jit
 def _attend_source(
     b_acc, b_m, b_l, b_q, b_qb,
-    k_src, v_src, p_pages, row0, new_start, a, e, full_lo, full_hi,
+    k_src, v_src, k_desc, v_desc, p_pages, row0, new_start, a, e, full_lo, full_hi,
     stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
     o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
     k_inv, v_inv,
@@ -173,35 +200,38 @@ def _attend_source(
     PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     FROM_NEW: tl.constexpr, IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
     HAS_SOFTCAP: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
-    PRECISE_EXP: tl.constexpr, KV_FP8: tl.constexpr, REQUANT: tl.constexpr,
+    PRECISE_EXP: tl.constexpr, KV_FP8: tl.constexpr, REQUANT: tl.constexpr, TMA: tl.constexpr = 0,
 ):  # fmt: skip
     """Keys [a, e) of one source: masked blocks left of `full_lo`, whole unmasked blocks inside
-    [full_lo, full_hi), masked blocks for the rest."""
+    [full_lo, full_hi), masked blocks for the rest. TMA on the cache: the unmasked blocks start at a
+    multiple of BLOCK_N (so each lies inside one page; the masked left loop takes the keys before)."""
     u0 = tl.minimum(tl.maximum(full_lo, a), tl.maximum(e, a))
+    if TMA and not FROM_NEW:
+        u0 = tl.minimum(tl.cdiv(u0, BLOCK_N) * BLOCK_N, tl.maximum(e, a))
     u1 = u0 + tl.maximum(tl.minimum(full_hi, e) - u0, 0) // BLOCK_N * BLOCK_N
     b_acc, b_m, b_l = _attend_range(
-        b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, p_pages, row0, new_start, a, u0,
+        b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, k_desc, v_desc, p_pages, row0, new_start, a, u0,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
         k_inv, v_inv, DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
         True, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
-        KV_FP8, REQUANT,
+        KV_FP8, REQUANT, TMA,
     )  # fmt: skip
     b_acc, b_m, b_l = _attend_range(
-        b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, p_pages, row0, new_start, u0, u1,
+        b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, k_desc, v_desc, p_pages, row0, new_start, u0, u1,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
         k_inv, v_inv, DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
         False, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
-        KV_FP8, REQUANT,
+        KV_FP8, REQUANT, TMA,
     )  # fmt: skip
     b_acc, b_m, b_l = _attend_range(
-        b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, p_pages, row0, new_start, u1, e,
+        b_acc, b_m, b_l, b_q, b_qb, k_src, v_src, k_desc, v_desc, p_pages, row0, new_start, u1, e,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_scale, scale_over_cap, cap_log2e,
         k_inv, v_inv, DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
         True, FROM_NEW, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
-        KV_FP8, REQUANT,
+        KV_FP8, REQUANT, TMA,
     )  # fmt: skip
     return b_acc, b_m, b_l
 
@@ -240,8 +270,67 @@ def _extend_kernel(
     HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
     NEW_FROM_CACHE: tl.constexpr, SAVE_KV: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
     PRECISE_EXP: tl.constexpr, SPLIT: tl.constexpr, KV_FP8: tl.constexpr = 0,
+    # Opt-in variants (ExtendConfig.use_tma, .persistent): passed only where used (None: compiled out)
+    k_new_desc=None, v_new_desc=None, k_cache_desc=None, v_cache_desc=None, n_items=None,
+    TMA_NEW: tl.constexpr = 0, TMA_CACHE: tl.constexpr = 0, PERSISTENT: tl.constexpr = 0,
 ):  # fmt: skip
-    pid = tl.program_id(0)
+    """One work item (query tile x head or head group [x key split]) per program; PERSISTENT: a grid of
+    about one program per SM, program p taking items p, p + grid, ... (`n_items` in all; the work list is
+    ordered heaviest first, so each round of the grid takes the heaviest items left)."""
+    if PERSISTENT:
+        for pid in range(tl.program_id(0), n_items, tl.num_programs(0)):
+            _extend_item(
+                pid, q, k_cache, v_cache, k_new, v_new, kv_page_indices, kv_indptr, qo_indptr, seq_lens, tiles,
+                custom_mask, mask_indptr, sinks, slot_mapping, k_scale, v_scale, o, lse, part_o, part_ml,
+                qk_scale, scale_over_cap, cap_log2e, window, stride_qt, stride_qh, stride_kp, stride_ks,
+                stride_kh, stride_vp, stride_vs, stride_vh, stride_knt, stride_knh, stride_vnt, stride_vnh,
+                stride_ot, stride_oh, stride_lt, stride_pw, stride_ph, stride_mw, stride_ml, stride_ksc,
+                stride_vsc, HQ, G, HEADS, DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N, IS_CAUSAL,
+                HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, HAS_SINKS, NEW_FROM_CACHE, SAVE_KV, V_FROM_K, DOT_PRECISION,
+                PRECISE_EXP, SPLIT, KV_FP8, k_new_desc, v_new_desc, k_cache_desc, v_cache_desc, TMA_NEW,
+                TMA_CACHE,
+            )  # fmt: skip
+    else:
+        _extend_item(
+            tl.program_id(0), q, k_cache, v_cache, k_new, v_new, kv_page_indices, kv_indptr, qo_indptr,
+            seq_lens, tiles, custom_mask, mask_indptr, sinks, slot_mapping, k_scale, v_scale, o, lse, part_o,
+            part_ml, qk_scale, scale_over_cap, cap_log2e, window, stride_qt, stride_qh, stride_kp, stride_ks,
+            stride_kh, stride_vp, stride_vs, stride_vh, stride_knt, stride_knh, stride_vnt, stride_vnh,
+            stride_ot, stride_oh, stride_lt, stride_pw, stride_ph, stride_mw, stride_ml, stride_ksc, stride_vsc,
+            HQ, G, HEADS, DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N, IS_CAUSAL, HAS_WINDOW,
+            HAS_MASK, HAS_SOFTCAP, HAS_SINKS, NEW_FROM_CACHE, SAVE_KV, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
+            SPLIT, KV_FP8, k_new_desc, v_new_desc, k_cache_desc, v_cache_desc, TMA_NEW, TMA_CACHE,
+        )  # fmt: skip
+
+
+@triton.jit
+def _extend_item(
+    pid,
+    # Inputs
+    q, k_cache, v_cache, k_new, v_new, kv_page_indices, kv_indptr, qo_indptr, seq_lens, tiles,
+    custom_mask, mask_indptr, sinks, slot_mapping, k_scale, v_scale,
+    # Outputs: final, and partial (split path: tiles with several key splits)
+    o, lse, part_o, part_ml,
+    # Scalars
+    qk_scale, scale_over_cap, cap_log2e, window,
+    # Strides (last dims are contiguous)
+    stride_qt, stride_qh,
+    stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh,
+    stride_knt, stride_knh, stride_vnt, stride_vnh,
+    stride_ot, stride_oh, stride_lt,
+    stride_pw, stride_ph, stride_mw, stride_ml, stride_ksc, stride_vsc,
+    # Meta-parameters
+    HQ: tl.constexpr, G: tl.constexpr, HEADS: tl.constexpr,
+    DK: tl.constexpr, DV: tl.constexpr, DA: tl.constexpr, DB: tl.constexpr, BLOCK_DV: tl.constexpr,
+    PAGE_SIZE: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    IS_CAUSAL: tl.constexpr, HAS_WINDOW: tl.constexpr, HAS_MASK: tl.constexpr,
+    HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
+    NEW_FROM_CACHE: tl.constexpr, SAVE_KV: tl.constexpr, V_FROM_K: tl.constexpr, DOT_PRECISION: tl.constexpr,
+    PRECISE_EXP: tl.constexpr, SPLIT: tl.constexpr, KV_FP8: tl.constexpr,
+    k_new_desc, v_new_desc, k_cache_desc, v_cache_desc,
+    TMA_NEW: tl.constexpr, TMA_CACHE: tl.constexpr,
+):  # fmt: skip
+    """Work item `pid` (unsplit: query tile pid // (HQ / HEADS), its heads pid % (HQ / HEADS))."""
     i_h0 = pid % (HQ // HEADS) * HEADS  # the tile's first query head
     i_tile = pid // (HQ // HEADS)
     i_hk = i_h0 // G
@@ -361,34 +450,35 @@ def _extend_kernel(
     # the cached prefix [lo, min(hi, prefix)), then the new tokens [max(lo, prefix), hi)
     b_acc, b_m, b_l = _attend_source(
         b_acc, b_m, b_l, b_q, b_qb,
-        k_cache, v_cache, p_pages, row0, prefix, lo, tl.minimum(hi, prefix), full_lo, full_hi,
+        k_cache, v_cache, k_cache_desc, v_cache_desc, p_pages, row0, prefix, lo, tl.minimum(hi, prefix), full_lo, full_hi,
         stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
         o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_cache, cap_cache, cap_log2e, k_inv, v_inv,
         DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
         False, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
-        KV_FP8, False,
+        KV_FP8, False, TMA_CACHE,
     )  # fmt: skip
     if KV_FP8 and not (SAVE_KV or NEW_FROM_CACHE):  # attend: the prefix's values to real units now
         b_acc = b_acc * v_sc
     if NEW_FROM_CACHE:  # shared (cross-layer) KV: the new tokens are in the cache too
         b_acc, b_m, b_l = _attend_source(
             b_acc, b_m, b_l, b_q, b_qb,
-            k_cache, v_cache, p_pages, row0, prefix, tl.maximum(lo, prefix), hi, full_lo, full_hi,
+            k_cache, v_cache, k_cache_desc, v_cache_desc, p_pages, row0, prefix, tl.maximum(lo, prefix), hi,
+            full_lo, full_hi,
             stride_kp, stride_ks, stride_kh, stride_vp, stride_vs, stride_vh, i_hk,
             o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_new, cap_new, cap_log2e, k_inv, v_inv,
             DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
             False, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
-            KV_FP8, False,
+            KV_FP8, False, TMA_CACHE,
         )  # fmt: skip
     else:
         b_acc, b_m, b_l = _attend_source(
             b_acc, b_m, b_l, b_q, b_qb,
-            k_new, v_new, p_pages, row0, prefix, tl.maximum(lo, prefix), hi, full_lo, full_hi,
+            k_new, v_new, k_new_desc, v_new_desc, p_pages, row0, prefix, tl.maximum(lo, prefix), hi, full_lo, full_hi,
             stride_knt, 0, stride_knh, stride_vnt, 0, stride_vnh, i_hk,
             o_pos, m_rows, o_mask_row, custom_mask, seq_len, window, qk_new, cap_new, cap_log2e, k_inv, v_inv,
             DK, DV, DA, DB, BLOCK_DV, PAGE_SIZE, BLOCK_M, BLOCK_N,
             True, IS_CAUSAL, HAS_WINDOW, HAS_MASK, HAS_SOFTCAP, V_FROM_K, DOT_PRECISION, PRECISE_EXP,
-            KV_FP8 if SAVE_KV else 0, SAVE_KV,
+            KV_FP8 if SAVE_KV else 0, SAVE_KV, TMA_NEW,
         )  # fmt: skip
     if KV_FP8 and (SAVE_KV or NEW_FROM_CACHE):  # every value was summed in stored units
         b_acc = b_acc * v_sc
@@ -456,7 +546,7 @@ def _launches(x, plan: ExtendPlan) -> list[tuple]:
         o.stride(0), o.stride(1), lse.stride(0),
         part_o.stride(0), part_o.stride(1), part_ml.stride(0), part_ml.stride(1), stride_ksc, stride_vsc,
     )  # fmt: skip
-    out = [(_extend_kernel, plan.grid, args, plan.meta)]
+    out = [(_extend_kernel, plan.grid, args, plan.meta | plan.extra)]
     if plan.merge is not None:
         out.append(merge_launch(plan.rows, plan, sinks, o, lse))
     return out
@@ -484,10 +574,11 @@ def bind_extend(x, plan: ExtendPlan) -> Callable[[], dict[str, torch.Tensor]]:
     return bind_launches(_launches(x, plan), {"o": x.o, "lse": x.lse})
 
 
-def tuned_extend_config(x) -> tuple[ExtendConfig | None, dict]:
+def tuned_extend_config(x, use_tma: bool = False, persistent: bool = False) -> tuple[ExtendConfig | None, dict]:
     """On CUDA, for prefills of at least 1024 queries: the fastest of `extend_candidates` on `x`
     (timed now, cached per kernel variant and power-of-two bucket of the longest request: taller
-    tiles pay only when there are enough of them). Otherwise (None, {}): the heuristic stands."""
+    tiles pay only when there are enough of them); `use_tma`, `persistent`: among the candidates
+    with that variant. Otherwise (None, {}): the heuristic stands."""
     device = x.q.device
     if not tune.enabled(device) or max(x.q_lens_host) < 1024:
         return None, {}
@@ -498,5 +589,7 @@ def tuned_extend_config(x) -> tuple[ExtendConfig | None, dict]:
         x.custom_mask is not None, x.soft_cap > 0, x.sinks is not None, x.k_new is None, bool(x.save_kv),
         triton.next_power_of_2(max(x.q_lens_host)),
     )  # fmt: skip
-    cands = extend_candidates(Dk, Dv, max(x.q_lens_host), arch(device))
+    if use_tma or persistent:  # absent otherwise: the default tuning's cache keys as before
+        key += (use_tma, persistent)
+    cands = extend_candidates(Dk, Dv, max(x.q_lens_host), arch(device), use_tma=use_tma, persistent=persistent)
     return tune.pick(key, cands, lambda cfg: bind_extend(x, plan_extend(x, config=cfg)))

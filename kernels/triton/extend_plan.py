@@ -6,7 +6,7 @@ case. The kernels and their launch are in extend.py.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 
 import torch
 import triton
@@ -27,12 +27,21 @@ from attnbench.kernels.triton.decode import MIN_SPLIT, WAVES, balanced_chunk
 
 @dataclass(frozen=True)
 class ExtendConfig:
-    """`block_m` query rows (tokens of one head, or tokens x packed heads) by `block_n` keys per step."""
+    """`block_m` query rows (tokens of one head, or tokens x packed heads) by `block_n` keys per step.
+
+    Opt-in variants (off by default until a GPU sweep times them; NOTES.md, Extend):
+    `use_tma`: key/value blocks of the contiguous new tokens, and whole-page blocks of the paged cache,
+    by tensor descriptor (TMA on Hopper) instead of per-row pointers (`tma_sources`);
+    `persistent`: one program per SM, each walking the work list (heaviest first) with a stride of
+    the grid, instead of one program per (tile, head).
+    """
 
     block_m: int
     block_n: int
     num_warps: int
     num_stages: int
+    use_tma: bool = False
+    persistent: bool = False
 
 
 def _head_dim_config(dk: int, dv: int, sm: int) -> ExtendConfig:
@@ -58,8 +67,17 @@ def extend_config(dk: int, dv: int, max_q_len: int, sm: int, heads: int = 1) -> 
     return ExtendConfig(block_m, cfg.block_n, cfg.num_warps if block_m >= 64 else 4, cfg.num_stages)
 
 
-def extend_candidates(dk: int, dv: int, max_q_len: int, sm: int) -> list[ExtendConfig]:
-    """Configs worth timing on the device for a long prefill (the heuristic's choice first)."""
+def extend_candidates(
+    dk: int, dv: int, max_q_len: int, sm: int, *, use_tma: bool = False, persistent: bool = False
+) -> list[ExtendConfig]:
+    """Configs worth timing on the device for a long prefill (the heuristic's choice first); `use_tma`,
+    `persistent`: every candidate with that variant (the `extend_tma`/`extend_persistent` knobs; the
+    default tuning never times them)."""
+    cands = _tilings(dk, dv, max_q_len, sm)
+    return [replace(c, use_tma=use_tma, persistent=persistent) for c in cands]
+
+
+def _tilings(dk: int, dv: int, max_q_len: int, sm: int) -> list[ExtendConfig]:
     first = extend_config(dk, dv, max_q_len, sm)
     s = head_split(dk)
     width = max(s.da + s.db, block_dv(dv))
@@ -71,6 +89,45 @@ def extend_candidates(dk: int, dv: int, max_q_len: int, sm: int) -> list[ExtendC
         more = [ExtendConfig(64, 16, 8, 3), ExtendConfig(32, 32, 4, 2)]
     tallest = triton.next_power_of_2(max_q_len)  # no query tile taller than the longest request
     return [first] + [c for c in more if c != first and c.block_m <= tallest]
+
+
+# the backend's extend knobs (`-b "triton:extend_tma=1"`), with their allowed values
+EXTEND_KNOBS = {
+    "extend_tma": (0, 1),
+    "extend_persistent": (0, 1),
+    "extend_block_n": (16, 32, 64, 128),
+    "extend_stages": (1, 2, 3, 4),
+}
+
+
+def check_extend_knobs(knobs: dict) -> None:
+    """ValueError naming the first knob that is not an extend knob or has a value it does not allow."""
+    for name, value in knobs.items():
+        if name not in EXTEND_KNOBS:
+            raise ValueError(f"unknown extend knob {name!r}; extend knobs: {', '.join(EXTEND_KNOBS)}")
+        if value not in EXTEND_KNOBS[name]:
+            allowed = ", ".join(map(str, EXTEND_KNOBS[name]))
+            raise ValueError(f"extend knob {name}={value!r} is not allowed; choose one of {allowed}")
+
+
+def tiling_knobs(knobs: dict) -> bool:
+    """Whether the knobs fix the tiling (then the tuner does not run: the knob's tiling is what is timed)."""
+    return "extend_block_n" in knobs or "extend_stages" in knobs
+
+
+def with_extend_knobs(c: ExtendConfig, knobs: dict) -> ExtendConfig:
+    """`c` with the extend knobs applied (`check_extend_knobs` first): `extend_block_n`/`extend_stages`
+    replace the key-block width / pipeline stages, `extend_tma`/`extend_persistent` switch the variants."""
+    check_extend_knobs(knobs)
+    if "extend_block_n" in knobs:
+        c = replace(c, block_n=knobs["extend_block_n"])
+    if "extend_stages" in knobs:
+        c = replace(c, num_stages=knobs["extend_stages"])
+    if "extend_tma" in knobs:
+        c = replace(c, use_tma=bool(knobs["extend_tma"]))
+    if "extend_persistent" in knobs:
+        c = replace(c, persistent=bool(knobs["extend_persistent"]))
+    return c
 
 
 def shrink_extend_config(c: ExtendConfig) -> ExtendConfig | None:
@@ -153,6 +210,9 @@ class ExtendPlan:
     part_ml: torch.Tensor | None = None  # [P, 2, Hq] fp32 per partial: max (log2 units), sum of exp2
     merge_grid: tuple[int, int] = (0, 0)
     merge_meta: dict | None = None
+    # kernel arguments only the opt-in variants pass (tensor descriptors, the persistent grid's item
+    # count): empty by default, so the default launch is the one without the variants
+    extra: dict = field(default_factory=dict)
 
 
 SPLIT_MIN_KEYS = 2048  # the split path needs a request at least this long (and a grid under one wave)
@@ -209,9 +269,80 @@ def split_chunk(x, cfg: ExtendConfig, heads: int, ranges: list[tuple[int, int, i
     return balanced_chunk(sizes, Hq // heads, cfg.block_n, WAVES * num_sms, min_chunk)
 
 
+def _rows_view(t: torch.Tensor, width: int) -> torch.Tensor | str:
+    """`t` (`[T, H, D]` new tokens or a `[P, page, H, D]` cache) as `[rows, H * D]` rows for a tensor
+    descriptor whose box is `width` columns of one head, or why it cannot be."""
+    *lead, H, D = t.shape
+    if D != width:
+        return f"head dim {D} is not one power-of-two box (the kernel loads {width} columns)"
+    if t.stride(-1) != 1 or t.stride(-2) != D:
+        return "heads are not contiguous [H, D] rows"
+    if len(lead) == 2 and t.stride(0) != lead[1] * t.stride(1):
+        return "cache pages are not contiguous runs of slots"
+    row_stride = t.stride(len(lead) - 1)
+    if t.data_ptr() % 16 or (row_stride * t.element_size()) % 16 or D * t.element_size() < 16:
+        return "rows not 16-byte aligned (or narrower than 16 bytes)"
+    rows = 1
+    for n in lead:
+        rows *= n
+    return t.as_strided((rows, H * D), (row_stride, 1))
+
+
+def tma_sources(x, cfg: ExtendConfig, meta: dict) -> tuple[dict, list[str]]:
+    """The tensor descriptors of `cfg.use_tma` (kernel keyword arguments: `k_new_desc`/`v_new_desc` for the
+    packed new tokens, `k_cache_desc`/`v_cache_desc` for whole-page cache blocks; a source left out is
+    read by pointers) and why each source left out could not be.
+
+    Every block of a source it covers, the masked ones too: a box crossing the request's end reads the
+    next request's rows (or zeros past the tensor's end); cache blocks are aligned to `block_n` inside
+    one page (page size a multiple of `block_n`), so a box may hold keys before the range and slots
+    past the sequence (NaN in a poisoned pool). The kernel masks those rows' scores and zeroes their
+    values in registers.
+    """
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    if not cfg.use_tma:
+        return {}, []
+    dk, da, db, dv, bdv = meta["DK"], meta["DA"], meta["DB"], meta["DV"], meta["BLOCK_DV"]
+    v_from_k = meta["V_FROM_K"]
+    bn = cfg.block_n
+
+    def descs(k, v, names):
+        if db or da != dk:
+            return None, f"head dim {dk} is {da} + {db} columns (one power-of-two box only)"
+        if not v_from_k and bdv != dv:
+            return None, f"value head dim {dv} is not a power of two"
+        k_rows = _rows_view(k, da)
+        v_rows = None if v_from_k else _rows_view(v, bdv)
+        for why in (k_rows, v_rows):
+            if isinstance(why, str):
+                return None, why
+        out = {names[0]: TensorDescriptor(k_rows, list(k_rows.shape), [k_rows.stride(0), 1], [bn, da])}
+        if not v_from_k:
+            out[names[1]] = TensorDescriptor(v_rows, list(v_rows.shape), [v_rows.stride(0), 1], [bn, bdv])
+        return out, None
+
+    found, why_not = {}, []
+    if x.k_new is not None:
+        d, why = descs(x.k_new, x.v_new, ("k_new_desc", "v_new_desc"))
+        found |= d or {}
+        why_not += [f"new tokens: {why}"] if why else []
+    if x.k_cache.shape[1] % bn:
+        why_not.append(f"cache: page size {x.k_cache.shape[1]} is not a multiple of block_n {bn}")
+    else:
+        d, why = descs(x.k_cache, x.v_cache, ("k_cache_desc", "v_cache_desc"))
+        found |= d or {}
+        why_not += [f"cache: {why}"] if why else []
+    return found, why_not
+
+
+class TMAUnavailable(ValueError):
+    """`use_tma` asked for, and no key source of the case can be read by tensor descriptor."""
+
+
 def plan_extend(
     x, *, config: ExtendConfig | None = None, splits: int | None = None, pack: bool | None = None,
-    deterministic: bool = False, num_sms: int | None = None,
+    deterministic: bool = False, num_sms: int | None = None, **knobs,
 ) -> ExtendPlan:  # fmt: skip
     """Tile schedule and launch parameters for `extend(x, plan)` (host work only, no device sync).
 
@@ -224,7 +355,10 @@ def plan_extend(
             tile holds `group_heads(G, block_m)` heads per token (split path too).
         deterministic: `triton-det` stays on the unsplit, unpacked path (whether a batch is split or
             packed depends on the whole batch, so its requests' bits would too).
-        num_sms: SMs to plan for (default: the device's).
+        num_sms: SMs to plan for (default: the device's; also the persistent grid's size).
+        knobs: extend knobs (`EXTEND_KNOBS`, ints as on the command line) applied over `config`.
+    Raises:
+        TMAUnavailable: the config asks for TMA and neither source can take it.
     """
     device = x.q.device
     T, Hq, Dk = x.q.shape
@@ -232,7 +366,7 @@ def plan_extend(
     G = Hq // Hkv
     if pack is None:
         pack = gqa_packs(x, deterministic)
-    cfg = config or default_extend_config(x, pack=pack)
+    cfg = with_extend_knobs(config or default_extend_config(x, pack=pack), knobs)
     heads = group_heads(G, cfg.block_m) if pack else 1
     split = head_split(Dk)
     has_mask = x.custom_mask is not None
@@ -254,10 +388,24 @@ def plan_extend(
     )  # fmt: skip
     if kv_fp8_code(x.k_cache.dtype):  # absent otherwise: the bf16/fp16/fp32 kernels compile as before
         meta["KV_FP8"] = kv_fp8_code(x.k_cache.dtype)
+    descs, why_not = tma_sources(x, cfg, meta)
+    if cfg.use_tma and not descs:
+        raise TMAUnavailable("extend_tma: no key source can be read by tensor descriptor (" + "; ".join(why_not) + ")")
+    if descs:  # absent otherwise (as KV_FP8): the default kernels compile as before
+        meta["TMA_NEW"] = int("k_new_desc" in descs)
+        meta["TMA_CACHE"] = int("k_cache_desc" in descs)
     if chunk is None:
         tiles_t = torch.tensor([(b, m0) for b, m0, _, _ in ranges], dtype=torch.int32).reshape(-1, 2).to(device)
-        return ExtendPlan(tiles_t, (Hq // heads * len(ranges),), meta, cfg)
-    return _split_plan(x, cfg, meta, ranges, chunk)
+        plan = ExtendPlan(tiles_t, (Hq // heads * len(ranges),), meta, cfg)
+    else:
+        plan = _split_plan(x, cfg, meta, ranges, chunk)
+    plan.extra = dict(descs)
+    if cfg.persistent:  # one program per SM (at most one per work item) walks the items heaviest first
+        n_items = plan.grid[0]
+        plan.grid = (max(1, min(n_items, num_sms or sm_count(device))),)
+        plan.extra["n_items"] = n_items
+        meta["PERSISTENT"] = 1
+    return plan
 
 
 def _split_plan(x, cfg: ExtendConfig, meta: dict, ranges: list, chunk: int) -> ExtendPlan:
