@@ -28,12 +28,10 @@ VARIANTS = {
     "tf32x3-8w": TriConfig(num_warps=8),
     "tf32x3-2w": TriConfig(num_warps=2),
     "neumann-tf32": TriConfig(neumann="tf32"),
-    "once": TriConfig(kk="once"),
+    "blocks": TriConfig(kk="blocks"),  # the default before one k k^T dot (h100-session15)
     "subst": TriConfig(diag="subst"),
-    "once-subst": TriConfig(kk="once", diag="subst"),
-    "once-subst-8w": TriConfig(num_warps=8, kk="once", diag="subst"),
-    # less accurate than the float32 twin (kernels/triton/NOTES.md): for the record, not a candidate
-    "tf32": TriConfig(neumann="tf32", newton="tf32", merge="tf32"),
+    "blocks-subst": TriConfig(kk="blocks", diag="subst"),
+    "subst-8w": TriConfig(num_warps=8, diag="subst"),
 }
 
 
@@ -55,8 +53,8 @@ class TriVariant(attnbench.Backend):
 # the output fused into the state recurrence (gdn_chunk._chunk_state_out_kernel), with a T kernel
 FUSED = {
     "fused": TriConfig(),
-    "once-fused": TriConfig(kk="once"),
-    "once-subst-fused": TriConfig(kk="once", diag="subst"),
+    "blocks-fused": TriConfig(kk="blocks"),
+    "subst-fused": TriConfig(diag="subst"),
 }
 
 for _label, _tri in VARIANTS.items():

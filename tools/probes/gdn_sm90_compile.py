@@ -154,9 +154,9 @@ def main() -> None:
         )  # fmt: skip
     # the T kernel's other variants (TriConfig kk / diag), bf16
     common = dict(**qwen, C=64, BK=128, DT=tl.bfloat16, EMULATE=False, IEEE=False)
-    for kk, diag in (("once", "neumann"), ("blocks", "subst"), ("once", "subst")):
+    for kk, diag in (("blocks", "neumann"), ("blocks", "subst"), ("once", "subst")):
         build_tri(gdn_chunk.TriConfig(kk=kk, diag=diag), bf, common, label=f"[{kk},{diag}]")
-    build_tri(gdn_chunk.TriConfig(kk="once", diag="subst"), bf, common, label="[once,subst,fuse_out]", fuse_out=True)
+    build_tri(gdn_chunk.TRI, bf, common, label="[fuse_out]", fuse_out=True)
 
 
 def build_tri(tri, p: str, common: dict, label: str = "", fuse_out: bool = False) -> None:

@@ -18,10 +18,10 @@ pytestmark = pytest.mark.skipif(not interpreting(), reason="runs our Triton kern
 # two requests of mixed length (a partial last chunk, one without an initial state), grouped v-heads
 CASE = "gdn_extend/b2-t70-h1x2-d32x16-initmixed-bf16"
 VARIANTS = {
-    "once": (gdn_chunk.TriConfig(kk="once"), False),
+    "blocks": (gdn_chunk.TriConfig(kk="blocks"), False),
     "subst": (gdn_chunk.TriConfig(diag="subst"), False),
     "fused": (gdn_chunk.TRI, True),
-    "once-subst-fused": (gdn_chunk.TriConfig(kk="once", diag="subst"), True),
+    "blocks-subst-fused": (gdn_chunk.TriConfig(kk="blocks", diag="subst"), True),
 }
 
 

@@ -31,10 +31,10 @@ EXPECTED = [
     "_conv1d_update_kernel",
     *CHUNK,
     *CHUNK,
-    "_chunk_tri_batched_kernel[once,neumann]",
+    "_chunk_tri_batched_kernel[blocks,neumann]",
     "_chunk_tri_batched_kernel[blocks,subst]",
     "_chunk_tri_batched_kernel[once,subst]",
-    "_chunk_tri_batched_kernel[once,subst,fuse_out]",
+    "_chunk_tri_batched_kernel[fuse_out]",
 ]
 
 
