@@ -26,7 +26,7 @@ class TritonGDN:
     backends (plugins) set; kernels/triton/NOTES.md."""
 
     gdn_tri = None
-    gdn_fuse_out = False
+    gdn_fuse_out = ""
 
     @implements("gdn_gating")
     def prepare_gdn_gating(self, case, x):
@@ -114,10 +114,11 @@ class TritonGDN:
         return prepare_gdn_extend(case, x, self.gdn_tri, self.gdn_fuse_out)
 
 
-def prepare_gdn_extend(case, x, tri=None, fuse_out=False):
+def prepare_gdn_extend(case, x, tri=None, fuse_out=""):
     """The chunked prefill: the chunk plan and workspaces are built here, the closure launches the
     kernels of gdn_chunk.py. `tri`: a frozen `gdn_chunk.TriConfig` for bf16/fp16 (None: `gdn_chunk.TRI`);
-    `fuse_out`: the output computed inside the state recurrence (no H / U' round trip)."""
+    `fuse_out`: "" a separate output kernel; "tri" / "loop" the output inside the state recurrence (no H / U'
+    round trip), its q^ k^T block from the T kernel or computed in the loop (`gdn_chunk.plan`)."""
     from attnbench.kernels.triton.gdn_chunk import TRI, chunk_gated_delta_rule, plan
 
     tri = tri or TRI

@@ -27,6 +27,7 @@ import triton.language as tl
 from attnbench.kernels.triton.gdn_common import INTERPRET, L2_EPS, TL_DTYPES, autotune_configs, mm, round_to
 
 CHUNK = 64
+FUSE_OUT_MODES = ("", "tri", "loop")  # ChunkPlan.fuse_out
 SUB = 16  # the diagonal blocks of the triangular inverse
 
 
@@ -417,9 +418,10 @@ def _chunk_state_kernel(
 
 # ---- the state recurrence with the output fused (`fuse_out`) ---------------------------------------------
 # The same recurrence, and each chunk's output computed from the state in registers: H (the chunk's
-# start state, [NC, HV, K, V]) and U' are neither written nor read back. The q k^T block does not depend
-# on the state, so it fills the recurrence's dependency stalls; each program recomputes it for its BV
-# value columns.
+# start state, [NC, HV, K, V]) and U' are neither written nor read back. The decayed causal q^ k^T block
+# does not depend on the state: `fuse_out="tri"` takes it (and q^) from the T kernel, `fuse_out="loop"`
+# computes it here, where it can fill the recurrence's dependency stalls (each of the V / BV programs of
+# a head recomputes it).
 _STATE_OUT_CONFIGS = autotune_configs(
     [
         triton.Config({"BV": 32}, num_warps=4, num_stages=2),
@@ -436,12 +438,12 @@ _STATE_OUT_CONFIGS = autotune_configs(
 @triton.jit
 def _chunk_state_out_kernel(
     # Pointers
-    qhat, khat, amat, gcum, w, u, o, pool, indices, has_initial_state, cu_seqlens,
+    q, qhat, khat, amat, gcum, w, u, o, pool, indices, has_initial_state, cu_seqlens,
     # Sizes and strides
-    B_KEY, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    stride_qt, scale, B_KEY, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     # Meta-parameters
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, QK_IN_LOOP: tl.constexpr,
 ):  # fmt: skip
     """Per (BV value columns, request x v-head), chunk by chunk: with S the state (float32) and S_r
     it rounded to DT (what `_chunk_state_kernel` stores as H),
@@ -450,7 +452,8 @@ def _chunk_state_out_kernel(
         S = e^gamma_last S + k^T (e^(gamma_last - gamma) U')
 
     rounded at the same points as the two kernels it replaces; the final S goes to the pool. q^ and
-    the decayed causal block come from the T kernel (FUSE_OUT)."""
+    the decayed causal block: computed here from q (QK_IN_LOOP), else read from the T kernel's
+    `qhat` / `amat` (its FUSE_OUT)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -467,14 +470,24 @@ def _chunk_state_out_kernel(
         nj = tl.minimum(eos - t0, C)
         m_t = o_t < nj
         # the state-free operands first
-        p_q = tl.make_block_ptr(qhat + (t0 * H + i_h) * K, (nj, K), (H * K, 1), (0, 0), (C, BK), (1, 0))
         p_k = tl.make_block_ptr(khat + (t0 * H + i_h) * K, (nj, K), (H * K, 1), (0, 0), (C, BK), (1, 0))
-        p_a = tl.make_block_ptr(amat + (t0 * HV + i_hv) * C, (nj, C), (HV * C, 1), (0, 0), (C, C), (1, 0))
-        b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
         b_k = round_to(tl.load(p_k, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
-        b_a = round_to(tl.load(p_a, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
         b_g = tl.load(gcum + (t0 + o_t) * HV + i_hv, mask=m_t, other=0)
         b_glast = tl.load(gcum + (t0 + nj - 1) * HV + i_hv)
+        if QK_IN_LOOP:
+            p_q = tl.make_block_ptr(q + t0 * stride_qt + i_h * K, (nj, K), (stride_qt, 1), (0, 0), (C, BK), (1, 0))
+            b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+            b_q = round_to(b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + L2_EPS)[:, None] * scale, DT, EMULATE)
+            keep = (o_t[:, None] >= o_t[None, :]) & m_t[:, None] & m_t[None, :]
+            b_a = mm(b_q, tl.trans(b_k), EMULATE, IEEE)
+            b_a = tl.where(keep, b_a * tl.exp(tl.where(keep, b_g[:, None] - b_g[None, :], 0.0)), 0.0)
+            b_a = round_to(b_a, DT, EMULATE)
+            b_q = b_q.to(tl.float32)
+        else:
+            p_q = tl.make_block_ptr(qhat + (t0 * H + i_h) * K, (nj, K), (H * K, 1), (0, 0), (C, BK), (1, 0))
+            p_a = tl.make_block_ptr(amat + (t0 * HV + i_hv) * C, (nj, C), (HV * C, 1), (0, 0), (C, C), (1, 0))
+            b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+            b_a = round_to(tl.load(p_a, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
         b_qg = round_to(b_q * tl.exp(b_g)[:, None], DT, EMULATE)
         # then the recurrence
         b_sr = round_to(b_s, DT, EMULATE)
@@ -555,16 +568,17 @@ class ChunkPlan:
     u: torch.Tensor  # [T, HV, V]
     h: torch.Tensor | None  # [NC, HV, K, V]: the state at the start of every chunk (None: fused output)
     vnew: torch.Tensor | None  # [T, HV, V]: U' = U - W S (None: fused output)
-    fuse_out: bool = False  # the output computed inside the state recurrence (`_chunk_state_out_kernel`)
-    qhat: torch.Tensor | None = None  # [T, H, K]: the normalised, scaled queries (fused output only)
-    amat: torch.Tensor | None = None  # [T, HV, C]: the decayed causal q^ k^T block (fused output only)
+    fuse_out: str = ""  # "": separate out kernel; "tri" / "loop": the output inside the state recurrence
+    qhat: torch.Tensor | None = None  # [T, H, K]: the normalised, scaled queries (fuse_out "tri" only)
+    amat: torch.Tensor | None = None  # [T, HV, C]: the decayed causal q^ k^T block (fuse_out "tri" only)
 
 
-def plan(
-    lens: list[int], H: int, HV: int, K: int, V: int, dtype: torch.dtype, device, fuse_out: bool = False
-) -> ChunkPlan:
-    """The chunk rows and workspaces for requests of `lens` tokens; `fuse_out`: no H / U' workspaces
-    (the output is computed inside the state recurrence)."""
+def plan(lens: list[int], H: int, HV: int, K: int, V: int, dtype: torch.dtype, device, fuse_out: str = "") -> ChunkPlan:
+    """The chunk rows and workspaces for requests of `lens` tokens. `fuse_out`: "" a separate output
+    kernel; "tri" or "loop" the output inside the state recurrence (no H / U' workspaces), its q^ k^T
+    block from the T kernel ("tri": q^ and the block as workspaces) or computed in the loop."""
+    if fuse_out not in FUSE_OUT_MODES:
+        raise ValueError(f"fuse_out must be one of {FUSE_OUT_MODES}, not {fuse_out!r}")
     rows, offsets = [], [0]
     for n, L in enumerate(lens):
         nc = triton.cdiv(L, CHUNK)
@@ -582,8 +596,8 @@ def plan(
         h=None if fuse_out else torch.empty(NC, HV, K, V, dtype=dtype, device=device),
         vnew=None if fuse_out else torch.empty(T, HV, V, dtype=dtype, device=device),
         fuse_out=fuse_out,
-        qhat=torch.empty(T, H, K, dtype=dtype, device=device) if fuse_out else None,
-        amat=torch.empty(T, HV, CHUNK, dtype=dtype, device=device) if fuse_out else None,
+        qhat=torch.empty(T, H, K, dtype=dtype, device=device) if fuse_out == "tri" else None,
+        amat=torch.empty(T, HV, CHUNK, dtype=dtype, device=device) if fuse_out == "tri" else None,
     )
 
 
@@ -591,11 +605,11 @@ def launch_tri(
     k: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor, p: ChunkPlan, tri: TriConfig,
     q: torch.Tensor | None = None, scale: float = 1.0,
 ):  # fmt: skip
-    """The T kernel (p.tmat, p.khat from k, beta, p.gcum) with the knobs `tri`; with `p.fuse_out` also
-    p.qhat and p.amat from `q` and `scale`."""
+    """The T kernel (p.tmat, p.khat from k, beta, p.gcum) with the knobs `tri`; with `p.fuse_out` "tri"
+    also p.qhat and p.amat from `q` and `scale`."""
     T, H, K = k.shape
     HV = beta.shape[1]
-    fused = p.fuse_out
+    fused = p.fuse_out == "tri"
     q_, qhat, amat = (q, p.qhat, p.amat) if fused else (k, p.khat, p.tmat)  # never touched unless fused
     _chunk_tri_batched_kernel[(p.chunks.shape[0], HV)](
         k, beta, p.gcum, p.tmat, p.khat, p.chunks, cu_seqlens, q_, qhat, amat, k.stride(0), q_.stride(0), scale,
@@ -651,9 +665,11 @@ def chunk_gated_delta_rule(
     )  # fmt: skip
     b_key = B if B < 64 else B // 64 * 64
     if p.fuse_out:
+        loop = p.fuse_out == "loop"
+        qhat, amat = (p.khat, p.tmat) if loop else (p.qhat, p.amat)  # never read in the loop mode
         _chunk_state_out_kernel[lambda meta: (triton.cdiv(V, meta["BV"]), B * HV)](
-            p.qhat, p.khat, p.amat, p.gcum, p.w, p.u, o, pool, indices, has_initial_state, cu_seqlens,
-            b_key, H=H, HV=HV, K=K, V=V, C=CHUNK, BK=BK, IEEE=ieee, **common,
+            q, qhat, p.khat, amat, p.gcum, p.w, p.u, o, pool, indices, has_initial_state, cu_seqlens,
+            q.stride(0), scale, b_key, H=H, HV=HV, K=K, V=V, C=CHUNK, BK=BK, IEEE=ieee, QK_IN_LOOP=loop, **common,
         )  # fmt: skip
         return
     _chunk_state_kernel[lambda meta: (triton.cdiv(V, meta["BV"]), B * HV)](

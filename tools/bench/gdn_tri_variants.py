@@ -39,7 +39,7 @@ class TriVariant(attnbench.Backend):
     """gdn_extend on our Triton kernels with the T kernel's knobs `tri`."""
 
     tri: ClassVar[TriConfig]
-    fuse_out: ClassVar[bool] = False
+    fuse_out: ClassVar[str] = ""
     backend_limits = on_device
 
     def available(self) -> str | None:
@@ -50,22 +50,25 @@ class TriVariant(attnbench.Backend):
         return prepare_gdn_extend(case, x, self.tri, self.fuse_out)
 
 
-# the output fused into the state recurrence (gdn_chunk._chunk_state_out_kernel), with a T kernel
+# the output fused into the state recurrence (gdn_chunk._chunk_state_out_kernel): its q^ k^T block from the
+# T kernel ("tri") or computed in the recurrence's loop ("loop")
 FUSED = {
-    "fused": TriConfig(),
-    "blocks-fused": TriConfig(kk="blocks"),
-    "subst-fused": TriConfig(diag="subst"),
+    "fused": (TriConfig(), "tri"),
+    "blocks-fused": (TriConfig(kk="blocks"), "tri"),
+    "subst-fused": (TriConfig(diag="subst"), "tri"),
+    "fused-loop": (TriConfig(), "loop"),
+    "subst-fused-loop": (TriConfig(diag="subst"), "loop"),
 }
 
 for _label, _tri in VARIANTS.items():
     attnbench.register_backend(f"triton-gdn-tri:{_label}")(
         type(f"TriVariant_{_label.replace('-', '_')}", (TriVariant,), {"tri": _tri, "description": f"T kernel {_tri}"})
     )
-for _label, _tri in FUSED.items():
+for _label, (_tri, _mode) in FUSED.items():
     attnbench.register_backend(f"triton-gdn-tri:{_label}")(
         type(
             f"TriVariant_{_label.replace('-', '_')}",
             (TriVariant,),
-            {"tri": _tri, "fuse_out": True, "description": f"T kernel {_tri}, output fused into the state pass"},
+            {"tri": _tri, "fuse_out": _mode, "description": f"T kernel {_tri}, output fused ({_mode})"},
         )
     )

@@ -18,10 +18,11 @@ pytestmark = pytest.mark.skipif(not interpreting(), reason="runs our Triton kern
 # two requests of mixed length (a partial last chunk, one without an initial state), grouped v-heads
 CASE = "gdn_extend/b2-t70-h1x2-d32x16-initmixed-bf16"
 VARIANTS = {
-    "blocks": (gdn_chunk.TriConfig(kk="blocks"), False),
-    "subst": (gdn_chunk.TriConfig(diag="subst"), False),
-    "fused": (gdn_chunk.TRI, True),
-    "blocks-subst-fused": (gdn_chunk.TriConfig(kk="blocks", diag="subst"), True),
+    "blocks": (gdn_chunk.TriConfig(kk="blocks"), ""),
+    "subst": (gdn_chunk.TriConfig(diag="subst"), ""),
+    "fused": (gdn_chunk.TRI, "tri"),
+    "blocks-subst-fused": (gdn_chunk.TriConfig(kk="blocks", diag="subst"), "tri"),
+    "fused-loop": (gdn_chunk.TRI, "loop"),
 }
 
 
@@ -34,7 +35,7 @@ def _run(tri, fuse_out):
 
 @pytest.mark.parametrize("name", list(VARIANTS))
 def test_variant_agrees_with_the_default(name):
-    o0, s0 = _run(gdn_chunk.TRI, False)
+    o0, s0 = _run(gdn_chunk.TRI, "")
     o1, s1 = _run(*VARIANTS[name])
     assert o0.abs().max() > 0 and torch.isfinite(o1).all()
     # the same math rounded at the same points: differences come from float32 summation order only,
@@ -43,11 +44,15 @@ def test_variant_agrees_with_the_default(name):
     torch.testing.assert_close(s1, s0, rtol=1e-4, atol=1e-6)
 
 
-def test_fused_plan_has_no_chunk_state_workspace():
-    p = gdn_chunk.plan([70, 3], 1, 2, 32, 16, torch.bfloat16, "cpu", fuse_out=True)
+def test_fused_plans_have_no_chunk_state_workspace():
+    p = gdn_chunk.plan([70, 3], 1, 2, 32, 16, torch.bfloat16, "cpu", fuse_out="tri")
     assert p.h is None and p.vnew is None and p.qhat.shape == (73, 1, 32) and p.amat.shape == (73, 2, 64)
+    loop = gdn_chunk.plan([70, 3], 1, 2, 32, 16, torch.bfloat16, "cpu", fuse_out="loop")
+    assert loop.h is None and loop.vnew is None and loop.qhat is None and loop.amat is None
     q = gdn_chunk.plan([70, 3], 1, 2, 32, 16, torch.bfloat16, "cpu")
     assert q.h.shape == (3, 2, 32, 16) and q.qhat is None
+    with pytest.raises(ValueError, match="fuse_out"):
+        gdn_chunk.plan([70], 1, 2, 32, 16, torch.bfloat16, "cpu", fuse_out=True)
 
 
 @pytest.mark.parametrize("field", ["kk", "diag"])
