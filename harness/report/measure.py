@@ -81,7 +81,8 @@ def harness_cost(rows, run: dict) -> dict:
     from the reference cache), the timing of all its backends, and the case's own bookkeeping (its
     time in the worker beyond the items: supports(), cost model, rows). Per row: prepare, the checked
     call (with the copy of the inputs it writes), each check. Per run (run.json `costs`): set-up
-    (environment capture, peaks, git, run.json), precompile, worker start-up, writing the rows, messaging between the processes, worker shutdown. With several
+    (environment capture, peaks, git, run.json), precompile, worker start-up, writing the rows, messaging between the processes, worker shutdown,
+    and in a run stopped mid-way the cases its workers were running (they produced no rows). With several
     workers (`--gpus`) the items are machine time summed over them, measured against wall x workers.
     """
     costs = run.get("costs") or {}
@@ -128,6 +129,7 @@ def harness_cost(rows, run: dict) -> dict:
         if costs.get("jobs_s")
         else 0.0,
         "worker shutdown": costs.get("worker_stop_s", 0.0),
+        "cases cut off when the run stopped (no rows)": costs.get("unfinished_s", 0.0),
     }
     if unsplit:
         parts["correctness checks"] = unsplit

@@ -53,10 +53,13 @@ class Execution:
 class Executor(Protocol):
     name: ClassVar[str]
 
-    def run(self, jobs: list[Job], record: Record, before: Callable[[], None] | None = None) -> dict[str, float]:
+    def run(
+        self, jobs: list[Job], record: Record, before: Callable[[], None] | None = None, costs: dict | None = None
+    ) -> dict[str, float]:
         """Run every job; rows reach `record` as they are produced. `before()` (the sweep's precompile) runs
         first, in this process; worker processes start while it runs. Returns the costs outside the cases
-        (worker start-up: `worker_start_s`, `workers_started`), for run.json's wall breakdown."""
+        (worker start-up: `worker_start_s`, `workers_started`), for run.json's wall breakdown, accrued into
+        `costs` as they are spent when it is given, so a run stopped mid-way keeps them."""
 
 
 @dataclass(frozen=True)
@@ -68,7 +71,9 @@ class InProcess:
     opts: RunOptions
     env: Mapping
 
-    def run(self, jobs: list[Job], record: Record, before: Callable[[], None] | None = None) -> dict[str, float]:
+    def run(
+        self, jobs: list[Job], record: Record, before: Callable[[], None] | None = None, costs: dict | None = None
+    ) -> dict[str, float]:
         if before:
             before()
         lost = ""
@@ -104,9 +109,12 @@ class Isolated:
     launch: WorkerLaunch = WorkerLaunch()
     warm: tuple[str, ...] = ()  # the sweep's backends: each worker imports their libraries before Ready
 
-    def run(self, jobs: list[Job], record: Record, before: Callable[[], None] | None = None) -> dict[str, float]:
+    def run(
+        self, jobs: list[Job], record: Record, before: Callable[[], None] | None = None, costs: dict | None = None
+    ) -> dict[str, float]:
         pool = Pool(list(self.devices), self.opts, record, plugins=list(self.plugins), timeout_s=self.timeout_s,
-                    log_dir=self.log_dir, on_problem=self.on_problem, launch=self.launch, warm=list(self.warm))  # fmt: skip
+                    log_dir=self.log_dir, on_problem=self.on_problem, launch=self.launch, warm=list(self.warm),
+                    costs=costs)  # fmt: skip
         return pool.run(jobs, before)
 
 
@@ -119,7 +127,9 @@ class Sanitized:
     env: Mapping
     workers: Isolated  # launched under the sanitizer, one job per worker
 
-    def run(self, jobs: list[Job], record: Record, before: Callable[[], None] | None = None) -> dict[str, float]:
+    def run(
+        self, jobs: list[Job], record: Record, before: Callable[[], None] | None = None, costs: dict | None = None
+    ) -> dict[str, float]:
         if before:  # one worker per job, each started under the sanitizer when its job comes: nothing to overlap
             before()
         single: list[Job] = []
@@ -128,7 +138,7 @@ class Sanitized:
             if rows:
                 record(case, list(rows.values()))
             single += [(case, [b.name]) for b in todo]
-        return self.workers.run(single, record)
+        return self.workers.run(single, record, costs=costs)
 
 
 def choose(

@@ -98,6 +98,7 @@ class Pool:
         on_problem: Callable[[str], None] | None = None,
         launch: WorkerLaunch = WorkerLaunch(),
         warm: list[str] | None = None,
+        costs: dict[str, float] | None = None,
     ):
         self.devices, self.opts, self.on_rows = devices, opts, on_rows
         self.warm = list(warm or [])  # backends whose available() each worker asks before Ready (worker.py)
@@ -113,14 +114,12 @@ class Pool:
         # worker_start_s: seconds from each worker's start to its Ready (importing torch, loading backends, their
         # libraries), summed, less what ran while this process did its own work before the jobs (`run(before=)`:
         # the precompile), which is worker_start_hidden_s and no part of the wall breakdown; jobs_s: from handing a case to a worker to its last rows (the case plus messaging); worker_stop_s:
-        # waiting for workers to exit at the end
-        self.costs: dict[str, float] = {
-            "worker_start_s": 0.0,
-            "worker_start_hidden_s": 0.0,
-            "workers_started": 0,
-            "jobs_s": 0.0,
-            "worker_stop_s": 0.0,
-        }
+        # waiting for workers to exit at the end; unfinished_s: cases a worker was running when the run stopped
+        # (Ctrl-C, a time limit), which produced no rows. Accrued into `costs` when given (the sweep's own
+        # dict), so a run that is interrupted still accounts for them.
+        self.costs: dict[str, float] = costs if costs is not None else {}
+        for k in ("worker_start_s", "worker_start_hidden_s", "workers_started", "jobs_s", "worker_stop_s"):
+            self.costs.setdefault(k, 0.0)
 
     # ---- worker lifecycle ------------------------------------------------------------------------
     def _start(self, device: str) -> _Worker:
@@ -235,6 +234,10 @@ class Pool:
                 workers = [w for w in workers if w is not None]
         finally:
             t0 = time.monotonic()
+            for w in workers:  # stopped mid-way: a job whose rows all came (their recording raised), or one cut off
+                if w.job:
+                    key = "jobs_s" if set(w.done) >= set(w.job.backends) else "unfinished_s"
+                    self.costs[key] = self.costs.get(key, 0.0) + t0 - w.started
             for w in workers:
                 self._stop(w, kill=bool(w.job))
             self.costs["worker_stop_s"] += time.monotonic() - t0

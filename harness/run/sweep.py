@@ -394,7 +394,7 @@ def execute(
             executor = choose(
                 how, p.device, list(p.backends), opts, envmod.short(environment), out / "logs", on_problem
             )
-            costs.update(executor.run(jobs, record, before_jobs) or {})
+            executor.run(jobs, record, before_jobs, costs)  # its costs accrue in `costs`, also when stopped
         run_info.complete = True
     except BaseException as e:  # say in run.json why the sweep stopped (Ctrl-C, a harness error)
         run_info.stopped_by = describe(e, first_line=True) if isinstance(e, Exception) else type(e).__name__

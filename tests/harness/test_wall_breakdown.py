@@ -128,3 +128,41 @@ def test_precompile_counts_the_time_spent_finding_what_to_build(tmp_path, monkey
     run = json.loads((tmp_path / "run" / "run.json").read_text())
     parts = _check_breakdown(harness_cost(rows, run), run["wall_s"])
     assert parts["precompile"] >= 0.5, parts
+
+
+def test_a_run_stopped_mid_way_still_accounts_for_its_workers(tmp_path, monkeypatch):
+    """Stopped while a worker was mid-case (Ctrl-C, a time limit), run.json still holds the workers'
+    start-up, shutdown and the cut-off case's seconds (they used to be lost with the executor's return
+    value, leaving a fifth of an interrupted GPU run's wall as "other")."""
+    from pathlib import Path
+
+    from attnbench.backend import load_plugin
+    from attnbench.run.executor import Execution
+    from attnbench.run.runner import RunOptions
+    from attnbench.run.sweep import Selection, execute, plan
+
+    plugin = str(Path(__file__).resolve().parents[1] / "support" / "planted_backend.py")
+    monkeypatch.setenv("ATTNBENCH_PLANTED_SLEEP_S", "0.15")  # each call: a case takes a second or two
+    load_plugin(plugin)
+    suite = tmp_path / "tiny.yaml"
+    suite.write_text(TINY)
+    p = plan(Selection((str(suite),), "cpu", ("planted",)))
+    seen = []
+
+    def stop(case, rows):  # the first case done: the other worker is still running its own
+        seen.append(case.id)
+        raise KeyboardInterrupt
+
+    out = tmp_path / "run"
+    how = Execution(isolate=True, devices=("cpu", "cpu"), plugins=(plugin,))
+    with pytest.raises(KeyboardInterrupt):
+        execute(p, out, RunOptions(timing=False, ref_cache="off"), on_rows=stop, argv=[], how=how)
+    run = json.loads((out / "run.json").read_text())
+    assert run["complete"] is False and run["stopped_by"] == "KeyboardInterrupt" and len(seen) == 1
+    costs = run["costs"]
+    assert costs["workers_started"] == 2 and costs["worker_start_s"] > 0 and costs["worker_stop_s"] >= 0
+    assert costs["unfinished_s"] > 0.1, costs  # the second worker's case, cut off
+    cost = harness_cost(read_results(out / "results.jsonl"), run)
+    assert cost["workers"] == 2  # two workers: their machine time against twice the wall
+    parts = _check_breakdown(cost, run["wall_s"] * 2)
+    assert parts["cases cut off when the run stopped"] == pytest.approx(costs["unfinished_s"], abs=1e-3)
