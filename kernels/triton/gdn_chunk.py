@@ -27,7 +27,7 @@ import triton.language as tl
 from attnbench.kernels.triton.gdn_common import INTERPRET, L2_EPS, TL_DTYPES, autotune_configs, mm, round_to
 
 CHUNK = 64
-FUSE_OUT_MODES = ("", "tri", "loop")  # ChunkPlan.fuse_out
+FUSE_OUT_MODES = ("", "tri", "loop", "wu")  # ChunkPlan.fuse_out
 SUB = 16  # the diagonal blocks of the triangular inverse
 
 
@@ -438,12 +438,12 @@ _STATE_OUT_CONFIGS = autotune_configs(
 @triton.jit
 def _chunk_state_out_kernel(
     # Pointers
-    q, qhat, khat, amat, gcum, w, u, o, pool, indices, has_initial_state, cu_seqlens,
+    q, qhat, khat, amat, gcum, w, u, o, pool, indices, has_initial_state, cu_seqlens, v, beta, tmat,
     # Sizes and strides
-    stride_qt, scale, B_KEY, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
+    stride_qt, stride_vt, scale, B_KEY, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     # Meta-parameters
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
-    IEEE: tl.constexpr, QK_IN_LOOP: tl.constexpr,
+    IEEE: tl.constexpr, QK_IN_LOOP: tl.constexpr, WU_IN_LOOP: tl.constexpr,
 ):  # fmt: skip
     """Per (BV value columns, request x v-head), chunk by chunk: with S the state (float32) and S_r
     it rounded to DT (what `_chunk_state_kernel` stores as H),
@@ -453,7 +453,8 @@ def _chunk_state_out_kernel(
 
     rounded at the same points as the two kernels it replaces; the final S goes to the pool. q^ and
     the decayed causal block: computed here from q (QK_IN_LOOP), else read from the T kernel's
-    `qhat` / `amat` (its FUSE_OUT)."""
+    `qhat` / `amat` (its FUSE_OUT). W and U: computed here from T, k^, v and beta as `_chunk_wu_kernel`
+    does (WU_IN_LOOP: W for all K columns in every one of a head's V / BV programs), else read."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_n, i_hv = i_nh // HV, i_nh % HV
     i_h = i_hv // (HV // H)
@@ -491,10 +492,24 @@ def _chunk_state_out_kernel(
         b_qg = round_to(b_q * tl.exp(b_g)[:, None], DT, EMULATE)
         # then the recurrence
         b_sr = round_to(b_s, DT, EMULATE)
-        p_w = tl.make_block_ptr(w + (t0 * HV + i_hv) * K, (nj, K), (HV * K, 1), (0, 0), (C, BK), (1, 0))
-        p_u = tl.make_block_ptr(u + (t0 * HV + i_hv) * V, (nj, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0))
-        b_w = round_to(tl.load(p_w, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
-        b_u = tl.load(p_u, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+        if WU_IN_LOOP:  # W = T (beta e^gamma k^), U = T (beta v), rounded as _chunk_wu_kernel stores them
+            b_beta = tl.load(beta + (t0 + o_t) * HV + i_hv, mask=m_t, other=0)
+            p_T = tl.make_block_ptr(tmat + (t0 * HV + i_hv) * C, (nj, C), (HV * C, 1), (0, 0), (C, C), (1, 0))
+            b_T = round_to(tl.load(p_T, boundary_check=(0,), padding_option="zero"), DT, EMULATE)
+            b_rk = round_to(b_k.to(tl.float32) * (b_beta * tl.exp(b_g))[:, None], DT, EMULATE)
+            b_w = round_to(mm(b_T, b_rk, EMULATE, IEEE), DT, EMULATE)
+            p_v = tl.make_block_ptr(
+                v + t0 * stride_vt + i_hv * V, (nj, V), (stride_vt, 1), (0, i_v * BV), (C, BV), (1, 0)
+            )
+            b_rv = round_to(
+                tl.load(p_v, boundary_check=(0, 1), padding_option="zero").to(tl.float32) * b_beta[:, None], DT, EMULATE
+            )
+            b_u = round_to(mm(b_T, b_rv, EMULATE, IEEE), DT, EMULATE).to(tl.float32)
+        else:
+            p_w = tl.make_block_ptr(w + (t0 * HV + i_hv) * K, (nj, K), (HV * K, 1), (0, 0), (C, BK), (1, 0))
+            p_u = tl.make_block_ptr(u + (t0 * HV + i_hv) * V, (nj, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0))
+            b_w = round_to(tl.load(p_w, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
+            b_u = tl.load(p_u, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
         b_vn = round_to(b_u - mm(b_w, b_sr, EMULATE, IEEE), DT, EMULATE)  # U' = U - W S
         b_o = mm(b_qg, b_sr, EMULATE, IEEE) + mm(b_a, b_vn, EMULATE, IEEE)
         p_o = tl.make_block_ptr(o + (t0 * HV + i_hv) * V, (nj, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0))
@@ -564,19 +579,20 @@ class ChunkPlan:
     gcum: torch.Tensor  # [T, HV] fp32
     khat: torch.Tensor  # [T, H, K]: the L2-normalised keys
     tmat: torch.Tensor  # [T, HV, C] input dtype
-    w: torch.Tensor  # [T, HV, K]
-    u: torch.Tensor  # [T, HV, V]
+    w: torch.Tensor | None  # [T, HV, K] (None: fuse_out "wu")
+    u: torch.Tensor | None  # [T, HV, V] (None: fuse_out "wu")
     h: torch.Tensor | None  # [NC, HV, K, V]: the state at the start of every chunk (None: fused output)
     vnew: torch.Tensor | None  # [T, HV, V]: U' = U - W S (None: fused output)
-    fuse_out: str = ""  # "": separate out kernel; "tri" / "loop": the output inside the state recurrence
+    fuse_out: str = ""  # "": separate out kernel; "tri" / "loop" / "wu": the output inside the state recurrence
     qhat: torch.Tensor | None = None  # [T, H, K]: the normalised, scaled queries (fuse_out "tri" only)
     amat: torch.Tensor | None = None  # [T, HV, C]: the decayed causal q^ k^T block (fuse_out "tri" only)
 
 
 def plan(lens: list[int], H: int, HV: int, K: int, V: int, dtype: torch.dtype, device, fuse_out: str = "") -> ChunkPlan:
     """The chunk rows and workspaces for requests of `lens` tokens. `fuse_out`: "" a separate output
-    kernel; "tri" or "loop" the output inside the state recurrence (no H / U' workspaces), its q^ k^T
-    block from the T kernel ("tri": q^ and the block as workspaces) or computed in the loop."""
+    kernel; "tri", "loop" or "wu" the output inside the state recurrence (no H / U' workspaces), its q^ k^T
+    block from the T kernel ("tri": q^ and the block as workspaces) or computed in the loop ("loop", "wu"),
+    and with "wu" W and U too (no W / U workspaces, no `_chunk_wu_kernel`)."""
     if fuse_out not in FUSE_OUT_MODES:
         raise ValueError(f"fuse_out must be one of {FUSE_OUT_MODES}, not {fuse_out!r}")
     rows, offsets = [], [0]
@@ -591,8 +607,8 @@ def plan(lens: list[int], H: int, HV: int, K: int, V: int, dtype: torch.dtype, d
         gcum=torch.empty(T, HV, dtype=torch.float32, device=device),
         khat=torch.empty(T, H, K, dtype=dtype, device=device),
         tmat=torch.empty(T, HV, CHUNK, dtype=dtype, device=device),
-        w=torch.empty(T, HV, K, dtype=dtype, device=device),
-        u=torch.empty(T, HV, V, dtype=dtype, device=device),
+        w=None if fuse_out == "wu" else torch.empty(T, HV, K, dtype=dtype, device=device),
+        u=None if fuse_out == "wu" else torch.empty(T, HV, V, dtype=dtype, device=device),
         h=None if fuse_out else torch.empty(NC, HV, K, V, dtype=dtype, device=device),
         vnew=None if fuse_out else torch.empty(T, HV, V, dtype=dtype, device=device),
         fuse_out=fuse_out,
@@ -659,17 +675,21 @@ def chunk_gated_delta_rule(
     common = dict(DT=DT, EMULATE=INTERPRET)
     _chunk_cumsum_kernel[(NC, HV)](g, p.gcum, p.chunks, cu_seqlens, HV=HV, C=CHUNK)
     launch_tri(k, beta, cu_seqlens, p, TRI_IEEE if ieee else tri, q, scale)
-    _chunk_wu_kernel[(NC, HV)](
-        p.khat, v, beta, p.gcum, p.tmat, p.w, p.u, p.chunks, cu_seqlens, v.stride(0), H=H, HV=HV, K=K, V=V,
-        C=CHUNK, BK=BK, BV=min(64, max(16, triton.next_power_of_2(V))), IEEE=ieee, num_warps=8, **common,
-    )  # fmt: skip
+    wu = p.fuse_out == "wu"
+    if not wu:
+        _chunk_wu_kernel[(NC, HV)](
+            p.khat, v, beta, p.gcum, p.tmat, p.w, p.u, p.chunks, cu_seqlens, v.stride(0), H=H, HV=HV, K=K, V=V,
+            C=CHUNK, BK=BK, BV=min(64, max(16, triton.next_power_of_2(V))), IEEE=ieee, num_warps=8, **common,
+        )  # fmt: skip
     b_key = B if B < 64 else B // 64 * 64
     if p.fuse_out:
-        loop = p.fuse_out == "loop"
-        qhat, amat = (p.khat, p.tmat) if loop else (p.qhat, p.amat)  # never read in the loop mode
+        loop = p.fuse_out in ("loop", "wu")
+        qhat, amat = (p.khat, p.tmat) if loop else (p.qhat, p.amat)  # never read when computed in the loop
+        w, u = (p.khat, v) if wu else (p.w, p.u)  # the same
         _chunk_state_out_kernel[lambda meta: (triton.cdiv(V, meta["BV"]), B * HV)](
-            q, qhat, p.khat, amat, p.gcum, p.w, p.u, o, pool, indices, has_initial_state, cu_seqlens,
-            q.stride(0), scale, b_key, H=H, HV=HV, K=K, V=V, C=CHUNK, BK=BK, IEEE=ieee, QK_IN_LOOP=loop, **common,
+            q, qhat, p.khat, amat, p.gcum, w, u, o, pool, indices, has_initial_state, cu_seqlens, v, beta, p.tmat,
+            q.stride(0), v.stride(0), scale, b_key, H=H, HV=HV, K=K, V=V, C=CHUNK, BK=BK, IEEE=ieee,
+            QK_IN_LOOP=loop, WU_IN_LOOP=wu, **common,
         )  # fmt: skip
         return
     _chunk_state_kernel[lambda meta: (triton.cdiv(V, meta["BV"]), B * HV)](

@@ -58,6 +58,8 @@ FUSED = {
     "subst-fused": (TriConfig(diag="subst"), "tri"),
     "fused-loop": (TriConfig(), "loop"),
     "subst-fused-loop": (TriConfig(diag="subst"), "loop"),
+    "fused-wu": (TriConfig(), "wu"),
+    "subst-fused-wu": (TriConfig(diag="subst"), "wu"),
 }
 
 for _label, _tri in VARIANTS.items():

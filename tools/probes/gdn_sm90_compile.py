@@ -147,21 +147,23 @@ def main() -> None:
         build(
             gdn_chunk._chunk_state_out_kernel,
             STATE_OUT_SIG(p),
-            common | dict(QK_IN_LOOP=False),
+            common | dict(QK_IN_LOOP=False, WU_IN_LOOP=False),
         )  # fmt: skip
     # the T kernel's other variants (TriConfig kk / diag), bf16
     common = dict(**qwen, C=64, BK=128, DT=tl.bfloat16, EMULATE=False, IEEE=False)
     for kk, diag in (("blocks", "neumann"), ("blocks", "subst"), ("once", "subst")):
         build_tri(gdn_chunk.TriConfig(kk=kk, diag=diag), bf, common, label=f"[{kk},{diag}]")
     build_tri(gdn_chunk.TRI, bf, common, label="[fuse_out]", fuse_out=True)
-    build(gdn_chunk._chunk_state_out_kernel, STATE_OUT_SIG(bf), common | dict(QK_IN_LOOP=True), label="[loop]")
+    sig = STATE_OUT_SIG(bf)
+    build(gdn_chunk._chunk_state_out_kernel, sig, common | dict(QK_IN_LOOP=True, WU_IN_LOOP=False), label="[loop]")
+    build(gdn_chunk._chunk_state_out_kernel, sig, common | dict(QK_IN_LOOP=True, WU_IN_LOOP=True), label="[wu]")
 
 
 def STATE_OUT_SIG(p: str) -> dict:  # noqa: N802 (a signature table)
     f32, i32 = "*fp32", "*i32"
     return dict(
         q=p, qhat=p, khat=p, amat=p, gcum=f32, w=p, u=p, o=p, pool=f32, indices=i32, has_initial_state="*i1",
-        cu_seqlens=i32, stride_qt="i32", scale="fp32", B_KEY="i32",
+        cu_seqlens=i32, stride_qt="i32", scale="fp32", B_KEY="i32", v=p, beta=f32, tmat=p, stride_vt="i32",
     )  # fmt: skip
 
 

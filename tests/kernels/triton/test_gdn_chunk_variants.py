@@ -23,6 +23,7 @@ VARIANTS = {
     "fused": (gdn_chunk.TRI, "tri"),
     "blocks-subst-fused": (gdn_chunk.TriConfig(kk="blocks", diag="subst"), "tri"),
     "fused-loop": (gdn_chunk.TRI, "loop"),
+    "fused-wu": (gdn_chunk.TRI, "wu"),
 }
 
 
@@ -48,7 +49,9 @@ def test_fused_plans_have_no_chunk_state_workspace():
     p = gdn_chunk.plan([70, 3], 1, 2, 32, 16, torch.bfloat16, "cpu", fuse_out="tri")
     assert p.h is None and p.vnew is None and p.qhat.shape == (73, 1, 32) and p.amat.shape == (73, 2, 64)
     loop = gdn_chunk.plan([70, 3], 1, 2, 32, 16, torch.bfloat16, "cpu", fuse_out="loop")
-    assert loop.h is None and loop.vnew is None and loop.qhat is None and loop.amat is None
+    assert loop.h is None and loop.vnew is None and loop.qhat is None and loop.amat is None and loop.w is not None
+    wu = gdn_chunk.plan([70, 3], 1, 2, 32, 16, torch.bfloat16, "cpu", fuse_out="wu")
+    assert wu.w is None and wu.u is None and wu.h is None and wu.qhat is None
     q = gdn_chunk.plan([70, 3], 1, 2, 32, 16, torch.bfloat16, "cpu")
     assert q.h.shape == (3, 2, 32, 16) and q.qhat is None
     with pytest.raises(ValueError, match="fuse_out"):
