@@ -64,6 +64,11 @@ class SGLangBackend(_SGLangTriton):
     def prepare_extend(self, case, x):
         return attn.prepare_extend(case, x)
 
+    # target verify as SGLang's server runs it (EAGLE): the draft tree is a custom-mask extend over the prefix
+    @implements("tree_verify", limits=_attention)
+    def prepare_tree_verify(self, case, x):
+        return attn.prepare_extend(case, x)
+
     @implements("merge_state")
     def prepare_merge_state(self, case, x):
         return attn.prepare_merge_state(case, x)
