@@ -156,7 +156,7 @@ def test_a_run_stopped_mid_way_still_accounts_for_its_workers(tmp_path, monkeypa
     out = tmp_path / "run"
     how = Execution(isolate=True, devices=("cpu", "cpu"), plugins=(plugin,))
     with pytest.raises(KeyboardInterrupt):
-        execute(p, out, RunOptions(timing=False, ref_cache="off"), on_rows=stop, argv=[], how=how)
+        execute(p, out, RunOptions(timing=False), on_rows=stop, argv=[], how=how)  # no reference cache
     run = json.loads((out / "run.json").read_text())
     assert run["complete"] is False and run["stopped_by"] == "KeyboardInterrupt" and len(seen) == 1
     costs = run["costs"]
