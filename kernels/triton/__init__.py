@@ -30,6 +30,7 @@ from attnbench.kernels.triton.spec_backend import TritonSpec
 
 DETERMINISTIC_SPLIT_TILE = 256
 MLA_DETERMINISTIC_SPLIT_TILE = 2048  # the generic planner's deterministic MLA tile (head dims only)
+SPLIT_POLICY_KNOBS = ("min_split", "fill_ctas", "fill_keys", "step_keys")  # decode.SplitPolicy's fields
 # why decode's closure may not be replayed in a CUDA graph on another batch (the replay check, docs/replay.md)
 PLANNED_SPLITS = (
     "the split schedule (work items, grid, merge table) is planned in prepare from the batch's host-side lengths: "
@@ -56,6 +57,15 @@ class _TritonAttention(Backend):
         "block_n": Knob("decode: keys per stage-1 step (default: by head dims)", (16, 32, 64, 128)),
         "fused_merge": Knob("decode: KV splits merged by their last split program, one launch (1), or by a "
                             "second kernel (0) (default: DecodeConfig's)", (0, 1)),
+        # decode's split rule (decode.SplitPolicy; not the MLA kernel's, which weighs its own partials); each
+        # fixes the tiling like split_keys, so the tuner does not time configs under another rule
+        "min_split": Knob("decode: the shortest KV split of the default plan, keys (default 256)",
+                          (64, 128, 256, 512, 1024, 2048)),
+        "fill_ctas": Knob("decode: programs per SM aimed at while the unsplit batch runs fewer (default 2)", (1, 2, 3, 4)),
+        "fill_keys": Knob("decode: the shortest split worth a second program per SM, keys (default 1024)",
+                          (256, 512, 1024, 2048, 4096)),
+        "step_keys": Knob("decode: a program's fixed cost in keys when split counts are weighed (default 128)",
+                          (0, 64, 128, 256, 512)),
         # extend (prefill); values in extend_plan.EXTEND_KNOBS, applied by extend_plan.with_extend_knobs
         "extend_tma": Knob("extend: new-token K/V blocks (and whole-page cache blocks) by TMA tensor descriptor "
                            "(1) or by pointers (0, default); the tuner times TMA tilings", (0, 1)),
@@ -88,7 +98,11 @@ class _TritonAttention(Backend):
         mla = self.mla_decode(x, knobs)
         if mla is not None:
             return mla
-        tiling = {k: v for k, v in knobs.items() if k in ("split_keys", "block_n")}  # the others leave the tuning on
+        policy_knobs = {k: v for k, v in knobs.items() if k in SPLIT_POLICY_KNOBS}
+        policy = replace(d.SPLITS, **policy_knobs)
+        tiling = {
+            k: v for k, v in knobs.items() if k in ("split_keys", "block_n", *SPLIT_POLICY_KNOBS)
+        }  # the others leave the tuning on
         config, tuned = (None, {}) if self.deterministic or tiling else d.tuned_decode_config(x)
         if "block_n" in knobs:
             config = replace(d.default_decode_config(x), block_n=knobs["block_n"])
@@ -99,7 +113,7 @@ class _TritonAttention(Backend):
         def build(cfg):
             fixed = self.deterministic or "split_keys" in knobs
             det = dict(deterministic=fixed, split_tile=knobs.get("split_keys", DETERMINISTIC_SPLIT_TILE))
-            plans[cfg] = d.plan_decode(x, config=cfg, **det)
+            plans[cfg] = d.plan_decode(x, config=cfg, policy=policy, **det)
             return d.bind_decode(x, plans[cfg])
 
         run, config, shrunk = first_that_fits(

@@ -490,11 +490,31 @@ class DecodePlan:
         return bool(self.meta.get("FUSED_MERGE", 0))
 
 
-WAVES = 4  # programs planned per (SM x resident CTA) slot (extend's split path)
-MIN_SPLIT = 256  # keys: the smallest split the default plan makes
-FILL_CTAS = 2  # decode: programs per SM aimed at, in one wave, while the unsplit batch runs fewer
-FILL_KEYS = 1024  # decode: the shortest split worth a second program per SM where every SM has one
-STEP_KEYS = 128  # decode: a program's fixed cost, in keys, when splits are weighed by their waves
+@dataclass(frozen=True)
+class SplitPolicy:
+    """How the default (not deterministic) plans cut requests into KV splits: `decode_chunk` for decode,
+    extend_plan.py's split path for extend. Frozen; the backend knobs `min_split`, `fill_ctas`,
+    `fill_keys` and `step_keys` (`-b "triton:fill_keys=2048"`) plan with another one. Each value and
+    the measurement behind it (kernels/triton/NOTES.md, "Decode"):
+
+    - `waves` = 4: extend's split path balances the keys over waves x SMs programs.
+    - `min_split` = 256 keys: the shortest split a default plan makes. H200, B1 L8192 GQA 32/8: 256-key
+      splits ran 19.0 us where the four-wave plan's 64-key splits ran 24.5 (merge and launch overhead).
+    - `fill_ctas` = 2: programs per SM aimed at, in one wave, while the unsplit batch runs fewer.
+    - `fill_keys` = 1024 keys: the shortest split worth a second program per SM where every SM already
+      has one. H100, B16: L1024 29.9 us unsplit against 32.3 in two splits; L4096 99.2 in two against
+      102.0 in more (reports/examples/h100-session10/splits at e281b29).
+    - `step_keys` = 128 keys: a program's fixed cost when split counts are weighed by their waves.
+    """
+
+    waves: int = 4
+    min_split: int = 256
+    fill_ctas: int = 2
+    fill_keys: int = 1024
+    step_keys: int = 128
+
+
+SPLITS = SplitPolicy()  # the default
 
 
 def balanced_chunk(sizes: list[int], units: int, block_n: int, target_programs: int, min_chunk: int) -> int:
@@ -529,31 +549,34 @@ def fewest_within(costs: list[tuple[float, int]], slack: float) -> int:
     return next(v for c, v in costs if c <= best * (1 + slack))
 
 
-def decode_chunk(sizes: list[int], units: int, block_n: int, sms: int, ctas_per_sm: int, min_chunk: int) -> int:
+def decode_chunk(
+    sizes: list[int], units: int, block_n: int, sms: int, ctas_per_sm: int, min_chunk: int,
+    policy: SplitPolicy = SPLITS,
+) -> int:  # fmt: skip
     """Keys per split of the default decode plan, for requests of `sizes` visible keys, each run by
     `units` programs per split, on `sms` SMs holding `ctas_per_sm` programs each.
 
-    - Few programs unsplit (at most `FILL_CTAS` per SM): the keys are balanced over `FILL_CTAS x sms`
+    - Few programs unsplit (at most `policy.fill_ctas` per SM): the keys are balanced over `fill_ctas x sms`
       programs, one wave (`balanced_chunk`), so short batches are split only as far as the SMs need;
-      where the unsplit programs already cover half the SMs or more, into splits of `FILL_KEYS` keys
+      where the unsplit programs already cover half the SMs or more, into splits of `fill_keys` keys
       at least: a skewed batch still cuts its long requests, and a uniform one is not cut where the
       merge and the partials cost more than a second program per SM gains (H100, B16: 1024 keys,
       29.9 us unsplit against 32.3 in two splits; 4096 keys, 99.2 in two against 102.0).
     - More: the split count whose waves of programs end soonest, each program costing its keys plus
-      `STEP_KEYS` (`ceil(programs / slots) x (chunk + STEP_KEYS)`); the fewest splits within 5%.
+      `step_keys` (`ceil(programs / slots) x (chunk + step_keys)`); the fewest splits within 5%.
 
     Measured on an H100 (reports/examples/h100-session10/splits at e281b29: Llama-3 8B heads, B 1-128, 1k-8k keys,
     every fixed split size beside the plan): the four-wave plan this replaces cut B16-B32 requests of
     1k-8k keys into 4-12 splits where one or two ran 5-14% faster, and B8 into 16-22 where 4 did.
     """
     programs = len(sizes) * units
-    if programs <= FILL_CTAS * sms:
-        chunk = balanced_chunk(sizes, units, block_n, FILL_CTAS * sms, min_chunk)
-        if 2 * programs >= sms:  # half the SMs or more busy already: splits of FILL_KEYS at least
-            chunk = max(chunk, -(-min(FILL_KEYS, max(sizes)) // block_n) * block_n)
+    if programs <= policy.fill_ctas * sms:
+        chunk = balanced_chunk(sizes, units, block_n, policy.fill_ctas * sms, min_chunk)
+        if 2 * programs >= sms:  # half the SMs or more busy already: splits of fill_keys at least
+            chunk = max(chunk, -(-min(policy.fill_keys, max(sizes)) // block_n) * block_n)
         return chunk
     counts = split_counts(sizes, units, block_n, sms * ctas_per_sm, min_chunk, 16)
-    return fewest_within([(waves * (chunk + STEP_KEYS), chunk) for _, chunk, _, waves in counts], 0.05)
+    return fewest_within([(waves * (chunk + policy.step_keys), chunk) for _, chunk, _, waves in counts], 0.05)
 
 
 def split_tables(items: list[tuple[int, int, int]], requests: int, Hq: int, Dv: int, device) -> tuple:
@@ -593,7 +616,7 @@ def fused_merge_tables(counts: list[int], units: int, device) -> tuple[torch.Ten
 
 def split_schedule(
     lens: list[int], window: int, units: int, block_n: int, sms: int, ctas_per_sm: int,
-    *, min_chunk: int, deterministic: bool, split_tile: int,
+    *, min_chunk: int, deterministic: bool, split_tile: int, policy: SplitPolicy = SPLITS,
 ) -> tuple[list[tuple[int, int, int]], int]:  # fmt: skip
     """Cut each request's visible keys into splits: `([(request, start, end)], chunk)`.
 
@@ -608,7 +631,7 @@ def split_schedule(
     if deterministic:
         chunk = split_tile
     else:
-        chunk = decode_chunk([e - s for s, e in ranges], units, block_n, sms, ctas_per_sm, min_chunk)
+        chunk = decode_chunk([e - s for s, e in ranges], units, block_n, sms, ctas_per_sm, min_chunk, policy)
     items = []
     for b, (s, e) in enumerate(ranges):
         for a in range(s, e, chunk):
@@ -618,7 +641,7 @@ def split_schedule(
 
 def plan_decode(
     x, *, deterministic: bool = False, split_tile: int = 256, min_chunk: int | None = None,
-    num_sms: int | None = None, config: DecodeConfig | None = None,
+    num_sms: int | None = None, config: DecodeConfig | None = None, policy: SplitPolicy = SPLITS,
 ) -> DecodePlan:  # fmt: skip
     """Schedule, scratch and launch parameters for `decode(x, plan)` (host work only, no device sync).
 
@@ -628,10 +651,11 @@ def plan_decode(
         split_tile: keys per split in deterministic mode (a multiple of the config's block_n);
             raised to a multiple of itself where a split's partials would be a quarter of its keys
             or more (MLA: 2048), which depends on the head dims only, never on the batch.
-        min_chunk: smallest split in the default mode (default: MIN_SPLIT keys, 2 * block_n, or more
-            where the partial outputs of a split would outweigh its keys).
+        min_chunk: smallest split in the default mode (default: `policy.min_split` keys, 2 * block_n, or
+            more where the partial outputs of a split would outweigh its keys).
         num_sms: SMs to plan for (default: the device's).
         config: stage-1 tiling (default: `decode_config`).
+        policy: the split rule of the default mode (`SplitPolicy`).
     """
     device = x.q.device
     T, Hq, Dk = x.q.shape
@@ -651,15 +675,13 @@ def plan_decode(
     kv_bytes_per_key = Hkv * (Dk + (0 if v_from_k else Dv)) * x.k_cache.element_size()
     partial_keys = -(-Hq * Dv * 8 // kv_bytes_per_key)
     if min_chunk is None:
-        # at least MIN_SPLIT keys: on an H200 (B=1, L=8192, GQA 32/8) 256-key splits (triton-det) ran
-        # 19.0 us where the four-wave plan's 64-key splits ran 24.5 us (merge and launch overhead)
-        min_chunk = max(2 * cfg.block_n, partial_keys, MIN_SPLIT)
+        min_chunk = max(2 * cfg.block_n, partial_keys, policy.min_split)
     if deterministic and 4 * partial_keys > split_tile:
         # still batch-independent (head dims only): MLA tiles grow to 2048 keys, GQA stays at 256
         split_tile *= -(-4 * partial_keys // split_tile)
     items, _ = split_schedule(
         list(x.seq_lens_host), x.window, Hkv * num_hb, cfg.block_n, sms, cfg.ctas_per_sm,
-        min_chunk=min_chunk, deterministic=deterministic, split_tile=split_tile,
+        min_chunk=min_chunk, deterministic=deterministic, split_tile=split_tile, policy=policy,
     )  # fmt: skip
     work_t, merge_t, part_o, part_ml, counts = split_tables(items, len(x.seq_lens_host), Hq, Dv, device)
     W = work_t.shape[0]

@@ -20,7 +20,7 @@ from attnbench.kernels.triton.common import (
     sm_count,
     v_is_k_prefix,
 )
-from attnbench.kernels.triton.decode import MIN_SPLIT, WAVES, balanced_chunk
+from attnbench.kernels.triton.decode import SPLITS, balanced_chunk
 
 # ---- launch configuration and schedule ---------------------------------------------------------
 
@@ -152,17 +152,31 @@ def group_heads(G: int, block_m: int) -> int:
     return max(d for d in range(1, min(G, block_m) + 1) if G % d == 0)
 
 
-# Packed tiles taller than this lost to one-head tiles on an H200 (spec suite, D = 128, G = 4, against
-# the unpacked split-KV kernel): <= 32 rows (<= 8 tokens) took 0.29-0.92x the time, 64 rows 0.97-1.37x
-# and 128 rows 0.92-1.39x (fewer, taller programs starve the grid at B = 16). kernels/triton/NOTES.md.
-PACK_MAX_ROWS = 32
+@dataclass(frozen=True)
+class ExtendPolicy:
+    """When the automatic extend plan packs GQA heads and when it takes the split-KV path (its split
+    rule is decode's `SplitPolicy`). Each value and the measurement behind it (kernels/triton/NOTES.md):
+
+    - `pack_max_rows` = 32: packed tiles taller than this lost to one-head tiles on an H200 (spec
+      suite, D = 128, G = 4, against the unpacked split-KV kernel): <= 32 rows (<= 8 tokens) took
+      0.29-0.92x the time, 64 rows 0.97-1.37x and 128 rows 0.92-1.39x (fewer, taller programs starve
+      the grid at B = 16).
+    - `split_min_keys` = 2048: the split path needs a request at least this long (and a grid under
+      one wave).
+    """
+
+    pack_max_rows: int = 32
+    split_min_keys: int = 2048
+
+
+EXTEND_POLICY = ExtendPolicy()  # the default
 
 
 def gqa_packs(x, deterministic: bool = False) -> bool:
     """Whether extend packs the query heads of a kv group into a tile's rows (the automatic rule).
 
     Yes when G > 1 and the requests are so short that a packed tile (next power of two of the longest
-    q_len x the heads it packs) has at most PACK_MAX_ROWS rows, or one token where a kv group alone
+    q_len x the heads it packs) has at most `pack_max_rows` rows, or one token where a kv group alone
     is taller (MLA with 128 heads: 64 heads per tile): one-head tiles would be mostly empty rows of
     the MMA and read K/V once per query head; packed, K/V are read once per group. Longer requests
     keep one-head tiles. Never for `triton-det`: whether a batch packs follows its longest request,
@@ -173,7 +187,7 @@ def gqa_packs(x, deterministic: bool = False) -> bool:
     base = _head_dim_config(x.q.shape[2], x.v_cache.shape[-1], arch(x.q.device))
     heads = group_heads(Hq // Hkv, base.block_m)
     rows = triton.next_power_of_2(max(x.q_lens_host) * heads)
-    return not deterministic and heads > 1 and rows <= max(PACK_MAX_ROWS, heads)
+    return not deterministic and heads > 1 and rows <= max(EXTEND_POLICY.pack_max_rows, heads)
 
 
 def default_extend_config(x, deterministic: bool = False, pack: bool | None = None) -> ExtendConfig:
@@ -215,9 +229,6 @@ class ExtendPlan:
     extra: dict = field(default_factory=dict)
 
 
-SPLIT_MIN_KEYS = 2048  # the split path needs a request at least this long (and a grid under one wave)
-
-
 def _tile_ranges(
     lens: list[int], q_lens: list[int], tokens: int, causal: bool, window: int
 ) -> list[tuple[int, int, int, int]]:
@@ -244,9 +255,10 @@ def split_chunk(x, cfg: ExtendConfig, heads: int, ranges: list[tuple[int, int, i
     """Keys per split for the split path, or None for the unsplit kernel.
 
     `splits=None` (automatic): split only when the unsplit grid (Hq / heads programs x tiles) would fill less
-    than one wave of `num_sms` programs and the longest request has at least SPLIT_MIN_KEYS keys; the
-    chunk then balances the tiles' keys over WAVES x num_sms programs like decode's planner, with at
-    least MIN_SPLIT keys and at least as many keys as the partials a split writes weigh (fp32 rows of
+    than one wave of `num_sms` programs and the longest request has at least `split_min_keys` keys
+    (`ExtendPolicy`); the chunk then balances the tiles' keys over `waves` x num_sms programs like
+    decode's planner, with at least `min_split` keys (`SplitPolicy`) and at least as many keys as the
+    partials a split writes weigh (fp32 rows of
     Hq x Dv per query row, against the split's K/V bytes). `splits=1`: never; `splits=n >= 2`: always
     (tests), the longest tile cut into n equal chunks (not aligned to blocks: edges anywhere work).
     """
@@ -259,14 +271,14 @@ def split_chunk(x, cfg: ExtendConfig, heads: int, ranges: list[tuple[int, int, i
         if splits <= 1:
             return None
         return max(1, -(-max(sizes) // splits))
-    if Hq // heads * len(ranges) >= num_sms or max(x.seq_lens_host) < SPLIT_MIN_KEYS:
+    if Hq // heads * len(ranges) >= num_sms or max(x.seq_lens_host) < EXTEND_POLICY.split_min_keys:
         return None
     rows = min(cfg.block_m // heads, max(x.q_lens_host))  # tokens of a tile
     v_bytes = 0 if v_is_k_prefix(x.k_cache, x.v_cache) else Dv  # absorbed MLA reads V from K
     kv_bytes_per_key = Hkv * (Dk + v_bytes) * x.k_cache.element_size()
     partial_keys = -(-rows * Hq * Dv * 8 // kv_bytes_per_key)
-    min_chunk = max(MIN_SPLIT, 2 * cfg.block_n, partial_keys)
-    return balanced_chunk(sizes, Hq // heads, cfg.block_n, WAVES * num_sms, min_chunk)
+    min_chunk = max(SPLITS.min_split, 2 * cfg.block_n, partial_keys)
+    return balanced_chunk(sizes, Hq // heads, cfg.block_n, SPLITS.waves * num_sms, min_chunk)
 
 
 def _rows_view(t: torch.Tensor, width: int) -> torch.Tensor | str:

@@ -84,3 +84,25 @@ def test_backend_patterns_expand_in_order_once_each():
     assert names == ["torch", "triton", "triton-det", "triton[block_n=32]"]
     with pytest.raises(AttnbenchError, match="no backend matches 'nope\\*'; available: .*torch"):
         select_backends(["nope*"])
+
+
+def test_split_policy_knobs_reach_the_decode_plan(tmp_path):
+    """decode.SplitPolicy's fields as knobs (interpreter): a shorter `min_split` cuts the 300-key requests
+    that the default plan keeps whole, and both pass the float64 check; the policy object stays frozen."""
+    import dataclasses
+
+    from attnbench.kernels.triton.decode import SPLITS
+
+    assert dataclasses.is_dataclass(SPLITS) and type(SPLITS).__dataclass_params__.frozen
+    suite = tmp_path / "k.yaml"
+    suite.write_text(
+        f"backends: [triton, 'triton:min_split=64', 'triton:fill_keys=4096']\ndtypes: [bf16]\ncases:\n{ENTRY}"
+    )
+    out = tmp_path / "run"
+    res = invoke("sweep", suite, "--device", "cpu", "--no-timing", "--out", out)
+    assert res.exit_code == 0, res.output
+    rows = {r.backend: r for r in read_results(out / "results.jsonl")}
+    assert all(r.status == "pass" for r in rows.values()), {b: r.reason for b, r in rows.items()}
+    splits = {b: r.prepare_info["max_splits"] for b, r in rows.items()}
+    assert splits == {"triton": 1, "triton[min_split=64]": 2, "triton[fill_keys=4096]": 1}, splits
+    _one_line_error(invoke("sweep", "smoke", "-b", "triton:fill_ctas=9"), "fill_ctas='9' is not allowed", "1, 2, 3, 4")

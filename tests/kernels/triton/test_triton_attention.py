@@ -276,7 +276,7 @@ def test_split_schedule():
     from attnbench.kernels.triton.decode import split_schedule
 
     kw = dict(min_chunk=128, deterministic=False, split_tile=256)
-    # one request: spread over FILL_CTAS programs per SM (132 SMs: 264 programs of 8 kv heads)
+    # one request: spread over SPLITS.fill_ctas programs per SM (132 SMs: 264 programs of 8 kv heads)
     items, chunk = split_schedule([8192], -1, 8, 64, 132, 3, **kw)
     assert len(items) == 32 and {e - s for _, s, e in items} == {256}
     # enough programs for two per SM already: no split at all
@@ -285,7 +285,7 @@ def test_split_schedule():
     # B16 (128 programs): two splits fill the SMs twice (H100: 99 us against 104 with 11 splits)
     items, _ = split_schedule([4096] * 16, -1, 8, 64, 132, 3, **kw)
     assert len(items) == 32
-    # ... but not into splits shorter than FILL_KEYS (H100, 1024 keys: 29.9 us unsplit, 32.3 in two)
+    # ... but not into splits shorter than SPLITS.fill_keys (H100, 1024 keys: 29.9 us unsplit, 32.3 in two)
     items, _ = split_schedule([1024] * 16, -1, 8, 64, 132, 3, **kw)
     assert len(items) == 16
     # with half the SMs idle, short splits still pay (B8, 1024 keys: 20.4 us in 4 splits, 24.5 unsplit)
@@ -299,7 +299,7 @@ def test_split_schedule():
     # skewed: the long request is cut finely, the short ones stay whole
     items, _ = split_schedule([4096] + [256] * 31, -1, 8, 64, 132, 3, **kw)
     counts = [sum(1 for b, _, _ in items if b == r) for r in range(32)]
-    assert counts[0] == 4 and set(counts[1:]) == {1}  # FILL_KEYS splits: 256 programs cover the SMs
+    assert counts[0] == 4 and set(counts[1:]) == {1}  # fill_keys splits: 256 programs cover the SMs
     items, _ = split_schedule([4096] + [128] * 3, -1, 8, 64, 132, 3, **kw)
     counts = [sum(1 for b, _, _ in items if b == r) for r in range(4)]
     assert counts[0] > 8 and set(counts[1:]) == {1}  # 32 programs: the long request cut finely
@@ -459,7 +459,8 @@ def test_extend_split_fully_masked_ranges(sink):
 def test_extend_split_regime():
     """Automatic plans (host only, nothing launched): split only for a starved grid over a long prefix;
     everything else is the unsplit plan exactly, and triton-det never splits."""
-    from attnbench.kernels.triton.extend_plan import MIN_SPLIT, plan_extend
+    from attnbench.kernels.triton.decode import SPLITS
+    from attnbench.kernels.triton.extend_plan import plan_extend
 
     def plans(case_id, **kw):
         x = Case.from_id(case_id).make_inputs()
@@ -468,7 +469,7 @@ def test_extend_split_regime():
     # spec verify: 5 tree tokens over 8187 cached keys, 32 query heads: 32 programs unsplit
     auto, unsplit = plans("extend/b1-q5-pre8187-h32x8-d128-p16-bf16")
     assert auto.meta["SPLIT"] and auto.splits >= 8, auto.splits
-    assert max(int(e) - int(s) for s, e in auto.tiles[:, 2:4].tolist()) >= MIN_SPLIT
+    assert max(int(e) - int(s) for s, e in auto.tiles[:, 2:4].tolist()) >= SPLITS.min_split
     assert auto.grid[0] >= 132 > unsplit.grid[0]
     det, _ = plans("extend/b1-q5-pre8187-h32x8-d128-p16-bf16", deterministic=True)
     assert not det.meta["SPLIT"] and torch.equal(det.tiles, unsplit.tiles)
@@ -751,9 +752,9 @@ def test_tree_verify_packed_through_the_harness(case_id, forced, monkeypatch):
 def test_gqa_pack_rule():
     """Automatic plans (host only): packed when next_pow2(q x heads) fits PACK_MAX_ROWS (or one token of
     a group taller than that), with tiles of that many rows; never for longer requests, MHA, or triton-det."""
-    from attnbench.kernels.triton.extend_plan import PACK_MAX_ROWS, default_extend_config, plan_extend
+    from attnbench.kernels.triton.extend_plan import EXTEND_POLICY, default_extend_config, plan_extend
 
-    assert PACK_MAX_ROWS == 32  # the cases below are sized for it
+    assert EXTEND_POLICY.pack_max_rows == 32  # the cases below are sized for it
 
     def plan(case_id, **kw):
         x = Case.from_id(case_id).make_inputs()
