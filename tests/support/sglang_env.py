@@ -49,3 +49,15 @@ def sglang_kernels_or_skip() -> None:
     why = _lib.missing()
     if why:
         pytest.skip(why)
+
+
+def sglang_backend_or_skip(name: str = "sglang"):
+    """The registered backend `name` (sglang, sglang-unified, ...) with SGLang's kernels importable, or
+    skip the test with why (the kernels missing, or the backend unavailable here)."""
+    from attnbench.backend import get_backend
+
+    sglang_kernels_or_skip()
+    b = get_backend(name)
+    if why := b.available():
+        pytest.skip(why)
+    return b

@@ -18,16 +18,11 @@ from attnbench.case import Case
 from attnbench.run.runner import RunOptions, run_case
 from helpers import KERNEL, KERNEL_REPEATS, run_one
 from kernel_only import watch_kernels
-from sglang_env import sglang_kernels_or_skip
+from sglang_env import sglang_backend_or_skip
 
 
 def _backend(name):
-    sglang_kernels_or_skip()
-    b = get_backend(name)
-    why = b.available()
-    if why:
-        pytest.skip(why)
-    return b
+    return sglang_backend_or_skip(name)
 
 
 @pytest.fixture(scope="module")

@@ -13,22 +13,16 @@ from __future__ import annotations
 
 import pytest
 
-from attnbench.backend import get_backend
 from helpers import KERNEL, run_one
 from kernel_only import watch_kernels
-from sglang_env import sglang_kernels_or_skip
+from sglang_env import sglang_backend_or_skip
 
 pytestmark = pytest.mark.interpreter
 
 
 @pytest.fixture(scope="module")
 def sglang():
-    sglang_kernels_or_skip()
-    b = get_backend("sglang")
-    why = b.available()
-    if why:
-        pytest.skip(why)
-    return b
+    return sglang_backend_or_skip()
 
 
 ATTENTION = [

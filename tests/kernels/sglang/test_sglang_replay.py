@@ -8,12 +8,11 @@ from __future__ import annotations
 
 import pytest
 
-from attnbench.backend import get_backend
 from attnbench.case import Case
 from attnbench.check.checklist import CHECKS, ReplayCheck
 from attnbench.check.replay import StandInGraph
 from attnbench.run.runner import RunOptions, run_case
-from sglang_env import sglang_kernels_or_skip
+from sglang_env import sglang_backend_or_skip
 
 pytestmark = pytest.mark.interpreter
 
@@ -22,11 +21,7 @@ STAND_IN = tuple(c for c in CHECKS if c.name != "replay") + (ReplayCheck(StandIn
 
 @pytest.fixture(scope="module")
 def sglang():
-    sglang_kernels_or_skip()
-    b = get_backend("sglang")
-    if why := b.available():
-        pytest.skip(why)
-    return b
+    return sglang_backend_or_skip()
 
 
 @pytest.mark.parametrize("case_id", ["gdn_decode/b4-h2x4-d16x16-pad1-fp32", "gdn_verify/b3-t3-h2x4-d16x16-fp32"])

@@ -10,7 +10,7 @@ import pytest
 from attnbench.backend import get_backend
 from attnbench.case import Case
 from helpers import KERNEL, run_one
-from sglang_env import sglang_kernels_or_skip
+from sglang_env import sglang_backend_or_skip
 
 CASES = [
     "tree_verify/b2-pre20-h4x2-d16-p4-treeeagle-depth3-k2-n6-fp16",  # an EAGLE tree (top-k 2, 6 drafts)
@@ -22,12 +22,7 @@ CASES = [
 
 @pytest.fixture(scope="module")
 def sglang():
-    sglang_kernels_or_skip()
-    b = get_backend("sglang")
-    why = b.available()
-    if why:
-        pytest.skip(why)
-    return b
+    return sglang_backend_or_skip()
 
 
 def test_sglang_declares_tree_verify():
