@@ -313,10 +313,43 @@ def _chunk_tri_batched_kernel(
             tl.store(p_qh, b_q, mask=m_t[:, None] & m_k[None, :])
         b_k = _load_norm_rows(p_k, o_t, m_t, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
         b_g = tl.load(p_g + o_t * HV, mask=m_t, other=0)
-        keep = (o_t[:, None] >= o_t[None, :]) & m_t[:, None] & m_t[None, :]
-        b_a = mm(b_q, tl.trans(b_k), EMULATE, IEEE)
-        b_a = round_to(tl.where(keep, b_a * tl.exp(tl.where(keep, b_g[:, None] - b_g[None, :], 0.0)), 0.0), DT, EMULATE)
+        b_a = _causal_qk(b_q, b_k, b_g, m_t, DT, EMULATE, IEEE)
         tl.store(amat + (bos * HV + i_hv) * C + o_t[:, None] * RS + o_t[None, :], b_a, mask=m_t[:, None])
+
+
+@triton.jit
+def _causal_qk(b_q, b_k, b_g, m_t, DT: tl.constexpr, EMULATE: tl.constexpr, IEEE: tl.constexpr):
+    """The chunk's decayed causal block tril(q^ k^T) e^(gamma_t - gamma_s) over its valid rows `m_t`,
+    rounded to DT: the same bits wherever it is computed (the out kernel, the T kernel's FUSE_OUT, the
+    fused state loop)."""
+    o_t = tl.arange(0, b_q.shape[0])
+    keep = (o_t[:, None] >= o_t[None, :]) & m_t[:, None] & m_t[None, :]
+    b_a = mm(b_q, tl.trans(b_k), EMULATE, IEEE)
+    return round_to(tl.where(keep, b_a * tl.exp(tl.where(keep, b_g[:, None] - b_g[None, :], 0.0)), 0.0), DT, EMULATE)
+
+
+@triton.jit
+def _t_times(b_T, b_x, b_scale, DT: tl.constexpr, EMULATE: tl.constexpr, IEEE: tl.constexpr):
+    """T (scale x), each row of x scaled, operands and result rounded to DT: W = T (beta e^gamma k^) and
+    U = T (beta v), in `_chunk_wu_kernel` and the fused state loop alike."""
+    return round_to(mm(b_T, round_to(b_x.to(tl.float32) * b_scale[:, None], DT, EMULATE), EMULATE, IEEE), DT, EMULATE)
+
+
+@triton.jit
+def _pool_state(pool, indices, has_initial_state, i_n, i_hv, o_k, o_v, m_h, HV: tl.constexpr, K: tl.constexpr,
+                V: tl.constexpr):  # fmt: skip
+    """(pointers, float32 values) of request `i_n`'s state block in the pool: its slot's `[K, V]` state of
+    v-head `i_hv` at columns `o_v`, zero where the request has no initial state."""
+    p_pool = pool + (tl.load(indices + i_n).to(tl.int64) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
+    init = tl.load(has_initial_state + i_n) != 0
+    return p_pool, tl.load(p_pool, mask=m_h & init, other=0).to(tl.float32)
+
+
+@triton.jit
+def _state_step(b_s, b_vn, b_k, b_g, b_glast, DT: tl.constexpr, EMULATE: tl.constexpr, IEEE: tl.constexpr):
+    """The state after a chunk: S = e^gamma_last S + k^T (e^(gamma_last - gamma) U'), U' in DT."""
+    b_vd = round_to(b_vn.to(tl.float32) * tl.exp(b_glast - b_g)[:, None], DT, EMULATE)
+    return b_s * tl.exp(b_glast) + mm(tl.trans(b_k), b_vd, EMULATE, IEEE)
 
 
 # ---- W = T (beta e^gamma k^), U = T (beta v) -----------------------------------------------------------
@@ -343,15 +376,14 @@ def _chunk_wu_kernel(
 
     p_k = tl.make_block_ptr(khat + (bos * H + i_h) * K, (n, K), (H * K, 1), (0, 0), (C, BK), (1, 0))
     b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-    b_rk = round_to(b_k * (b_beta * tl.exp(b_g))[:, None], DT, EMULATE)
+
     p_w = tl.make_block_ptr(w + (bos * HV + i_hv) * K, (n, K), (HV * K, 1), (0, 0), (C, BK), (1, 0))
-    tl.store(p_w, round_to(mm(b_T, b_rk, EMULATE, IEEE), DT, EMULATE).to(DT), boundary_check=(0, 1))
+    tl.store(p_w, _t_times(b_T, b_k, b_beta * tl.exp(b_g), DT, EMULATE, IEEE).to(DT), boundary_check=(0, 1))
     for i_v in tl.static_range(0, V, BV):
         p_v = tl.make_block_ptr(v + bos * stride_vt + i_hv * V, (n, V), (stride_vt, 1), (0, i_v), (C, BV), (1, 0))
         b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-        b_rv = round_to(b_v * b_beta[:, None], DT, EMULATE)
         p_u = tl.make_block_ptr(u + (bos * HV + i_hv) * V, (n, V), (HV * V, 1), (0, i_v), (C, BV), (1, 0))
-        tl.store(p_u, round_to(mm(b_T, b_rv, EMULATE, IEEE), DT, EMULATE).to(DT), boundary_check=(0, 1))
+        tl.store(p_u, _t_times(b_T, b_v, b_beta, DT, EMULATE, IEEE).to(DT), boundary_check=(0, 1))
 
 
 # ---- the state recurrence over chunks ---------------------------------------------------------------------
@@ -390,9 +422,7 @@ def _chunk_state_kernel(
     c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
     o_t, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     m_h = (o_k < K)[:, None] & (o_v < V)[None, :]
-    p_pool = pool + (tl.load(indices + i_n).to(tl.int64) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
-    init = tl.load(has_initial_state + i_n) != 0
-    b_s = tl.load(p_pool, mask=m_h & init, other=0).to(tl.float32)
+    p_pool, b_s = _pool_state(pool, indices, has_initial_state, i_n, i_hv, o_k, o_v, m_h, HV, K, V)
 
     for j in range(tl.cdiv(eos - bos, C)):
         t0 = bos + j * C
@@ -411,8 +441,7 @@ def _chunk_state_kernel(
         b_g = tl.load(gcum + (t0 + o_t) * HV + i_hv, mask=o_t < nj, other=0)
         b_glast = tl.load(gcum + (t0 + nj - 1) * HV + i_hv)
         b_k = round_to(tl.load(p_k, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
-        b_vd = round_to(b_vn.to(tl.float32) * tl.exp(b_glast - b_g)[:, None], DT, EMULATE)
-        b_s = b_s * tl.exp(b_glast) + mm(tl.trans(b_k), b_vd, EMULATE, IEEE)
+        b_s = _state_step(b_s, b_vn, b_k, b_g, b_glast, DT, EMULATE, IEEE)
     tl.store(p_pool, b_s, mask=m_h)
 
 
@@ -462,9 +491,7 @@ def _chunk_state_out_kernel(
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     o_t, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     m_h = (o_k < K)[:, None] & (o_v < V)[None, :]
-    p_pool = pool + (tl.load(indices + i_n).to(tl.int64) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
-    init = tl.load(has_initial_state + i_n) != 0
-    b_s = tl.load(p_pool, mask=m_h & init, other=0).to(tl.float32)
+    p_pool, b_s = _pool_state(pool, indices, has_initial_state, i_n, i_hv, o_k, o_v, m_h, HV, K, V)
 
     for j in range(tl.cdiv(eos - bos, C)):
         t0 = bos + j * C
@@ -479,10 +506,7 @@ def _chunk_state_out_kernel(
             p_q = tl.make_block_ptr(q + t0 * stride_qt + i_h * K, (nj, K), (stride_qt, 1), (0, 0), (C, BK), (1, 0))
             b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
             b_q = round_to(b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + L2_EPS)[:, None] * scale, DT, EMULATE)
-            keep = (o_t[:, None] >= o_t[None, :]) & m_t[:, None] & m_t[None, :]
-            b_a = mm(b_q, tl.trans(b_k), EMULATE, IEEE)
-            b_a = tl.where(keep, b_a * tl.exp(tl.where(keep, b_g[:, None] - b_g[None, :], 0.0)), 0.0)
-            b_a = round_to(b_a, DT, EMULATE)
+            b_a = _causal_qk(b_q, b_k, b_g, m_t, DT, EMULATE, IEEE)
             b_q = b_q.to(tl.float32)
         else:
             p_q = tl.make_block_ptr(qhat + (t0 * H + i_h) * K, (nj, K), (H * K, 1), (0, 0), (C, BK), (1, 0))
@@ -496,15 +520,12 @@ def _chunk_state_out_kernel(
             b_beta = tl.load(beta + (t0 + o_t) * HV + i_hv, mask=m_t, other=0)
             p_T = tl.make_block_ptr(tmat + (t0 * HV + i_hv) * C, (nj, C), (HV * C, 1), (0, 0), (C, C), (1, 0))
             b_T = round_to(tl.load(p_T, boundary_check=(0,), padding_option="zero"), DT, EMULATE)
-            b_rk = round_to(b_k.to(tl.float32) * (b_beta * tl.exp(b_g))[:, None], DT, EMULATE)
-            b_w = round_to(mm(b_T, b_rk, EMULATE, IEEE), DT, EMULATE)
+            b_w = _t_times(b_T, b_k, b_beta * tl.exp(b_g), DT, EMULATE, IEEE)
             p_v = tl.make_block_ptr(
                 v + t0 * stride_vt + i_hv * V, (nj, V), (stride_vt, 1), (0, i_v * BV), (C, BV), (1, 0)
             )
-            b_rv = round_to(
-                tl.load(p_v, boundary_check=(0, 1), padding_option="zero").to(tl.float32) * b_beta[:, None], DT, EMULATE
-            )
-            b_u = round_to(mm(b_T, b_rv, EMULATE, IEEE), DT, EMULATE).to(tl.float32)
+            b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero")
+            b_u = _t_times(b_T, b_v, b_beta, DT, EMULATE, IEEE).to(tl.float32)
         else:
             p_w = tl.make_block_ptr(w + (t0 * HV + i_hv) * K, (nj, K), (HV * K, 1), (0, 0), (C, BK), (1, 0))
             p_u = tl.make_block_ptr(u + (t0 * HV + i_hv) * V, (nj, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0))
@@ -514,8 +535,7 @@ def _chunk_state_out_kernel(
         b_o = mm(b_qg, b_sr, EMULATE, IEEE) + mm(b_a, b_vn, EMULATE, IEEE)
         p_o = tl.make_block_ptr(o + (t0 * HV + i_hv) * V, (nj, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0))
         tl.store(p_o, round_to(b_o, DT, EMULATE).to(DT), boundary_check=(0, 1))
-        b_vd = round_to(b_vn.to(tl.float32) * tl.exp(b_glast - b_g)[:, None], DT, EMULATE)
-        b_s = b_s * tl.exp(b_glast) + mm(tl.trans(b_k), b_vd, EMULATE, IEEE)
+        b_s = _state_step(b_s, b_vn, b_k, b_g, b_glast, DT, EMULATE, IEEE)
     tl.store(p_pool, b_s, mask=m_h)
 
 
@@ -559,9 +579,7 @@ def _chunk_out_kernel(
     b_q = round_to(b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + L2_EPS)[:, None] * scale, DT, EMULATE)
     b_k = round_to(tl.load(p_k, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
     b_g = tl.load(gcum + (bos + o_t) * HV + i_hv, mask=m_t, other=0)
-    keep = (o_t[:, None] >= o_t[None, :]) & m_t[:, None] & m_t[None, :]
-    b_a = mm(b_q, tl.trans(b_k), EMULATE, IEEE)
-    b_a = round_to(tl.where(keep, b_a * tl.exp(tl.where(keep, b_g[:, None] - b_g[None, :], 0.0)), 0.0), DT, EMULATE)
+    b_a = _causal_qk(b_q, b_k, b_g, m_t, DT, EMULATE, IEEE)
     b_qg = round_to(b_q.to(tl.float32) * tl.exp(b_g)[:, None], DT, EMULATE)
     b_h = round_to(tl.load(p_h, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
     b_vn = round_to(tl.load(p_vn, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
