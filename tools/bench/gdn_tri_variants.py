@@ -51,7 +51,7 @@ class TriVariant(attnbench.Backend):
 
 
 # the output fused into the state recurrence (gdn_chunk._chunk_state_out_kernel): its q^ k^T block from the
-# T kernel ("tri") or computed in the recurrence's loop ("loop")
+# T kernel ("tri") or computed in the recurrence's loop ("loop"; "wu": W and U there too)
 FUSED = {
     "fused": (TriConfig(), "tri"),
     "blocks-fused": (TriConfig(kk="blocks"), "tri"),
@@ -62,15 +62,12 @@ FUSED = {
     "subst-fused-wu": (TriConfig(diag="subst"), "wu"),
 }
 
-for _label, _tri in VARIANTS.items():
-    attnbench.register_backend(f"triton-gdn-tri:{_label}")(
-        type(f"TriVariant_{_label.replace('-', '_')}", (TriVariant,), {"tri": _tri, "description": f"T kernel {_tri}"})
-    )
-for _label, (_tri, _mode) in FUSED.items():
+for _label, (_tri, _mode) in {**{k: (v, "") for k, v in VARIANTS.items()}, **FUSED}.items():
+    _what = f"T kernel {_tri}" + (f", output fused ({_mode})" if _mode else "")
     attnbench.register_backend(f"triton-gdn-tri:{_label}")(
         type(
             f"TriVariant_{_label.replace('-', '_')}",
             (TriVariant,),
-            {"tri": _tri, "fuse_out": _mode, "description": f"T kernel {_tri}, output fused ({_mode})"},
+            {"tri": _tri, "fuse_out": _mode, "description": _what},
         )
     )
