@@ -55,11 +55,11 @@ class Executor(Protocol):
 
     def run(
         self, jobs: list[Job], record: Record, before: Callable[[], None] | None = None, costs: dict | None = None
-    ) -> dict[str, float]:
+    ) -> None:
         """Run every job; rows reach `record` as they are produced. `before()` (the sweep's precompile) runs
-        first, in this process; worker processes start while it runs. Returns the costs outside the cases
-        (worker start-up: `worker_start_s`, `workers_started`), for run.json's wall breakdown, accrued into
-        `costs` as they are spent when it is given, so a run stopped mid-way keeps them."""
+        first, in this process; worker processes start while it runs. The costs outside the cases (worker
+        start-up: `worker_start_s`, `workers_started`; jobs, shutdown), for run.json's wall breakdown, accrue
+        in `costs` as they are spent, so a run stopped mid-way keeps them."""
 
 
 @dataclass(frozen=True)
@@ -73,7 +73,7 @@ class InProcess:
 
     def run(
         self, jobs: list[Job], record: Record, before: Callable[[], None] | None = None, costs: dict | None = None
-    ) -> dict[str, float]:
+    ) -> None:
         if before:
             before()
         lost = ""
@@ -92,7 +92,6 @@ class InProcess:
                     error_row(case, n, f"not run: CUDA context lost ({e.reason})") for n in names if n not in got
                 ]
                 record(case, e.rows + missing)
-        return {}
 
 
 @dataclass(frozen=True)
@@ -111,11 +110,11 @@ class Isolated:
 
     def run(
         self, jobs: list[Job], record: Record, before: Callable[[], None] | None = None, costs: dict | None = None
-    ) -> dict[str, float]:
+    ) -> None:
         pool = Pool(list(self.devices), self.opts, record, plugins=list(self.plugins), timeout_s=self.timeout_s,
                     log_dir=self.log_dir, on_problem=self.on_problem, launch=self.launch, warm=list(self.warm),
                     costs=costs)  # fmt: skip
-        return pool.run(jobs, before)
+        pool.run(jobs, before)
 
 
 @dataclass(frozen=True)
@@ -129,7 +128,7 @@ class Sanitized:
 
     def run(
         self, jobs: list[Job], record: Record, before: Callable[[], None] | None = None, costs: dict | None = None
-    ) -> dict[str, float]:
+    ) -> None:
         if before:  # one worker per job, each started under the sanitizer when its job comes: nothing to overlap
             before()
         single: list[Job] = []
@@ -138,7 +137,7 @@ class Sanitized:
             if rows:
                 record(case, list(rows.values()))
             single += [(case, [b.name]) for b in todo]
-        return self.workers.run(single, record, costs=costs)
+        self.workers.run(single, record, costs=costs)
 
 
 def choose(
