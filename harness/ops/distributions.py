@@ -15,6 +15,7 @@ draws the element values.
 
 from __future__ import annotations
 
+import math
 from typing import Literal, get_args
 
 import torch
@@ -24,6 +25,7 @@ from attnbench.ops import rng
 Distribution = Literal["normal", "outliers", "peaked", "large_logits", "flat", "long_tail"]
 DISTRIBUTIONS: tuple[str, ...] = get_args(Distribution)
 
+GROUP_ELEMENTS = 1 << 28  # float32 values drawn on the host at once by `draw_many` (1 GiB)
 PEAK = 30.0  # |q| component along u and |k_0|: score lead = PEAK^2 * sm_scale (80 at D = 128)
 
 
@@ -58,7 +60,29 @@ class Sampler:
 
     def draw(self, role: str, shape) -> torch.Tensor:
         """Values in float32 (the caller casts or quantises)."""
-        x = self._randn(shape)
+        return self._shaped(role, shape, self._randn(shape))
+
+    def draw_many(self, role: str, shapes) -> list[torch.Tensor]:
+        """`[draw(role, s) for s in shapes]`, the same bits, drawn `GROUP_ELEMENTS` at a time in parallel
+        (`rng.randn_many`). After the first draw every kind but `long_tail` takes exactly one value from
+        the generator per draw (the outlier channels and the peaked direction are drawn once per
+        channel count, by the first), so the later draws can take theirs up front."""
+        shapes = [tuple(s) for s in shapes]
+        if self.kind == "long_tail" or len(shapes) < 2 or len({s[-1] for s in shapes}) > 1:
+            return [self.draw(role, s) for s in shapes]
+        out = [self.draw(role, shapes[0])]
+        rest = shapes[1:]
+        while rest:
+            n, size = 0, 0
+            while n < len(rest) and (n == 0 or size + math.prod(rest[n]) <= GROUP_ELEMENTS):
+                size += math.prod(rest[n])
+                n += 1
+            group, rest = rest[:n], rest[n:]
+            out += [self._shaped(role, s, x.to(self.device)) for s, x in zip(group, rng.randn_many(group, self.gen))]
+        return out
+
+    def _shaped(self, role: str, shape, x: torch.Tensor) -> torch.Tensor:
+        """Standard-normal draws `x` of `shape` on the device -> the distribution's values (draw's second half)."""
         if self.kind == "outliers":
             idx, scale = self._outlier_channels(role, shape[-1])
             x[..., idx] *= scale

@@ -4,7 +4,8 @@ Every value is drawn on the CPU from generators seeded by the case seed alone, a
 inputs are moved to the case device (`to_device`), so a failure seen on a GPU replays bit for bit on
 a laptop. Large draws stay fast: `randn` splits a tensor into chunks of `CHUNK` elements, each from
 its own generator seeded from (one draw of the case's stream, chunk index), and fills the chunks on a
-thread pool. The result depends on neither the thread count nor the device.
+thread pool; `randn_many` fills the chunks of many tensors on one pool. The result depends on neither
+the thread count nor the device.
 """
 
 from __future__ import annotations
@@ -32,24 +33,33 @@ def _chunk_seed(base: int, k: int) -> int:
 
 def randn(shape, gen: torch.Generator, std: float = 1.0) -> torch.Tensor:
     """N(0, std^2) float32 on the CPU, `shape`, taking one draw from the CPU generator `gen`."""
-    base = int(torch.randint(0, 1 << 62, (), generator=gen))
-    n = math.prod(shape)
-    out = torch.empty(n, dtype=torch.float32)
+    (out,) = randn_many([shape], gen, std)
+    return out
 
-    def fill(k: int) -> None:
-        lo, hi = k * CHUNK, min(n, (k + 1) * CHUNK)
+
+def randn_many(shapes, gen: torch.Generator, std: float = 1.0) -> list[torch.Tensor]:
+    """`[randn(s, gen, std) for s in shapes]`, the same bits, with the chunks of every tensor filled on
+    one thread pool: a paged cache drawn request by request is hundreds of one-chunk tensors, which
+    one at a time would fill on one core."""
+    bases = [int(torch.randint(0, 1 << 62, (), generator=gen)) for _ in shapes]  # in order, as randn takes them
+    outs = [torch.empty(math.prod(s), dtype=torch.float32) for s in shapes]
+    jobs = [(out, base, k) for out, base in zip(outs, bases) for k in range(max(1, -(-out.numel() // CHUNK)))]
+
+    def fill(job) -> None:
+        out, base, k = job
+        lo, hi = k * CHUNK, min(out.numel(), (k + 1) * CHUNK)
         g = torch.Generator().manual_seed(_chunk_seed(base, k))
         torch.randn(hi - lo, generator=g, out=out[lo:hi])
 
-    chunks = max(1, -(-n // CHUNK))
-    if chunks == 1:
-        fill(0)
-    else:
-        with ThreadPoolExecutor(min(chunks, os.cpu_count() or 1)) as pool:
-            list(pool.map(fill, range(chunks)))
+    if len(jobs) == 1:
+        fill(jobs[0])
+    elif jobs:
+        with ThreadPoolExecutor(min(len(jobs), os.cpu_count() or 1)) as pool:
+            list(pool.map(fill, jobs))
     if std != 1.0:
-        out.mul_(std)
-    return out.view(shape)
+        for out in outs:
+            out.mul_(std)
+    return [out.view(s) for out, s in zip(outs, shapes)]
 
 
 def rand(shape, gen: torch.Generator, lo: float = 0.0, hi: float = 1.0) -> torch.Tensor:

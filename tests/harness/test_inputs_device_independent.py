@@ -7,7 +7,8 @@ import torch
 
 from attnbench.buffers import bitwise_equal, tensor_fields
 from attnbench.case import Case
-from attnbench.ops import rng
+from attnbench.ops import distributions, rng
+from attnbench.ops.distributions import DISTRIBUTIONS
 
 CASES = [
     "decode/b3-l37-mixed-h8x2-d128-p16-bf16",
@@ -68,6 +69,22 @@ def test_chunked_draws_do_not_depend_on_threads(monkeypatch):
     assert torch.equal(a, b)
     assert a.std().item() == pytest.approx(1.0, abs=0.05)
     assert not torch.equal(a.view(-1)[:1000], a.view(-1)[1000:2000])  # chunks are independent streams
+
+
+@pytest.mark.parametrize("kind", DISTRIBUTIONS)
+@pytest.mark.parametrize("role", ["q", "k", "v"])
+def test_draw_many_is_the_draws_one_by_one(kind, role, monkeypatch):
+    """A paged cache is drawn request by request in one `draw_many` (filled in parallel): the same bits
+    as the draws one at a time, whatever the distribution, also when the size cap splits the draws into
+    groups and when the channel counts differ (outlier channels and the peaked direction per count)."""
+    monkeypatch.setattr(rng, "CHUNK", 64)
+    monkeypatch.setattr(distributions, "GROUP_ELEMENTS", 300)
+    for shapes in ([(5, 2, 16), (0, 2, 16), (9, 2, 16), (3, 2, 16)], [(4, 8), (3, 16), (2, 8)]):
+        one = distributions.Sampler(kind, torch.Generator().manual_seed(5), "cpu", torch.bfloat16)
+        many = distributions.Sampler(kind, torch.Generator().manual_seed(5), "cpu", torch.bfloat16)
+        expected = [one.draw(role, s) for s in shapes] + [one.draw(role, (2, 16))]
+        got = many.draw_many(role, shapes) + [many.draw(role, (2, 16))]  # and the stream goes on alike
+        assert all(bool(bitwise_equal(a, b).all()) for a, b in zip(expected, got))
 
 
 @pytest.mark.gpu

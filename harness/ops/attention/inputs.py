@@ -211,8 +211,8 @@ def build_paged_inputs(
         full_pages = layout.kv_page_indices
         layout, full_to_swa = swa_pool(layout, host)
     # every request's keys/values in float32, new tokens included, shaped by the distribution
-    keys = [draw.structure_keys(draw.draw("k", (L, Hkv, Dk))) for L in sizes]
-    values = [k[..., :Dv] for k in keys] if p.mla else [draw.draw("v", (L, Hkv, Dv)) for L in sizes]
+    keys = [draw.structure_keys(k) for k in draw.draw_many("k", [(L, Hkv, Dk) for L in sizes])]
+    values = [k[..., :Dv] for k in keys] if p.mla else draw.draw_many("v", [(L, Hkv, Dv) for L in sizes])
     cache_dtype = FP8.get(p.kv_dtype, dtype)
     k_scale = v_scale = None
     if p.kv_dtype != "auto":
