@@ -76,6 +76,18 @@ def _watch_kept(case: Case, opts: RunOptions, built: _Built) -> bool:
     return case.on_cuda and not opts.timing and storage_bytes(built.pristine) >= KEPT_WATCH_BYTES
 
 
+def _freeze_heap() -> None:
+    """Collect, then move every live object to the collector's permanent generation (`gc.freeze`), at the
+    start of a GPU case: the collections a case makes (after each check of inputs from
+    COLLECT_FROM_BYTES on, `_allocated`) then walk only what was made since, not the imported libraries'
+    millions of objects (on an H100 a full collection took 0.3 s, 36 of them in one `ci` sweep). Frozen
+    objects are still freed by reference counting; what a case makes is never frozen during it, and
+    garbage a case leaves in reference cycles is collected here, at the next case's start, before the
+    freeze."""
+    gc.collect()
+    gc.freeze()
+
+
 def _allocated() -> int:
     """Device memory held by live tensors, after a collection (a dropped closure's cycles freed)."""
     gc.collect()
@@ -189,6 +201,8 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
     env = env or {}
     stage = on_stage or (lambda name: None)
     rows, todo = triage(case, backends, env)
+    if todo and case.on_cuda:
+        _freeze_heap()
     if todo:
         stage("reference")
         built = _build(case, opts)

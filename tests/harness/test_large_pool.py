@@ -194,3 +194,30 @@ def test_checks_of_big_inputs_free_copies_left_in_reference_cycles(monkeypatch):
     finally:
         gc.enable()
     assert seen == [False, True]
+
+
+def test_freezing_the_heap_leaks_no_cycle_of_a_case():
+    """`_freeze_heap` (each GPU case's start) hides the long-lived heap from the collector: garbage left in
+    a cycle before it is freed by its collection, not frozen, and a cycle made after it is still freed
+    by the next collection."""
+    import gc
+    import weakref
+
+    import attnbench.run.runner as R
+
+    def cycle():
+        box = {"copy": torch.zeros(100)}
+        box["self"] = box
+        return weakref.ref(box["copy"])
+
+    gc.disable()
+    try:
+        before = cycle()  # the previous case's garbage
+        R._freeze_heap()
+        assert before() is None and gc.get_freeze_count() > 0
+        after = cycle()  # this case's
+        gc.collect()
+        assert after() is None
+    finally:
+        gc.unfreeze()
+        gc.enable()
