@@ -7,17 +7,19 @@ The cache key is a SHA-256 of all of these (`key_material`): the source of every
 too) is part of it, so editing a reference or the input generation invalidates every entry it could
 affect; nothing else ever does.
 
-Layout: one file per case, `DIR/<key>.ref` = a header line (`attnbench-ref 1 <sha256 of the payload>`)
+Layout: one file per case, `DIR/<key>.ref` = a header line (`attnbench-ref 3 <digest of the payload>`)
 then the payload (`torch.save` of `{"key": <the key material as JSON>, "expected": {...}, "twin": {...}}`,
-read back with `weights_only=True`: tensors and plain values only). An entry is
+read back with `weights_only=True`: tensors and plain values only). The digest is the SHA-256 of the
+SHA-256s of the payload's `DIGEST_CHUNK`-byte pieces, hashed on a thread pool (hashlib lets go of the
+GIL): a gigabyte entry is checked in a fraction of the time one SHA-256 over it takes. An entry is
 written to a temporary file in `DIR` and renamed into place, so readers (other workers, other runs)
 see the old file, the new one or none, never a torn one; an entry whose header, digest, key or
 contents do not check out is recomputed and replaced, never trusted: `get` says why, and the sweep
 prints it as a warning.
 
-Outputs that are inputs written in place (a KV cache, a state pool) are stored as the elements that
-differ from the case's pristine input (`_delta`): a pool of a gigabyte whose step writes a few slots
-costs a few slots. The pristine inputs are rebuilt from the same seed and source, so they are the
+Outputs that are inputs written in place (a KV cache, a state pool) are stored as the rows (entries of
+the leading dimension: pages, slots) that differ from the case's pristine input (`_delta`): a pool of a
+gigabyte whose step writes a few slots costs those slots, and no index per element. The pristine inputs are rebuilt from the same seed and source, so they are the
 same bits.
 
 Size: at most `max_bytes` (default `DEFAULT_MAX_BYTES`, 16 GiB; `$ATTNBENCH_REF_CACHE_MAX`). After each
@@ -45,6 +47,7 @@ import re
 import sys
 import tempfile
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -52,7 +55,8 @@ from typing import Any
 from attnbench.cacheroot import cache_root
 from attnbench.errors import AttnbenchError
 
-FORMAT = 2  # bump when the entry layout changes: older entries then miss
+FORMAT = 3  # bump when the entry layout changes: older entries then miss
+DIGEST_CHUNK = 64 * 2**20  # bytes of payload per SHA-256 of the digest (module docstring)
 MAGIC = b"attnbench-ref"
 SUFFIX = ".ref"
 # 16 GiB: on an H100 the `targets` sweep's references filled a 4 GiB cache, so a `ci` sweep after it on
@@ -220,13 +224,14 @@ class RefCache:
         material = key_material(case)
         path = self.path(key_of(material))
         try:
-            blob = path.read_bytes()
+            with open(path, "rb") as f:
+                header, payload = f.readline(), f.read()  # bytes: BytesIO below shares them, no copy
         except FileNotFoundError:
             return None, ""
         except OSError as e:
             return None, f"reference cache entry {path} unreadable ({e}): recomputed"
         try:
-            entry = _decode(blob, case.device)
+            entry = _decode(header, payload, case.device)
             if entry.get("key") != json.dumps(material, sort_keys=True):
                 raise ValueError("written for another case or source")
             expected = _undelta(_tensors(entry.get("expected")), entry.get("deltas", {}).get("expected", {}), inputs)
@@ -257,17 +262,19 @@ class RefCache:
         }
         buf = io.BytesIO()
         torch.save(entry, buf)
-        payload = buf.getvalue()
-        blob = b"%s %d %s\n" % (MAGIC, FORMAT, hashlib.sha256(payload).hexdigest().encode()) + payload
-        if len(blob) > self.max_bytes:
-            return f"reference of {len(blob)} bytes is larger than the cache's cap ({self.max_bytes}): not stored"
+        payload = buf.getbuffer()
+        header = b"%s %d %s\n" % (MAGIC, FORMAT, digest(payload).encode())
+        size = len(header) + len(payload)
+        if size > self.max_bytes:
+            return f"reference of {size} bytes is larger than the cache's cap ({self.max_bytes}): not stored"
         key = key_of(material)
         try:
             self.root.mkdir(parents=True, exist_ok=True)
             fd, tmp = tempfile.mkstemp(dir=self.root, prefix=f".{key}{SUFFIX}.", suffix=".tmp")
             try:
                 with os.fdopen(fd, "wb") as f:
-                    f.write(blob)
+                    f.write(header)
+                    f.write(payload)
                 os.replace(tmp, self.path(key))
             except BaseException:
                 _unlink(Path(tmp))
@@ -347,18 +354,20 @@ def _same_bits(a, b):
 
 
 def _delta(tensors: dict, inputs: Any) -> tuple[dict, dict]:
-    """(`tensors` stored whole, {name: (flat indices, values)} of those that are an input of the same
-    name and shape written in place, stored as the elements that differ from it in their dtype)."""
+    """(`tensors` stored whole, {name: {"rows", "val"}} of those that are an input of the same name and
+    shape written in place, stored as the rows of their leading dimension that differ from it (in
+    their dtype) when those are at most half of them)."""
     import torch
 
     whole, delta = {}, {}
     for name, t in tensors.items():
         base = getattr(inputs, name, None) if inputs is not None else None
-        if isinstance(base, torch.Tensor) and base.shape == t.shape and t.numel() > 0:
-            flat, ref = t.detach().reshape(-1), base.detach().to(t.dtype).reshape(-1)
-            idx = (~_same_bits(flat, ref)).nonzero().reshape(-1)
-            if idx.numel() * 3 < flat.numel():  # worth it (indices are int64)
-                delta[name] = {"idx": idx.cpu(), "val": flat[idx].cpu()}
+        if isinstance(base, torch.Tensor) and base.shape == t.shape and t.dim() > 0 and t.numel() > 0:
+            t = t.detach()
+            differs = ~_same_bits(t, base.detach().to(t.dtype))
+            rows = differs.reshape(t.shape[0], -1).any(1).nonzero().reshape(-1)
+            if 2 * rows.numel() <= t.shape[0]:
+                delta[name] = {"rows": rows.cpu(), "val": t[rows].cpu()}
                 continue
         whole[name] = t.detach().cpu()
     return whole, delta
@@ -375,10 +384,12 @@ def _undelta(whole: dict, delta: Any, inputs: Any) -> dict:
         base = getattr(inputs, name, None) if inputs is not None else None
         if not isinstance(base, torch.Tensor) or not isinstance(d, dict):
             raise ValueError(f"delta of {name!r} without its input")
-        idx, val = d["idx"].to(base.device), d["val"].to(base.device)
-        flat = base.detach().to(val.dtype).reshape(-1).clone()
-        flat[idx] = val
-        out[name] = flat.view(base.shape)
+        rows, val = d["rows"].to(base.device), d["val"].to(base.device)
+        if val.shape[1:] != base.shape[1:] or val.shape[0] != rows.numel():
+            raise ValueError(f"delta of {name!r} does not fit its input")
+        full = base.detach().to(val.dtype).clone()
+        full[rows] = val
+        out[name] = full
     return out
 
 
@@ -390,14 +401,25 @@ def _tensors(d: Any) -> dict:
     return d
 
 
-def _decode(blob: bytes, device: str) -> dict:
+def digest(payload) -> str:
+    """The payload's digest (module docstring): SHA-256 over the SHA-256s of its `DIGEST_CHUNK` pieces."""
+    view = memoryview(payload)
+    pieces = [view[i : i + DIGEST_CHUNK] for i in range(0, len(view), DIGEST_CHUNK)] or [view]
+    if len(pieces) == 1:
+        parts = [hashlib.sha256(pieces[0]).digest()]
+    else:
+        with ThreadPoolExecutor(min(len(pieces), os.cpu_count() or 1)) as pool:
+            parts = list(pool.map(lambda b: hashlib.sha256(b).digest(), pieces))
+    return hashlib.sha256(b"".join(parts)).hexdigest()
+
+
+def _decode(header: bytes, payload: bytes, device: str) -> dict:
     import torch
 
-    header, sep, payload = blob.partition(b"\n")
-    parts = header.split(b" ")
-    if not sep or len(parts) != 3 or parts[0] != MAGIC or parts[1] != str(FORMAT).encode():
+    parts = header.rstrip(b"\n").split(b" ")
+    if not header.endswith(b"\n") or len(parts) != 3 or parts[0] != MAGIC or parts[1] != str(FORMAT).encode():
         raise ValueError("bad header")
-    if hashlib.sha256(payload).hexdigest().encode() != parts[2]:
+    if digest(payload).encode() != parts[2]:
         raise ValueError("contents do not match their digest")
     entry = torch.load(io.BytesIO(payload), map_location=torch.device(device), weights_only=True)
     if not isinstance(entry, dict):

@@ -345,3 +345,37 @@ def test_an_output_written_in_place_is_stored_as_its_changes(tmp_path):
         for k in want:
             assert torch.equal(want[k].nan_to_num(7.0), have[k].nan_to_num(7.0)) and want[k].dtype == have[k].dtype
     assert cache.get(case, None)[0] is None  # without the inputs the entry cannot be rebuilt: recomputed
+
+
+def test_a_state_pool_is_stored_as_the_slots_written():
+    """A GDN step writes a few slots of its state pool: the delta holds those slots, whole, with one
+    index per slot (not per element), and rebuilds the pool bit for bit; a NaN left in place is no change."""
+    import types
+
+    pool = torch.randn(64, 2, 8, 8)
+    pool[7, 0, 0, 0] = float("nan")
+    new = pool.clone()
+    new[[3, 40, 41]] = torch.randn(3, 2, 8, 8)
+    x = types.SimpleNamespace(state_pool=pool)
+    whole, delta = refcache._delta({"state_pool": new, "o": torch.ones(4)}, x)
+    assert set(whole) == {"o"} and delta["state_pool"]["rows"].tolist() == [3, 40, 41]
+    assert delta["state_pool"]["val"].shape == (3, 2, 8, 8)
+    back = refcache._undelta(whole, delta, x)
+    assert torch.equal(back["state_pool"].nan_to_num(7.0), new.nan_to_num(7.0))
+    new[: len(pool) // 2 + 1] += 1  # most slots written: stored whole
+    assert "state_pool" in refcache._delta({"state_pool": new}, x)[0]
+
+
+def test_the_digest_of_a_large_entry_covers_every_piece(tmp_path, monkeypatch):
+    """Large payloads are hashed piece by piece on a thread pool: a byte flipped in any piece, not only
+    the last, makes the entry corrupt."""
+    monkeypatch.setattr(refcache, "DIGEST_CHUNK", 512)
+    case, root = _case(), tmp_path / "refs"
+    _run(case, root)
+    path = _entry(root)
+    blob = path.read_bytes()
+    assert len(blob) > 4 * 512
+    mid = len(blob) // 2
+    path.write_bytes(blob[:mid] + bytes([blob[mid] ^ 1]) + blob[mid + 1 :])
+    rows = _run(case, root)
+    assert {r.reference_from for r in rows} == {"computed"} and "digest" in rows[0].reference_note
