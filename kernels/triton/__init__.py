@@ -75,6 +75,20 @@ class _TritonAttention(Backend):
                                (16, 32, 64, 128)),
         "extend_stages": Knob("extend: software-pipelining stages (default: by head dims; fixes the tiling)",
                               (1, 2, 3, 4)),
+        # gdn_decode / gdn_verify variants (gdn.RecurrentConfig, gdn_backend.recurrent_config; off by default)
+        "gdn_verify_reg": Knob("gdn_verify: a tree step keeps the state in registers when its parent is the previous "
+                               "step, reloading only another parent (1), or reloads every step (0, default)", (0, 1)),
+        "gdn_preload": Knob("gdn_decode/gdn_verify: q/k/v and gates of all steps loaded before the step loop (1)",
+                            (0, 1)),
+        "gdn_inter_store": Knob("gdn_verify: cache policy of the per-step state stores (default: none)",
+                                ("evict_first", "cs")),
+        "gdn_bv": Knob("gdn_decode/gdn_verify: value columns per program (fixes the tile, no tuning)",
+                       (8, 16, 32, 64, 128)),
+        "gdn_warps": Knob("gdn_decode/gdn_verify: warps per program (fixes the tile, no tuning)", (1, 2, 4, 8, 16)),
+        "gdn_stages": Knob("gdn_decode/gdn_verify: software-pipelining stages (fixes the tile, no tuning)",
+                           (1, 2, 3, 4)),
+        "gdn_tune": Knob("gdn_decode/gdn_verify: autotune over the default configs plus 1-/2-warp tiles and "
+                         "stage counts (wide)", ("wide",)),
     }  # fmt: skip
 
     def available(self) -> str | None:

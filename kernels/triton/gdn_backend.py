@@ -18,6 +18,37 @@ def extend_head_dims(backend, case) -> str | None:
     return None
 
 
+# the `gdn_*` knobs of the triton backend (kernels/triton/__init__.py) -> gdn.RecurrentConfig's fields
+RECURRENT_KNOBS = ("gdn_verify_reg", "gdn_preload", "gdn_inter_store", "gdn_bv", "gdn_warps", "gdn_stages", "gdn_tune")
+DEFAULT_TILE = (32, 4, 3)  # (BV, num_warps, num_stages): the first of the default kernel's configs
+
+
+def recurrent_config(settings: dict):
+    """The gdn_decode / gdn_verify variant that the `gdn_*` knobs in `settings` choose: a frozen
+    `gdn.RecurrentConfig`, or None where no such knob is set (the default kernel runs, untouched).
+    A tile knob (`gdn_bv`, `gdn_warps`, `gdn_stages`) fixes the tile, the others taken from
+    `DEFAULT_TILE`, and turns autotuning off (`gdn_tune` then has nothing to choose)."""
+    from attnbench.kernels.triton.gdn import RecurrentConfig
+
+    knobs = {k: v for k, v in settings.items() if k in RECURRENT_KNOBS}
+    if not knobs:
+        return None
+    tiled = [knobs.get(k) for k in ("gdn_bv", "gdn_warps", "gdn_stages")]
+    tile = tuple(v if v is not None else d for v, d in zip(tiled, DEFAULT_TILE)) if any(tiled) else None
+    return RecurrentConfig(
+        carry="reg" if knobs.get("gdn_verify_reg") else "reload",
+        preload=bool(knobs.get("gdn_preload")),
+        inter_store=knobs.get("gdn_inter_store", ""),
+        tile=tile,
+        tune=knobs.get("gdn_tune", ""),
+    )
+
+
+def recurrent_info(config) -> dict:
+    """run.info's record of the variant (nothing for the default kernel)."""
+    return {} if config is None else {"recurrent": {k: v for k, v in vars(config).items()}}
+
+
 class TritonGDN:
     """Mixin: gdn_gating, causal_conv1d (prefill, update, verify), gdn_decode (plain and packed), gdn_extend,
     gdn_verify, gdn_commit.
@@ -74,27 +105,35 @@ class TritonGDN:
     def prepare_gdn_decode(self, case, x):
         from attnbench.kernels.triton.gdn import gdn_recurrent
 
+        config = recurrent_config(self.settings)
+
         def run():
             gdn_recurrent(
-                x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, x.state_pool, x.state_indices, x.o, scale=x.scale
-            )
+                x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, x.state_pool, x.state_indices, x.o, scale=x.scale,
+                config=config,
+            )  # fmt: skip
             return {"o": x.o}
 
         packed = x.mixed_qkv is not None
         run.info = {"variant": "packed: q/k/v read in place from mixed_qkv" if packed else "recurrent"}
+        run.info |= recurrent_info(config)
         return run
 
     @implements("gdn_verify", state_layout="kv", graph_safe=True)
     def prepare_gdn_verify(self, case, x):
         from attnbench.kernels.triton.gdn import gdn_recurrent
 
+        config = recurrent_config(self.settings)
+
         def run():
             gdn_recurrent(
                 x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, x.state_pool, x.state_indices, x.o,
-                scale=x.scale, steps=x.draft, inter=x.inter_states, parents=x.parents,
+                scale=x.scale, steps=x.draft, inter=x.inter_states, parents=x.parents, config=config,
             )  # fmt: skip
             return {"o": x.o, "inter_states": x.inter_states}
 
+        if config is not None:
+            run.info = recurrent_info(config)
         return run
 
     @implements("gdn_commit", state_layout="kv")

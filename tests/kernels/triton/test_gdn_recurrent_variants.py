@@ -1,0 +1,102 @@
+"""The opt-in variants of our GDN recurrence (`gdn.RecurrentConfig`, the triton backend's `gdn_*` knobs):
+each knob reaches the kernel through `prepare`, the default path runs the default kernel untouched, and
+every variant passes gdn_verify (chain, tree, padding, a parent of -1 in mid-tree) and gdn_decode (plain,
+padded, packed) under the interpreter, judged the way a sweep judges them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from attnbench.backend import get_backend  # noqa: E402
+from attnbench.buffers import clone_tensors  # noqa: E402
+from attnbench.case import Case  # noqa: E402
+from attnbench.errors import AttnbenchError  # noqa: E402
+from attnbench.kernels.triton import gdn  # noqa: E402
+from attnbench.kernels.triton.gdn_backend import recurrent_config  # noqa: E402
+from helpers import KERNEL, kernel_verdict, run_one  # noqa: E402
+
+VARIANTS = [
+    "gdn_verify_reg=1",
+    "gdn_preload=1",
+    "gdn_verify_reg=1,gdn_preload=1,gdn_inter_store=cs",
+    "gdn_verify_reg=1,gdn_inter_store=evict_first,gdn_bv=8,gdn_warps=1,gdn_stages=1",
+    "gdn_tune=wide,gdn_preload=1,gdn_verify_reg=1",
+]
+VERIFY = [
+    "gdn_verify/b3-t4-h2x4-d16x16-bf16",  # chain
+    "gdn_verify/b3-t6-h1x2-d16x16-tree-fp32",  # a tree (T not a power of 2: masked preload rows)
+    "gdn_verify/b4-t3-h2x4-d16x16-pad2-tree-bf16",  # padding slots (-1)
+]
+DECODE = ["gdn_decode/b6-h2x4-d16x16-pad3-bf16", "gdn_decode/b5-h2x4-d16x16-packed-bf16"]
+# every step's parent: the previous step, an older one, -1 (the pool state) in mid-tree, a padded request
+PARENTS = [[-1, 0, -1, 2, 1, 4], [-1, 0, 1, 2, 3, 4], [-1, -1, 0, 0, 3, -1]]
+
+
+def _variant(knobs: str):
+    b = get_backend(f"triton:{knobs}")
+    why = b.available()
+    if why:
+        pytest.skip(why)
+    return b
+
+
+def test_no_gdn_knob_is_the_default_kernel():
+    assert recurrent_config({}) is None
+    assert recurrent_config({"split_keys": 256}) is None
+    assert recurrent_config({"gdn_preload": 0}) == gdn.RecurrentConfig()
+
+
+def test_knobs_map_to_the_config():
+    cfg = recurrent_config({"gdn_verify_reg": 1, "gdn_inter_store": "cs", "gdn_warps": 1})
+    assert cfg == gdn.RecurrentConfig(carry="reg", inter_store="cs", tile=(32, 1, 3))
+    assert recurrent_config({"gdn_tune": "wide"}).tune == "wide"
+    with pytest.raises(ValueError, match="carry"):
+        gdn.RecurrentConfig(carry="chain")
+
+
+def test_a_bad_knob_value_is_a_user_error():
+    with pytest.raises(AttnbenchError, match="gdn_inter_store='wt' is not allowed"):
+        get_backend("triton:gdn_inter_store=wt")
+
+
+@pytest.mark.parametrize("case_id", [VERIFY[1], DECODE[0]])
+def test_each_knob_reaches_the_kernel_through_prepare(case_id, monkeypatch):
+    seen = []
+    monkeypatch.setattr(gdn, "gdn_recurrent", lambda *a, config=None, **kw: seen.append(config))
+    case = Case.from_id(case_id)
+    for knobs in VARIANTS:
+        backend = _variant(knobs)
+        backend.prepare(case, case.make_inputs())()
+        assert seen[-1] is not None and seen[-1] == recurrent_config(backend.settings), knobs
+        assert (seen[-1].carry == "reg") == ("gdn_verify_reg=1" in knobs), knobs
+    get_backend("triton").prepare(case, case.make_inputs())()
+    assert seen[-1] is None
+
+
+@pytest.mark.parametrize("knobs", VARIANTS)
+@pytest.mark.parametrize("case_id", VERIFY + DECODE)
+def test_variant_passes_the_harness_checks(case_id, knobs):
+    r = run_one(case_id, _variant(knobs), **KERNEL)
+    assert r.status == "pass", f"{r.status}: {r.reason}"
+
+
+@pytest.mark.parametrize("knobs", ["", *VARIANTS[:4]])
+def test_tree_with_older_parents_and_pool_restarts(knobs):
+    """Parents that are not the previous step, -1 after step 0 (restart from the pool state), and a
+    padding slot, against float64 through the harness's checks."""
+    case = Case.from_id("gdn_verify/b3-t6-h1x2-d16x16-tree-fp32")
+    x = case.make_inputs()
+    x.parents.copy_(torch.tensor(PARENTS, dtype=torch.int32))
+    x.state_indices[2] = -1
+    pristine = clone_tensors(x)
+    backend = _variant(knobs) if knobs else get_backend("triton")
+    out = backend.prepare(case, x)()
+    verdict = kernel_verdict(case, pristine, x, out)
+    assert verdict.ok, verdict.reason
+    ref = get_backend("torch").prepare(case, y := clone_tensors(pristine))()
+    # the padded request's rows are unspecified by the contract; the others match torch's float32 closely
+    torch.testing.assert_close(out["inter_states"][:2], ref["inter_states"][:2], rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(out["o"][:12], y.o[:12], rtol=1e-5, atol=1e-5)
