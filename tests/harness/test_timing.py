@@ -164,3 +164,20 @@ def test_host_sampler_interleaves_round_robin():
     s = HostSampler({"a": lambda: order.append("a"), "b": lambda: order.append("b")})
     s.round(["a", "b"], 3)
     assert order == ["a", "b"] * 3
+
+
+def test_a_slow_backend_in_graph_mode_replays_one_pass_over_the_copies():
+    """Graph mode batches `calls` calls per replay to amortise the events around it; a closure that takes
+    `graph_below_us` or more by itself gets one pass over the copies instead (its events cost under a
+    percent), and every faster closure keeps the plan's calls."""
+    from attnbench.run.timing import TimingConfig, calls_per_replay, rotation_plan
+
+    cfg = TimingConfig()
+    copies, calls = rotation_plan(2**20, 50 * 2**20, cfg)
+    assert (copies, calls) == (250, 250)
+    copies, calls = rotation_plan(2**30, 50 * 2**20, cfg)
+    assert (copies, calls) == (1, 10)
+    assert calls_per_replay(10e-6, copies, calls, cfg) == 10
+    assert calls_per_replay(299e-6, copies, calls, cfg) == 10
+    assert calls_per_replay(300e-6, copies, calls, cfg) == 1
+    assert calls_per_replay(27e-3, 4, 12, cfg) == 4
