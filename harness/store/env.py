@@ -6,6 +6,7 @@ import importlib.metadata
 import os
 import platform
 import socket
+import sys
 
 import torch
 
@@ -32,6 +33,8 @@ def capture(device: str) -> dict:
         "device": device,
         "libraries": {d: v for d in LIBRARIES if (v := _version(d))},
     }
+    if sys.flags.dont_write_bytecode:  # every process compiles what it imports: seconds of each worker's start
+        env["no_bytecode_cache"] = True
     if os.environ.get("TRITON_INTERPRET") == "1":  # Triton kernels run in the CPU interpreter: not GPU timings
         env["triton_interpret"] = True
     dev = torch.device(device)

@@ -5,6 +5,11 @@
 # Called again with the same NAME on the same machine, it resumes the run (--resume).
 set -uo pipefail
 export PYTHONUNBUFFERED=1
+# The device machines set PYTHONDONTWRITEBYTECODE=1: every process would compile the libraries it imports
+# from source (13.7 s a process on an H100 with every backend). A CI runner keeps its bytecode; so do we
+# (a second run on the same machine imports from /tmp/pycache; env.json records no_bytecode_cache otherwise).
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=${PYTHONPYCACHEPREFIX:-/tmp/pycache}
 name=$1; secs=$2; shift 2
 OUT=${OUT:-/tmp/out}; mkdir -p "$OUT/$name"
 python -c "import attnbench" 2>/dev/null || python -m pip install --no-deps --no-build-isolation -q -e . >/tmp/pip.log 2>&1
