@@ -11,8 +11,12 @@ first (timed, as vLLM's `reshape_and_cache_flash` runs before attention), `share
 it is, `attend` (new K/V outside the cache) cannot be said. It returns no LSE (`absent`). tree_verify: the
 tree mask as `qq_bias` (vLLM's tree attention: one tree per batch, `tree_bias`), causal.
 
-Called with no split-K scratch (`seq_threshold_3D=None`), the single-pass 2D kernel runs; vLLM's
-backend adds a 3D split-K path for small decode batches, not driven here (the variant says so).
+Split-K: called as vLLM's Triton backend calls it (`TritonAttentionMetadataBuilder`), with a threshold
+of `MIN_LAUNCH_GRID_SIZE_2D // Hkv` sequences, `NUM_PAR_SOFTMAX_SEGMENTS` segments and fp32 scratch
+(`split_k_scratch`): the kernel itself then picks the 3D split-K path (one program per segment of the
+keys, then a reduction) for small batches of at most `MAX_3D_QUERY_LEN` tokens per request, and the
+single-pass 2D kernel otherwise. Batches that cannot take the 3D path get no scratch (a prefill's would
+be gigabytes), which the kernel reads as 2D.
 """
 
 from __future__ import annotations
@@ -22,6 +26,29 @@ import torch
 from attnbench.errors import Unsupported
 from attnbench.kernels.torch.attention import save_new_kv
 from attnbench.kernels.vllm import _lib
+
+# vLLM 0.33.0's constants (v1/attention/backends/triton_attn.py, ops/triton_unified_attention.py)
+MIN_LAUNCH_GRID_SIZE_2D = 128  # the 2D grid is (q blocks, Hkv): fewer sequences than 128 // Hkv -> 3D
+NUM_PAR_SOFTMAX_SEGMENTS = 16
+MAX_3D_QUERY_LEN = 8  # longer queries always take the 2D kernel
+
+
+def split_k_scratch(tokens: int, max_q: int, heads_q: int, heads_kv: int, head_dim: int, device) -> dict:
+    """The split-K arguments vLLM's Triton backend passes: `seq_threshold_3D = 128 // Hkv`, 16 segments,
+    and fp32 scratch `[tokens, Hq, 16, next_pow2(D)]` (output) and `[tokens, Hq, 16]` (max, exp-sum),
+    one row per query token; `{}` (the 2D kernel) for queries longer than `MAX_3D_QUERY_LEN`, which the
+    kernel never splits. The kernel decides: 3D when the batch's q blocks are at most the threshold."""
+    if max_q > MAX_3D_QUERY_LEN:
+        return {}
+    seg, dpad = NUM_PAR_SOFTMAX_SEGMENTS, 1 << max(head_dim - 1, 0).bit_length()
+    f32 = dict(dtype=torch.float32, device=device)
+    return {
+        "seq_threshold_3D": MIN_LAUNCH_GRID_SIZE_2D // heads_kv,
+        "num_par_softmax_segments": seg,
+        "softmax_segm_output": torch.empty(tokens, heads_q, seg, dpad, **f32),
+        "softmax_segm_max": torch.empty(tokens, heads_q, seg, **f32),
+        "softmax_segm_expsum": torch.empty(tokens, heads_q, seg, **f32),
+    }
 
 
 def window_size(window: int) -> tuple[int, int]:
@@ -80,16 +107,22 @@ def prepare_attention(case, x):
     descale = torch.ones(B, Hkv, dtype=torch.float32, device=x.q.device)
     max_q, max_k = max(x.q_lens_host), max(x.seq_lens_host)
     win = window_size(x.window)
+    split = split_k_scratch(x.q.shape[0], max_q, x.q.shape[1], Hkv, x.q.shape[2], x.q.device)
 
     def run():
         if x.save_kv:
             save_new_kv(x)
         unified_attention(
             x.q, x.k_cache, x.v_cache, x.o, x.qo_indptr, max_q, x.seq_lens, max_k, x.sm_scale, x.causal, win,
-            table, x.soft_cap, None, descale, descale, sinks=x.sinks, qq_bias=bias,
+            table, x.soft_cap, None, descale, descale, sinks=x.sinks, qq_bias=bias, **split,
         )  # fmt: skip
         return {"o": x.o}
 
     run.absent = {"lse": "vLLM's unified_attention returns no LSE"}
-    run.info = {"variant": "unified_attention 2D (no split-K scratch)" + (", tree qq_bias" if bias is not None else "")}
+    scratch = (
+        f"vLLM's split-K scratch: 3D at most {split['seq_threshold_3D']} q blocks, {NUM_PAR_SOFTMAX_SEGMENTS} segments"
+        if split
+        else f"2D (queries over {MAX_3D_QUERY_LEN} tokens: no split-K)"
+    )
+    run.info = {"variant": f"unified_attention, {scratch}" + (", tree qq_bias" if bias is not None else "")}
     return run

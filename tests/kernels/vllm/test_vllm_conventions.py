@@ -54,3 +54,18 @@ def test_tree_bias_is_zero_where_visible_and_refuses_different_trees():
     fork = torch.tensor([[1, 0, 0], [1, 1, 0], [1, 0, 1]], dtype=torch.bool)
     with pytest.raises(ValueError, match="trees differ"):
         conv.tree_bias(torch.stack([chain, fork]))
+
+
+def test_split_k_scratch_is_what_vllms_backend_passes():
+    """vLLM's Triton backend hands unified_attention a 128 // Hkv threshold, 16 segments and fp32 scratch
+    with one row per query token (padded head dim); queries over 8 tokens never split: no scratch."""
+    from attnbench.kernels.vllm.attention import split_k_scratch
+
+    s = split_k_scratch(tokens=12, max_q=3, heads_q=32, heads_kv=8, head_dim=96, device="cpu")
+    assert s["seq_threshold_3D"] == 16 and s["num_par_softmax_segments"] == 16
+    assert s["softmax_segm_output"].shape == (12, 32, 16, 128) and s["softmax_segm_output"].dtype == torch.float32
+    assert s["softmax_segm_max"].shape == s["softmax_segm_expsum"].shape == (12, 32, 16)
+    assert (
+        split_k_scratch(tokens=4, max_q=1, heads_q=8, heads_kv=1, head_dim=128, device="cpu")["seq_threshold_3D"] == 128
+    )
+    assert split_k_scratch(tokens=900, max_q=9, heads_q=32, heads_kv=8, head_dim=128, device="cpu") == {}
