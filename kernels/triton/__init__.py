@@ -25,7 +25,14 @@ from dataclasses import replace
 
 from attnbench.backend import Backend, Knob, implements, register_backend
 from attnbench.kernels.triton.gdn_backend import TritonGDN
-from attnbench.kernels.triton.limits import MAX_DK, MAX_DV, attention_head_dims, interpreting, on_device  # noqa: F401
+from attnbench.kernels.triton.limits import (  # noqa: F401
+    EXTEND_KNOBS,
+    MAX_DK,
+    MAX_DV,
+    attention_head_dims,
+    interpreting,
+    on_device,
+)
 from attnbench.kernels.triton.spec_backend import TritonSpec
 
 DETERMINISTIC_SPLIT_TILE = 256
@@ -66,15 +73,15 @@ class _TritonAttention(Backend):
                           (256, 512, 1024, 2048, 4096)),
         "step_keys": Knob("decode: a program's fixed cost in keys when split counts are weighed (default 128)",
                           (0, 64, 128, 256, 512)),
-        # extend (prefill); values in extend_plan.EXTEND_KNOBS, applied by extend_plan.with_extend_knobs
+        # extend (prefill): values from limits.EXTEND_KNOBS, applied by extend_plan.with_extend_knobs
         "extend_tma": Knob("extend: new-token K/V blocks (and whole-page cache blocks) by TMA tensor descriptor "
-                           "(1) or by pointers (0, default); the tuner times TMA tilings", (0, 1)),
+                           "(1) or by pointers (0, default); the tuner times TMA tilings", EXTEND_KNOBS["extend_tma"]),
         "extend_persistent": Knob("extend: one program per SM walking the tiles heaviest first (1) or one "
-                                  "program per tile and head (0, default)", (0, 1)),
+                                  "program per tile and head (0, default)", EXTEND_KNOBS["extend_persistent"]),
         "extend_block_n": Knob("extend: keys per step (default: by head dims; fixes the tiling, no tuning)",
-                               (16, 32, 64, 128)),
+                               EXTEND_KNOBS["extend_block_n"]),
         "extend_stages": Knob("extend: software-pipelining stages (default: by head dims; fixes the tiling)",
-                              (1, 2, 3, 4)),
+                              EXTEND_KNOBS["extend_stages"]),
         # gdn_decode / gdn_verify variants (gdn.RecurrentConfig, gdn_backend.recurrent_config; off by default)
         "gdn_verify_reg": Knob("gdn_verify: a tree step keeps the state in registers when its parent is the previous "
                                "step, reloading only another parent (1), or reloads every step (0, default)", (0, 1)),

@@ -21,6 +21,7 @@ from attnbench.kernels.triton.common import (
     v_is_k_prefix,
 )
 from attnbench.kernels.triton.decode import SPLITS, balanced_chunk
+from attnbench.kernels.triton.limits import EXTEND_KNOBS
 
 # ---- launch configuration and schedule ---------------------------------------------------------
 
@@ -89,15 +90,6 @@ def _tilings(dk: int, dv: int, max_q_len: int, sm: int) -> list[ExtendConfig]:
         more = [ExtendConfig(64, 16, 8, 3), ExtendConfig(32, 32, 4, 2)]
     tallest = triton.next_power_of_2(max_q_len)  # no query tile taller than the longest request
     return [first] + [c for c in more if c != first and c.block_m <= tallest]
-
-
-# the backend's extend knobs (`-b "triton:extend_tma=1"`), with their allowed values
-EXTEND_KNOBS = {
-    "extend_tma": (0, 1),
-    "extend_persistent": (0, 1),
-    "extend_block_n": (16, 32, 64, 128),
-    "extend_stages": (1, 2, 3, 4),
-}
 
 
 def check_extend_knobs(knobs: dict) -> None:

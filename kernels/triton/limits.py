@@ -8,6 +8,15 @@ import os
 
 MAX_DK, MAX_DV = 576, 512  # the largest head dims the launch configs are sized for (absorbed MLA)
 
+# the backend's extend knobs (`-b "triton:extend_tma=1"`) and their allowed values: declared as Knobs by the
+# package, checked again by extend_plan (its compile probe calls plan_extend with knobs directly)
+EXTEND_KNOBS = {
+    "extend_tma": (0, 1),
+    "extend_persistent": (0, 1),
+    "extend_block_n": (16, 32, 64, 128),
+    "extend_stages": (1, 2, 3, 4),
+}
+
 
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""
