@@ -19,8 +19,8 @@ prints it as a warning.
 
 Outputs that are inputs written in place (a KV cache, a state pool) are stored as the rows (entries of
 the leading dimension: pages, slots) that differ from the case's pristine input (`_delta`): a pool of a
-gigabyte whose step writes a few slots costs those slots, and no index per element. The pristine inputs are rebuilt from the same seed and source, so they are the
-same bits.
+gigabyte whose step writes a few slots costs those slots, and no index per element. The pristine
+inputs are rebuilt from the same seed and source, so they are the same bits.
 
 Size: at most `max_bytes` (default `DEFAULT_MAX_BYTES`, 16 GiB; `$ATTNBENCH_REF_CACHE_MAX`). After each
 store the least recently used entries (by mtime, which a hit refreshes) not written or read in the
