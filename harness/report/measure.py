@@ -37,12 +37,22 @@ def measurement(rows) -> dict:
     }
 
 
-CHECK_KINDS = {  # a row's check_parts, in the order they run (harness/run/runner.py)
+CHECK_KINDS = {  # the built-in checks' names in a row's check_parts, in the order they run (checklist.py)
     "outputs": "checks: outputs against the reference",
     "determinism": "checks: determinism repeats",
     "invariance": "checks: batch invariance",
     "stale": "checks: stale-output run",
+    "replay": "checks: CUDA-graph replay",
 }
+
+
+def check_kinds(rows) -> dict[str, str]:
+    """Every check the rows timed (`check_parts`), built-in ones first in their order, then any other
+    (a plugin's check) as "checks: <name>": each is an item of the wall breakdown, none is "other"."""
+    seen = {k: None for r in rows for k in (r.check_parts or {})}
+    return {k: what for k, what in CHECK_KINDS.items() if k in seen} | {
+        k: f"checks: {k}" for k in seen if k not in CHECK_KINDS
+    }
 
 
 def counted_rows(rows: list, run: dict) -> list:
@@ -97,7 +107,8 @@ def harness_cost(rows, run: dict) -> dict:
     inputs = per_case(lambda r: r.inputs_s)
     refs = per_case(lambda r: r.reference_s)
     timing = per_case(lambda r: (r.timing or {}).get("wall_s"))
-    checks = {k: sum((r.check_parts or {}).get(k, 0.0) for r in rows) for k in CHECK_KINDS}
+    kinds = check_kinds(rows)
+    checks = {k: sum((r.check_parts or {}).get(k, 0.0) for r in rows) for k in kinds}
     unsplit = sum(r.check_s or 0.0 for r in rows if r.check_s and not r.check_parts)  # rows of older runs
     rows_s = sum((r.prepare_s or 0.0) + (r.call_s or 0.0) + (r.check_s or 0.0) for r in rows)
     case_s = per_case(lambda r: r.case_s)
@@ -118,7 +129,7 @@ def harness_cost(rows, run: dict) -> dict:
         ref_what: refs,
         "prepare (layout, plan, JIT, compile)": sum(r.prepare_s or 0.0 for r in rows),
         "checked calls (one per row, with its copy of the inputs)": sum(r.call_s or 0.0 for r in rows),
-        **{what: checks[k] for k, what in CHECK_KINDS.items()},
+        **{what: checks[k] for k, what in kinds.items()},
         "timing (warm-up, pilot, graph capture, sampling)": timing,
         "per-case bookkeeping (supports, cost model, rows)": bookkeeping,
         "writing rows (results.jsonl, fsynced) and progress": costs.get("record_s", 0.0),

@@ -185,3 +185,20 @@ def test_a_run_without_a_bytecode_cache_says_so(tmp_path):
         assert res.returncode == 0, res.stdout + res.stderr
         assert json.loads((out / "env.json").read_text()).get("no_bytecode_cache", False) is said
         assert ("Python wrote no bytecode cache" in (out / "summary.md").read_text()) is said
+
+
+def test_every_check_a_row_timed_is_an_item_not_other():
+    """The wall breakdown follows the rows' check_parts, not a fixed list: the CUDA-graph replay check
+    (on an H100, 13.5 s of a ci sweep that the breakdown had called "other") and a plugin's own check
+    are items of their own."""
+    import synthetic
+
+    parts = {"outputs": 1.0, "replay": 3.0, "mine": 2.0}
+    row = synthetic.row("decode/b4-l64", "triton", timing=None, median_us=None).model_copy(update=dict(
+        inputs_s=0.5, reference_s=0.5, prepare_s=0.0, call_s=1.0, check_s=sum(parts.values()), check_parts=parts,
+        case_s=8.0,
+    ))  # fmt: skip
+    run = {"wall_s": 8.0, "costs": {}, "executor": "in-process"}
+    items = {p["what"]: p["s"] for p in harness_cost([row], run)["parts"]}
+    assert items["checks: CUDA-graph replay"] == 3.0 and items["checks: mine"] == 2.0
+    assert items["other (not attributed)"] == pytest.approx(0.0)
