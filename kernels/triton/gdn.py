@@ -77,6 +77,33 @@ _RECURRENT_CONFIGS = autotune_configs(
 )
 
 
+@triton.jit
+def _step_inputs(
+    q, k, v, a, b, i_tok, i_h, i_hv, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+    o_k, o_v, m_k, m_v, scale, b_A, b_dt, HV: tl.constexpr,
+):  # fmt: skip
+    """One token's inputs in float32: q^ (L2-normalised, scaled), k^ (L2-normalised), v, and its gates
+    (g, beta) from the raw a, b."""
+    b_q = tl.load(q + i_tok * stride_qt + i_h * stride_qh + o_k, mask=m_k, other=0).to(tl.float32)
+    b_k = tl.load(k + i_tok * stride_kt + i_h * stride_kh + o_k, mask=m_k, other=0).to(tl.float32)
+    b_v = tl.load(v + i_tok * stride_vt + i_hv * stride_vh + o_v, mask=m_v, other=0).to(tl.float32)
+    b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + L2_EPS) * scale
+    b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + L2_EPS)
+    b_a = tl.load(a + i_tok * HV + i_hv).to(tl.float32)
+    b_b = tl.load(b + i_tok * HV + i_hv).to(tl.float32)
+    b_g, b_beta = gates(b_a, b_b, b_A, b_dt)
+    return b_q, b_k, b_v, b_g, b_beta
+
+
+@triton.jit
+def _step(b_h, b_q, b_k, b_v, b_g, b_beta):
+    """One token of the gated delta rule on a `[BK, BV]` state slice: (the updated state, the output)."""
+    b_h = b_h * tl.exp(b_g)  # decay first
+    b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))  # delta against the decayed state
+    b_h = b_h + b_k[:, None] * b_u[None, :]
+    return b_h, tl.sum(b_h * b_q[:, None], 0)  # output from the updated state
+
+
 @triton.autotune(configs=_RECURRENT_CONFIGS, key=["B_KEY", "T", "HV", "K", "V"], restore_value=["pool"])
 @triton.jit
 def _gdn_recurrent_kernel(
@@ -119,19 +146,11 @@ def _gdn_recurrent_kernel(
             p_par = inter + ((i_n * T + tl.maximum(i_par, 0)) * HV + i_hv) * K * V + o_h
             b_hp = tl.load(p_par, mask=m_h & (i_par >= 0), other=0)
             b_h = tl.where(i_par >= 0, b_hp, b_h0)
-        b_q = tl.load(q + i_tok * stride_qt + i_h * stride_qh + o_k, mask=m_k, other=0).to(tl.float32)
-        b_k = tl.load(k + i_tok * stride_kt + i_h * stride_kh + o_k, mask=m_k, other=0).to(tl.float32)
-        b_v = tl.load(v + i_tok * stride_vt + i_hv * stride_vh + o_v, mask=m_v, other=0).to(tl.float32)
-        b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + L2_EPS) * scale
-        b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + L2_EPS)
-        b_a = tl.load(a + i_tok * HV + i_hv).to(tl.float32)
-        b_b = tl.load(b + i_tok * HV + i_hv).to(tl.float32)
-        b_g, b_beta = gates(b_a, b_b, b_A, b_dt)
-
-        b_h = b_h * tl.exp(b_g)  # decay first
-        b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))  # delta against the decayed state
-        b_h = b_h + b_k[:, None] * b_u[None, :]
-        b_o = tl.sum(b_h * b_q[:, None], 0)  # output from the updated state
+        b_q, b_k, b_v, b_g, b_beta = _step_inputs(
+            q, k, v, a, b, i_tok, i_h, i_hv, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+            o_k, o_v, m_k, m_v, scale, b_A, b_dt, HV,
+        )  # fmt: skip
+        b_h, b_o = _step(b_h, b_q, b_k, b_v, b_g, b_beta)
         tl.store(o + (i_tok * HV + i_hv) * V + o_v, round_to(b_o, DT, EMULATE), mask=m_v)
         if STORE_INTER:
             tl.store(inter + (i_tok * HV + i_hv) * K * V + o_h, b_h, mask=m_h)
@@ -326,14 +345,10 @@ def _gdn_recurrent_variant_kernel(
             if USE_PARENTS:
                 i_par = tl.sum(tl.where(sel, b_P, 0))
         else:
-            b_q = tl.load(q + i_tok * stride_qt + i_h * stride_qh + o_k, mask=m_k, other=0).to(tl.float32)
-            b_k = tl.load(k + i_tok * stride_kt + i_h * stride_kh + o_k, mask=m_k, other=0).to(tl.float32)
-            b_v = tl.load(v + i_tok * stride_vt + i_hv * stride_vh + o_v, mask=m_v, other=0).to(tl.float32)
-            b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + L2_EPS) * scale
-            b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + L2_EPS)
-            b_a = tl.load(a + i_tok * HV + i_hv).to(tl.float32)
-            b_b = tl.load(b + i_tok * HV + i_hv).to(tl.float32)
-            b_g, b_beta = gates(b_a, b_b, b_A, b_dt)
+            b_q, b_k, b_v, b_g, b_beta = _step_inputs(
+                q, k, v, a, b, i_tok, i_h, i_hv, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+                o_k, o_v, m_k, m_v, scale, b_A, b_dt, HV,
+            )  # fmt: skip
             if USE_PARENTS:
                 i_par = tl.load(parents + i_tok)
         if USE_PARENTS:
@@ -350,10 +365,7 @@ def _gdn_recurrent_variant_kernel(
                 b_hp = tl.load(p_par, mask=m_h & (i_par >= 0), other=0)
                 b_h = tl.where(i_par >= 0, b_hp, b_h0)
 
-        b_h = b_h * tl.exp(b_g)  # decay first
-        b_u = b_beta * (b_v - tl.sum(b_h * b_k[:, None], 0))  # delta against the decayed state
-        b_h = b_h + b_k[:, None] * b_u[None, :]
-        b_o = tl.sum(b_h * b_q[:, None], 0)  # output from the updated state
+        b_h, b_o = _step(b_h, b_q, b_k, b_v, b_g, b_beta)
         tl.store(o + (i_tok * HV + i_hv) * V + o_v, round_to(b_o, DT, EMULATE), mask=m_v)
         if STORE_INTER:
             p_inter = inter + (i_tok * HV + i_hv) * K * V + o_h
