@@ -344,10 +344,6 @@ def open_cache(root: Path | str | None, max_bytes: int | None = None) -> RefCach
     return RefCache(Path(root), default_max_bytes() if max_bytes is None else max_bytes)
 
 
-def _cpu(tensors: dict) -> dict:
-    return {k: v.detach().cpu() for k, v in tensors.items()}
-
-
 def _same_bits(a, b):
     """Elementwise: `a` and `b` (same dtype) hold the same value, NaN equal to NaN."""
     return (a == b) | (a.isnan() & b.isnan()) if a.is_floating_point() else a == b
