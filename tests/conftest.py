@@ -18,6 +18,8 @@ if not HAS_CUDA:
 # The reference cache (harness/store/refcache.py) is off in tests unless a test turns it on: a test that plants a
 # wrong reference must see its reference, and no test writes into the user's cache. Subprocesses inherit it.
 os.environ.setdefault("ATTNBENCH_REF_CACHE", "off")
+# So are attnbench's compile caches (harness/cacheroot.py): no test loads a kernel another run compiled.
+os.environ.setdefault("ATTNBENCH_COMPILE_CACHE", "off")
 
 import pytest  # noqa: E402
 

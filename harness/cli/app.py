@@ -46,7 +46,9 @@ list_app = typer.Typer(help="List suites, ops, backends (capability matrix) and 
 app.add_typer(list_app, name="list")
 trace_app = typer.Typer(help="Traces of served batches (docs/trace.md): import them from other tools.")
 app.add_typer(trace_app, name="trace")
-cache_app = typer.Typer(help="The reference cache: float64 references kept between runs (docs/measurement.md).")
+cache_app = typer.Typer(
+    help="The reference cache (float64 references) and the compile caches kept between runs (docs/measurement.md)."
+)
 app.add_typer(cache_app, name="cache")
 console = make_console(stderr=True)
 out_console = make_console(stderr=False)
@@ -829,7 +831,8 @@ def profile(
 _CACHE_DIR = typer.Option("--ref-cache", help="The cache directory (default: as sweep's, from the environment).")
 
 
-def _cache_or_exit(ref_cache: str | None):
+def _cache_or_none(ref_cache: str | None):
+    """The reference cache, or None (and a line saying so) when it is off."""
     from attnbench.store import refcache
 
     try:
@@ -838,25 +841,45 @@ def _cache_or_exit(ref_cache: str | None):
         _fail(e)
     if cache is None:
         out_console.print("the reference cache is off (--ref-cache off or $ATTNBENCH_REF_CACHE=off)", highlight=False)
-        raise typer.Exit(0)
     return cache
 
 
 @cache_app.command("info")
 def cache_info(ref_cache: Annotated[str | None, _CACHE_DIR] = None) -> None:
-    """Where the reference cache is, how many references it holds, their size and the cap."""
-    cache = _cache_or_exit(ref_cache)
-    entries = cache.entries()
-    size = sum(st.st_size for _, st in entries)
-    out_console.print(f"{cache.root}: {len(entries)} references, {size / 2**20:.1f} MiB of "
-                      f"{cache.max_bytes / 2**30:g} GiB (least recently used go first)", highlight=False)  # fmt: skip
+    """Where the reference cache is, how many references it holds, their size and the cap; then the
+    compile caches under the cache root (compiled kernels kept between processes)."""
+    from attnbench.cacheroot import COMPILE_CACHE_ENV, compile_caches, compile_caches_on
+
+    cache = _cache_or_none(ref_cache)
+    if cache is not None:
+        entries = cache.entries()
+        size = sum(st.st_size for _, st in entries)
+        out_console.print(f"{cache.root}: {len(entries)} references, {size / 2**20:.1f} MiB of "
+                          f"{cache.max_bytes / 2**30:g} GiB (least recently used go first)", highlight=False)  # fmt: skip
+    if not compile_caches_on():
+        out_console.print(f"compile caches are off (${COMPILE_CACHE_ENV}=off)", highlight=False)
+    for d, files, size in compile_caches():
+        out_console.print(f"{d}: {files} compiled files, {size / 2**20:.1f} MiB", highlight=False)
 
 
 @cache_app.command("clear")
-def cache_clear(ref_cache: Annotated[str | None, _CACHE_DIR] = None) -> None:
-    """Delete every reference of the cache (only its entries: nothing else in the directory)."""
-    cache = _cache_or_exit(ref_cache)
-    out_console.print(f"{cache.root}: {cache.clear()} references deleted", highlight=False)
+def cache_clear(
+    ref_cache: Annotated[str | None, _CACHE_DIR] = None,
+    also_compile: Annotated[
+        bool, typer.Option("--compile", help="Also delete the compile caches under the cache root (compile/).")
+    ] = False,
+) -> None:
+    """Delete every reference of the cache (only its entries: nothing else in the directory); with
+    --compile, the compiled kernels kept under the cache root too."""
+    from attnbench.cacheroot import cache_root, clear_compile_caches
+
+    cache = _cache_or_none(ref_cache)
+    if cache is not None:
+        out_console.print(f"{cache.root}: {cache.clear()} references deleted", highlight=False)
+    if also_compile:
+        out_console.print(
+            f"{cache_root() / 'compile'}: {clear_compile_caches()} compiled files deleted", highlight=False
+        )
 
 
 @trace_app.command("import")

@@ -7,14 +7,14 @@ import cutlass only inside `compile_*`/`prepare_*`.
 Compilation: `cute.compile(launch, *args, options="--enable-tvm-ffi")` on the real tensors wrapped by
 `from_dlpack(t).mark_layout_dynamic()` (shapes and strides dynamic, the contiguous dim static), so
 one compiled function serves every batch and layout of a static configuration; it is then called
-with torch tensors and a `cuda.CUstream`. Compiled functions are kept per static key in-process
-(cute.compile in 4.8.1 never uses its disk cache).
+with torch tensors and a `cuda.CUstream`. Compiled functions are kept per static key in-process and
+on disk (compile_cache.py: cute.compile in 4.8.1 never uses the DSL's own disk cache), so another
+process loads them instead of tracing and compiling again.
 """
 
 from __future__ import annotations
 
 import importlib.util
-import time
 from collections.abc import Callable
 
 import torch
@@ -52,14 +52,18 @@ def unavailable() -> str | None:
     return _IMPORT_PROBLEM[0]
 
 
-def cached_compile(key: tuple, build: Callable[[], object]) -> tuple[object, float]:
-    """(compiled function, seconds spent compiling now: 0.0 on a cache hit)."""
+def cached_compile(key: tuple, build: Callable[[], object]) -> tuple[object, float, str]:
+    """(compiled function(s), seconds spent now, how): in-process first (0.0 s, `memory`), then the
+    on-disk cache of compile_cache.py (`loaded`), else `build()` runs (`compiled`, and is stored).
+    `key` names everything `build` specializes on; the functions are called with positional
+    arguments only (a loaded one has no keyword signature)."""
     if key in _COMPILED:
-        return _COMPILED[key], 0.0
-    t0 = time.perf_counter()
-    fn = build()
+        return _COMPILED[key], 0.0, "memory"
+    from attnbench.kernels.cute.compile_cache import compile_or_load
+
+    fn, spent, how = compile_or_load(key, build)
     _COMPILED[key] = fn
-    return fn, time.perf_counter() - t0
+    return fn, spent, how
 
 
 def dynamic(t: torch.Tensor, align: int | None = None):

@@ -454,7 +454,7 @@ def prepare(case, x, config: DecodeConfig | None = None):
 
     for t in split_args[:3]:  # every call, not only the compiling one: the kernel loads 128-bit rows
         check_rows_aligned(t, 16)
-    (split_fn, merge_fn), compile_s = cached_compile(key, build)
+    (split_fn, merge_fn), compile_s, compiled_how = cached_compile(key, build)
     merge_args = (plan.merge, sinks, plan.part_o, plan.part_lse, x.o, x.lse) if plan.merge is not None else None
     out = {"o": x.o, "lse": x.lse}
 
@@ -468,6 +468,7 @@ def prepare(case, x, config: DecodeConfig | None = None):
     run.info = {
         "compile_s": compile_s,
         "jit_s": compile_s,
+        "compile": compiled_how,
         "work_items": int(plan.work.shape[0]),
         "max_splits": plan.splits,
         "heads_per_cta": HB,

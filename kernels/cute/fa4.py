@@ -37,7 +37,7 @@ import time
 import torch
 
 from attnbench.backend import Backend, implements, register_backend
-from attnbench.cacheroot import compile_cache_dir
+from attnbench.cacheroot import compile_cache_dir, compile_caches_on
 from attnbench.errors import Unsupported
 
 OTHER_ARCH_TILE_N = 128  # the key tile of FA4 outside SM90 (its SM100 forward); SM90 asks FA4 itself
@@ -110,7 +110,10 @@ def use_compile_cache() -> None:
     (9.0 s of prepare in a warm `ci` sweep on an H100, h100-session13). FA4 keys an entry by its compile
     key and a fingerprint of its sources, cutlass and tvm_ffi versions. Read by FA4 when
     `flash_attn.cute.cache_utils` is imported, so this runs before the first import; `FA4`'s
-    `compile_s` still says what the first call cost."""
+    `compile_s` still says what the first call cost. `$ATTNBENCH_COMPILE_CACHE=off` leaves FA4 as the
+    user configured it."""
+    if not compile_caches_on():
+        return
     os.environ.setdefault(CACHE_ENV, "1")
     os.environ.setdefault("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", str(compile_cache_dir("fa4")))
 

@@ -239,8 +239,8 @@ def _build(BV: int = BV):
 
 
 def compile_gdn_decode(x, bv: int = BV):
-    """(compiled function, compile seconds) for the static configuration of `x` and `bv` value columns
-    a CTA (cached in-process)."""
+    """(compiled function, compile seconds, how) for the static configuration of `x` and `bv` value
+    columns a CTA (cached in-process and on disk: common.cached_compile)."""
     H, K = x.q.shape[1], x.q.shape[2]
     HV, V = x.v.shape[1], x.v.shape[2]
     key = ("gdn_decode", x.q.dtype, x.a.dtype, x.dt_bias.dtype, x.o.dtype, float(x.scale), H, HV, K, V, bv)
@@ -263,7 +263,7 @@ def compile_gdn_decode(x, bv: int = BV):
 def prepare(case, x, bv: int = BV):
     """The timed closure of our CuTe GDN decode on `x` with `bv` value columns a CTA (a divisor of V;
     variants are plugin backends); compiles in here, timed as compile_s."""
-    fn, compile_s = compile_gdn_decode(x, bv)
+    fn, compile_s, compiled_how = compile_gdn_decode(x, bv)
     args = (x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, x.state_pool, x.state_indices, x.o)
     device = x.q.device
     out = {"o": x.o}
@@ -275,6 +275,7 @@ def prepare(case, x, bv: int = BV):
     run.info = {
         "compile_s": compile_s,
         "jit_s": compile_s,
+        "compile": compiled_how,
         "variant": f"SIMT, 128-bit state rows: CTA per ({bv} columns, request, v-head), state slice in registers"
         + (" (q/k/v read in place from mixed_qkv)" if x.mixed_qkv is not None else ""),
     }

@@ -148,6 +148,7 @@ def test_fa4_compile_cache_goes_to_the_attnbench_cache_unless_the_user_chose(mon
     """FA4's on-disk compile cache (off by default in FA4) is turned on in the attnbench cache root;
     a user's own setting of either variable wins."""
     monkeypatch.setenv("ATTNBENCH_CACHE", str(tmp_path))
+    monkeypatch.delenv("ATTNBENCH_COMPILE_CACHE", raising=False)  # tests run with it off (conftest)
     monkeypatch.delenv(fa4.CACHE_ENV, raising=False)
     monkeypatch.delenv("FLASH_ATTENTION_CUTE_DSL_CACHE_DIR", raising=False)
     fa4.use_compile_cache()
