@@ -66,3 +66,47 @@ def test_splits_fill_waves_and_keep_partials_small():
     assert m.mla_splits([4096] * 32, 2, 132, 64, 114) == 2
     assert m.mla_splits([4096], 2, 132, 64, 114) > 8  # one request: spread over the SMs
     assert m.mla_splits([64] * 4, 2, 132, 64, 114) == 1  # nothing to split
+
+
+# ---- the Gluon warpgroup-MMA kernel (decode_mla_gluon.py): where the plan takes it -----------------------
+# It runs on Hopper only (compiled, never interpreted): tests/kernels/triton/test_triton_compile.py compiles it
+# for sm_90 and tools/probes/mla_gluon_gpu.py checks it against float64 on a GPU. Here: the gate.
+
+
+def _plan(case_id, monkeypatch, **cfg):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")  # the gate asks; nothing is launched
+    x = Case.from_id(case_id, "cpu").make_inputs()
+    config = m.mla_config(x.q.shape[1], x.k_cache.shape[1], 90)
+    assert config.wgmma  # the default on sm_90 when compiled
+    from dataclasses import replace
+
+    return m.plan_mla_decode(x, config=replace(config, **cfg), num_sms=132)
+
+
+def test_hopper_takes_the_wgmma_kernel_where_it_applies(monkeypatch):
+    plan = _plan("decode/b3-l200-mixed-h128x1-d576x512-p64-mla-bf16", monkeypatch)
+    assert plan.config.wgmma
+    assert m._launches.__module__ == m.__name__
+    launches = m._launches(Case.from_id("decode/b3-l200-mixed-h128x1-d576x512-p64-mla-bf16", "cpu").make_inputs(), plan)
+    assert launches[0][0].__name__ == "mla_decode_gluon_kernel"
+
+
+@pytest.mark.parametrize(
+    "case_id, cfg",
+    [
+        ("decode/b2-l150-h16x1-d576x512-p64-mla-bf16", {}),  # 16 heads: programs of 64 would be 3/4 padding
+        ("decode/b2-l150-h128x1-d576x512-p16-mla-bf16", {}),  # pages of 16: blocks of 64 keys span pages
+        ("decode/b2-l150-h128x1-d576x512-p64-mla-swa40-sink-cap5-bf16", {}),  # sinks and soft cap
+        ("decode/b3-l200-mixed-h128x1-d576x512-p64-mla-bf16", {"fused_merge": True}),
+    ],
+)
+def test_other_mla_cases_keep_the_triton_mla_kernel(case_id, cfg, monkeypatch):
+    assert not _plan(case_id, monkeypatch, **cfg).config.wgmma
+
+
+def test_interpreter_and_other_archs_never_take_the_wgmma_kernel(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not m.mla_config(128, 64, 90).wgmma
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    assert not m.mla_config(128, 64, 100).wgmma and not m.mla_config(128, 64, 80).wgmma
+    assert m.mla_config(128, 64, 90).wgmma
