@@ -64,8 +64,9 @@ class _TritonAttention(Backend):
         "block_n": Knob("decode: keys per stage-1 step (default: by head dims)", (16, 32, 64, 128)),
         "fused_merge": Knob("decode: KV splits merged by their last split program, one launch (1), or by a "
                             "second kernel (0) (default: DecodeConfig's)", (0, 1)),
-        "mla_wgmma": Knob("MLA decode: the Gluon warpgroup-MMA kernel (1, default on Hopper where it applies) or "
-                          "the Triton MLA kernel (0)", (0, 1)),
+        "mla_kernel": Knob("MLA decode: ws (Gluon, warp-specialized; the default on Hopper where it applies), "
+                           "wgmma (Gluon, two warpgroups side by side) or triton (the Triton MLA kernel)",
+                           ("ws", "wgmma", "triton")),
         # decode's split rule (decode.SplitPolicy; not the MLA kernel's, which weighs its own partials); each
         # fixes the tiling like split_keys, so the tuner does not time configs under another rule
         "min_split": Knob("decode: the shortest KV split of the default plan, keys (default 256)",
@@ -163,8 +164,8 @@ class _TritonAttention(Backend):
         cfg = m.mla_config(x.q.shape[1], x.k_cache.shape[1], arch(x.q.device))
         if "fused_merge" in knobs:
             cfg = replace(cfg, fused_merge=bool(knobs["fused_merge"]))
-        if "mla_wgmma" in knobs:
-            cfg = replace(cfg, wgmma=bool(knobs["mla_wgmma"]))
+        if "mla_kernel" in knobs:
+            cfg = replace(cfg, impl=knobs["mla_kernel"])
         if m.mla_unsupported(x, cfg):
             return None
         fixed = self.deterministic or "split_keys" in knobs
@@ -173,7 +174,7 @@ class _TritonAttention(Backend):
         )
         run = m.bind_mla_decode(x, plan)
         run.info = {
-            "kernel": "mla-wgmma" if plan.config.wgmma else "mla",
+            "kernel": "mla" if plan.config.impl == "triton" else f"mla-{plan.config.impl}",
             "max_splits": max(plan.splits),
             "work_items": int(plan.work.shape[0]),
             "config": vars(cfg) | {"two_stage": plan.merge is not None and not plan.fused},

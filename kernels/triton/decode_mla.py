@@ -189,25 +189,31 @@ class MLAConfig:
     use_tma: bool = True
     warp_specialize: bool = False
     fused_merge: bool = False  # split requests merged in the same launch (decode.DecodeConfig.fused_merge)
-    wgmma: bool = False  # decode_mla_gluon.py's kernel (Hopper warpgroup MMA, Gluon) where it applies
+    # "triton": this file's kernel; on Hopper, Gluon kernels where they apply (`gluon_unsupported`):
+    # "wgmma" (decode_mla_gluon.py: two warpgroups side by side), "ws" (decode_mla_ws.py: warp-specialized)
+    impl: str = "triton"
 
 
 def mla_config(group: int, page_size: int, sm: int) -> MLAConfig:
     """The default tiling: 64 heads (two warpgroups share the 64 x 512 fp32 accumulator) by 64 keys,
     two stages (2 x 72 KB of K/V plus 72 KB of Q: Hopper's 227 KB). On Hopper (sm 90, compiled, not
-    interpreted) the Gluon kernel (`wgmma`) runs where `plan_mla_decode` finds it applies: on an H100 it
-    took B128 L8192 from 1283 to 729 us and B32 L4096 from 193 to 121 (kernels/triton/NOTES.md)."""
+    interpreted) the warp-specialized Gluon kernel (`impl="ws"`) runs where `plan_mla_decode` finds it
+    applies (kernels/triton/NOTES.md, "Absorbed-MLA decode": its measurements)."""
     from attnbench.kernels.triton.limits import interpreting
 
     block_h = min(64, max(16, triton.next_power_of_2(group)))
     block_n = min(64, page_size)
     # TMA (use_tma) loads the same tiles; on an H100 it ran 1-3% slower than the pointer loads
     # (tools/bench/mla_variants.py, reports/examples/h100-session10), so it stays a variant
-    return MLAConfig(block_h, block_n, 8 if block_h >= 64 else 4, 2, False, wgmma=sm == 90 and not interpreting())
+    impl = "ws" if sm == 90 and not interpreting() else "triton"
+    return MLAConfig(block_h, block_n, 8 if block_h >= 64 else 4, 2, False, impl=impl)
 
 
-def wgmma_unsupported(x, config: MLAConfig) -> str | None:
-    """Why `x` under `config` cannot take the Gluon kernel (decode_mla_gluon.py; None: it can)."""
+MLA_IMPLS = ("triton", "wgmma", "ws")
+
+
+def gluon_unsupported_for(x, config: MLAConfig) -> str | None:
+    """Why `x` under `config` cannot take a Gluon kernel (decode_mla_gluon.py, decode_mla_ws.py; None: it can)."""
     from attnbench.kernels.triton.limits import interpreting
 
     if interpreting():
@@ -308,8 +314,10 @@ def plan_mla_decode(
     reason = mla_unsupported(x, cfg)
     if reason:
         raise ValueError(f"MLA decode kernel: {reason}")
-    if cfg.wgmma and wgmma_unsupported(x, cfg):
-        cfg = replace(cfg, wgmma=False)
+    if cfg.impl not in MLA_IMPLS:
+        raise ValueError(f"MLA decode kernel {cfg.impl!r}: one of {', '.join(MLA_IMPLS)}")
+    if cfg.impl != "triton" and gluon_unsupported_for(x, cfg):
+        cfg = replace(cfg, impl="triton")
     if any(n != 1 for n in x.q_lens_host) or T != len(x.seq_lens_host):
         raise ValueError("decode takes exactly one query per request")
     if deterministic and split_tile % cfg.block_n:
@@ -361,10 +369,14 @@ def _launches(x, plan) -> list[tuple]:
     from attnbench.kernels.triton.common import LOG2E
     from attnbench.kernels.triton.decode import fused_args, merge_launch
 
-    if plan.config.wgmma:
+    if plan.config.impl == "wgmma":
         from attnbench.kernels.triton.decode_mla_gluon import gluon_launches
 
         return gluon_launches(x, plan)
+    if plan.config.impl == "ws":
+        from attnbench.kernels.triton.decode_mla_ws import ws_launches
+
+        return ws_launches(x, plan)
     q, k, o, lse = x.q, x.k_cache, x.o, x.lse
     sinks = x.sinks if x.sinks is not None else lse  # never read without sinks
     scale, cap = x.sm_scale, x.soft_cap

@@ -1,10 +1,12 @@
-"""Check the Gluon MLA decode kernel (kernels/triton/decode_mla_gluon.py) on a Hopper GPU against float64.
+"""Check the Gluon MLA decode kernels (kernels/triton/decode_mla_ws.py, decode_mla_gluon.py) on a Hopper GPU
+against float64.
 
 Runs without an installed attnbench (torch and triton only): the kernel modules are imported from this
 checkout. Cases cover whole pages, a partial last page (masked tail), a window start inside a block
 (masked head), split requests (partials and the merge) and one-split requests (final outputs). Prints
 one line per case (max abs error of o and lse against float64, and against the Triton MLA kernel) and
-exits 1 if any case is over its bound. Correctness only: speed is measured by `attnbench sweep`.
+exits 1 if any case is over its bound (twice the Triton MLA kernel's error, at least 1e-2 for o and 1e-4
+for the LSE) or has a non-finite output. Correctness only: speed is measured by `attnbench sweep`.
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ for name, path in [
         mod = types.ModuleType(name)
         mod.__path__ = [os.path.join(ROOT, path)]
         sys.modules[name] = mod
+
+from dataclasses import replace  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -83,9 +87,15 @@ def reference(x):
     return torch.stack(o), torch.stack(lse)
 
 
-def run(x, gluon: bool, splits=None):
-    plan = decode_mla.plan_mla_decode(x, splits=splits)
-    launches = decode_mla_gluon.gluon_launches(x, plan) if gluon else decode_mla._launches(x, plan)
+def plan_for(x, impl: str, splits=None):
+    """The plan of `x` on MLA kernel `impl` ("triton", "wgmma", "ws"), the same schedule for each."""
+    config = replace(decode_mla.mla_config(x.q.shape[1], x.k_cache.shape[1], 90), impl=impl)
+    return decode_mla.plan_mla_decode(x, config=config, splits=splits)
+
+
+def run(x, impl: str, splits=None):
+    plan = plan_for(x, impl, splits)
+    launches = decode_mla._launches(x, plan)
     x.o.fill_(float("nan"))
     x.lse.fill_(float("nan"))
     bind_launches(launches, {"o": x.o, "lse": x.lse})()
@@ -117,18 +127,21 @@ def main() -> int:
         if why:
             print(f"{label}: skipped ({why})")
             continue
-        to, tl_, _ = run(x, False, splits)
-        go, gl_, plan = run(x, True, splits)
-        eo = (go.double() - ro).abs().max().item()
-        el = (gl_.double() - rl).abs().max().item()
+        to, tl_, _ = run(x, "triton", splits)
         teo = (to.double() - ro).abs().max().item()
         tel = (tl_.double() - rl).abs().max().item()
-        ok = eo <= max(2 * teo, 1e-2) and el <= max(2 * tel, 1e-4) and torch.isfinite(go).all()
-        bad += not ok
-        print(
-            f"{label}: splits {max(plan.splits)} o err {eo:.3g} (triton {teo:.3g}) lse err {el:.3g} (triton {tel:.3g}) {'ok' if ok else 'FAIL'}",
-            flush=True,
-        )
+        for impl in ("ws", "wgmma"):
+            go, gl_, plan = run(x, impl, splits)
+            assert plan.config.impl == impl
+            eo = (go.double() - ro).abs().max().item()
+            el = (gl_.double() - rl).abs().max().item()
+            ok = eo <= max(2 * teo, 1e-2) and el <= max(2 * tel, 1e-4) and bool(torch.isfinite(go).all())
+            bad += not ok
+            print(
+                f"{label} {impl}: splits {max(plan.splits)} o err {eo:.3g} (triton {teo:.3g}) "
+                f"lse err {el:.3g} (triton {tel:.3g}) {'ok' if ok else 'FAIL'}",
+                flush=True,
+            )
     return 1 if bad else 0
 
 

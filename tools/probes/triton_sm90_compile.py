@@ -74,7 +74,6 @@ OPS = (
     "prmt",
     "lop3",
     "mma",
-    "wgmma",
     "bar.sync",
     "cp.async.c",
     "ld.global",
@@ -119,8 +118,8 @@ def _sass_loop(cubin: bytes) -> dict:
 def _launches(case_id: str):
     """The launches of a case; extend takes `plan_extend` options after the id: `ID@splits=N` (N forced
     key splits: the split path), `ID@pack=0` or `@pack=1` (GQA packing forced off or on); decode takes
-    `MLAConfig` fields for the MLA kernel (`@block_n=64@num_stages=2@use_tma=1`; `@wgmma=0`: the Triton MLA
-    kernel where the Gluon one applies) or `@mla=0` (the
+    `MLAConfig` fields for the MLA kernel (`@block_n=64@num_stages=2@use_tma=1`; `@impl=triton` or `@impl=wgmma`:
+    another MLA kernel where the warp-specialized Gluon one applies) or `@mla=0` (the
     generic kernel where the backend would take the MLA kernel); other decodes take `DecodeConfig`
     fields over the default config (`@num_warps=2@fp8_dequant=2`: the FP8_DEQUANT mode numbered 2);
     `@fused_merge=1` on either kernel merges the splits inside the split launch."""
@@ -128,7 +127,7 @@ def _launches(case_id: str):
     from attnbench.kernels.triton import decode, extend, extend_plan, merge
 
     case_id, *opts = case_id.split("@")
-    kw = {k: int(v) for k, v in (o.split("=") for o in opts)}
+    kw = {k: int(v) if v.lstrip("-").isdigit() else v for k, v in (o.split("=") for o in opts)}
     if "pack" in kw:
         kw["pack"] = bool(kw["pack"])
     case = Case.from_id(case_id)
@@ -138,7 +137,7 @@ def _launches(case_id: str):
 
         default = decode_mla.mla_config(x.q.shape[1], x.k_cache.shape[1], 90)
         if kw.pop("mla", 1) and decode_mla.mla_unsupported(x, default) is None:
-            flags = ("use_tma", "warp_specialize", "fused_merge", "wgmma")
+            flags = ("use_tma", "warp_specialize", "fused_merge")
             cfg = decode_mla.MLAConfig(**(vars(default) | {k: bool(v) if k in flags else v for k, v in kw.items()}))
             return decode_mla._launches(x, decode_mla.plan_mla_decode(x, config=cfg, num_sms=132))
     if case.op_name == "decode":

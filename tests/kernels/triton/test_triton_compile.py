@@ -23,8 +23,9 @@ SCRIPT = Path(__file__).resolve().parents[3] / "tools" / "probes" / "triton_sm90
 # the kernels behind the performance targets: they must not spill
 FAST = [
     "decode/b2-l300-h32x8-d128-p16-bf16",  # GQA decode (both stages)
-    "decode/b2-l300-h128x1-d576x512-p64-mla-bf16",  # MLA decode: the Gluon wgmma kernel (decode_mla_gluon.py)
-    "decode/b2-l300-h128x1-d576x512-p64-mla-bf16@wgmma=0",  # the Triton MLA kernel (decode_mla.py)
+    "decode/b2-l300-h128x1-d576x512-p64-mla-bf16",  # MLA decode: the warp-specialized Gluon kernel (decode_mla_ws.py)
+    "decode/b2-l300-h128x1-d576x512-p64-mla-bf16@impl=wgmma",  # the Gluon kernel without roles (decode_mla_gluon.py)
+    "decode/b2-l300-h128x1-d576x512-p64-mla-bf16@impl=triton",  # the Triton MLA kernel (decode_mla.py)
     "extend/b1-q256-pre0-h32x8-d128-p16-bf16",  # causal prefill, head dim 128
     "extend/b1-q5-pre8187-h32x8-d128-p16-bf16",  # spec verify: GQA-packed split path (planned for 132 SMs) + merge
     "extend/b64-q16-pre1024-h32x8-d128-p16-bf16@pack=1",  # a batch of 16-token requests: packed 64-row tiles (forced)
@@ -41,7 +42,8 @@ BRANCHES = [
     "decode/b2-l45-h4x4-d128-p1-bf16",  # MHA vector path, token slots
     "decode/b2-l300-h128x1-d576x512-p64-mla-bf16@mla=0",  # MLA on the generic kernel (tiling variants)
     "decode/b2-l300-h128x1-d576x512-p64-mla-swa100-cap5-sink-bf16",  # MLA kernel: masked head block, cap, sink
-    "decode/b2-l300-h128x1-d576x512-p128-mla-swa100-fp16",  # Gluon kernel: masked head block, fp16, pages of 128
+    "decode/b2-l300-h128x1-d576x512-p128-mla-swa100-fp16",  # Gluon ws kernel: masked head block, fp16, pages of 128
+    "decode/b2-l300-h128x1-d576x512-p128-mla-swa100-fp16@impl=wgmma",
     "decode/b2-l300-h128x1-d576x512-p64-mla-bf16@use_tma=1",  # MLA kernel, blocks by tensor descriptor
     "decode/b2-l45-h8x1-d96-p64-fp16",  # MQA, 64 + 32 head split
     "decode/b2-l300-h8x2-d64-p16-swa7-cap5-sink-bf16",
@@ -134,7 +136,7 @@ def test_compiles_for_sm90(compiled, case_id):
 # fp32 accumulator is half of them) and ran 1-3% faster on an H100 than the same kernel with TMA loads
 # (8 bytes) and 14-22% faster than the generic kernel (0 bytes): reports/examples/h100-session10
 MEASURED_SPILLS = {
-    ("decode/b2-l300-h128x1-d576x512-p64-mla-bf16@wgmma=0", "_mla_decode_kernel"): 88,
+    ("decode/b2-l300-h128x1-d576x512-p64-mla-bf16@impl=triton", "_mla_decode_kernel"): 88,
     ("decode/b2-l300-h128x1-d576x512-p64-mla-bf16@fused_merge=1", "_mla_decode_kernel"): 88,  # the same spill
 }
 

@@ -68,27 +68,28 @@ def test_splits_fill_waves_and_keep_partials_small():
     assert m.mla_splits([64] * 4, 2, 132, 64, 114) == 1  # nothing to split
 
 
-# ---- the Gluon warpgroup-MMA kernel (decode_mla_gluon.py): where the plan takes it -----------------------
-# It runs on Hopper only (compiled, never interpreted): tests/kernels/triton/test_triton_compile.py compiles it
-# for sm_90 and tools/probes/mla_gluon_gpu.py checks it against float64 on a GPU. Here: the gate.
+# ---- the Gluon kernels (decode_mla_ws.py, decode_mla_gluon.py): where the plan takes them -----------------------
+# They run on Hopper only (compiled, never interpreted): tests/kernels/triton/test_triton_compile.py compiles them
+# for sm_90 and tools/probes/mla_gluon_gpu.py checks them against float64 on a GPU. Here: the gate.
 
 
 def _plan(case_id, monkeypatch, **cfg):
     monkeypatch.setenv("TRITON_INTERPRET", "0")  # the gate asks; nothing is launched
     x = Case.from_id(case_id, "cpu").make_inputs()
     config = m.mla_config(x.q.shape[1], x.k_cache.shape[1], 90)
-    assert config.wgmma  # the default on sm_90 when compiled
+    assert config.impl == "ws"  # the default on sm_90 when compiled
     from dataclasses import replace
 
     return m.plan_mla_decode(x, config=replace(config, **cfg), num_sms=132)
 
 
-def test_hopper_takes_the_wgmma_kernel_where_it_applies(monkeypatch):
-    plan = _plan("decode/b3-l200-mixed-h128x1-d576x512-p64-mla-bf16", monkeypatch)
-    assert plan.config.wgmma
-    assert m._launches.__module__ == m.__name__
-    launches = m._launches(Case.from_id("decode/b3-l200-mixed-h128x1-d576x512-p64-mla-bf16", "cpu").make_inputs(), plan)
-    assert launches[0][0].__name__ == "mla_decode_gluon_kernel"
+@pytest.mark.parametrize("impl, kernel", [("ws", "mla_decode_ws_kernel"), ("wgmma", "mla_decode_gluon_kernel")])
+def test_hopper_takes_a_gluon_kernel_where_it_applies(impl, kernel, monkeypatch):
+    case_id = "decode/b3-l200-mixed-h128x1-d576x512-p64-mla-bf16"
+    plan = _plan(case_id, monkeypatch, impl=impl)
+    assert plan.config.impl == impl
+    launches = m._launches(Case.from_id(case_id, "cpu").make_inputs(), plan)
+    assert launches[0][0].__name__ == kernel
 
 
 @pytest.mark.parametrize(
@@ -101,12 +102,17 @@ def test_hopper_takes_the_wgmma_kernel_where_it_applies(monkeypatch):
     ],
 )
 def test_other_mla_cases_keep_the_triton_mla_kernel(case_id, cfg, monkeypatch):
-    assert not _plan(case_id, monkeypatch, **cfg).config.wgmma
+    assert _plan(case_id, monkeypatch, **cfg).config.impl == "triton"
 
 
-def test_interpreter_and_other_archs_never_take_the_wgmma_kernel(monkeypatch):
+def test_interpreter_and_other_archs_never_take_a_gluon_kernel(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not m.mla_config(128, 64, 90).wgmma
+    assert m.mla_config(128, 64, 90).impl == "triton"
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    assert not m.mla_config(128, 64, 100).wgmma and not m.mla_config(128, 64, 80).wgmma
-    assert m.mla_config(128, 64, 90).wgmma
+    assert m.mla_config(128, 64, 100).impl == m.mla_config(128, 64, 80).impl == "triton"
+    assert m.mla_config(128, 64, 90).impl == "ws"
+
+
+def test_an_unknown_mla_kernel_is_an_error(monkeypatch):
+    with pytest.raises(ValueError, match="one of triton, wgmma, ws"):
+        _plan("decode/b3-l200-mixed-h128x1-d576x512-p64-mla-bf16", monkeypatch, impl="fast")
