@@ -85,11 +85,12 @@ class _TritonAttention(Backend):
                                EXTEND_KNOBS["extend_block_n"]),
         "extend_stages": Knob("extend: software-pipelining stages (default: by head dims; fixes the tiling)",
                               EXTEND_KNOBS["extend_stages"]),
-        # gdn_decode / gdn_verify variants (gdn.RecurrentConfig, gdn_backend.recurrent_config; off by default)
+        # gdn_decode / gdn_verify variants (gdn.RecurrentConfig, gdn_backend.recurrent_config; gdn_verify
+        # defaults to gdn_verify_reg=1,gdn_preload=1 (gdn_backend.VERIFY_KNOBS), gdn_decode to the default kernel)
         "gdn_verify_reg": Knob("gdn_verify: a tree step keeps the state in registers when its parent is the previous "
-                               "step, reloading only another parent (1), or reloads every step (0, default)", (0, 1)),
-        "gdn_preload": Knob("gdn_decode/gdn_verify: q/k/v and gates of all steps loaded before the step loop (1)",
-                            (0, 1)),
+                               "step, reloading only another parent (1, default), or reloads every step (0)", (0, 1)),
+        "gdn_preload": Knob("gdn_decode/gdn_verify: q/k/v and gates of all steps loaded before the step loop (1; "
+                            "default for gdn_verify)", (0, 1)),
         "gdn_inter_store": Knob("gdn_verify: cache policy of the per-step state stores (default: none)",
                                 ("evict_first", "cs")),
         "gdn_bv": Knob("gdn_decode/gdn_verify: value columns per program (fixes the tile, no tuning)",

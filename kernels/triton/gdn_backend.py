@@ -23,14 +23,21 @@ RECURRENT_KNOBS = ("gdn_verify_reg", "gdn_preload", "gdn_inter_store", "gdn_bv",
 DEFAULT_TILE = (32, 4, 3)  # (BV, num_warps, num_stages): the first of the default kernel's configs
 
 
-def recurrent_config(settings: dict):
-    """The gdn_decode / gdn_verify variant that the `gdn_*` knobs in `settings` choose: a frozen
-    `gdn.RecurrentConfig`, or None where no such knob is set (the default kernel runs, untouched).
-    A tile knob (`gdn_bv`, `gdn_warps`, `gdn_stages`) fixes the tile, the others taken from
-    `DEFAULT_TILE`, and turns autotuning off (`gdn_tune` then has nothing to choose)."""
+# gdn_verify's defaults: the state kept in registers along previous-step edges, every step's inputs
+# loaded before the step loop. H100 (reports/examples/h100-session17/gdnv): tree verify b32 t4 168.4 ->
+# 131.6 us (SGLang 129.1); decode (one step) unchanged, so it keeps the default kernel.
+VERIFY_KNOBS = {"gdn_verify_reg": 1, "gdn_preload": 1}
+
+
+def recurrent_config(settings: dict, defaults: dict | None = None):
+    """The gdn_decode / gdn_verify variant that the `gdn_*` knobs in `settings` choose over `defaults`
+    (knob values; `VERIFY_KNOBS` for gdn_verify): a frozen `gdn.RecurrentConfig`, or None where neither
+    sets a knob (the default kernel runs, untouched). A tile knob (`gdn_bv`, `gdn_warps`, `gdn_stages`)
+    fixes the tile, the others taken from `DEFAULT_TILE`, and turns autotuning off (`gdn_tune` then has
+    nothing to choose)."""
     from attnbench.kernels.triton.gdn import RecurrentConfig
 
-    knobs = {k: v for k, v in settings.items() if k in RECURRENT_KNOBS}
+    knobs = (defaults or {}) | {k: v for k, v in settings.items() if k in RECURRENT_KNOBS}
     if not knobs:
         return None
     tiled = [knobs.get(k) for k in ("gdn_bv", "gdn_warps", "gdn_stages")]
@@ -123,7 +130,7 @@ class TritonGDN:
     def prepare_gdn_verify(self, case, x):
         from attnbench.kernels.triton.gdn import gdn_recurrent
 
-        config = recurrent_config(self.settings)
+        config = recurrent_config(self.settings, VERIFY_KNOBS)
 
         def run():
             gdn_recurrent(

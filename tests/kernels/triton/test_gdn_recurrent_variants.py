@@ -15,7 +15,7 @@ from attnbench.buffers import clone_tensors  # noqa: E402
 from attnbench.case import Case  # noqa: E402
 from attnbench.errors import AttnbenchError  # noqa: E402
 from attnbench.kernels.triton import gdn  # noqa: E402
-from attnbench.kernels.triton.gdn_backend import recurrent_config  # noqa: E402
+from attnbench.kernels.triton.gdn_backend import VERIFY_KNOBS, recurrent_config  # noqa: E402
 from helpers import KERNEL, kernel_verdict, run_one  # noqa: E402
 
 VARIANTS = [
@@ -49,6 +49,12 @@ def test_no_gdn_knob_is_the_default_kernel():
     assert recurrent_config({"gdn_preload": 0}) == gdn.RecurrentConfig()
 
 
+def test_verify_defaults_to_registers_and_preload_and_knobs_override_them():
+    assert recurrent_config({}, VERIFY_KNOBS) == gdn.RecurrentConfig(carry="reg", preload=True)
+    assert recurrent_config({"gdn_verify_reg": 0, "gdn_preload": 0}, VERIFY_KNOBS) == gdn.RecurrentConfig()
+    assert recurrent_config({"gdn_tune": "wide"}, VERIFY_KNOBS) == gdn.RecurrentConfig("reg", True, tune="wide")
+
+
 def test_knobs_map_to_the_config():
     cfg = recurrent_config({"gdn_verify_reg": 1, "gdn_inter_store": "cs", "gdn_warps": 1})
     assert cfg == gdn.RecurrentConfig(carry="reg", inter_store="cs", tile=(32, 1, 3))
@@ -70,10 +76,11 @@ def test_each_knob_reaches_the_kernel_through_prepare(case_id, monkeypatch):
     for knobs in VARIANTS:
         backend = _variant(knobs)
         backend.prepare(case, case.make_inputs())()
-        assert seen[-1] is not None and seen[-1] == recurrent_config(backend.settings), knobs
-        assert (seen[-1].carry == "reg") == ("gdn_verify_reg=1" in knobs), knobs
+        verify = case.op_name == "gdn_verify"
+        assert seen[-1] is not None and seen[-1] == recurrent_config(backend.settings, VERIFY_KNOBS if verify else None)
+        assert (seen[-1].carry == "reg") == ("gdn_verify_reg=1" in knobs or verify), knobs
     get_backend("triton").prepare(case, case.make_inputs())()
-    assert seen[-1] is None
+    assert seen[-1] == (gdn.RecurrentConfig(carry="reg", preload=True) if verify else None)
 
 
 @pytest.mark.parametrize("knobs", VARIANTS)
