@@ -287,6 +287,14 @@ def make_descriptors(x, config: MLAConfig) -> tuple:
 
 WAVE_CTAS = 1  # resident programs per SM planned for (64 x 512 fp32 accumulator, ~216 KB shared memory)
 
+# How much a split's partial output (written, then read by the merge) costs against the keys a program
+# streams, per MLA kernel: the byte ratio times this weight. 1 for the Triton MLA kernel (its splits
+# were fitted on it, reports/examples/h100-session10). The Gluon kernels stream keys 2-2.5x faster while
+# the partials cost the same: H100 (reports/examples/h100-session17), ws B32 L1024 ran 41.2 us unsplit
+# against 47.5 on two splits, and B32 L4096 94.8 on two; a per-block time of 1.97 us and a split's
+# partials and merge of 22 us fit both, 3.2x the byte ratio (368 keys a split against 114).
+PARTIAL_WEIGHT = {"triton": 1.0, "wgmma": 3.2, "ws": 3.2}
+
 
 def plan_mla_decode(
     x, *, deterministic: bool = False, split_tile: int = 2048, config: MLAConfig | None = None,
@@ -329,7 +337,7 @@ def plan_mla_decode(
     else:
         sms = num_sms or sm_count(device)
         key_bytes = (D_LATENT + D_ROPE) * x.k_cache.element_size()
-        partial_keys = -(-cfg.block_h * (D_LATENT + 2) * 4 // key_bytes)
+        partial_keys = -(-cfg.block_h * (D_LATENT + 2) * 4 // key_bytes) * PARTIAL_WEIGHT[cfg.impl]
         n = splits or mla_splits(visible, units, sms * WAVE_CTAS, cfg.block_n, partial_keys)
         chunk = -(-max(visible) // n)
         chunk = max(cfg.block_n, -(-chunk // cfg.block_n) * cfg.block_n)

@@ -116,3 +116,16 @@ def test_interpreter_and_other_archs_never_take_a_gluon_kernel(monkeypatch):
 def test_an_unknown_mla_kernel_is_an_error(monkeypatch):
     with pytest.raises(ValueError, match="one of triton, wgmma, ws"):
         _plan("decode/b3-l200-mixed-h128x1-d576x512-p64-mla-bf16", monkeypatch, impl="fast")
+
+
+def test_gluon_kernels_weigh_partials_by_their_own_key_rate():
+    # H100 (reports/examples/h100-session17): ws unsplit beat two splits at B32 L1024 (41.2 against 47.5 us),
+    # two splits won at B32 L4096; B128 L8192 stays whole; one request still spreads over the SMs
+    units, slots = 2, 132
+    pk = -(-64 * 514 * 4 // 1152)
+    ws = pk * m.PARTIAL_WEIGHT["ws"]
+    assert m.mla_splits([1024] * 32, units, slots, 64, ws) == 1
+    assert m.mla_splits([1024] * 32, units, slots, 64, pk) == 2  # the Triton MLA kernel's rule split it
+    assert m.mla_splits([4096] * 32, units, slots, 64, ws) == 2
+    assert m.mla_splits([8192] * 128, units, slots, 64, ws) == 1
+    assert 8 < m.mla_splits([8192], units, slots, 64, ws) < m.mla_splits([8192], units, slots, 64, pk)
