@@ -50,12 +50,14 @@ def _masked(j, nb, n_start, n_end, blk0, BN: gl.constexpr):
 
 @gluon.jit
 def _loader(kv, kv_desc, rope_desc, p_pages, k_bufs, kr_bufs, full, empty, n_start, n_end, blk0, nb,
-            stride_kvp, stride_kvs, PAGE_SIZE: gl.constexpr, BN: gl.constexpr):  # fmt: skip
+            stride_kvp, stride_kvs, PAGE_SIZE: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr = 2):  # fmt: skip
+    """Blocks `0 .. nb - 1` into a ring of `STAGES` stages: a stage is refilled once `empty` says its
+    consumers are done with it; `full` completes when it is loaded."""
     CP: gl.constexpr = gl.BlockedLayout([1, 8], [4, 8], [1, 1], [1, 0])  # [8, 64] 16-bit, 16 B a copy
     for j in range(nb):
-        s = j % 2
-        if j >= 2:
-            mbarrier.wait(empty.index(s), ((j // 2) - 1) & 1)
+        s = j % STAGES
+        if j >= STAGES:
+            mbarrier.wait(empty.index(s), ((j // STAGES) - 1) & 1)
         n0 = blk0 + j * BN
         if _masked(j, nb, n_start, n_end, blk0, BN):
             pg = gl.load(p_pages + n0 // PAGE_SIZE).to(gl.int64)
@@ -101,14 +103,12 @@ def _stage_out(acc, buf, dst, stride_row, col0, is_final, BH: gl.constexpr):
 
 
 @gluon.jit
-def _release_all(empty, nb):
-    """Wait until every stage's last use is released by both consumers (the stages are then free)."""
-    last0 = (nb + 1) // 2  # uses of stage 0 (blocks 0, 2, ...)
-    last1 = nb // 2
-    if last0 > 0:
-        mbarrier.wait(empty.index(0), (last0 - 1) & 1)
-    if last1 > 0:
-        mbarrier.wait(empty.index(1), (last1 - 1) & 1)
+def _release_all(empty, nb, STAGES: gl.constexpr = 2):
+    """Wait until every stage's last use is released by its consumers (the stages are then free)."""
+    for s in gl.static_range(STAGES):
+        uses = (nb - s + STAGES - 1) // STAGES  # blocks s, s + STAGES, ...
+        if uses > 0:
+            mbarrier.wait(empty.index(s), (uses - 1) & 1)
 
 
 @gluon.jit
