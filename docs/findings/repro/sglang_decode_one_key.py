@@ -21,8 +21,21 @@ the pool as SGLang's token buffer, NaN pages included, and the token table our a
   repeat x20   the adapter's call 20 times (a race would differ between runs)
   grouped      two query heads per KV head (the grouped kernel)
 
-Prints, per variant, the max |o - v| and where. Exit 1 while any variant's o differs from v (the finding
-shows), 0 when every variant gives v exactly, 3 on a crash.
+The cause (diagnosed 2026-11-28 from the sm_90 PTX of triton 3.6, confirmed by the H100 run of this file:
+reports/examples/h100-session17/findings-diag/one_key.txt): with an odd head dim the key rows are 2-byte
+aligned, so each lane holds one column (layout [1, 1] x [2, 16] lanes for BLOCK_DMODEL 16) and the score
+`tl.sum(q * k, 1)` is a butterfly over the 16 lanes of a row (masks 8, 4, 2, 1). Its first step is
+contracted: lane c computes `fma.rn(q_c, k_c, mul.rn(q_{c^8}, k_{c^8}))`, lane c^8 the mirror image, so
+the two round differently and the 16 lanes end with different bf16 scores for the same key. Every lane
+keeps its own copy: the row max and the softmax sum are taken from lane 0's copy, the weight of column c
+from lane c's, so o[c] = v[c] * exp(s_c - s_0) with one key. fp32 copies of bf16 values multiply exactly,
+so there both lanes round once and agree; a power-of-two head dim is 16-byte aligned and each thread
+sums 8 columns first, then the lanes add (commutative): no difference either. `one_key_as_compiled`
+models this in float64; the reproducer prints whether the kernel's o equals the model's bit for bit.
+
+Prints, per variant, the max |o - v| and where, the model's, and whether the kernel equals the model.
+Exit 1 while any variant's o differs from v (the finding shows), 0 when every variant gives v exactly,
+3 on a crash.
 """
 
 from __future__ import annotations
@@ -74,6 +87,58 @@ def num_kv_splits(lens, heads_q, heads_kv, max_splits, cores):
     return [max(cdiv(L, chunk1), cdiv(L, chunk2)) for L in lens]
 
 
+_BITS = {
+    torch.bfloat16: (8, -126, 3.3895313892515355e38),
+    torch.float16: (11, -14, 65504.0),
+    torch.float32: (24, -126, 3.4028234663852886e38),
+}  # significant bits, min normal exponent, max
+_LOG2E_F32 = 1.44269502162933349609375  # 0x3FB8AA3B, the constant tl.exp multiplies by before ex2
+
+
+def rnd(x, dtype):
+    """float64 `x` rounded once to `dtype` (nearest even, subnormals and overflow included), as float64.
+    torch's float64 -> bfloat16 conversion goes through float32 (two roundings); an fma rounds once."""
+    bits, emin, big = _BITS[dtype]
+    _, e = torch.frexp(x)
+    e = torch.clamp(e, min=emin + 1)
+    r = torch.ldexp(torch.round(torch.ldexp(x, bits - e)), e - bits)
+    return torch.where(r.abs() > big, torch.copysign(torch.full_like(r, float("inf")), r), r)
+
+
+def lane_scores(q, k):
+    """The score q.k of one key as each lane of its row holds it in the MHA stage 1 when a lane holds one
+    column (odd head dim; triton 3.6, sm_90, BLOCK_DMODEL = 16 or 32): the masked columns are 0, lane c
+    computes fma.rn(q_c, k_c, mul.rn(q_{c^h}, k_{c^h})) for h = BLOCK_DMODEL / 2, then adds over the
+    masks h/2, ..., 1 in the input dtype. q, k [..., D] -> [..., BLOCK_DMODEL] float64 (input-dtype values)."""
+    D, dt = q.shape[-1], q.dtype
+    n = 1 << (D - 1).bit_length()
+    if n > 32:
+        raise ValueError(f"the model is of one column per lane within a warp row (head dim <= 32, got {D})")
+    prod = torch.zeros(*q.shape[:-1], n, dtype=torch.float64)
+    prod[..., :D] = q.double() * k.double()  # exact for 16-bit inputs (and for fp32 copies of them)
+    lane = torch.arange(n)
+    s = rnd(prod + rnd(prod[..., lane ^ (n // 2)], dt), dt)
+    m = n // 4
+    while m:
+        s = rnd(s + s[..., lane ^ m], dt)
+        m //= 2
+    return s
+
+
+def one_key_as_compiled(q, k, v, sm_scale):
+    """o of decode_attention_fwd's MHA path for requests that see one key, as its sm_90 code computes it
+    when a lane holds one column: lane c's fp32 score sc_c = f32(s_c) * sm_scale; the max and the sum of
+    the softmax come from lane 0 (e_max = sc_0, e_sum = 1); column c's weight is ex2((sc_c - sc_0) * log2 e)
+    from lane c; stage 2 passes the one split through. q, k, v [B, H, D] (k, v the one key of each
+    request, per query head) -> o [B, H, D] float64 holding q.dtype values."""
+    s = lane_scores(q, k)
+    f32 = torch.float32
+    sc = rnd(s * rnd(torch.tensor(float(sm_scale), dtype=torch.float64), f32), f32)
+    t = rnd(rnd(sc - sc[..., :1], f32) * _LOG2E_F32, f32)
+    w = rnd(torch.exp2(t), f32)  # ex2.approx.f32: exact at 0 (lane 0); ~2 ulp of fp32 elsewhere
+    return rnd(rnd(w[..., : v.shape[-1]] * v.double(), f32), q.dtype)
+
+
 def decode(q, k_buf, v_buf, indptr, indices, splits, sm_scale, max_splits, dev):
     from sglang.srt.layers.attention.triton_ops.decode_attention import decode_attention_fwd
 
@@ -89,6 +154,29 @@ def decode(q, k_buf, v_buf, indptr, indices, splits, sm_scale, max_splits, dev):
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
     return o.cpu()
+
+
+def predicted_o(q, k_key, v, sm_scale):
+    """The model's o for one variant: `one_key_as_compiled` where the kernel runs the MHA stage 1 with one
+    column per lane (an odd head dim: the rows are only element-aligned); otherwise (a 16-byte aligned
+    head dim: each thread sums its columns first and the lanes add, which commutes; or the grouped
+    kernel's tl.dot) every lane holds the same score and o == v. q, v [B, Hq, D] (v: each query head's
+    value), k_key [B, Hkv, D]."""
+    if q.shape[1] != k_key.shape[1] or q.shape[-1] % 2 == 0:
+        return v.double()
+    return one_key_as_compiled(q, k_key, v, sm_scale)
+
+
+def worst_diff(o, want):
+    """(max |o - want| with NaN as inf, ' at request b head h dim c: o .., v ..' or '')."""
+    diff = (o.double() - want.double()).abs()
+    diff = torch.where(diff.isnan(), torch.full_like(diff, float("inf")), diff)
+    w = diff.max().item()
+    if w == 0.0:
+        return 0.0, ""
+    i = int(diff.argmax())
+    b, h, c = i // (o.shape[1] * o.shape[2]), (i // o.shape[2]) % o.shape[1], i % o.shape[2]
+    return w, f" at request {b} head {h} dim {c}: o {o[b, h, c].item():.5g}, v {want[b, h, c].item():.5g}"
 
 
 def main(argv=None) -> int:
@@ -135,24 +223,27 @@ def main(argv=None) -> int:
             v_key.repeat_interleave(2 * Hq // Hkv, 1),
         ),
     }
-    bad = []
+    bad, model_ok = [], 0
     for name, (qq, kb, vb, ind, sp, want) in variants.items():
         runs = 20 if name == "adapter" else 1
-        worst, where = 0.0, ""
+        worst, where, mismatch = 0.0, "", 0
+        model = predicted_o(qq, kb[ind], want, sc)
         for _ in range(runs):
             o = decode(qq, kb, vb, indptr, ind, sp, sc, ms, dev)
             want_h = want if want.shape[1] == o.shape[1] else want.repeat_interleave(o.shape[1] // want.shape[1], 1)
-            diff = (o.double() - want_h.double()).abs()
-            diff = torch.where(diff.isnan(), torch.full_like(diff, float("inf")), diff)
-            if diff.max().item() > worst or (worst == 0.0 and diff.max().item() > 0):
-                i = int(diff.argmax())
-                b, h, c = i // (o.shape[1] * o.shape[2]), (i // o.shape[2]) % o.shape[1], i % o.shape[2]
-                worst = diff.max().item()
-                where = f" at request {b} head {h} dim {c}: o {o[b, h, c].item():.5g}, v {want_h[b, h, c].item():.5g}"
+            w, at = worst_diff(o, want_h)
+            if w > worst or (worst == 0.0 and w > 0):
+                worst, where = w, at
+            mismatch = max(mismatch, int((o.double() != model).sum()))
+        m_worst, m_where = worst_diff(model, want_h)
         label = f"{name} (x{runs})" if runs > 1 else name
         print(f"{label:16s} max |o - v| = {worst:.4g}{where}")
+        verdict = "equal bit for bit" if mismatch == 0 else f"{mismatch} of {o.numel()} elements differ"
+        print(f"{'':16s} model {m_worst:.4g}{m_where}; kernel vs model: {verdict}")
+        model_ok += mismatch == 0
         if worst != 0.0:
             bad.append(name)
+    print(f"model == kernel bit for bit in {model_ok} of {len(variants)} variants")
     if bad:
         print(f"FINDING PRESENT: o != v with one key in: {', '.join(bad)}")
         return 1
