@@ -76,6 +76,8 @@ class _TritonAttention(Backend):
                           (256, 512, 1024, 2048, 4096)),
         "step_keys": Knob("decode: a program's fixed cost in keys when split counts are weighed (default 128)",
                           (0, 64, 128, 256, 512)),
+        "extend_kernel": Knob("extend: ws (the warp-specialized Gluon prefill, default on Hopper for requests without a "
+                              "cached prefix: prefill_ws.py) or triton (extend.py's kernel everywhere)", ("ws", "triton")),
         # extend (prefill): values from limits.EXTEND_KNOBS, applied by extend_plan.with_extend_knobs
         "extend_tma": Knob("extend: new-token K/V blocks (and whole-page cache blocks) by TMA tensor descriptor "
                            "(1) or by pointers (0, default); the tuner times TMA tilings", EXTEND_KNOBS["extend_tma"]),
@@ -189,7 +191,11 @@ class _TritonAttention(Backend):
         from attnbench.kernels.triton import extend_plan as ep
         from attnbench.kernels.triton.common import first_that_fits
 
-        knobs = {k: v for k, v in self.settings.items() if k.startswith("extend_")}
+        knobs = {k: v for k, v in self.settings.items() if k.startswith("extend_") and k != "extend_kernel"}
+        if not knobs and self.settings.get("extend_kernel", "ws") == "ws":
+            run = self.prefill_ws(x)
+            if run is not None:
+                return run
         variants = dict(use_tma=bool(knobs.get("extend_tma")), persistent=bool(knobs.get("extend_persistent")))
         fixed = self.deterministic or ep.tiling_knobs(knobs)
         config, tuned = (None, {}) if fixed else e.tuned_extend_config(x, **variants)
@@ -215,6 +221,32 @@ class _TritonAttention(Backend):
             **tuned,
             **({"did_not_fit": shrunk} if shrunk else {}),
         }
+        return run
+
+    def prefill_ws(self, x):
+        """The warp-specialized Gluon prefill (prefill_ws.py) where it applies: Hopper, compiled, no cached
+        prefix and the rest of `prefill_unsupported` (None: extend.py's kernel runs). Batch-invariant: one
+        program per (128-row tile, head), no key splits, so triton-det takes it too."""
+        from attnbench.kernels.triton.common import arch
+
+        if interpreting() or arch(x.q.device) != 90:
+            return None
+        from attnbench.kernels.triton import prefill_ws as p
+        from attnbench.kernels.triton.common import bind_launches
+
+        if p.prefill_unsupported(x):
+            return None
+        tiles = p.plan_prefill(x)
+        attend = bind_launches(p.prefill_launches(x, tiles), {"o": x.o, "lse": x.lse})
+        if x.save_kv:  # the new tokens into their cache slots first (index_put), as the peers' adapters do
+            from attnbench.kernels.torch.attention import save_new_kv
+
+            def run():
+                save_new_kv(x)
+                return attend()
+        else:
+            run = attend
+        run.info = {"kernel": "prefill-ws", "tiles": int(tiles.shape[0]), "save_kv": "index_put" if x.save_kv else ""}
         return run
 
     @implements("merge_state")

@@ -27,6 +27,8 @@ FAST = [
     "decode/b2-l300-h128x1-d576x512-p64-mla-bf16@impl=wgmma",  # the Gluon kernel without roles (decode_mla_gluon.py)
     "decode/b2-l300-h128x1-d576x512-p64-mla-bf16@impl=triton",  # the Triton MLA kernel (decode_mla.py)
     "extend/b1-q256-pre0-h32x8-d128-p16-bf16",  # causal prefill, head dim 128
+    "extend/b1-q256-pre0-h32x8-d128-p16-bf16@kernel=ws",  # the same by the Gluon prefill (prefill_ws.py)
+    "extend/b2-q200-pre0-h8x1-d64-p16-fp16@kernel=ws",  # ragged, head dim 64, MQA, fp16
     "extend/b1-q5-pre8187-h32x8-d128-p16-bf16",  # spec verify: GQA-packed split path (planned for 132 SMs) + merge
     "extend/b64-q16-pre1024-h32x8-d128-p16-bf16@pack=1",  # a batch of 16-token requests: packed 64-row tiles (forced)
     "extend/b64-q8-pre1024-h32x8-d128-p16-bf16",  # spec verify, a batch: GQA-packed 32-row tiles, unsplit
