@@ -12,7 +12,10 @@ stays in per-call mode, and `note` says why.
 
 Samples are taken round-robin over the backends, in rounds, until the 95% confidence interval of
 every median is within `target_ci` (order-statistic interval, no normality assumed) or the time or
-count budget runs out (`converged` false). With NVML (attnbench.run.nvml), the GPU's clocks and throttle
+count budget runs out (`converged` false). A closure that can no longer tie or swap places with any
+other is retired from later rounds (`retired`, `far_apart`): its median has converged, its CI is
+disjoint from every other closure's and its median is at least `retire_ratio` x the fastest one's
+(e.g. a pure-PyTorch row beside fused kernels); the others go on, interleaved as before. With NVML (attnbench.run.nvml), the GPU's clocks and throttle
 reasons are read during and after every round; samples of a throttled round are set aside and
 retaken (counted in `n_throttled`, reasons in `throttle`); only when too few clean samples remain
 are they used, and `throttled` says so.
@@ -51,6 +54,7 @@ class TimingConfig:
     rotate_l2_multiple: float = 5.0  # rotated working set >= this x L2 in graph mode
     max_copies: int = 512  # input copies per backend for rotation, at most
     max_memory_fraction: float = 0.5  # of the free device memory that the copies may take
+    retire_ratio: float = 2.0  # a converged closure this x the fastest, CI clear of all others, stops; <= 1: never
 
 
 CPU_CONFIG = TimingConfig(
@@ -99,6 +103,7 @@ class TimingStats:
     n_throttled: int = 0  # samples set aside because the GPU throttled while they ran
     throttled: bool = False  # throttled samples had to be used (too few clean ones)
     throttle: list[str] = field(default_factory=list)  # throttle reasons seen
+    retired: bool = False  # sampling stopped before the other closures' (`far_apart`): `n` is what it took
     nvml: dict | None = None  # GPU state before and after sampling (clocks, temperature, power)
     wall_s: float = 0.0  # wall time of the whole timing of the case (all backends: warm-up, pilot, sampling)
     kernel_s: float = 0.0  # time inside this closure's timed windows
@@ -238,11 +243,35 @@ class _Flusher:
 
 @dataclass
 class Sampled:
-    """What `sample_until_converged` took: clean samples, throttled ones set aside, and their reasons."""
+    """What `sample_until_converged` took: clean samples, throttled ones set aside, their reasons, and the
+    closures retired early (`far_apart`)."""
 
     clean: dict[str, list[float]]
     throttled: dict[str, list[float]]
     reasons: list[str]
+    retired: list[str] = field(default_factory=list)
+
+
+def far_apart(name: str, clean: dict[str, list[float]], cfg: TimingConfig) -> bool:
+    """Whether closure `name` can stop sampling while the others go on: its median has converged, its 95%
+    CI is disjoint from every other closure's, and its median is at least `cfg.retire_ratio` x the
+    fastest closure's (<= 1: never; the fastest never retires). More samples would only tighten a median
+    that already meets the target: no other closure's CI reaches it, and at twice the fastest it is no
+    contender for fastest, nor tied with it (the ranking's threshold, max(3%, 3 x CV), is below 2x for
+    any CV under 0.33). Its samples were taken in the same rounds as everyone's up to then."""
+    mine = clean[name]
+    others = [s for n, s in clean.items() if n != name and s]
+    if cfg.retire_ratio <= 1 or not others or not _converged(mine, cfg.target_ci, cfg.min_samples):
+        return False
+    lo, hi = median_ci(mine)
+    med = statistics.median(mine)
+    if med < cfg.retire_ratio * min(statistics.median(s) for s in [mine, *others]):
+        return False
+    for s in others:
+        o_lo, o_hi = median_ci(s)
+        if o_lo <= hi and lo <= o_hi:
+            return False
+    return True
 
 
 def sample_until_converged(
@@ -255,7 +284,9 @@ def sample_until_converged(
 ) -> Sampled:
     """Rounds of `cfg.round_size` samples per closure until every median's CI meets the target.
 
-    Stops at `cfg.max_samples` clean samples of the least-sampled closure or after `cfg.max_s`.
+    Before each round, closures that are `far_apart` from all others are retired: later rounds sample
+    only the rest, still round-robin. Stops at `cfg.max_samples` clean samples of the least-sampled
+    closure still sampled, or after `cfg.max_s`.
     `throttle_check` (called during each round, while its work runs, and after it) returns a reason
     when the GPU throttled; that round's samples are set aside.
     `start` seeds the clean samples (a pilot round already taken the same way).
@@ -263,26 +294,29 @@ def sample_until_converged(
     clean = {n: list((start or {}).get(n, [])) for n in names}
     throttled: dict[str, list[float]] = {n: [] for n in names}
     reasons: list[str] = []
+    retired: list[str] = []
     seen: list[str] = []
     during = (lambda: seen.append(throttle_check() or "")) if throttle_check else None
     t0 = now()
     while True:
         if all(_converged(s, cfg.target_ci, cfg.min_samples) for s in clean.values()):
             break
-        if min(len(s) for s in clean.values()) >= cfg.max_samples or now() - t0 > cfg.max_s:
+        retired += [n for n in names if n not in retired and far_apart(n, clean, cfg)]
+        active = [n for n in names if n not in retired]
+        if min(len(clean[n]) for n in active) >= cfg.max_samples or now() - t0 > cfg.max_s:
             break
         seen.clear()
-        got = sampler.round(names, cfg.round_size, during)
+        got = sampler.round(active, cfg.round_size, during)
         why = [w for w in seen if w]
         if throttle_check is not None and (after := throttle_check()):
             why.append(after)
         target = throttled if why else clean
-        for n in names:
+        for n in active:
             target[n] += got[n]
         for w in why:
             if w not in reasons:
                 reasons.append(w)
-    return Sampled(clean, throttled, reasons)
+    return Sampled(clean, throttled, reasons, retired)
 
 
 # ---- CUDA graphs ---------------------------------------------------------------------------------
@@ -452,6 +486,7 @@ def _finish(got: Sampled, names, cfg: TimingConfig, clock: str, flush: bool, wal
             n_throttled=len(bad),
             throttled=bool(use_bad),
             throttle=list(got.reasons),
+            retired=n in got.retired,
             wall_s=wall,
             kernel_s=sum(clean + bad) * calls,
         )

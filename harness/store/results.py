@@ -104,6 +104,7 @@ class Timing(TypedDict, total=False):
     n_throttled: int
     throttled: bool
     throttle: list[str]
+    retired: bool  # sampling stopped early, far from every other closure (docs/measurement.md)
     nvml: dict[str, Any] | None
     wall_s: float
     kernel_s: float

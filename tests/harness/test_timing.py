@@ -181,3 +181,65 @@ def test_a_slow_backend_in_graph_mode_replays_one_pass_over_the_copies():
     assert calls_per_replay(299e-6, copies, calls, cfg) == 10
     assert calls_per_replay(300e-6, copies, calls, cfg) == 1
     assert calls_per_replay(27e-3, 4, 12, cfg) == 4
+
+
+class RecordingSampler(FakeSampler):
+    """A FakeSampler that records which closures each round sampled."""
+
+    def __init__(self, dists, **kw):
+        super().__init__(dists, **kw)
+        self.sampled: list[list[str]] = []
+
+    def round(self, names, size, during=None):
+        self.sampled.append(list(names))
+        return super().round(names, size, during)
+
+
+def test_a_converged_closure_far_from_all_others_stops_while_close_ones_go_on_interleaved():
+    cfg = TimingConfig(min_samples=10, max_samples=5000, max_s=1e9, target_ci=0.01, round_size=10)
+    dists = {"fast": _noise(1e-5, 0.05), "close": _noise(1.02e-5, 0.05), "slow": _noise(1e-3, 0.001)}
+    s = RecordingSampler(dists)
+    got = sample_until_converged(s, list(dists), cfg, now=lambda: 0.0)
+    assert got.retired == ["slow"]
+    assert len(got.clean["slow"]) == 10  # converged in its first round, 100x the fastest: retired
+    assert len(got.clean["fast"]) == len(got.clean["close"]) > 100  # the two that can tie: every round
+    assert all(r == ["fast", "close"] for r in s.sampled[1:]) and s.sampled[0] == list(dists)
+    stats = _finish(got, list(dists), cfg, "cuda-events", True, 0.0, {})
+    assert stats["slow"].retired and stats["slow"].converged and stats["slow"].n == 10
+    assert not stats["fast"].retired and not stats["close"].retired
+
+
+@pytest.mark.parametrize(
+    "dists, why",
+    [
+        ({"fast": _noise(1e-5, 0.05), "slow": _noise(1e-3, 0.2)}, "slow has not converged"),
+        ({"fast": _noise(1e-5, 0.05), "slow": _noise(1.5e-5, 0.001)}, "slow is under 2x the fastest"),
+        (
+            {"fast": _noise(1e-5, 0.05), "slow": _noise(1e-3, 0.001), "slow2": _noise(1e-3, 0.001)},
+            "the two slow ones' CIs overlap: they can still tie",
+        ),
+    ],
+)
+def test_closures_that_could_still_tie_or_move_keep_every_round(dists, why):
+    cfg = TimingConfig(min_samples=10, max_samples=5000, max_s=1e9, target_ci=0.01, round_size=10)
+    got = sample_until_converged(FakeSampler(dists), list(dists), cfg, now=lambda: 0.0)
+    slow = got.clean["slow"]
+    assert "slow" not in got.retired, why
+    assert len(slow) == len(got.clean["fast"]) > 10, why
+
+
+def test_retirement_can_be_turned_off():
+    cfg = TimingConfig(min_samples=10, max_samples=5000, max_s=1e9, target_ci=0.01, round_size=10, retire_ratio=0)
+    dists = {"fast": _noise(1e-5, 0.05), "slow": _noise(1e-3, 0.001)}
+    got = sample_until_converged(FakeSampler(dists), list(dists), cfg, now=lambda: 0.0)
+    assert not got.retired and len(got.clean["slow"]) == len(got.clean["fast"]) > 10
+
+
+def test_count_budget_binds_the_closures_still_sampled():
+    clock = [0.0]
+    cfg = TimingConfig(min_samples=10, max_samples=60, max_s=100.0, target_ci=0.0001, round_size=10)
+    dists = {"fast": _noise(1e-5, 0.2), "slow": _noise(1e-3, 0.0)}  # slow: identical samples, CI of zero width
+    s = FakeSampler(dists, clock=clock, per_sample_s=0.01)
+    got = sample_until_converged(s, list(dists), cfg, now=lambda: clock[0])
+    assert got.retired == ["slow"] and len(got.clean["slow"]) == 10
+    assert len(got.clean["fast"]) == 60 and clock[0] < 1.0  # stopped at the count, not at the 100 s budget
