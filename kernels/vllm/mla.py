@@ -16,7 +16,8 @@ row has at least one key, so the kernel writes all of it; `forward_mqa` zero-fil
 What vLLM's Triton MLA backend does not take is a skip with its reason (`mla_unsupported`): soft cap,
 sliding window and sinks (TritonMLAImpl raises NotImplementedError), page sizes that are not multiples
 of 16 (`TritonMLABackend.supports_block_size`), fp8 e5m2 latent caches (its cache dtypes: auto, fp16,
-bf16, fp8/fp8_e4m3), and query dtypes other than fp16/bf16.
+bf16, fp8/fp8_e4m3), and query dtypes other than fp16/bf16. bf16 cases on the CPU are skips too: the
+interpreter's bf16 `tl.dot` is wrong (INTERPRETER_BF16).
 """
 
 from __future__ import annotations
@@ -38,6 +39,10 @@ PAGE_MULTIPLE = 16  # TritonMLABackend.supports_block_size: block_size % 16 == 0
 INTERPRETER_SM_COUNT = 132
 CACHE_DTYPES = ("auto", "fp8_e4m3")  # of attnbench's kv dtypes, those TritonMLABackend lists
 QUERY_DTYPES = (torch.float16, torch.bfloat16)  # TritonMLABackend.supported_dtypes
+INTERPRETER_BF16 = (
+    "bf16 MLA decode on the CPU: Triton 3.6's interpreter computes bf16 tl.dot wrong (a plain 16x32 @ 32x16 "
+    "bf16 dot is off by ~5e10; fp16 is exact), and this kernel's scores and P V are tl.dot: checked on CUDA"
+)
 
 
 def split_count(max_seq_len: int, sm_count: int) -> int:
@@ -68,6 +73,8 @@ def mla_unsupported(case) -> str | None:
         return f"vLLM's Triton MLA backend has no {p.kv_dtype} latent cache (it takes bf16/fp16 and fp8_e4m3)"
     if case.torch_dtype not in QUERY_DTYPES:
         return f"vLLM's Triton MLA backend runs fp16 and bf16 queries, not {case.dtype}"
+    if not case.on_cuda and case.torch_dtype == torch.bfloat16:
+        return INTERPRETER_BF16
     return None
 
 

@@ -202,6 +202,15 @@ def test_mla_limits_are_vllms_triton_mla_backends(case_id, why):
     assert reason is not None and why in reason, reason
 
 
+def test_bf16_on_the_cpu_is_a_skip_naming_the_interpreter():
+    """Triton's interpreter gets bf16 tl.dot wrong (the reason says how far); the same case on CUDA runs."""
+    b = get_backend("vllm")
+    assert "interpreter computes bf16 tl.dot wrong" in b.limits(
+        Case.from_id("decode/b5-l1-mixed-h16x1-d576x512-p64-mla-large_logits-bf16", "cpu")
+    )
+    assert b.limits(Case.from_id("decode/b5-l1-mixed-h16x1-d576x512-p64-mla-large_logits-bf16", "cuda")) is None
+
+
 def test_mla_decode_runs_where_unified_attention_cannot(monkeypatch):
     b = get_backend("vllm")
     monkeypatch.setenv("TRITON_INTERPRET", "1")
@@ -219,3 +228,31 @@ def test_mla_decode_declares_why_it_is_not_graph_safe():
     mla_case = Case.from_id("decode/b2-l40-h16x1-d576x512-p16-mla-bf16", "cuda")
     assert "num_kv_splits" in b.graph_safe(mla_case)
     assert "max_seqlen_k" in b.graph_safe(Case.from_id("decode/b2-l64-h4x2-d64-p16-bf16", "cuda"))
+
+
+@pytest.mark.interpreter
+def test_the_interpreter_bf16_dot_the_skip_names_is_still_wrong():
+    """The bf16 CPU skip stands only while Triton's interpreter gets a plain bf16 tl.dot wrong: once it is
+    right, this fails, and the skip (mla.INTERPRETER_BF16) should go."""
+    if not _lib.interpreted():
+        pytest.skip("needs Triton's CPU interpreter (TRITON_INTERPRET=1, no CUDA device)")
+    import torch
+    import triton
+    import triton.language as tl
+
+    @triton.jit
+    def dot(A, B, O, M: tl.constexpr, K: tl.constexpr, N: tl.constexpr):
+        m, k, n = tl.arange(0, M), tl.arange(0, K), tl.arange(0, N)
+        a = tl.load(A + m[:, None] * K + k[None, :])
+        b = tl.load(B + k[:, None] * N + n[None, :])
+        tl.store(O + m[:, None] * N + n[None, :], tl.dot(a, b))
+
+    gen = torch.Generator().manual_seed(0)
+    errors = {}
+    for dtype in (torch.float16, torch.bfloat16):
+        a = torch.randn(16, 32, generator=gen).to(dtype)
+        b = torch.randn(32, 16, generator=gen).to(dtype)
+        o = torch.empty(16, 16)
+        dot[(1,)](a, b, o, 16, 32, 16)
+        errors[dtype] = (o - a.float() @ b.float()).abs().max().item()
+    assert errors[torch.float16] < 1e-3 and errors[torch.bfloat16] > 1.0, errors
