@@ -1,5 +1,6 @@
 """Import guard for vLLM's Triton attention (vllm 0.33.0, installed with --no-deps; its compiled
-extensions are not needed by these kernels).
+extensions are not needed by these kernels): the unified attention and the split-KV decode its Triton
+MLA backend runs (`triton_decode_attention`).
 
 Without vLLM's compiled extensions (the pure-Python pack of tools/deployed/pack-vllm-py.sh) the kernel
 module does not import on a GPU machine: it reads `vllm.platforms.current_platform` at import, vLLM's
@@ -13,6 +14,13 @@ exists: vLLM code that called one would raise, not compute something else. The u
 launcher calls only Triton kernels and `current_platform` queries (fp8 dtype, device capability),
 answered by vLLM's own CUDA platform, so what it computes and what is timed are what they would be
 with the extensions installed.
+
+Under Triton's CPU interpreter (TRITON_INTERPRET=1, no CUDA device) `vllm.triton_utils` finds no active
+Triton driver and binds placeholders for `triton`/`tl` (so `@triton.jit` kernels are plain functions that
+cannot launch). There, and only there, the modules import while triton's CUDA driver reports itself
+active (`_triton_driver_active`, restored afterwards), so vLLM binds the real triton, whose `jit` under
+TRITON_INTERPRET=1 is the interpreter: the kernels' own code runs, program by program, in numpy. Where
+vLLM's triton_utils was already imported with placeholders, `missing()` says so.
 """
 
 from __future__ import annotations
@@ -27,6 +35,8 @@ import types
 
 PINNED = "0.33.0"
 UNIFIED = "vllm.v1.attention.ops.triton_unified_attention"
+MLA_DECODE = "vllm.v1.attention.ops.triton_decode_attention"  # what TritonMLAImpl.forward_mqa calls
+MODULES = (UNIFIED, MLA_DECODE)
 COMPILED_OPS = "vllm._C_stable_libtorch"  # what vllm.platforms.cuda imports (for op registration)
 INSTALL = "install it without replacing torch: tools/install-deployed.sh vllm (a 336 MB wheel; docs/deployed.md)"
 STANDIN_WHY = (
@@ -59,19 +69,65 @@ def _standing_in(name: str = COMPILED_OPS):
             delattr(sys.modules[parent], child)
 
 
-def _import_unified():
-    """Import the kernel module; when vllm.platforms.cuda fails only for want of the compiled ops
-    module, once more with the stand-in (None: imported)."""
-    global _stood_in
+def interpreted() -> bool:
+    """Whether the kernels would run in Triton's CPU interpreter: TRITON_INTERPRET=1 and no CUDA device."""
+    import torch
+
+    from attnbench.kernels.triton.limits import interpreting
+
+    return interpreting() and not torch.cuda.is_available()
+
+
+@contextlib.contextmanager
+def _triton_driver_active():
+    """While inside: triton's CUDA driver reports itself active (vLLM's triton_utils then binds the real
+    triton). Afterwards the driver class is as it was."""
+    from triton.backends import backends
+
+    driver = backends["nvidia"].driver
+    own = "is_active" in vars(driver)
+    before = vars(driver).get("is_active")
+    driver.is_active = staticmethod(lambda: True)
     try:
-        importlib.import_module(UNIFIED)
-        return
-    except ModuleNotFoundError as e:
-        if e.name != COMPILED_OPS:
-            raise
-    with _standing_in():
-        importlib.import_module(UNIFIED)
-    _stood_in = True
+        yield
+    finally:
+        if own:
+            driver.is_active = before
+        else:
+            del driver.is_active
+
+
+def _import_modules():
+    """Import the kernel modules (under the interpreter with triton's driver reported active); when
+    vllm.platforms.cuda fails only for want of the compiled ops module, once more with the stand-in."""
+    global _stood_in
+    bind = _triton_driver_active() if interpreted() else contextlib.nullcontext()
+    with bind:
+        try:
+            for name in MODULES:
+                importlib.import_module(name)
+            return
+        except ModuleNotFoundError as e:
+            if e.name != COMPILED_OPS:
+                raise
+        with _standing_in():
+            for name in MODULES:
+                importlib.import_module(name)
+        _stood_in = True
+
+
+def _placeholders() -> str | None:
+    """Under the interpreter: why vLLM's kernels are not Triton kernels (vLLM's triton_utils was imported
+    before the guard and bound its placeholders), or None. Elsewhere None (a CPU without the interpreter
+    runs no Triton kernel anyway: the backend says so)."""
+    from vllm.triton_utils import HAS_TRITON
+
+    if HAS_TRITON or not interpreted():
+        return None
+    return (
+        "vllm.triton_utils was imported before attnbench's import guard and bound triton placeholders "
+        "(no active Triton driver): under TRITON_INTERPRET=1 let attnbench import vllm's kernels first"
+    )
 
 
 def stood_in() -> bool:
@@ -90,12 +146,12 @@ def missing() -> str | None:
     if not found:
         return f"vllm is not installed; {INSTALL}"
     try:
-        _import_unified()
+        _import_modules()
     except ModuleNotFoundError as e:
         return f"vllm's Triton attention does not import (No module named {e.name!r}); {INSTALL}"
     except Exception as e:
         return f"vllm's Triton attention does not import ({type(e).__name__}: {e}); {INSTALL}"
-    return None
+    return _placeholders()
 
 
 def unified_attention():
@@ -103,3 +159,12 @@ def unified_attention():
     if why:
         raise ImportError(why)
     return sys.modules[UNIFIED].unified_attention
+
+
+def decode_attention_fwd():
+    """vLLM's split-KV decode (`triton_decode_attention.decode_attention_fwd`), as its Triton MLA backend
+    calls it."""
+    why = missing()
+    if why:
+        raise ImportError(why)
+    return sys.modules[MLA_DECODE].decode_attention_fwd

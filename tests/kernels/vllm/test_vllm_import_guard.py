@@ -14,8 +14,10 @@ import os
 import subprocess
 import sys
 import textwrap
+import types
 
 import pytest
+import torch
 
 from attnbench.kernels.vllm import _lib
 
@@ -115,7 +117,62 @@ def test_guard_stands_in_only_for_the_compiled_ops_module(monkeypatch):
         calls.append(name in sys.modules and _lib.COMPILED_OPS in sys.modules)
         raise ModuleNotFoundError("No module named 'vllm._moe_C'", name="vllm._moe_C")
 
-    monkeypatch.setattr(_lib.importlib, "import_module", fails)
+    # the guard's own importlib only: the process's import_module stays (triton imports its backends with it)
+    monkeypatch.setattr(_lib, "importlib", types.SimpleNamespace(import_module=fails))
     with pytest.raises(ModuleNotFoundError):
-        _lib._import_unified()
+        _lib._import_modules()
     assert calls == [False]  # another missing module: no retry, no stand-in
+
+
+INTERPRETER = textwrap.dedent(
+    """
+    import json, sys
+    if sys.argv[1] == "vllm-first":
+        import vllm.triton_utils  # noqa: F401  (binds placeholders: no active driver on this CPU)
+    from triton.backends import backends
+
+    driver = backends["nvidia"].driver
+    before = driver.__dict__.get("is_active")
+    from attnbench.kernels.vllm import _lib
+
+    out = {"missing": _lib.missing()}
+    if out["missing"] is None:
+        out["kernels"] = [type(getattr(sys.modules[m], k)).__name__ for m, k in
+                          ((_lib.MLA_DECODE, "_fwd_grouped_kernel_stage1"), (_lib.UNIFIED, "kernel_unified_attention"))]
+    from vllm.platforms import current_platform
+
+    out["platform"] = type(current_platform).__name__
+    out["driver_restored"] = driver.__dict__.get("is_active") is before and not driver.is_active()
+    print(json.dumps(out))
+    """
+)
+
+
+def _interpreted(order: str) -> dict:
+    # CUDA_VISIBLE_DEVICES unset: vLLM reads an empty one as a distributed worker and keeps triton anyway
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_VISIBLE_DEVICES"} | {"TRITON_INTERPRET": "1"}
+    done = subprocess.run(
+        [sys.executable, "-c", INTERPRETER, order], capture_output=True, text=True, timeout=120, env=env
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+CPU_ONLY = pytest.mark.skipif(
+    torch.cuda.is_available(), reason="the interpreter binding is for machines without a CUDA device"
+)
+
+
+@CPU_ONLY
+@pytest.mark.skipif(not _vllm_installed(), reason="vllm is not installed (tools/install-deployed.sh vllm)")
+def test_interpreter_binds_vllm_to_the_real_triton_and_restores_the_driver():
+    out = _interpreted("guard-first")
+    assert out["missing"] is None and out["kernels"] == ["InterpretedFunction", "InterpretedFunction"]
+    assert out["platform"] != "CudaPlatform" and out["driver_restored"]
+
+
+@CPU_ONLY
+@pytest.mark.skipif(not _vllm_installed(), reason="vllm is not installed (tools/install-deployed.sh vllm)")
+def test_interpreter_says_when_vllm_bound_placeholders_first():
+    out = _interpreted("vllm-first")
+    assert "bound triton placeholders" in out["missing"] and out["driver_restored"]
