@@ -12,6 +12,10 @@ Two registered names:
 
 Kernels live in decode.py, extend.py (its plan: extend_plan.py), merge.py, spec.py and gdn*.py (kernel -> launcher -> public function); the
 schedule (splits, query tiles) and scratch buffers are built in `prepare`, never in the timed call.
+On Hopper (compiled, not interpreted) three Gluon kernels take the cases they fit, each falling back to the
+Triton kernel with the reason: absorbed-MLA decode by decode_mla_ws.py (warp-specialized; knob `mla_kernel`,
+decode_mla_gluon.py its non-specialized variant) and prefill without a cached prefix by prefill_ws.py (knob
+`extend_kernel`).
 Triton is imported lazily, so this package imports without it. Design notes: NOTES.md.
 
 fp8 KV caches (`kv_dtype` fp8_e4m3/fp8_e5m2, per-tensor or per-head scales) are read by decode and
