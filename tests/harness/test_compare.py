@@ -199,7 +199,8 @@ def test_end_to_end_gate_on_cpu(sleepy, tmp_path):
 
     Host-clock timings are correctness-only, so the 10% slower CPU run passes as it is; its samples,
     relabelled as GPU-clock ones, then reach the speed rule. The runs are retaken once when a verdict
-    is off; on a host so loaded that even the retaken timings do not converge (most samples
+    or a measured slowdown is off (a loaded host: one of 12 slowdowns measured outside 5-15% in a CI run
+    sharing two cores with three other jobs); on a host so loaded that even the retaken timings do not converge (most samples
     preempted), the test skips: no timing can be judged there.
     """
     for attempt in range(2):
@@ -213,8 +214,8 @@ def test_end_to_end_gate_on_cpu(sleepy, tmp_path):
         clean, gate = _gate(base, again), _gate(base, slower)
         cmp = compare_runs(base, slower)
         slow = [c for c in cmp.changes if c.verdict == "slower"]
-        if clean == 0 and gate == 1 and len(slow) >= 3:
-            break
+        if clean == 0 and gate == 1 and len(slow) >= 3 and all(0.05 < c.change < 0.15 for c in slow):
+            break  # every verdict right, and every slowdown measured near its planted 10%
     else:
         if not all(_converged(r) for r in (base, again, slower)):
             pytest.skip("host too loaded: timings did not converge, twice")
