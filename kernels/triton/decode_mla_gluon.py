@@ -37,7 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import fence_async_shared,
 from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
 D_LATENT, D_ROPE = 512, 64
-BLOCK_H, BLOCK_N, NUM_WARPS, STAGES = 64, 64, 8, 2
+BLOCK_H, BLOCK_N, NUM_WARPS = 64, 64, 8
 _LN2 = gl.constexpr(0.6931471805599453)
 
 
@@ -269,9 +269,10 @@ def make_gluon_descriptors(x) -> tuple:
     )
 
 
-def gluon_launches(x, plan) -> list[tuple]:
+def gluon_launches(x, plan, kernel=None, num_warps: int = NUM_WARPS) -> list[tuple]:
     """(kernel, grid, args, kwargs) of the attention launch and, when a request is split, the merge,
-    for a decode_mla.py plan (`plan_mla_decode`) whose tiling is this kernel's (64 heads by 64 keys)."""
+    for a decode_mla.py plan (`plan_mla_decode`) whose tiling is 64 heads by 64 keys. `kernel`: this
+    file's (default) or another with its signature (decode_mla_ws.py's), launched with `num_warps`."""
     from attnbench.kernels.triton.common import LOG2E
     from attnbench.kernels.triton.decode import merge_launch
 
@@ -285,7 +286,8 @@ def gluon_launches(x, plan) -> list[tuple]:
         o.stride(0), o.stride(1), lse.stride(0),
         plan.part_o.stride(0), plan.part_o.stride(1), plan.part_ml.stride(0), plan.part_ml.stride(1),
     )  # fmt: skip
-    out = [(mla_decode_gluon_kernel, plan.grid, args, dict(PAGE_SIZE=k.shape[1], num_warps=NUM_WARPS))]
+    kernel = kernel or mla_decode_gluon_kernel
+    out = [(kernel, plan.grid, args, dict(PAGE_SIZE=k.shape[1], num_warps=num_warps))]
     if plan.merge is not None:
         out.append(merge_launch(x.qo_indptr, plan, lse, o, lse))
     return out

@@ -36,10 +36,9 @@ from triton.experimental.gluon.language.nvidia.hopper import (
     warpgroup_mma_wait,
 )
 
-from attnbench.kernels.triton.decode_mla_gluon import BLOCK_H, BLOCK_N, gluon_unsupported, make_gluon_descriptors
+from attnbench.kernels.triton.decode_mla_gluon import _LN2, gluon_launches
 
 NUM_WARPS = 4  # the scorer; pv 4 and the loader 1 more
-_LN2 = gl.constexpr(0.6931471805599453)
 
 
 @gluon.jit
@@ -262,25 +261,5 @@ def mla_decode_ws_kernel(
 
 
 def ws_launches(x, plan) -> list[tuple]:
-    """(kernel, grid, args, kwargs) of the attention launch and, when a request is split, the merge,
-    for a decode_mla.py plan whose tiling is 64 heads by 64 keys (`gluon_unsupported(x)` is None)."""
-    from attnbench.kernels.triton.common import LOG2E
-    from attnbench.kernels.triton.decode import merge_launch
-
-    q, k, o, lse = x.q, x.k_cache, x.o, x.lse
-    lat, rope = make_gluon_descriptors(x)
-    args = (
-        q, k, lat, rope, x.kv_page_indices, x.kv_indptr, plan.work,
-        o, lse, plan.part_o, plan.part_ml,
-        x.sm_scale * LOG2E,
-        q.stride(0), q.stride(1), k.stride(0), k.stride(1),
-        o.stride(0), o.stride(1), lse.stride(0),
-        plan.part_o.stride(0), plan.part_o.stride(1), plan.part_ml.stride(0), plan.part_ml.stride(1),
-    )  # fmt: skip
-    out = [(mla_decode_ws_kernel, plan.grid, args, dict(PAGE_SIZE=k.shape[1], num_warps=NUM_WARPS))]
-    if plan.merge is not None:
-        out.append(merge_launch(x.qo_indptr, plan, lse, o, lse))
-    return out
-
-
-__all__ = ["BLOCK_H", "BLOCK_N", "gluon_unsupported", "mla_decode_ws_kernel", "ws_launches"]
+    """decode_mla_gluon.gluon_launches with this file's kernel (same signature, 4 warps of the scorer)."""
+    return gluon_launches(x, plan, mla_decode_ws_kernel, NUM_WARPS)

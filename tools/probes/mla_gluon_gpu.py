@@ -13,22 +13,12 @@ from __future__ import annotations
 
 import os
 import sys
-import types
 from types import SimpleNamespace
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-for name, path in [
-    ("attnbench", "harness"),
-    ("attnbench.kernels", "kernels"),
-    ("attnbench.kernels.triton", "kernels/triton"),
-]:
-    if name not in sys.modules:
-        mod = types.ModuleType(name)
-        mod.__path__ = [os.path.join(ROOT, path)]
-        sys.modules[name] = mod
-
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from dataclasses import replace  # noqa: E402
 
+import checkout_packages  # noqa: E402, F401  (attnbench's kernel modules from this checkout, uninstalled)
 import torch  # noqa: E402
 
 from attnbench.kernels.triton import decode_mla, decode_mla_gluon  # noqa: E402
