@@ -14,8 +14,8 @@ Kernels live in decode.py, extend.py (its plan: extend_plan.py), merge.py, spec.
 schedule (splits, query tiles) and scratch buffers are built in `prepare`, never in the timed call.
 On Hopper (compiled, not interpreted) three Gluon kernels take the cases they fit, each falling back to the
 Triton kernel with the reason: absorbed-MLA decode by decode_mla_ws.py (warp-specialized; knob `mla_kernel`,
-decode_mla_gluon.py its non-specialized variant) and prefill without a cached prefix by prefill_ws.py (knob
-`extend_kernel`).
+decode_mla_gluon.py its non-specialized variant) and prefill / extend over a paged prefix by prefill_ws.py
+(knobs `extend_kernel`, `prefill_stages`; the fast backend where prefill_ws.PrefillPolicy finds it faster).
 Triton is imported lazily, so this package imports without it. Design notes: NOTES.md.
 
 fp8 KV caches (`kv_dtype` fp8_e4m3/fp8_e5m2, per-tensor or per-head scales) are read by decode and
@@ -80,8 +80,11 @@ class _TritonAttention(Backend):
                           (256, 512, 1024, 2048, 4096)),
         "step_keys": Knob("decode: a program's fixed cost in keys when split counts are weighed (default 128)",
                           (0, 64, 128, 256, 512)),
-        "extend_kernel": Knob("extend: ws (the warp-specialized Gluon prefill, default on Hopper for requests without a "
-                              "cached prefix: prefill_ws.py) or triton (extend.py's kernel everywhere)", ("ws", "triton")),
+        "extend_kernel": Knob("extend: ws (the warp-specialized Gluon prefill of prefill_ws.py wherever it applies on "
+                              "Hopper) or triton (extend.py's kernel everywhere); default: ws where "
+                              "prefill_ws.PrefillPolicy finds it faster (triton-det: wherever it applies)",
+                              ("ws", "triton")),
+        "prefill_stages": Knob("extend: K/V ring stages of the Gluon prefill (default 2)", (2, 3)),
         # extend (prefill): values from limits.EXTEND_KNOBS, applied by extend_plan.with_extend_knobs
         "extend_tma": Knob("extend: new-token K/V blocks (and whole-page cache blocks) by TMA tensor descriptor "
                            "(1) or by pointers (0, default); the tuner times TMA tilings", EXTEND_KNOBS["extend_tma"]),
@@ -196,10 +199,11 @@ class _TritonAttention(Backend):
         from attnbench.kernels.triton.common import first_that_fits
 
         knobs = {k: v for k, v in self.settings.items() if k.startswith("extend_") and k != "extend_kernel"}
-        if not knobs and self.settings.get("extend_kernel", "ws") == "ws":
-            run = self.prefill_ws(x)
-            if run is not None:
-                return run
+        ws_why = "knobs" if knobs else "extend_kernel=triton"
+        if not knobs and self.settings.get("extend_kernel") != "triton":
+            ws_why = self.prefill_ws(x)
+            if not isinstance(ws_why, str):
+                return ws_why
         variants = dict(use_tma=bool(knobs.get("extend_tma")), persistent=bool(knobs.get("extend_persistent")))
         fixed = self.deterministic or ep.tiling_knobs(knobs)
         config, tuned = (None, {}) if fixed else e.tuned_extend_config(x, **variants)
@@ -224,24 +228,33 @@ class _TritonAttention(Backend):
             **({"grid": plan.grid[0]} if config.persistent else {}),
             **tuned,
             **({"did_not_fit": shrunk} if shrunk else {}),
+            "not_prefill_ws": ws_why,
         }
         return run
 
     def prefill_ws(self, x):
-        """The warp-specialized Gluon prefill (prefill_ws.py) where it applies: Hopper, compiled, no cached
-        prefix and the rest of `prefill_unsupported` (None: extend.py's kernel runs). Batch-invariant: one
-        program per (128-row tile, head), no key splits, so triton-det takes it too."""
+        """The warp-specialized Gluon prefill (prefill_ws.py) where it applies: Hopper, compiled, and
+        `prefill_unsupported` says yes (else why not, and extend.py's kernel runs). Batch-invariant: one program per
+        (128-row tile, head), no key splits, keys in the same blocks whatever the batch, so triton-det takes
+        it wherever it applies; the fast backend where `prefill_declined` (PrefillPolicy) finds it faster,
+        unless the knob `extend_kernel=ws` asks for it wherever it applies."""
         from attnbench.kernels.triton.common import arch
 
         if interpreting() or arch(x.q.device) != 90:
-            return None
+            return "not compiled for Hopper"
         from attnbench.kernels.triton import prefill_ws as p
         from attnbench.kernels.triton.common import bind_launches
 
-        if p.prefill_unsupported(x):
-            return None
+        why = p.prefill_unsupported(x)
+        if why:
+            return why
         tiles = p.plan_prefill(x)
-        attend = bind_launches(p.prefill_launches(x, tiles), {"o": x.o, "lse": x.lse})
+        if not self.deterministic and self.settings.get("extend_kernel") != "ws":
+            why = p.prefill_declined(x, tiles)
+            if why:
+                return why
+        stages = int(self.settings.get("prefill_stages", 2))
+        attend = bind_launches(p.prefill_launches(x, tiles, stages), {"o": x.o, "lse": x.lse})
         if x.save_kv:  # the new tokens into their cache slots first (index_put), as the peers' adapters do
             from attnbench.kernels.torch.attention import save_new_kv
 
@@ -250,7 +263,7 @@ class _TritonAttention(Backend):
                 return attend()
         else:
             run = attend
-        run.info = {"kernel": "prefill-ws", "tiles": int(tiles.shape[0]), "save_kv": "index_put" if x.save_kv else ""}
+        run.info = {"kernel": "prefill-ws", "tiles": int(tiles.shape[0]), "stages": stages, "save_kv": "index_put" if x.save_kv else ""}
         return run
 
     @implements("merge_state")

@@ -29,6 +29,8 @@ FAST = [
     "extend/b1-q256-pre0-h32x8-d128-p16-bf16",  # causal prefill, head dim 128
     "extend/b1-q256-pre0-h32x8-d128-p16-bf16@kernel=ws",  # the same by the Gluon prefill (prefill_ws.py)
     "extend/b2-q200-pre0-h8x1-d64-p16-fp16@kernel=ws",  # ragged, head dim 64, MQA, fp16
+    "extend/b2-q200-pre300-h8x2-d128-p16-bf16@kernel=ws",  # over a paged prefix: whole blocks by TMA, the end gathered
+    "extend/b2-q200-pre300-h8x2-d64-p1-bf16@kernel=ws",  # pages of one slot: every prefix block gathered
     "extend/b1-q5-pre8187-h32x8-d128-p16-bf16",  # spec verify: GQA-packed split path (planned for 132 SMs) + merge
     "extend/b64-q16-pre1024-h32x8-d128-p16-bf16@pack=1",  # a batch of 16-token requests: packed 64-row tiles (forced)
     "extend/b64-q8-pre1024-h32x8-d128-p16-bf16",  # spec verify, a batch: GQA-packed 32-row tiles, unsplit
@@ -140,6 +142,8 @@ def test_compiles_for_sm90(compiled, case_id):
 MEASURED_SPILLS = {
     ("decode/b2-l300-h128x1-d576x512-p64-mla-bf16@impl=triton", "_mla_decode_kernel"): 88,
     ("decode/b2-l300-h128x1-d576x512-p64-mla-bf16@fused_merge=1", "_mla_decode_kernel"): 88,  # the same spill
+    # the Gluon prefill over a prefix: 20 bytes (the loader warps at 40 registers: a block's 8 page rows read early)
+    ("extend/b2-q200-pre300-h8x2-d128-p16-bf16@kernel=ws", "prefill_ws_kernel"): 20,
 }
 
 
