@@ -15,7 +15,7 @@ schedule (splits, query tiles) and scratch buffers are built in `prepare`, never
 On Hopper (compiled, not interpreted) three Gluon kernels take the cases they fit, each falling back to the
 Triton kernel with the reason: absorbed-MLA decode by decode_mla_ws.py (warp-specialized; knob `mla_kernel`,
 decode_mla_gluon.py its non-specialized variant) and prefill / extend over a paged prefix by prefill_ws.py
-(knobs `extend_kernel`, `prefill_stages`; the fast backend where prefill_ws.PrefillPolicy finds it faster).
+(knobs `extend_kernel`, `prefill_stages`, `prefill_persistent`; the fast backend where prefill_ws.PrefillPolicy finds it faster).
 Triton is imported lazily, so this package imports without it. Design notes: NOTES.md.
 
 fp8 KV caches (`kv_dtype` fp8_e4m3/fp8_e5m2, per-tensor or per-head scales) are read by decode and
@@ -85,6 +85,8 @@ class _TritonAttention(Backend):
                               "prefill_ws.PrefillPolicy finds it faster (triton-det: wherever it applies)",
                               ("ws", "triton")),
         "prefill_stages": Knob("extend: K/V ring stages of the Gluon prefill (default 2)", (2, 3)),
+        "prefill_persistent": Knob("extend: the Gluon prefill as one program per SM walking the (tile, head) items "
+                                   "heaviest first (1), or one program per item (0, default)", (0, 1)),
         # extend (prefill): values from limits.EXTEND_KNOBS, applied by extend_plan.with_extend_knobs
         "extend_tma": Knob("extend: new-token K/V blocks (and whole-page cache blocks) by TMA tensor descriptor "
                            "(1) or by pointers (0, default); the tuner times TMA tilings", EXTEND_KNOBS["extend_tma"]),
@@ -254,7 +256,8 @@ class _TritonAttention(Backend):
             if why:
                 return why
         stages = int(self.settings.get("prefill_stages", 2))
-        attend = bind_launches(p.prefill_launches(x, tiles, stages), {"o": x.o, "lse": x.lse})
+        persistent = bool(int(self.settings.get("prefill_persistent", 0)))
+        attend = bind_launches(p.prefill_launches(x, tiles, stages, persistent), {"o": x.o, "lse": x.lse})
         if x.save_kv:  # the new tokens into their cache slots first (index_put), as the peers' adapters do
             from attnbench.kernels.torch.attention import save_new_kv
 
@@ -263,7 +266,8 @@ class _TritonAttention(Backend):
                 return attend()
         else:
             run = attend
-        run.info = {"kernel": "prefill-ws", "tiles": int(tiles.shape[0]), "stages": stages, "save_kv": "index_put" if x.save_kv else ""}
+        run.info = {"kernel": "prefill-ws", "tiles": int(tiles.shape[0]), "stages": stages, "persistent": persistent,
+                    "save_kv": "index_put" if x.save_kv else ""}  # fmt: skip
         return run
 
     @implements("merge_state")

@@ -8,10 +8,12 @@ prefix (`seq_lens - q_lens` keys, possibly 0) in `k_cache`/`v_cache` `[P, page, 
 `kv_page_indices` (`prefill_unsupported` says why a case cannot; extend.py's kernel runs those).
 Outputs `o [T, Hq, D]`, `lse [T, Hq]` (natural log, fp32).
 
-A program takes 128 query rows of one request and one query head (a tile; the tiles of all requests in
-one list, the heaviest first) and 9 warps:
+A work item is 128 query rows of one request (a tile; the tiles of all requests in one list, the
+heaviest first) and one query head; a program takes one item, or (persistent) one program per SM walks
+the items, its loader running on into the next item's blocks while the consumers write this one's
+output. A program has 9 warps (12 when some request has a prefix: four loader warps share the gathers):
 
-- **loader** (1 warp): the tile's Q by TMA once, then blocks of 128 keys into a ring of stages: first
+- **loader** (1 warp): the item's Q by TMA (once both consumers are done with the last item's), then blocks of 128 keys into a ring of stages: first
   the prefix's blocks from the cache — a block of whole pages by TMA (one box per page, or one box when a
   page holds the block), a block that the prefix ends inside (or any block where pages are not 8-row
   multiples) by masked `cp.async` gathers with keys past the prefix zero-filled, so the NaN of a poisoned
@@ -67,127 +69,12 @@ def _gather(buf, rows_ptr, stride_row, p_pages, n0, n_end, PAGE_SIZE: gl.constex
 
 
 @gluon.jit
-def _loader(q_desc, k_desc, v_desc, kc_desc, vc_desc, kc_rows, vc_rows, stride_kc, stride_vc, p_pages,
-            q_buf, k_bufs, v_bufs, q_bar, full, empty, q_row, kv_row, h, h_kv, nbp, prefix, nb,
-            BM: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr,
-            PAGE_SIZE: gl.constexpr, PAGE_TMA: gl.constexpr, LW: gl.constexpr):  # fmt: skip
-    mbarrier.expect(q_bar, BM * D * 2)
-    tma.async_copy_global_to_shared(q_desc, [q_row, h * D], q_bar, q_buf)
-    PB: gl.constexpr = PAGE_SIZE if PAGE_TMA and PAGE_SIZE < BN else BN  # rows of a cache box (whole pages)
-    NP: gl.constexpr = BN // PB  # boxes a block
-    PV: gl.constexpr = gl.BlockedLayout([NP], [32], [LW], [0])  # every thread holds a block's box rows
-    o_c = gl.arange(0, NP, layout=PV)
-    for j in range(nb):
-        s = j % STAGES
-        whole = (j * BN + BN <= prefix) & PAGE_TMA  # a prefix block of whole pages: its box rows, early
-        if PAGE_TMA:
-            n_c = j * BN + o_c * PB
-            rows = gl.load(p_pages + n_c // PAGE_SIZE, mask=n_c < prefix, other=0) * PAGE_SIZE + n_c % PAGE_SIZE
-        else:
-            rows = o_c  # never read
-        if j >= STAGES:
-            mbarrier.wait(empty.index(s), ((j // STAGES) - 1) & 1)
-        if j < nbp:  # the cached prefix
-            n0 = j * BN
-            if whole:
-                mbarrier.expect(full.index(s), 2 * BN * D * 2)
-                for c in gl.static_range(NP):
-                    row = gl.sum(gl.where(o_c == c, rows, 0), 0)
-                    tma.async_copy_global_to_shared(kc_desc, [row, h_kv * D], full.index(s),
-                                                    k_bufs.index(s).slice(c * PB, PB, dim=0))  # fmt: skip
-                    tma.async_copy_global_to_shared(vc_desc, [row, h_kv * D], full.index(s),
-                                                    v_bufs.index(s).slice(c * PB, PB, dim=0))  # fmt: skip
-            else:
-                _gather(k_bufs.index(s), kc_rows + h_kv * D, stride_kc, p_pages, n0, prefix, PAGE_SIZE, D, BN, LW)
-                _gather(v_bufs.index(s), vc_rows + h_kv * D, stride_vc, p_pages, n0, prefix, PAGE_SIZE, D, BN, LW)
-                async_copy.commit_group()
-                async_copy.wait_group(0)
-                fence_async_shared()
-                mbarrier.arrive(full.index(s))
-        else:  # the new tokens
-            n0 = kv_row + (j - nbp) * BN
-            mbarrier.expect(full.index(s), 2 * BN * D * 2)
-            tma.async_copy_global_to_shared(k_desc, [n0, h_kv * D], full.index(s), k_bufs.index(s))
-            tma.async_copy_global_to_shared(v_desc, [n0, h_kv * D], full.index(s), v_bufs.index(s))
-
-
-@gluon.jit
-def _consumer(q_buf, k_bufs, v_bufs, q_bar, full, empty, o_ptr, lse_ptr, stride_ot, stride_lt, qk_scale,
-              q0, q_end, nbp, prefix, nb, ROW0: gl.constexpr, D: gl.constexpr, BN: gl.constexpr,
-              CAUSAL: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
-    """Rows `[ROW0, ROW0 + 64)` of the tile whose first query is new token `q0` of its request (`q_end`:
-    the request's new-token count; `prefix` cached keys before them in `nbp` blocks)."""
-    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
-    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
-    P_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
-    R: gl.constexpr = gl.SliceLayout(1, S_L)
-    q_rows = q_buf.slice(ROW0, 64, dim=0)
-    o_m = q0 + ROW0 + gl.arange(0, 64, layout=R)  # new-token positions (= their causal new-key limit)
-    b_m = gl.full([64], float("-inf"), gl.float32, R)
-    b_l = gl.zeros([64], gl.float32, R)
-    b_acc = gl.zeros([64, D], gl.float32, O_L)
-    mbarrier.wait(q_bar, 0)
-    # new-token blocks every row sees whole: keys below the tile's first row (causal) and below the end
-    if CAUSAL:
-        full_blocks = nbp + gl.minimum(q0 + ROW0 + 1, q_end) // BN
-    else:
-        full_blocks = nbp + q_end // BN
-    for j in range(nb):
-        s = j % STAGES
-        mbarrier.wait(full.index(s), (j // STAGES) & 1)
-        b_s = warpgroup_mma(q_rows, k_bufs.index(s).permute((1, 0)), gl.zeros([64, BN], gl.float32, S_L),
-                            use_acc=False)  # fmt: skip
-        b_s = b_s * qk_scale
-        if j < nbp:
-            if (j == nbp - 1) & (prefix % BN != 0):  # the prefix ends inside (its zero-filled keys)
-                o_n = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, S_L))
-                b_s = gl.where((o_n < prefix)[None, :], b_s, float("-inf"))
-        elif j >= full_blocks:
-            o_n = (j - nbp) * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, S_L))
-            keep = o_n[None, :] < q_end
-            if CAUSAL:
-                keep = keep & (o_n[None, :] <= o_m[:, None])
-            b_s = gl.where(keep, b_s, float("-inf"))
-        b_mn = gl.maximum(b_m, gl.max(b_s, 1))  # finite: key 0 (block 0) is every row's
-        b_alpha = gl.exp2(b_m - b_mn)
-        b_p = gl.exp2(b_s - b_mn[:, None])
-        b_l = b_l * b_alpha + gl.sum(b_p, 1)
-        b_m = b_mn
-        b_acc = b_acc * gl.convert_layout(b_alpha, gl.SliceLayout(1, O_L))[:, None]
-        b_acc = warpgroup_mma(gl.convert_layout(b_p.to(k_bufs.dtype), P_A), v_bufs.index(s), b_acc)
-        mbarrier.arrive(empty.index(s))
-    b_lo = gl.convert_layout(b_l, gl.SliceLayout(1, O_L))
-    b_acc = b_acc * gl.where(b_lo > 0, 1.0 / gl.where(b_lo > 0, b_lo, 1.0), 0.0)[:, None]
-    # the output through this warpgroup's rows of the Q buffer (its last MMA has read them)
-    q_rows.store(b_acc.to(q_buf.dtype))
-    gl.thread_barrier()
-    ST: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [4, 1], [1, 0])
-    o_r = gl.arange(0, 64, layout=gl.SliceLayout(1, ST))
-    o_c = gl.arange(0, D, layout=gl.SliceLayout(0, ST))
-    rows = q0 + ROW0 + o_r
-    b_o = q_rows.load(ST)
-    gl.store(o_ptr + rows[:, None] * stride_ot + o_c[None, :], b_o, mask=(rows < q_end)[:, None])
-    lse_v = gl.where(b_l > 0, b_m.to(gl.float64) * _LN2 + gl.log(gl.where(b_l > 0, b_l, 1.0).to(gl.float64)),
-                     float("-inf"))  # fmt: skip
-    gl.store(lse_ptr + o_m * stride_lt, lse_v.to(gl.float32), mask=o_m < q_end)
-
-
-@gluon.jit
-def prefill_ws_kernel(
-    q_desc, k_desc, v_desc, kc_desc, vc_desc, kc_rows, vc_rows, stride_kc, stride_vc,
-    kv_page_indices, kv_indptr, seq_lens, tiles, qo_indptr, o, lse, qk_scale,
-    stride_ot, stride_oh, stride_lt,
-    G: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, PREFIX: gl.constexpr,
-    PAGE_SIZE: gl.constexpr, PAGE_TMA: gl.constexpr, STAGES: gl.constexpr,
-):  # fmt: skip
-    """Grid `(tiles, Hq)`: tile `tiles[i] = (request, first new token)`, query head `program_id(1)`.
-    `PREFIX`: some request has cached keys (else the cache arguments are never read)."""
-    BM: gl.constexpr = 128
-    BN: gl.constexpr = 128
-    LOADER_WARPS: gl.constexpr = 4 if PREFIX else 1
-    SW: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
-    i_t = gl.program_id(0)
-    h = gl.program_id(1)
+def _item(it, tiles, qo_indptr, seq_lens, kv_page_indices, kv_indptr, Hq, BM: gl.constexpr, BN: gl.constexpr,
+          CAUSAL: gl.constexpr, PREFIX: gl.constexpr):  # fmt: skip
+    """Work item `it` = (tile `it // Hq`, query head `it % Hq`): (head, request's first row, first new
+    token, new tokens, prefix keys, its page table, prefix blocks, blocks)."""
+    i_t = it // Hq
+    h = it % Hq
     i_b = gl.load(tiles + 2 * i_t)
     q0 = gl.load(tiles + 2 * i_t + 1)
     row0 = gl.load(qo_indptr + i_b)
@@ -197,35 +84,189 @@ def prefill_ws_kernel(
         prefix = gl.load(seq_lens + i_b) - q_end
         p_pages = kv_page_indices + gl.load(kv_indptr + i_b)
     else:
-        prefix = 0
+        prefix = q_end * 0
         p_pages = kv_page_indices
     nbp = gl.cdiv(prefix, BN)
-    nb = nbp + gl.cdiv(last if CAUSAL else q_end, BN)
+    if CAUSAL:
+        nb = nbp + gl.cdiv(last, BN)
+    else:
+        nb = nbp + gl.cdiv(q_end, BN)
+    return h, row0, q0, q_end, prefix, p_pages, nbp, nb
 
+
+@gluon.jit
+def _loader(q_desc, k_desc, v_desc, kc_desc, vc_desc, kc_rows, vc_rows, stride_kc, stride_vc,
+            tiles, qo_indptr, seq_lens, kv_page_indices, kv_indptr, n_items, Hq,
+            q_buf, k_bufs, v_bufs, q_full, q_empty, full, empty, G: gl.constexpr,
+            BM: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, STAGES: gl.constexpr, CAUSAL: gl.constexpr,
+            PREFIX: gl.constexpr, PAGE_SIZE: gl.constexpr, PAGE_TMA: gl.constexpr, LW: gl.constexpr):  # fmt: skip
+    PB: gl.constexpr = PAGE_SIZE if PAGE_TMA and PAGE_SIZE < BN else BN  # rows of a cache box (whole pages)
+    NP: gl.constexpr = BN // PB  # boxes a block
+    PV: gl.constexpr = gl.BlockedLayout([NP], [32], [LW], [0])  # every thread holds a block's box rows
+    o_c = gl.arange(0, NP, layout=PV)
+    g = 0  # blocks loaded so far (all items): the ring's position
+    k = 0  # items so far
+    for it in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        h, row0, q0, q_end, prefix, p_pages, nbp, nb = _item(it, tiles, qo_indptr, seq_lens, kv_page_indices,
+                                                            kv_indptr, Hq, BM, BN, CAUSAL, PREFIX)  # fmt: skip
+        h_kv = h // G
+        if k > 0:  # both consumers are done with the previous item's Q (and its output staging)
+            mbarrier.wait(q_empty, (k - 1) & 1)
+        mbarrier.expect(q_full, BM * D * 2)
+        tma.async_copy_global_to_shared(q_desc, [row0 + q0, h * D], q_full, q_buf)
+        for j in range(nb):
+            s = g % STAGES
+            whole = (j * BN + BN <= prefix) & PAGE_TMA  # a prefix block of whole pages: its box rows, early
+            if PAGE_TMA:
+                n_c = j * BN + o_c * PB
+                rows = gl.load(p_pages + n_c // PAGE_SIZE, mask=n_c < prefix, other=0) * PAGE_SIZE + n_c % PAGE_SIZE
+            else:
+                rows = o_c  # never read
+            if g >= STAGES:
+                mbarrier.wait(empty.index(s), ((g // STAGES) - 1) & 1)
+            if j < nbp:  # the cached prefix
+                n0 = j * BN
+                if whole:
+                    mbarrier.expect(full.index(s), 2 * BN * D * 2)
+                    for c in gl.static_range(NP):
+                        row = gl.sum(gl.where(o_c == c, rows, 0), 0)
+                        tma.async_copy_global_to_shared(kc_desc, [row, h_kv * D], full.index(s),
+                                                        k_bufs.index(s).slice(c * PB, PB, dim=0))  # fmt: skip
+                        tma.async_copy_global_to_shared(vc_desc, [row, h_kv * D], full.index(s),
+                                                        v_bufs.index(s).slice(c * PB, PB, dim=0))  # fmt: skip
+                else:
+                    _gather(k_bufs.index(s), kc_rows + h_kv * D, stride_kc, p_pages, n0, prefix, PAGE_SIZE, D, BN, LW)
+                    _gather(v_bufs.index(s), vc_rows + h_kv * D, stride_vc, p_pages, n0, prefix, PAGE_SIZE, D, BN, LW)
+                    async_copy.commit_group()
+                    async_copy.wait_group(0)
+                    fence_async_shared()
+                    mbarrier.arrive(full.index(s))
+            else:  # the new tokens
+                n0 = row0 + (j - nbp) * BN
+                mbarrier.expect(full.index(s), 2 * BN * D * 2)
+                tma.async_copy_global_to_shared(k_desc, [n0, h_kv * D], full.index(s), k_bufs.index(s))
+                tma.async_copy_global_to_shared(v_desc, [n0, h_kv * D], full.index(s), v_bufs.index(s))
+            g += 1
+        k += 1
+
+
+@gluon.jit
+def _consumer(q_buf, k_bufs, v_bufs, q_full, q_empty, full, empty, o, lse, stride_ot, stride_oh, stride_lt,
+              qk_scale, tiles, qo_indptr, seq_lens, kv_page_indices, kv_indptr, n_items, Hq,
+              ROW0: gl.constexpr, BM: gl.constexpr, D: gl.constexpr, BN: gl.constexpr, CAUSAL: gl.constexpr,
+              PREFIX: gl.constexpr, STAGES: gl.constexpr):  # fmt: skip
+    """Rows `[ROW0, ROW0 + 64)` of each work item's tile (first query: new token `q0` of its request,
+    `q_end` new tokens, `prefix` cached keys before them in `nbp` blocks)."""
+    S_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 16])
+    O_L: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    P_A: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=O_L, k_width=2)
+    R: gl.constexpr = gl.SliceLayout(1, S_L)
+    ST: gl.constexpr = gl.BlockedLayout([1, 8], [32 // (D // 8), D // 8], [4, 1], [1, 0])
+    q_rows = q_buf.slice(ROW0, 64, dim=0)
+    g = 0  # blocks consumed so far (all items): the ring's position
+    k = 0  # items so far
+    for it in range(gl.program_id(0), n_items, gl.num_programs(0)):
+        h, row0, q0, q_end, prefix, p_pages, nbp, nb = _item(it, tiles, qo_indptr, seq_lens, kv_page_indices,
+                                                            kv_indptr, Hq, BM, BN, CAUSAL, PREFIX)  # fmt: skip
+        o_m = q0 + ROW0 + gl.arange(0, 64, layout=R)  # new-token positions (= their causal new-key limit)
+        b_m = gl.full([64], float("-inf"), gl.float32, R)
+        b_l = gl.zeros([64], gl.float32, R)
+        b_acc = gl.zeros([64, D], gl.float32, O_L)
+        # new-token blocks every row sees whole: keys below the tile's first row (causal) and below the end
+        if CAUSAL:
+            full_blocks = nbp + gl.minimum(q0 + ROW0 + 1, q_end) // BN
+        else:
+            full_blocks = nbp + q_end // BN
+        mbarrier.wait(q_full, k & 1)
+        for j in range(nb):
+            s = g % STAGES
+            mbarrier.wait(full.index(s), (g // STAGES) & 1)
+            b_s = warpgroup_mma(q_rows, k_bufs.index(s).permute((1, 0)), gl.zeros([64, BN], gl.float32, S_L),
+                                use_acc=False)  # fmt: skip
+            b_s = b_s * qk_scale
+            if j < nbp:
+                if (j == nbp - 1) & (prefix % BN != 0):  # the prefix ends inside (its zero-filled keys)
+                    o_n = j * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, S_L))
+                    b_s = gl.where((o_n < prefix)[None, :], b_s, float("-inf"))
+            elif j >= full_blocks:
+                o_n = (j - nbp) * BN + gl.arange(0, BN, layout=gl.SliceLayout(0, S_L))
+                keep = o_n[None, :] < q_end
+                if CAUSAL:
+                    keep = keep & (o_n[None, :] <= o_m[:, None])
+                b_s = gl.where(keep, b_s, float("-inf"))
+            b_mn = gl.maximum(b_m, gl.max(b_s, 1))  # finite: key 0 (block 0) is every row's
+            b_alpha = gl.exp2(b_m - b_mn)
+            b_p = gl.exp2(b_s - b_mn[:, None])
+            b_l = b_l * b_alpha + gl.sum(b_p, 1)
+            b_m = b_mn
+            b_acc = b_acc * gl.convert_layout(b_alpha, gl.SliceLayout(1, O_L))[:, None]
+            b_acc = warpgroup_mma(gl.convert_layout(b_p.to(k_bufs.dtype), P_A), v_bufs.index(s), b_acc)
+            mbarrier.arrive(empty.index(s))
+            g += 1
+        b_lo = gl.convert_layout(b_l, gl.SliceLayout(1, O_L))
+        b_acc = b_acc * gl.where(b_lo > 0, 1.0 / gl.where(b_lo > 0, b_lo, 1.0), 0.0)[:, None]
+        # the output through this warpgroup's rows of the Q buffer (its last MMA has read them)
+        q_rows.store(b_acc.to(q_buf.dtype))
+        gl.thread_barrier()
+        o_r = gl.arange(0, 64, layout=gl.SliceLayout(1, ST))
+        o_c = gl.arange(0, D, layout=gl.SliceLayout(0, ST))
+        rows = q0 + ROW0 + o_r
+        b_o = q_rows.load(ST)
+        o_ptr = o + row0 * stride_ot + h * stride_oh
+        gl.store(o_ptr + rows[:, None] * stride_ot + o_c[None, :], b_o, mask=(rows < q_end)[:, None])
+        lse_v = gl.where(b_l > 0, b_m.to(gl.float64) * _LN2 + gl.log(gl.where(b_l > 0, b_l, 1.0).to(gl.float64)),
+                         float("-inf"))  # fmt: skip
+        gl.store(lse + (row0 + o_m) * stride_lt + h, lse_v.to(gl.float32), mask=o_m < q_end)
+        gl.thread_barrier()  # every warp's reads of the staged output done
+        fence_async_shared()  # before the next Q's TMA writes the buffer
+        mbarrier.arrive(q_empty)
+        k += 1
+
+
+@gluon.jit
+def prefill_ws_kernel(
+    q_desc, k_desc, v_desc, kc_desc, vc_desc, kc_rows, vc_rows, stride_kc, stride_vc,
+    kv_page_indices, kv_indptr, seq_lens, tiles, qo_indptr, o, lse, qk_scale,
+    stride_ot, stride_oh, stride_lt, n_items, Hq,
+    G: gl.constexpr, D: gl.constexpr, CAUSAL: gl.constexpr, PREFIX: gl.constexpr,
+    PAGE_SIZE: gl.constexpr, PAGE_TMA: gl.constexpr, STAGES: gl.constexpr,
+):  # fmt: skip
+    """Work items `(tile i, query head h)` numbered `i * Hq + h` (tile `tiles[i] = (request, first new
+    token)`, the heaviest first); a program takes items `program_id, + num_programs, ...` (one each when
+    the grid is the item count; persistent when it is the SM count: the next item's K/V blocks load while
+    this one's output is written). `PREFIX`: some request has cached keys (else the cache arguments are
+    never read)."""
+    BM: gl.constexpr = 128
+    BN: gl.constexpr = 128
+    LOADER_WARPS: gl.constexpr = 4 if PREFIX else 1
+    SW: gl.constexpr = gl.NVMMASharedLayout(swizzle_byte_width=128, element_bitwidth=16, rank=2)
     dtype: gl.constexpr = q_desc.dtype
     q_buf = gl.allocate_shared_memory(dtype, [BM, D], SW)
     k_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, D], SW)
     v_bufs = gl.allocate_shared_memory(dtype, [STAGES, BN, D], SW)
-    q_bar = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_full = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
+    q_empty = gl.allocate_shared_memory(gl.int64, [1], mbarrier.MBarrierLayout())
     full = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(q_bar, count=1)
+    mbarrier.init(q_full, count=1)
+    mbarrier.init(q_empty, count=2)  # both consumers
     for s in gl.static_range(STAGES):
         mbarrier.init(full.index(s), count=1)
         mbarrier.init(empty.index(s), count=2)  # both consumers
     fence_async_shared()
 
-    o_ptr = o + row0 * stride_ot + h * stride_oh
-    lse_ptr = lse + row0 * stride_lt + h
     gl.warp_specialize(
         [
-            (_consumer, (q_buf, k_bufs, v_bufs, q_bar, full, empty, o_ptr, lse_ptr, stride_ot, stride_lt, qk_scale,
-                         q0, q_end, nbp, prefix, nb, 0, D, BN, CAUSAL, STAGES)),
-            (_consumer, (q_buf, k_bufs, v_bufs, q_bar, full, empty, o_ptr, lse_ptr, stride_ot, stride_lt, qk_scale,
-                         q0, q_end, nbp, prefix, nb, 64, D, BN, CAUSAL, STAGES)),
-            (_loader, (q_desc, k_desc, v_desc, kc_desc, vc_desc, kc_rows, vc_rows, stride_kc, stride_vc, p_pages,
-                       q_buf, k_bufs, v_bufs, q_bar, full, empty, row0 + q0, row0, h, h // G, nbp, prefix, nb,
-                       BM, D, BN, STAGES, PAGE_SIZE, PAGE_TMA, LOADER_WARPS)),
+            (_consumer, (q_buf, k_bufs, v_bufs, q_full, q_empty, full, empty, o, lse, stride_ot, stride_oh, stride_lt,
+                         qk_scale, tiles, qo_indptr, seq_lens, kv_page_indices, kv_indptr, n_items, Hq,
+                         0, BM, D, BN, CAUSAL, PREFIX, STAGES)),
+            (_consumer, (q_buf, k_bufs, v_bufs, q_full, q_empty, full, empty, o, lse, stride_ot, stride_oh, stride_lt,
+                         qk_scale, tiles, qo_indptr, seq_lens, kv_page_indices, kv_indptr, n_items, Hq,
+                         64, BM, D, BN, CAUSAL, PREFIX, STAGES)),
+            (_loader, (q_desc, k_desc, v_desc, kc_desc, vc_desc, kc_rows, vc_rows, stride_kc, stride_vc,
+                       tiles, qo_indptr, seq_lens, kv_page_indices, kv_indptr, n_items, Hq,
+                       q_buf, k_bufs, v_bufs, q_full, q_empty, full, empty, G,
+                       BM, D, BN, STAGES, CAUSAL, PREFIX, PAGE_SIZE, PAGE_TMA, LOADER_WARPS)),
         ],
         [4, LOADER_WARPS],
         [232, 40],
@@ -331,10 +372,10 @@ def plan_prefill(x) -> torch.Tensor:
     return torch.tensor(tiles, dtype=torch.int32).reshape(-1, 2).to(x.q.device)
 
 
-def prefill_launches(x, tiles: torch.Tensor, stages: int = 2) -> list[tuple]:
+def prefill_launches(x, tiles: torch.Tensor, stages: int = 2, persistent: bool = False) -> list[tuple]:
     """(kernel, grid, args, kwargs) of the prefill of `x` over `tiles` (`plan_prefill`), with a ring of
-    `stages` K/V stages."""
-    from attnbench.kernels.triton.common import LOG2E
+    `stages` K/V stages; one program per (tile, head), or (`persistent`) one per SM walking them."""
+    from attnbench.kernels.triton.common import LOG2E, sm_count
     from attnbench.kernels.triton.extend_plan import _rows_view
 
     T, Hq, D = x.q.shape
@@ -358,7 +399,9 @@ def prefill_launches(x, tiles: torch.Tensor, stages: int = 2) -> list[tuple]:
     else:  # never read
         cache = [descs[1], descs[2], k2, v2, k2.stride(0), v2.stride(0)]
     args = (*descs, *cache, x.kv_page_indices, x.kv_indptr, x.seq_lens, tiles, x.qo_indptr, x.o, x.lse,
-            x.sm_scale * LOG2E, x.o.stride(0), x.o.stride(1), x.lse.stride(0))  # fmt: skip
+            x.sm_scale * LOG2E, x.o.stride(0), x.o.stride(1), x.lse.stride(0), tiles.shape[0] * Hq, Hq)  # fmt: skip
     meta = dict(G=Hq // Hkv, D=D, CAUSAL=bool(x.causal), PREFIX=prefix, PAGE_SIZE=page,
                 PAGE_TMA=prefix and page_tma(page), STAGES=stages, num_warps=4)  # fmt: skip
-    return [(prefill_ws_kernel, (tiles.shape[0], Hq), args, meta)]
+    items = tiles.shape[0] * Hq
+    grid = min(items, sm_count(x.q.device)) if persistent else items
+    return [(prefill_ws_kernel, (grid,), args, meta)]

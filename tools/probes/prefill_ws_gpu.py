@@ -97,8 +97,10 @@ CASES = [
     ("b3 prefix page16 causal d128", dict(lens=[300, 17, 513], prefix=[1000, 128, 7], hq=8, hkv=2, d=128)),
     ("b2 prefix page1 causal d64", dict(lens=[200, 129], prefix=[301, 64], hq=4, hkv=1, d=64, page=1)),
     ("b2 prefix page64 noncausal", dict(lens=[256, 100], prefix=[640, 33], hq=8, hkv=2, d=128, causal=False, page=64)),
-    ("b2 prefix page128 fp16", dict(lens=[130, 400], prefix=[256, 1500], hq=4, hkv=4, d=128, page=128,
-                                    dtype=torch.float16)),
+    (
+        "b2 prefix page128 fp16",
+        dict(lens=[130, 400], prefix=[256, 1500], hq=4, hkv=4, d=128, page=128, dtype=torch.float16),
+    ),
     ("b2 prefix page256 ragged", dict(lens=[128, 1], prefix=[700, 2048], hq=8, hkv=2, d=64, page=256)),
     ("b3 prefix page24 (gathered)", dict(lens=[90, 200, 5], prefix=[100, 0, 47], hq=8, hkv=2, d=128, page=24)),
     ("b1 chunk s2048 pre6144", dict(lens=[2048], prefix=[6144], hq=32, hkv=8, d=128, page=64)),
@@ -109,12 +111,12 @@ def main() -> int:
     print(torch.cuda.get_device_name(), torch.__version__, __import__("triton").__version__)
     bad = 0
     for label, kw in CASES:
-        for stages in prefill_ws.STAGES:
+        for stages, persistent in [(2, False), (3, False), (2, True), (3, True)]:
             x = make(**kw)
             why = prefill_ws.prefill_unsupported(x)
             assert why is None, why
             tiles = prefill_ws.plan_prefill(x)
-            bind_launches(prefill_ws.prefill_launches(x, tiles, stages), {"o": x.o, "lse": x.lse})()
+            bind_launches(prefill_ws.prefill_launches(x, tiles, stages, persistent), {"o": x.o, "lse": x.lse})()
             torch.cuda.synchronize()
             ro, rl = reference(x)
             eo = (x.o.double() - ro).abs().max().item()
@@ -122,7 +124,10 @@ def main() -> int:
             ulp = 2.0**-8 if x.q.dtype == torch.bfloat16 else 2.0**-11
             ok = eo <= 4 * ulp * ro.abs().max().item() and el <= 1e-4 and bool(torch.isfinite(x.o).all())
             bad += not ok
-            print(f"{label}, {stages} stages: o err {eo:.3g} lse err {el:.3g} {'ok' if ok else 'FAIL'}", flush=True)
+            print(
+                f"{label}, {stages} stages{', persistent' if persistent else ''}: o err {eo:.3g} lse err {el:.3g} {'ok' if ok else 'FAIL'}",
+                flush=True,
+            )
     return 1 if bad else 0
 
 

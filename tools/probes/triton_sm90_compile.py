@@ -122,7 +122,7 @@ def _launches(case_id: str):
     another MLA kernel where the warp-specialized Gluon one applies) or `@mla=0` (the
     generic kernel where the backend would take the MLA kernel); other decodes take `DecodeConfig`
     fields over the default config (`@num_warps=2@fp8_dequant=2`: the FP8_DEQUANT mode numbered 2);
-    `@fused_merge=1` on either kernel merges the splits inside the split launch; extend `@kernel=ws` (`@stages=3`): the
+    `@fused_merge=1` on either kernel merges the splits inside the split launch; extend `@kernel=ws` (`@stages=3`, `@persistent=1`): the
     Gluon prefill."""
     from attnbench.case import Case
     from attnbench.kernels.triton import decode, extend, extend_plan, merge
@@ -151,7 +151,9 @@ def _launches(case_id: str):
         if kw.pop("kernel", None) == "ws":  # the Gluon prefill (prefill_ws.py)
             from attnbench.kernels.triton import prefill_ws
 
-            return prefill_ws.prefill_launches(x, prefill_ws.plan_prefill(x), int(kw.pop("stages", 2)))
+            return prefill_ws.prefill_launches(
+                x, prefill_ws.plan_prefill(x), int(kw.pop("stages", 2)), bool(int(kw.pop("persistent", 0)))
+            )
         return extend._launches(x, extend_plan.plan_extend(x, **kw))
     return [merge._launch(x.v_a, x.s_a, x.v_b, x.s_b, x.o, x.lse)]
 

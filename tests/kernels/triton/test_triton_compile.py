@@ -142,8 +142,9 @@ def test_compiles_for_sm90(compiled, case_id):
 MEASURED_SPILLS = {
     ("decode/b2-l300-h128x1-d576x512-p64-mla-bf16@impl=triton", "_mla_decode_kernel"): 88,
     ("decode/b2-l300-h128x1-d576x512-p64-mla-bf16@fused_merge=1", "_mla_decode_kernel"): 88,  # the same spill
-    # the Gluon prefill over a prefix: 20 bytes (the loader warps at 40 registers: a block's 8 page rows read early)
-    ("extend/b2-q200-pre300-h8x2-d128-p16-bf16@kernel=ws", "prefill_ws_kernel"): 20,
+    # the Gluon prefill over a prefix: 60 bytes, in its loader warps (40 registers: the work-item loop, a block's
+    # 8 page rows read early)
+    ("extend/b2-q200-pre300-h8x2-d128-p16-bf16@kernel=ws", "prefill_ws_kernel"): 60,
 }
 
 
