@@ -3,6 +3,8 @@ the output kernel forced to BV=32, num_warps=4, num_stages=2, as backend `triton
 
     attnbench sweep --case gdn_extend/b1-t16384-h32x32-d128x128-bf16 -b triton-gdn-bv32 -b triton \\
         --plugin tools/probes/triton_gdn_out_bv32.py --sanitize memcheck --sanitize-max 0
+
+Without attnbench (torch + triton only, the kernel trimmed to its dots): docs/findings/repro/triton_gdn_out_bv32.py.
 """
 
 import triton
