@@ -307,19 +307,21 @@ def prefill_unsupported(x) -> str | None:
 @dataclass(frozen=True)
 class PrefillPolicy:
     """When the fast backend takes this kernel over extend.py's (triton-det takes it wherever it applies:
-    the choice must not follow the batch). Measured on an H100 (reports/examples/h100-session18, `extend`
-    suite, this kernel against extend.py's in the same run):
+    the choice must not follow the batch). Measured on an H100 (reports/examples/h100-session18/ext2, the
+    `extend` suite, `extend_kernel=ws` against `extend_kernel=triton` in one run):
 
-    - `min_blocks_per_tile` = 6: tiles that read few 128-key blocks on average lose to extend.py's
-      smaller tiles at two programs per SM (1.09-1.20x slower at 2.5 and 4.5 blocks a tile: b2 q512 and
-      b1 q1024 prefills) and win from 8.5 on (0.80-0.94x: q2048 prefills, extends over 1-4k prefixes).
-    - `head_dims` = (128,): at head dim 64 the softmax outweighs the MMAs of a 128 x 128 block (1.11x
-      slower on the d64 prefill row).
+    - `min_blocks_per_tile` = 6: tiles that read few 128-key blocks on average do not pay for the pipeline
+      fill of a program with one tile (2.5 and 4.5 blocks a tile, b2 q512 and b1 q1024 prefills: 1.02x
+      the time of extend.py's smaller tiles at two programs per SM); from 8.5 on it wins (0.73-0.90x: q2048
+      prefills, extends over 1-4k prefixes).
+    - `head_dims` = (128,): at head dim 64 the softmax outweighs the MMAs of a 128 x 128 block (1.08x
+      the time on the d64 prefill row).
     - `gathered_prefix` = False: a prefix whose pages do not tile 128-key blocks is gathered by
-      cp.async through the loader warps, 1.15x slower than extend.py's pointer loads (pages of 1).
+      cp.async through the loader warps, 1.27x the time of extend.py's pointer loads (pages of 1).
     - extends that pack a kv group's query heads into a tile (`extend_plan.gqa_packs`: spec verify,
-      draft extends) and grids over a prefix with fewer programs than SMs (extend.py splits the prefix
-      over the idle SMs) stay on extend.py's kernel.
+      draft extends) and grids over a prefix with programs for at most half the SMs (extend.py splits
+      the prefix over the idle SMs) stay on extend.py's kernel; at 128 programs on 132 SMs this kernel
+      was still ahead (b2 q256 over 1024 keys, bidirectional: 38.1 against 41.1 us).
     """
 
     min_blocks_per_tile: float = 6.0
@@ -347,8 +349,8 @@ def prefill_declined(x, tiles: torch.Tensor, policy: PrefillPolicy = PREFILL_POL
             return f"pages of {x.k_cache.shape[1]} (gathered)"
         if gqa_packs(x):
             return "GQA-packed tiles"
-        if tiles.shape[0] * x.q.shape[1] < sm_count(x.q.device):
-            return "fewer programs than SMs (split KV)"
+        if 2 * tiles.shape[0] * x.q.shape[1] <= sm_count(x.q.device):
+            return "programs for at most half the SMs (split KV)"
     return None
 
 

@@ -170,7 +170,7 @@ def run_one(a) -> int:
 
 
 def under_sanitizer() -> bool:
-    """True when compute-sanitizer started this process: it is among the ancestors' command lines (directly or
+    """True when compute-sanitizer started this process: it is among the ancestors' programs (directly or
     through its TreeLauncher), or its injection library is preloaded."""
     import os
 
@@ -181,9 +181,10 @@ def under_sanitizer() -> bool:
     pid = os.getppid()
     for _ in range(8):  # a few generations up, to pid 1
         try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if any(m.encode() in f.read() for m in marks):
-                    return True
+            with open(f"/proc/{pid}/cmdline", "rb") as f:  # the program's own name, not its arguments (a
+                exe = os.path.basename(f.read().split(b"\0")[0])  # shell whose script names the tool is not it)
+            if any(m.encode() in exe for m in marks):
+                return True
             with open(f"/proc/{pid}/stat") as f:
                 pid = int(f.read().rsplit(")", 1)[1].split()[1])
         except (OSError, ValueError, IndexError):
