@@ -353,8 +353,12 @@ def plan_mla_decode(
         HAS_SOFTCAP=x.soft_cap > 0, HAS_SINKS=x.sinks is not None, PRECISE_EXP=precise, num_warps=cfg.num_warps,
         USE_TMA=cfg.use_tma, WARP_SPECIALIZE=cfg.warp_specialize,
     )  # fmt: skip
-    merge_meta = dict(  # BLOCK_S fixed: the merge's summation order never depends on the batch
-        DV=D_LATENT, BLOCK_DV=D_LATENT, BLOCK_S=16, HAS_SINKS=x.sinks is not None, PRECISE_EXP=precise, num_warps=4
+    # BLOCK_S fixed: the merge's summation order never depends on the batch. 4 partial rows a step, not
+    # decode's 16: a [16, 512] fp32 tile held 96 registers a thread and the B32 L4096 merge (4096 programs
+    # of two splits each) ran in six waves, 20 us under Nsight Compute beside the 94 us kernel
+    # (reports/examples/h100-session18/ncu.md)
+    merge_meta = dict(
+        DV=D_LATENT, BLOCK_DV=D_LATENT, BLOCK_S=4, HAS_SINKS=x.sinks is not None, PRECISE_EXP=precise, num_warps=4
     )  # fmt: skip
     plan = DecodePlan(
         work_t,
