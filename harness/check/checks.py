@@ -430,17 +430,25 @@ def _base(op, params, pristine: Any, work: Any) -> Any:
 
 MEMO_MAX_BYTES = 256 * 2**20  # perturbed copies kept for the next backend of a case up to this size
 FRESH_FIRST_MAX_BYTES = 2**30  # a re-run is matched against a fresh closure first up to these inputs' size
+MEMO_WRITTEN_ENTRIES = 4  # perturbed inputs (and expectations) kept per perturbation for an op that writes inputs
 
 
-def _perturbed(op, params, base: Any, chosen, precision: torch.dtype, memo: dict | None, key) -> tuple:
+def _perturbed(op, params, base: Any, chosen, precision: torch.dtype, memo: dict | None, key, pure: bool) -> tuple:
     """(perturbed inputs, `expect`) of `base` under the perturbations `chosen`, `expect()` giving their
-    float64 expectation and twin, computed on the first call only (the stale check often needs none);
-    both memoised in `memo` under `key` (the same for every backend of a case when `base` is pristine).
+    float64 expectation, twin and whether this call computed them (the stale check often needs none);
+    both memoised in `memo` under `key`, shared by the backends of a case.
 
-    The expectations are always memoised; the perturbed copy only while its cloned fields stay under
-    MEMO_MAX_BYTES: past that it is made again per backend (a perturbation is a deterministic function
-    of the inputs, `Perturbation.apply`), so a production-size pool (suites/large.yaml: 8 GiB) is not
-    held twice more for the whole case."""
+    `pure` (an op that writes no input: `base` is the case's pristine inputs, the same for every
+    backend): one entry per key. The expectations are always memoised; the perturbed copy only while
+    its cloned fields stay under MEMO_MAX_BYTES: past that it is made again per backend (a
+    perturbation is a deterministic function of the inputs, `Perturbation.apply`), so a
+    production-size pool (suites/large.yaml: 8 GiB) is not held twice more for the whole case.
+
+    Not `pure` (`base` holds the written inputs as this backend's calls left them): an expectation is
+    reused only for perturbed inputs bitwise equal to those it was computed from (every storage,
+    `_storages_equal`), so backends that wrote the same caches (every correct one of an exact write)
+    share it and a backend that wrote other bits gets its own; entries are kept, up to
+    MEMO_WRITTEN_ENTRIES per key, while the whole perturbed copy stays under MEMO_MAX_BYTES."""
     fields = {f for pert in chosen for f in pert.fields}
 
     def perturbed_copy():
@@ -449,20 +457,30 @@ def _perturbed(op, params, base: Any, chosen, precision: torch.dtype, memo: dict
             pert.apply(params, x)
         return x
 
-    entry = memo.get(key) if memo is not None else None
-    if entry is None:
-        x = perturbed_copy()
-        small = storage_bytes([getattr(x, f) for f in fields]) <= MEMO_MAX_BYTES
-        entry = {"x": x if small else None, "expected": None}
-        if memo is not None:
-            memo[key] = entry
+    if pure:
+        entry = memo.get(key) if memo is not None else None
+        if entry is None:
+            x = perturbed_copy()
+            small = storage_bytes([getattr(x, f) for f in fields]) <= MEMO_MAX_BYTES
+            entry = {"x": x if small else None, "expected": None}
+            if memo is not None:
+                memo[key] = entry
+        else:
+            x = entry["x"] if entry["x"] is not None else perturbed_copy()
     else:
-        x = entry["x"] if entry["x"] is not None else perturbed_copy()
+        x = perturbed_copy()
+        kept = memo.setdefault(key, []) if memo is not None else []
+        entry = next((e for e in kept if _storages_equal(e["x"], x)), None)
+        if entry is None:
+            entry = {"x": x, "expected": None}
+            if len(kept) < MEMO_WRITTEN_ENTRIES and storage_bytes(x) <= MEMO_MAX_BYTES:
+                kept.append(entry)
 
-    def expect() -> tuple[dict, dict]:
-        if entry["expected"] is None:
+    def expect() -> tuple[dict, dict, bool]:
+        computed = entry["expected"] is None
+        if computed:
             entry["expected"] = (op.expected(params, x, torch.float64), op.expected(params, x, precision))
-        return entry["expected"]
+        return (*entry["expected"], computed)
 
     return x, expect
 
@@ -550,8 +568,8 @@ def stale_check(
     expectation and twin of the perturbed inputs. A perturbation that leaves an output as it was
     cannot fail a correct kernel. Outputs (and written inputs) that already failed the first call are
     not checked again. The first class the closure did not follow is named.
-    `memo` (one dict per case) keeps the perturbed expectations of ops that write no input, so every
-    backend of a case shares them. `sync()` waits for the device.
+    `memo` (one dict per case) keeps the perturbed expectations, so the backends of a case share them
+    (for an op that writes inputs, those of bitwise-equal perturbed inputs: `_perturbed`). `sync()` waits for the device.
     `fresh(x)`, when given, prepares the backend anew on a copy of inputs `x` and calls it once,
     returning `(outputs, its inputs)`: the control of a failing re-run. Where a freshly prepared
     closure fails on the changed inputs too, the re-run's failure is the tolerance edge of those
@@ -579,8 +597,8 @@ def stale_check(
 
     def rerun(chosen) -> list[str]:
         base = _base(op, params, pristine, work)
-        key = tuple(p.name for p in chosen) if pure else None
-        x, expect = _perturbed(op, params, base, chosen, precision, memo if pure else None, key)
+        key = tuple(p.name for p in chosen)
+        x, expect = _perturbed(op, params, base, chosen, precision, memo, key, pure)
         if pure and _unchanged(base, x, chosen):
             counts.skipped += 1
             return []
@@ -603,9 +621,8 @@ def stale_check(
             ):
                 counts.matched_fresh += 1
                 return []  # what a fresh closure does on these inputs: not stale, whatever the reference says
-        had = memo is not None and pure and key in memo and memo[key]["expected"] is not None
-        expected, twin = expect()
-        counts.references += 0 if had else 1
+        expected, twin, computed = expect()
+        counts.references += int(computed)
         v = check(op, params, x, work, outputs, expected, twin, rule, absent=skip)
         new = [p for p in v.problems if p.split(":", 1)[0] not in failed and p not in verdict.problems]
         failing = {p.split(":", 1)[0] for p in new}
