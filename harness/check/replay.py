@@ -30,9 +30,10 @@ from typing import Any
 import torch
 
 from attnbench.buffers import storage_bytes, tensor_fields
-from attnbench.check.checks import Problem, _reset_from, check, outputs_contract, subjects
+from attnbench.check.checks import Problem, _reset_from, _storages_equal, check, outputs_contract, subjects
 from attnbench.check.prepared import PreparedCall
 from attnbench.errors import describe
+from attnbench.ops.replay_batches import keep_from
 
 # Inputs larger than this are not replayed: batch B is another copy of them (and is kept for the case's
 # other backends where the op writes nothing); the large suite's pools of several GiB would not fit twice.
@@ -125,16 +126,32 @@ def what_changed(a: Any, b: Any) -> str:
 
 
 def batch_b(op, params, work: Any, dtype: torch.dtype, seed: int, memo: dict | None) -> tuple | str:
-    """`(params, inputs, expected, twin)` of batch B (`Op.replay_batch`), or why there is none. Memoised
-    in `memo` for an op that writes nothing (B is then the same for every backend of the case)."""
+    """`(params, inputs, expected, twin)` of batch B (`Op.replay_batch`), or why there is none.
+
+    B is drawn once per case (`memo`, shared by the case's backends): its fields but `Op.replay_kept`
+    depend on the case alone, and each later row gets those kept fields from its own inputs `work`
+    (`keep_from`: clones, as `replay_batch` takes them). For an op that writes nothing B is then the
+    same for every backend, and so is its float64 expectation and twin. For an op that writes inputs
+    (a state pool, as the backend's calls left it) the expectation is the first row's where this row's
+    B is bitwise that row's (`_storages_equal`), else computed for this row."""
     pure = not op.writes_for(params)
-    if pure and memo is not None and "batch" in memo:
-        return memo["batch"]
-    got = op.replay_batch(params, work, dtype, seed)
-    if not isinstance(got, str):
+    if memo is None:
+        memo = {}
+    first = memo.get("batch")
+    if isinstance(first, str) or (pure and first is not None):
+        return first
+    if first is None:
+        got = op.replay_batch(params, work, dtype, seed)
+        if isinstance(got, str):
+            memo["batch"] = got
+            return got
         pb, xb = got
-        got = (pb, xb, op.expected(pb, xb, torch.float64), op.expected(pb, xb, dtype))
-    if pure and memo is not None:
+    else:
+        pb, xb = first[0], keep_from(first[1], work, op.replay_kept(params))
+        if _storages_equal(first[1], xb):
+            return first
+    got = (pb, xb, op.expected(pb, xb, torch.float64), op.expected(pb, xb, dtype))
+    if first is None:
         memo["batch"] = got
     return got
 
