@@ -115,7 +115,8 @@ def runnable(c: Check, ctx: CheckContext) -> bool:
 
 class OutputsCheck:
     """The first call's outputs and side effects against the float64 expectation (attnbench.check.checks.check):
-    error sizes per output (the row's `metrics`), NaN/Inf, canaries, written and untouched inputs."""
+    error sizes per output (the row's `metrics`), NaN/Inf, canaries, written and untouched inputs. What a
+    comparison takes from the reference alone (slices, bounds) is computed once per case (`memo`)."""
 
     name = "outputs"
     needs = frozenset({"outputs"})
@@ -127,7 +128,7 @@ class OutputsCheck:
     def run(self, ctx: CheckContext) -> dict[str, Any]:
         p = ctx.prepared
         v = check(ctx.op, ctx.params, p.pristine, p.work, ctx.outputs, ctx.expected, ctx.twin, ctx.rule,
-                  absent=p.absent)  # fmt: skip
+                  absent=p.absent, memo=ctx.memo_for(self.name))  # fmt: skip
         ctx.verdict.problems += v.problems
         ctx.verdict.metrics.update(v.metrics)
         ctx.verdict.malformed = ctx.verdict.malformed or v.malformed
