@@ -39,7 +39,9 @@ class CheckContext:
 
     `expected`/`twin`: the float64 expectation and the native-precision twin of the pristine inputs;
     `outputs`: the first (checked) call's finalized outputs; `memo`: one dict per case and check
-    name, shared by the backends of the case (e.g. the stale check's perturbed expectations).
+    name, shared by the backends of the case (e.g. the stale check's perturbed expectations);
+    `ref_cache`: the run's reference cache (a harness/store/refcache.py RefCache) or None (off), for
+    references a case determines besides its own (the replay check's batch B).
     """
 
     prepared: PreparedCall
@@ -50,6 +52,7 @@ class CheckContext:
     opts: Any  # attnbench.run.runner.RunOptions
     verdict: Verdict = field(default_factory=Verdict)
     memo: dict[str, dict] = field(default_factory=dict)
+    ref_cache: Any = None
     _first: dict | None = None
 
     @property
@@ -248,7 +251,8 @@ class ReplayCheck:
 
     def run(self, ctx: CheckContext) -> dict[str, Any]:
         enabled = getattr(ctx.opts, "replay", True)
-        outcome, problems = replay_outcome(ctx.prepared, ctx.rule, enabled, ctx.memo_for(self.name), self.graph)
+        outcome, problems = replay_outcome(ctx.prepared, ctx.rule, enabled, ctx.memo_for(self.name), self.graph,
+                                           ctx.ref_cache)  # fmt: skip
         ctx.verdict.problems += problems
         return {"replay": outcome}
 

@@ -252,3 +252,23 @@ def test_batch_b_is_drawn_once_per_case_and_each_row_keeps_its_own_pool(monkeypa
     # the case's reference and twin, B's for the first row (the baked and the second row's calls left
     # the pool bitwise as the first row's did), B's for the row whose pool differs
     assert len(refs) == 2 + 2 + 2 and nudged.replay in ("pass", "fail")
+
+
+def test_batch_b_reference_of_an_op_that_writes_nothing_comes_from_the_reference_cache(monkeypatch, tmp_path):
+    """Decode writes nothing: B is a function of the case alone, so its float64 reference and twin are kept
+    in the reference cache (variant "replay batch B"): a second run computes none, with the same outcomes,
+    the mutant that baked its longest length still failing."""
+    from attnbench.ops.attention.op import DecodeOp
+
+    refs: list = []
+    real = DecodeOp.expected
+    monkeypatch.setattr(DecodeOp, "expected", lambda self, p, x, d: refs.append(d) or real(self, p, x, d))
+    backends = [GraphSafeDecode(), BakedLengthDecode()]
+    runs = []
+    for _ in range(2):
+        refs.clear()
+        rows = _rows(DECODES[0], backends, checks=(OutputsCheck(), ReplayCheck(StandInGraph)), ref_cache=str(tmp_path))
+        runs.append(([(r.status, r.replay) for r in rows], len(refs)))
+    assert runs[0][0] == runs[1][0] == [("pass", "pass"), ("fail", "fail")], runs
+    assert runs[0][1] == 2 + 2  # the case's own, and B's
+    assert runs[1][1] == 0, runs  # both from the cache
