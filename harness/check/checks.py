@@ -530,6 +530,10 @@ def _memo_bytes(obj: Any, ref: torch.Tensor | None) -> int:
 MEMO_MAX_BYTES = 256 * 2**20  # perturbed copies kept for the next backend of a case up to this size
 FRESH_FIRST_MAX_BYTES = 2**30  # a re-run is matched against a fresh closure first up to these inputs' size
 MEMO_WRITTEN_ENTRIES = 4  # perturbed inputs (and expectations) kept per perturbation for an op that writes inputs
+MEMO_WRITTEN_MAX_BYTES = 2**30  # and the bytes of those perturbed inputs kept per case, all perturbations together
+
+
+_WRITTEN_BYTES = "written copies: bytes"  # the memo's count of the perturbed copies it keeps (ops that write)
 
 
 def _perturbed(op, params, base: Any, chosen, precision: torch.dtype, memo: dict | None, key, pure: bool) -> tuple:
@@ -547,7 +551,8 @@ def _perturbed(op, params, base: Any, chosen, precision: torch.dtype, memo: dict
     reused only for perturbed inputs bitwise equal to those it was computed from (every storage,
     `_storages_equal`), so backends that wrote the same caches (every correct one of an exact write)
     share it and a backend that wrote other bits gets its own; entries are kept, up to
-    MEMO_WRITTEN_ENTRIES per key, while the whole perturbed copy stays under MEMO_MAX_BYTES."""
+    MEMO_WRITTEN_ENTRIES per key, while the perturbed copies kept for the case (whole: they hold
+    every input) stay under MEMO_WRITTEN_MAX_BYTES together."""
     fields = {f for pert in chosen for f in pert.fields}
 
     def perturbed_copy():
@@ -572,8 +577,10 @@ def _perturbed(op, params, base: Any, chosen, precision: torch.dtype, memo: dict
         entry = next((e for e in kept if _storages_equal(e["x"], x)), None)
         if entry is None:
             entry = {"x": x, "expected": None}
-            if len(kept) < MEMO_WRITTEN_ENTRIES and storage_bytes(x) <= MEMO_MAX_BYTES:
+            size, held = storage_bytes(x), memo.get(_WRITTEN_BYTES, 0) if memo is not None else 0
+            if memo is not None and len(kept) < MEMO_WRITTEN_ENTRIES and held + size <= MEMO_WRITTEN_MAX_BYTES:
                 kept.append(entry)
+                memo[_WRITTEN_BYTES] = held + size
 
     def expect() -> tuple[dict, dict, bool]:
         computed = entry["expected"] is None

@@ -152,3 +152,16 @@ def test_perturbed_inputs_of_other_bits_get_their_own_reference():
     memo: dict = {}
     got = [_perturbed(op, p, base, (pert,), case.torch_dtype, memo, ("k",), False)[1]()[2] for base in (a, b, a, b)]
     assert got == [True, True, False, False]  # computed for each base once, then reused
+
+
+def test_past_the_cap_of_kept_copies_each_backend_computes_its_own(monkeypatch):
+    """The perturbed copies an op that writes inputs keeps for its case are capped (MEMO_WRITTEN_MAX_BYTES,
+    all perturbations together): past it the next backend computes the references again, same verdicts."""
+    from attnbench.check import checks
+    from attnbench.run.runner import RunOptions, run_case
+
+    monkeypatch.setattr(checks, "MEMO_WRITTEN_MAX_BYTES", 0)
+    case = Case.from_id(EXTEND_NO_PREFIX, "cpu")
+    rows = run_case(case, [get_backend("torch"), TorchAgain()], RunOptions(timing=False))
+    assert [r.status for r in rows] == ["pass", "pass"], [r.reason for r in rows]
+    assert [r.stale_references for r in rows] == [2, 2]
