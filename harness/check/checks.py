@@ -221,7 +221,11 @@ def compare_numeric(
         ratio = err / bound_e
         worst = int(ratio.flatten().argmax()) if bool((err > bound_e).any()) else int(err.flatten().argmax())
         ws = int(idx.flatten()[worst])
-        m["bound"], m["twin_max_abs"], m["scale"] = float(side.bound_s[ws]), float(side.twin_s[ws]), float(side.scale_s[ws])
+        m["bound"], m["twin_max_abs"], m["scale"] = (
+            float(side.bound_s[ws]),
+            float(side.twin_s[ws]),
+            float(side.scale_s[ws]),
+        )
         if side.mag_s is not None:
             m["magnitude"] = float(side.mag_s[ws])
         m["slices"] = side.count
@@ -314,6 +318,11 @@ def compare_exact(name: str, actual: torch.Tensor, expected: torch.Tensor, befor
     v.problems.append(f"{name}: " + ", ".join(parts))
 
 
+def _written_side(ref, twin, spec, rule, dtype, units, rows, before) -> tuple[ReferenceSide, torch.Tensor]:
+    """A numerically compared written input's `reference_side` and `untouched_mask`."""
+    return reference_side(ref, twin, spec, rule, dtype, units, rows), untouched_mask(ref, before)
+
+
 def untouched_mask(expected: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
     """Where a numerically compared write must leave the input as it was: the expectation equals the
     value before the call exactly (NaN where both are)."""
@@ -322,7 +331,11 @@ def untouched_mask(expected: torch.Tensor, before: torch.Tensor) -> torch.Tensor
 
 
 def compare_untouched(
-    name: str, actual: torch.Tensor, expected: torch.Tensor, before: torch.Tensor, v: Verdict,
+    name: str,
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    before: torch.Tensor,
+    v: Verdict,
     keep: torch.Tensor | None = None,
 ) -> None:
     """The part of a numerically compared write that must stay as it was.
@@ -392,18 +405,20 @@ def check(
     free = op.unspecified(params, pristine)
     rows = op.row_requests(params, pristine)
 
-    def side(name, twin_of_case, dtype, make):
-        """`make()` (a `reference_side` or an untouched mask), or the memo's for the same objects."""
+    def side(name, twin_of_case, dtype, make, *args):
+        """`make(*args)` (a `reference_side`, with a written input's untouched mask), or the memo's for
+        the same objects."""
         if memo is None:
-            return make()
+            return make(*args)
         key, same = ("reference", name), (expected.get(name), twin_of_case, pristine, rule, dtype)
         hit = memo.get(key)
         if hit is not None and len(hit[0]) == len(same) and all(a is b for a, b in zip(hit[0], same)):
             return hit[1]
-        got = make()
+        got = make(*args)
         if _memo_bytes(got, expected.get(name)) <= REFERENCE_SIDE_MAX_BYTES:
             memo[key] = (same, got)
         return got
+
     for name, spec in op.outputs_for(params).items():
         if absent and name in absent:
             continue
@@ -430,9 +445,9 @@ def check(
             tw = _fill_unspecified(twin[name], mask, expected[name])
             mag = expected.get(magnitude_key(name)) if spec.magnitude else None
             units, rws = _units(spec, params), _rows(spec, rows, got)
-            made = lambda: reference_side(expected[name], tw, spec, rule, got.dtype, units, rws, mag)  # noqa: E731
-            compare_numeric(name, got, expected[name], tw, spec, rule, v, units, rws, mag,
-                            side(name, twin[name], got.dtype, made))  # fmt: skip
+            ref_side = side(name, twin[name], got.dtype, reference_side, expected[name], tw, spec, rule, got.dtype,
+                            units, rws, mag)  # fmt: skip
+            compare_numeric(name, got, expected[name], tw, spec, rule, v, units, rws, mag, ref_side)
         if mask is not None:
             v.metrics[name]["unspecified"] = count_true(mask.expand_as(got))
     writes = op.writes_for(params)
@@ -444,11 +459,8 @@ def check(
             compare_exact(name, got, expected[name], before, v)
         else:
             units, rws = _units(spec, params), _rows(spec, rows, got)
-            made = lambda: (  # noqa: E731
-                reference_side(expected[name], twin[name], spec, rule, got.dtype, units, rws),
-                untouched_mask(expected[name], before),
-            )
-            ref_side, keep = side(name, twin[name], got.dtype, made)
+            ref_side, keep = side(name, twin[name], got.dtype, _written_side, expected[name], twin[name], spec, rule,
+                                  got.dtype, units, rws, before)  # fmt: skip
             compare_numeric(name, got, expected[name], twin[name], spec, rule, v, units, rws, side=ref_side)
             compare_untouched(name, got, expected[name], before, v, keep)
         if start:
@@ -516,7 +528,9 @@ def _memo_bytes(obj: Any, ref: torch.Tensor | None) -> int:
     if isinstance(obj, ReferenceSide):
         obj = [obj.r, obj.finite, obj.fr, obj.idx, obj.bound_e]
     elif isinstance(obj, tuple):
-        obj = [x for o in obj for x in ([o.r, o.finite, o.fr, o.idx, o.bound_e] if isinstance(o, ReferenceSide) else [o])]
+        obj = [
+            x for o in obj for x in ([o.r, o.finite, o.fr, o.idx, o.bound_e] if isinstance(o, ReferenceSide) else [o])
+        ]
     seen: dict[int, int] = {}
     for t in obj:
         if isinstance(t, torch.Tensor):

@@ -128,7 +128,9 @@ def what_changed(a: Any, b: Any) -> str:
 REPLAY_VARIANT = "replay batch B"  # B's reference in the reference cache (refcache.key_material's variant)
 
 
-def batch_b(op, params, work: Any, dtype: torch.dtype, seed: int, memo: dict | None, cache=None, case=None) -> tuple | str:
+def batch_b(
+    op, params, work: Any, dtype: torch.dtype, seed: int, memo: dict | None, cache=None, case=None
+) -> tuple | str:
     """`(params, inputs, expected, twin)` of batch B (`Op.replay_batch`), or why there is none.
 
     B is drawn once per case (`memo`, shared by the case's backends): its fields but `Op.replay_kept`
@@ -216,7 +218,9 @@ def replay(p: PreparedCall, graph, rule, memo: dict | None = None, cache=None) -
     ]
 
 
-def replay_outcome(p: PreparedCall, rule, enabled: bool = True, memo: dict | None = None, graph=None, cache=None) -> tuple:
+def replay_outcome(
+    p: PreparedCall, rule, enabled: bool = True, memo: dict | None = None, graph=None, cache=None
+) -> tuple:
     """The replay check of one row: `replay(...)` where it runs, else `("skip: why", [])`. `graph`: a
     factory `graph(device)` (default: `CudaGraph`, on CUDA devices only); `cache`: `replay`'s."""
     declared = p.backend.graph_safe(p.case)

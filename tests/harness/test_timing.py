@@ -274,7 +274,7 @@ def _cuda_sequence(monkeypatch, pilot_us: float, capture_fails: bool = False, fi
         steps.append(("warm-up", calls, s))
         return {n: first_us * 1e-6 for n in closures} if timed else {}
 
-    monkeypatch.setattr(timing, "_Flusher", lambda device: (lambda: None))
+    monkeypatch.setattr(timing, "_Flusher", lambda device: lambda: None)
     monkeypatch.setattr(timing.nvml, "monitor", lambda device: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(timing, "EventSampler", Events)
@@ -291,7 +291,12 @@ def test_graph_mode_warms_up_with_its_settle_replays_only(monkeypatch):
     per replay: the `warmup_s` of calls per closure that came before that pilot is not taken."""
     steps, stats = _cuda_sequence(monkeypatch, pilot_us=20.0)
     cfg = TimingConfig()
-    assert steps[:4] == [("warm-up", cfg.warmup_calls, 0.0), ("round", 10), ("capture",), ("settle", cfg.graph_warmup_s)]
+    assert steps[:4] == [
+        ("warm-up", cfg.warmup_calls, 0.0),
+        ("round", 10),
+        ("capture",),
+        ("settle", cfg.graph_warmup_s),
+    ]
     assert all(s[0] == "graph round" for s in steps[4:]) and stats["a"].mode == "cuda-graph"
     assert stats["a"].n == sum(size for kind, size in steps[4:])  # no pilot sample among them
 
