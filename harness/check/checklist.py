@@ -39,7 +39,9 @@ class CheckContext:
 
     `expected`/`twin`: the float64 expectation and the native-precision twin of the pristine inputs;
     `outputs`: the first (checked) call's finalized outputs; `memo`: one dict per case and check
-    name, shared by the backends of the case (e.g. the stale check's perturbed expectations).
+    name, shared by the backends of the case (e.g. the stale check's perturbed expectations);
+    `ref_cache`: the run's reference cache (a harness/store/refcache.py RefCache) or None (off), for
+    references a case determines besides its own (the replay check's batch B).
     """
 
     prepared: PreparedCall
@@ -50,6 +52,7 @@ class CheckContext:
     opts: Any  # attnbench.run.runner.RunOptions
     verdict: Verdict = field(default_factory=Verdict)
     memo: dict[str, dict] = field(default_factory=dict)
+    ref_cache: Any = None
     _first: dict | None = None
 
     @property
@@ -115,7 +118,8 @@ def runnable(c: Check, ctx: CheckContext) -> bool:
 
 class OutputsCheck:
     """The first call's outputs and side effects against the float64 expectation (attnbench.check.checks.check):
-    error sizes per output (the row's `metrics`), NaN/Inf, canaries, written and untouched inputs."""
+    error sizes per output (the row's `metrics`), NaN/Inf, canaries, written and untouched inputs. What a
+    comparison takes from the reference alone (slices, bounds) is computed once per case (`memo`)."""
 
     name = "outputs"
     needs = frozenset({"outputs"})
@@ -127,7 +131,7 @@ class OutputsCheck:
     def run(self, ctx: CheckContext) -> dict[str, Any]:
         p = ctx.prepared
         v = check(ctx.op, ctx.params, p.pristine, p.work, ctx.outputs, ctx.expected, ctx.twin, ctx.rule,
-                  absent=p.absent)  # fmt: skip
+                  absent=p.absent, memo=ctx.memo_for(self.name))  # fmt: skip
         ctx.verdict.problems += v.problems
         ctx.verdict.metrics.update(v.metrics)
         ctx.verdict.malformed = ctx.verdict.malformed or v.malformed
@@ -247,7 +251,8 @@ class ReplayCheck:
 
     def run(self, ctx: CheckContext) -> dict[str, Any]:
         enabled = getattr(ctx.opts, "replay", True)
-        outcome, problems = replay_outcome(ctx.prepared, ctx.rule, enabled, ctx.memo_for(self.name), self.graph)
+        outcome, problems = replay_outcome(ctx.prepared, ctx.rule, enabled, ctx.memo_for(self.name), self.graph,
+                                           ctx.ref_cache)  # fmt: skip
         ctx.verdict.problems += problems
         return {"replay": outcome}
 

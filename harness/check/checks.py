@@ -116,6 +116,73 @@ def _slice_max(values: torch.Tensor, idx: torch.Tensor, count: int) -> torch.Ten
     return out.scatter_reduce(0, idx.flatten(), values.flatten(), "amax", include_self=True)
 
 
+@dataclass
+class ReferenceSide:
+    """What comparing an output with its float64 reference takes from the reference, the twin and the
+    case alone (no backend's output enters): the slices, their bounds and the per-tensor figures.
+    `check` keeps it in its `memo` for the case's next backend (`reference_side`)."""
+
+    r: torch.Tensor  # the reference, float64
+    finite: torch.Tensor  # where it is finite
+    any_nonfinite: bool
+    fr: torch.Tensor  # r, 0 where not finite
+    fr_norm: float
+    scale_t: float
+    metrics: dict[str, Any]  # bound, twin_max_abs, scale, bound_tensor, magnitude (per tensor)
+    idx: torch.Tensor | None = None  # slice id of every element (None: an empty tensor)
+    count: int = 0
+    bound_s: torch.Tensor | None = None
+    bound_e: torch.Tensor | None = None  # bound_s of each element's slice
+    twin_s: torch.Tensor | None = None
+    scale_s: torch.Tensor | None = None
+    mag_s: torch.Tensor | None = None
+
+
+def reference_side(
+    ref: torch.Tensor,
+    twin: torch.Tensor,
+    spec: OutputSpec,
+    rule: Rule,
+    dtype: torch.dtype,
+    units: float = 0.0,
+    rows: torch.Tensor | None = None,
+    magnitude: torch.Tensor | None = None,
+) -> ReferenceSide:
+    """The `ReferenceSide` of an output of `dtype` (compare_numeric's docstring says how bounds are made)."""
+    r, t = ref.double(), twin.double()
+    finite = torch.isfinite(r)
+    any_nonfinite = bool((~finite).any())
+    size = torch.where(finite, r.abs(), 0.0)
+    mag = None if magnitude is None else torch.where(finite, torch.maximum(size, magnitude.double()), 0.0)
+    scale_t = float(size.max()) if r.numel() else 0.0
+    scale_t = scale_t if scale_t > 0 else 1.0
+    mag_t = None if mag is None else max(float(mag.max()), scale_t)
+    twin_abs = torch.where(finite, (t - r).abs(), 0.0)
+    twin_t = float(twin_abs.max()) if r.numel() else 0.0
+    bound_t = rule.bound(twin_t, dtype, scale_t, units, mag_t)
+    m: dict[str, Any] = {"bound": bound_t, "twin_max_abs": twin_t, "scale": scale_t, "bound_tensor": bound_t}
+    if mag_t is not None:
+        m["magnitude"] = mag_t
+    fr = torch.where(finite, r, 0.0) if any_nonfinite else r
+    side = ReferenceSide(r, finite, any_nonfinite, fr, float(fr.norm()), scale_t, m)
+    if not r.numel():
+        return side
+    idx, count = slice_index(tuple(r.shape), spec.dims, rows, r.device)
+    twin_s = _slice_max(twin_abs, idx, count)
+    scale_s = _slice_max(size, idx, count)
+    scale_s = torch.where(scale_s > 0, scale_s, torch.full_like(scale_s, scale_t))
+    if not spec.slice_scale:
+        scale_s = torch.full_like(scale_s, scale_t)
+    mag_s = None if mag is None else torch.maximum(_slice_max(mag, idx, count), scale_s)
+    # A slice's twin error is a small sample: it may not reach the half ulp a faithful kernel's output
+    # rounding can take the other way, so a slice's floor is one ulp (2 u) of its scale; capped by the
+    # per-tensor bound, so no slice is ever looser than the tensor
+    bound_s = rule.bound(twin_s, dtype, scale_s, units, mag_s, ulps=2).clamp(max=bound_t)
+    side.idx, side.count, side.bound_s, side.bound_e = idx, count, bound_s, bound_s[idx]
+    side.twin_s, side.scale_s, side.mag_s = twin_s, scale_s, mag_s
+    return side
+
+
 def compare_numeric(
     name: str,
     actual: torch.Tensor,
@@ -127,6 +194,7 @@ def compare_numeric(
     units: float = 0.0,
     rows: torch.Tensor | None = None,
     magnitude: torch.Tensor | None = None,
+    side: ReferenceSide | None = None,
 ) -> None:
     """Error metrics of `actual` against `ref` (float64) and the pass/fail bound from `twin`, per slice.
 
@@ -137,50 +205,35 @@ def compare_numeric(
     (`bound_tensor` in the metrics, for comparison). The worst slice (largest error / bound) is reported.
     `magnitude` (same shape, `OutputSpec.magnitude`): the size of each element's summands; the floor
     scales with it in place of |ref| (it is >= |ref|, and equal where nothing cancels).
+    `side`: `reference_side` of these arguments, computed once for the case's backends (else here).
     """
-    a, r, t = actual.double(), ref.double(), twin.double()
-    finite = torch.isfinite(r)
-    nonfinite_ok = bool(torch.equal(a[~finite], r[~finite])) if (~finite).any() else True
+    if side is None:
+        side = reference_side(ref, twin, spec, rule, actual.dtype, units, rows, magnitude)
+    r, finite, scale_t = side.r, side.finite, side.scale_t
+    a = actual.double()
+    nonfinite_ok = bool(torch.equal(a[~finite], r[~finite])) if side.any_nonfinite else True
     bad = ~torch.isfinite(a) & finite
-    zero = torch.zeros_like(r)
-    size = torch.where(finite, r.abs(), zero)
-    mag = None if magnitude is None else torch.where(finite, torch.maximum(size, magnitude.double()), zero)
-    scale_t = float(size.max()) if r.numel() else 0.0
-    scale_t = scale_t if scale_t > 0 else 1.0
-    mag_t = None if mag is None else max(float(mag.max()), scale_t)
-    err = torch.where(finite, (a - r).abs(), zero)
-    err = torch.where(bad, torch.full_like(err, math.inf), err)
-    twin_abs = torch.where(finite, (t - r).abs(), zero)
-    twin_t = float(twin_abs.max()) if r.numel() else 0.0
-    bound_t = rule.bound(twin_t, actual.dtype, scale_t, units, mag_t)
-    m: dict[str, Any] = {"bound": bound_t, "twin_max_abs": twin_t, "scale": scale_t, "bound_tensor": bound_t}
-    if mag_t is not None:
-        m["magnitude"] = mag_t
+    err = torch.where(finite, (a - r).abs(), 0.0)
+    err = torch.where(bad, math.inf, err)
+    m: dict[str, Any] = dict(side.metrics)
     if r.numel():
-        idx, count = slice_index(tuple(r.shape), spec.dims, rows, r.device)
-        twin_s = _slice_max(twin_abs, idx, count)
-        scale_s = _slice_max(size, idx, count)
-        scale_s = torch.where(scale_s > 0, scale_s, torch.full_like(scale_s, scale_t))
-        if not spec.slice_scale:
-            scale_s = torch.full_like(scale_s, scale_t)
-        mag_s = None if mag is None else torch.maximum(_slice_max(mag, idx, count), scale_s)
-        # A slice's twin error is a small sample: it may not reach the half ulp a faithful kernel's output
-        # rounding can take the other way, so a slice's floor is one ulp (2 u) of its scale; capped by the
-        # per-tensor bound, so no slice is ever looser than the tensor
-        bound_s = rule.bound(twin_s, actual.dtype, scale_s, units, mag_s, ulps=2).clamp(max=bound_t)
-        bound_e = bound_s[idx]
+        idx, bound_e = side.idx, side.bound_e
         ratio = err / bound_e
         worst = int(ratio.flatten().argmax()) if bool((err > bound_e).any()) else int(err.flatten().argmax())
         ws = int(idx.flatten()[worst])
-        m["bound"], m["twin_max_abs"], m["scale"] = float(bound_s[ws]), float(twin_s[ws]), float(scale_s[ws])
-        if mag_s is not None:
-            m["magnitude"] = float(mag_s[ws])
-        m["slices"] = count
-        fa, fr = torch.where(finite & ~bad, a, 0.0), torch.where(finite, r, 0.0)
+        m["bound"], m["twin_max_abs"], m["scale"] = (
+            float(side.bound_s[ws]),
+            float(side.twin_s[ws]),
+            float(side.scale_s[ws]),
+        )
+        if side.mag_s is not None:
+            m["magnitude"] = float(side.mag_s[ws])
+        m["slices"] = side.count
+        fa, fr = torch.where(finite & ~bad, a, 0.0), side.fr
         m["max_abs"] = float(err.max())
         m["max_rel"] = float((err / torch.clamp(r.abs(), min=1e-3 * scale_t)).max())
-        m["rel_l2"] = float((fa - fr).norm() / max(float(fr.norm()), 1e-300))
-        m["cos"] = float((fa * fr).sum() / max(float(fa.norm() * fr.norm()), 1e-300))
+        m["rel_l2"] = float((fa - fr).norm() / max(side.fr_norm, 1e-300))
+        m["cos"] = float((fa * fr).sum() / max(float(fa.norm()) * side.fr_norm, 1e-300))
         m["mismatch"] = float((err > bound_e).double().mean())
         m["worst"] = _where(worst, tuple(actual.shape), spec.dims)
         m["worst_abs"] = float(err.flatten()[worst])
@@ -265,16 +318,32 @@ def compare_exact(name: str, actual: torch.Tensor, expected: torch.Tensor, befor
     v.problems.append(f"{name}: " + ", ".join(parts))
 
 
+def _written_side(ref, twin, spec, rule, dtype, units, rows, before) -> tuple[ReferenceSide, torch.Tensor]:
+    """A numerically compared written input's `reference_side` and `untouched_mask`."""
+    return reference_side(ref, twin, spec, rule, dtype, units, rows), untouched_mask(ref, before)
+
+
+def untouched_mask(expected: torch.Tensor, before: torch.Tensor) -> torch.Tensor:
+    """Where a numerically compared write must leave the input as it was: the expectation equals the
+    value before the call exactly (NaN where both are)."""
+    e, b = expected.double(), before.double()
+    return (e == b) | (e.isnan() & b.isnan())
+
+
 def compare_untouched(
-    name: str, actual: torch.Tensor, expected: torch.Tensor, before: torch.Tensor, v: Verdict
+    name: str,
+    actual: torch.Tensor,
+    expected: torch.Tensor,
+    before: torch.Tensor,
+    v: Verdict,
+    keep: torch.Tensor | None = None,
 ) -> None:
     """The part of a numerically compared write that must stay as it was.
 
     Where the expectation equals the value before the call exactly (e.g. pool slots that no request
-    addresses), every bit must be unchanged.
+    addresses), every bit must be unchanged. `keep`: `untouched_mask(expected, before)`, if computed.
     """
-    e, b = expected.double(), before.double()
-    keep = (e == b) | (e.isnan() & b.isnan())
+    keep = untouched_mask(expected, before) if keep is None else keep
     stray = count_true(keep & ~bitwise_equal(actual, before))
     v.metrics.setdefault(name, {})["untouched_changed"] = stray
     if stray:
@@ -321,15 +390,35 @@ def check(
     twin: dict[str, torch.Tensor],
     rule: Rule,
     absent: dict[str, str] | None = None,
+    memo: dict | None = None,
 ) -> Verdict:
     """Everything but staleness: outputs, side effects, untouched inputs, canaries.
 
     `absent`: outputs the backend's kernel does not produce (name -> why, the closure's `absent`);
     they are not compared (the row records them), every other output must be there.
+    `memo` (one dict per case, shared by its backends): keeps what a comparison takes from the
+    reference, the twin and `pristine` alone (`reference_side`, the untouched mask of a written
+    input), reused by a later call with the same objects (`expected`'s and `twin`'s tensors,
+    `pristine`, `rule`); the verdict and metrics are those computed without it.
     """
     v = Verdict()
     free = op.unspecified(params, pristine)
     rows = op.row_requests(params, pristine)
+
+    def side(name, twin_of_case, dtype, make, *args):
+        """`make(*args)` (a `reference_side`, with a written input's untouched mask), or the memo's for
+        the same objects."""
+        if memo is None:
+            return make(*args)
+        key, same = ("reference", name), (expected.get(name), twin_of_case, pristine, rule, dtype)
+        hit = memo.get(key)
+        if hit is not None and len(hit[0]) == len(same) and all(a is b for a, b in zip(hit[0], same)):
+            return hit[1]
+        got = make(*args)
+        if _memo_bytes(got, expected.get(name)) <= REFERENCE_SIDE_MAX_BYTES:
+            memo[key] = (same, got)
+        return got
+
     for name, spec in op.outputs_for(params).items():
         if absent and name in absent:
             continue
@@ -355,9 +444,10 @@ def check(
         else:
             tw = _fill_unspecified(twin[name], mask, expected[name])
             mag = expected.get(magnitude_key(name)) if spec.magnitude else None
-            compare_numeric(
-                name, got, expected[name], tw, spec, rule, v, _units(spec, params), _rows(spec, rows, got), mag
-            )
+            units, rws = _units(spec, params), _rows(spec, rows, got)
+            ref_side = side(name, twin[name], got.dtype, reference_side, expected[name], tw, spec, rule, got.dtype,
+                            units, rws, mag)  # fmt: skip
+            compare_numeric(name, got, expected[name], tw, spec, rule, v, units, rws, mag, ref_side)
         if mask is not None:
             v.metrics[name]["unspecified"] = count_true(mask.expand_as(got))
     writes = op.writes_for(params)
@@ -368,9 +458,11 @@ def check(
         if spec.exact:
             compare_exact(name, got, expected[name], before, v)
         else:
-            units = _units(spec, params)
-            compare_numeric(name, got, expected[name], twin[name], spec, rule, v, units, _rows(spec, rows, got))
-            compare_untouched(name, got, expected[name], before, v)
+            units, rws = _units(spec, params), _rows(spec, rows, got)
+            ref_side, keep = side(name, twin[name], got.dtype, _written_side, expected[name], twin[name], spec, rule,
+                                  got.dtype, units, rws, before)  # fmt: skip
+            compare_numeric(name, got, expected[name], twin[name], spec, rule, v, units, rws, side=ref_side)
+            compare_untouched(name, got, expected[name], before, v, keep)
         if start:
             compare_spare(name, getattr(work, name)[:start], getattr(pristine, name)[:start], v)
     touched = set(op.outputs_for(params)) | set(writes)
@@ -428,19 +520,53 @@ def _base(op, params, pristine: Any, work: Any) -> Any:
     return base
 
 
+REFERENCE_SIDE_MAX_BYTES = 2**30  # what `check`'s memo keeps per compared tensor for the case's next backend
+
+
+def _memo_bytes(obj: Any, ref: torch.Tensor | None) -> int:
+    """Bytes of the tensors `obj` holds beyond the storage of `ref` (which the case holds anyway)."""
+    if isinstance(obj, ReferenceSide):
+        obj = [obj.r, obj.finite, obj.fr, obj.idx, obj.bound_e]
+    elif isinstance(obj, tuple):
+        obj = [
+            x for o in obj for x in ([o.r, o.finite, o.fr, o.idx, o.bound_e] if isinstance(o, ReferenceSide) else [o])
+        ]
+    seen: dict[int, int] = {}
+    for t in obj:
+        if isinstance(t, torch.Tensor):
+            st = t.untyped_storage()
+            seen[st.data_ptr()] = st.nbytes()
+    if ref is not None:
+        seen.pop(ref.untyped_storage().data_ptr(), None)
+    return sum(seen.values())
+
+
 MEMO_MAX_BYTES = 256 * 2**20  # perturbed copies kept for the next backend of a case up to this size
 FRESH_FIRST_MAX_BYTES = 2**30  # a re-run is matched against a fresh closure first up to these inputs' size
+MEMO_WRITTEN_ENTRIES = 4  # perturbed inputs (and expectations) kept per perturbation for an op that writes inputs
+MEMO_WRITTEN_MAX_BYTES = 2**30  # and the bytes of those perturbed inputs kept per case, all perturbations together
 
 
-def _perturbed(op, params, base: Any, chosen, precision: torch.dtype, memo: dict | None, key) -> tuple:
+_WRITTEN_BYTES = "written copies: bytes"  # the memo's count of the perturbed copies it keeps (ops that write)
+
+
+def _perturbed(op, params, base: Any, chosen, precision: torch.dtype, memo: dict | None, key, pure: bool) -> tuple:
     """(perturbed inputs, `expect`) of `base` under the perturbations `chosen`, `expect()` giving their
-    float64 expectation and twin, computed on the first call only (the stale check often needs none);
-    both memoised in `memo` under `key` (the same for every backend of a case when `base` is pristine).
+    float64 expectation, twin and whether this call computed them (the stale check often needs none);
+    both memoised in `memo` under `key`, shared by the backends of a case.
 
-    The expectations are always memoised; the perturbed copy only while its cloned fields stay under
-    MEMO_MAX_BYTES: past that it is made again per backend (a perturbation is a deterministic function
-    of the inputs, `Perturbation.apply`), so a production-size pool (suites/large.yaml: 8 GiB) is not
-    held twice more for the whole case."""
+    `pure` (an op that writes no input: `base` is the case's pristine inputs, the same for every
+    backend): one entry per key. The expectations are always memoised; the perturbed copy only while
+    its cloned fields stay under MEMO_MAX_BYTES: past that it is made again per backend (a
+    perturbation is a deterministic function of the inputs, `Perturbation.apply`), so a
+    production-size pool (suites/large.yaml: 8 GiB) is not held twice more for the whole case.
+
+    Not `pure` (`base` holds the written inputs as this backend's calls left them): an expectation is
+    reused only for perturbed inputs bitwise equal to those it was computed from (every storage,
+    `_storages_equal`), so backends that wrote the same caches (every correct one of an exact write)
+    share it and a backend that wrote other bits gets its own; entries are kept, up to
+    MEMO_WRITTEN_ENTRIES per key, while the perturbed copies kept for the case (whole: they hold
+    every input) stay under MEMO_WRITTEN_MAX_BYTES together."""
     fields = {f for pert in chosen for f in pert.fields}
 
     def perturbed_copy():
@@ -449,20 +575,32 @@ def _perturbed(op, params, base: Any, chosen, precision: torch.dtype, memo: dict
             pert.apply(params, x)
         return x
 
-    entry = memo.get(key) if memo is not None else None
-    if entry is None:
-        x = perturbed_copy()
-        small = storage_bytes([getattr(x, f) for f in fields]) <= MEMO_MAX_BYTES
-        entry = {"x": x if small else None, "expected": None}
-        if memo is not None:
-            memo[key] = entry
+    if pure:
+        entry = memo.get(key) if memo is not None else None
+        if entry is None:
+            x = perturbed_copy()
+            small = storage_bytes([getattr(x, f) for f in fields]) <= MEMO_MAX_BYTES
+            entry = {"x": x if small else None, "expected": None}
+            if memo is not None:
+                memo[key] = entry
+        else:
+            x = entry["x"] if entry["x"] is not None else perturbed_copy()
     else:
-        x = entry["x"] if entry["x"] is not None else perturbed_copy()
+        x = perturbed_copy()
+        kept = memo.setdefault(key, []) if memo is not None else []
+        entry = next((e for e in kept if _storages_equal(e["x"], x)), None)
+        if entry is None:
+            entry = {"x": x, "expected": None}
+            size, held = storage_bytes(x), memo.get(_WRITTEN_BYTES, 0) if memo is not None else 0
+            if memo is not None and len(kept) < MEMO_WRITTEN_ENTRIES and held + size <= MEMO_WRITTEN_MAX_BYTES:
+                kept.append(entry)
+                memo[_WRITTEN_BYTES] = held + size
 
-    def expect() -> tuple[dict, dict]:
-        if entry["expected"] is None:
+    def expect() -> tuple[dict, dict, bool]:
+        computed = entry["expected"] is None
+        if computed:
             entry["expected"] = (op.expected(params, x, torch.float64), op.expected(params, x, precision))
-        return entry["expected"]
+        return (*entry["expected"], computed)
 
     return x, expect
 
@@ -550,8 +688,8 @@ def stale_check(
     expectation and twin of the perturbed inputs. A perturbation that leaves an output as it was
     cannot fail a correct kernel. Outputs (and written inputs) that already failed the first call are
     not checked again. The first class the closure did not follow is named.
-    `memo` (one dict per case) keeps the perturbed expectations of ops that write no input, so every
-    backend of a case shares them. `sync()` waits for the device.
+    `memo` (one dict per case) keeps the perturbed expectations, so the backends of a case share them
+    (for an op that writes inputs, those of bitwise-equal perturbed inputs: `_perturbed`). `sync()` waits for the device.
     `fresh(x)`, when given, prepares the backend anew on a copy of inputs `x` and calls it once,
     returning `(outputs, its inputs)`: the control of a failing re-run. Where a freshly prepared
     closure fails on the changed inputs too, the re-run's failure is the tolerance edge of those
@@ -579,8 +717,8 @@ def stale_check(
 
     def rerun(chosen) -> list[str]:
         base = _base(op, params, pristine, work)
-        key = tuple(p.name for p in chosen) if pure else None
-        x, expect = _perturbed(op, params, base, chosen, precision, memo if pure else None, key)
+        key = tuple(p.name for p in chosen)
+        x, expect = _perturbed(op, params, base, chosen, precision, memo, key, pure)
         if pure and _unchanged(base, x, chosen):
             counts.skipped += 1
             return []
@@ -603,9 +741,8 @@ def stale_check(
             ):
                 counts.matched_fresh += 1
                 return []  # what a fresh closure does on these inputs: not stale, whatever the reference says
-        had = memo is not None and pure and key in memo and memo[key]["expected"] is not None
-        expected, twin = expect()
-        counts.references += 0 if had else 1
+        expected, twin, computed = expect()
+        counts.references += int(computed)
         v = check(op, params, x, work, outputs, expected, twin, rule, absent=skip)
         new = [p for p in v.problems if p.split(":", 1)[0] not in failed and p not in verdict.problems]
         failing = {p.split(":", 1)[0] for p in new}

@@ -271,8 +271,18 @@ class Op:
         params, its inputs)`, every tensor of the inputs the shape, dtype and device of `x`'s, with other
         per-request lengths, page tables, slots and data where the op has them, and a padding request
         where it supports padding; model weights and the inputs the case writes (pools) are `x`'s as
-        they are now. A string: why this case has none. Only ops with `graph_captured` are asked."""
+        they are now (`replay_kept`). A string: why this case has none. Only ops with `graph_captured`
+        are asked."""
         return f"{self.name} is not captured in CUDA graphs"
+
+    def replay_kept(self, p: Params) -> tuple[str, ...]:
+        """The fields batch B (`replay_batch`) takes from `x` as they are now, every other field being a
+        function of `(p, dtype, seed)` alone: model weights (`held` as WEIGHTS), the inputs the case
+        writes and the state pools it holds. The replay check draws B once per case and gives each
+        backend's row these fields from its own inputs (harness/check/replay.py `batch_b`)."""
+        weights = [n for n, why in self.held.items() if why is WEIGHTS]
+        pools = [n for n in self.held if n == "state_pool"]
+        return tuple(dict.fromkeys([*weights, *self.writes_for(p), *pools]))
 
     def perturbations(self, p: Params) -> tuple[Perturbation, ...]:
         """Every class of inputs this case reads, each with a valid in-place change (`Perturbation`).

@@ -18,7 +18,8 @@ and device. Each graph-captured op's `replay_batch` (harness/ops/base.py) is one
 
 Model weights (`Op.held` as WEIGHTS: sinks, fp8 scales, gate parameters) stay `x`'s: a graph replays
 one layer's weights. So do the inputs the case writes (state pools) and those it holds in a backend's
-layout (verify's pool): B reads them as A's calls left them.
+layout (verify's pool): B reads them as A's calls left them (`Op.replay_kept` names them all; every
+other field of B depends on the case alone, so the replay check draws B once per case).
 """
 
 from __future__ import annotations
@@ -29,7 +30,6 @@ from typing import Any
 import torch
 
 from attnbench.buffers import tensor_fields
-from attnbench.ops.base import WEIGHTS
 
 SEED_STEP = 1_000_003  # batch B's seed: the case's plus this (another draw of every table and value)
 
@@ -59,13 +59,6 @@ def keep_from(b: Any, x: Any, names) -> Any:
     return dataclasses.replace(b, **changes)
 
 
-def _kept(op, p) -> list[str]:
-    """Fields B takes from A: model weights, written inputs and held state pools."""
-    weights = [n for n, why in op.held.items() if why is WEIGHTS]
-    pools = [n for n in op.held if n == "state_pool"]
-    return [*weights, *op.writes_for(p), *pools]
-
-
 def same_shapes(a: Any, b: Any) -> str | None:
     """None when every tensor field of `b` has the shape, dtype and device of `a`'s (and the same
     fields are tensors), else which one differs."""
@@ -88,7 +81,7 @@ def decode_batch(op, p, x, dtype: torch.dtype, seed: int):
     lens = other_lengths(list(x.seq_lens_host), p.page_size)
     data = p.model_dump() | {"kv_lens": tuple(lens), "kv_len": max(lens), "batch": len(lens), "lens": "equal"}
     pb = type(p).model_validate(data)
-    b = keep_from(op.make_inputs(pb, dtype, seed + SEED_STEP, x.q.device), x, _kept(op, p))
+    b = keep_from(op.make_inputs(pb, dtype, seed + SEED_STEP, x.q.device), x, op.replay_kept(p))
     return (pb, b) if (why := same_shapes(x, b)) is None else f"batch B does not fit batch A's tensors: {why}"
 
 
@@ -96,5 +89,5 @@ def gdn_batch(op, p, x, dtype: torch.dtype, seed: int):
     """gdn_decode's and gdn_verify's batch B (module docstring): another seed, a padding request."""
     pad = max(p.pad, 1) if p.batch > 1 else p.pad
     pb = type(p).model_validate(p.model_dump() | {"pad": pad})
-    b = keep_from(op.make_inputs(pb, dtype, seed + SEED_STEP, x.q.device), x, _kept(op, p))
+    b = keep_from(op.make_inputs(pb, dtype, seed + SEED_STEP, x.q.device), x, op.replay_kept(p))
     return (pb, b) if (why := same_shapes(x, b)) is None else f"batch B does not fit batch A's tensors: {why}"

@@ -295,7 +295,8 @@ def _run_backend(
         absent = call.absent
         if broken := outputs_contract(op, p, outputs, absent):
             return _row(case, b.name, "error", broken, prepare_s=prep, call_s=call_s, env=env, **shared), None
-        ctx = CheckContext(call, outputs, built.expected, built.twin, built.rule, opts, memo=memo)
+        ctx = CheckContext(call, outputs, built.expected, built.twin, built.rule, opts, memo=memo,
+                           ref_cache=_open_ref_cache(opts))  # fmt: skip
         parts, fields = _apply_checks(ctx, opts.checks if opts.checks is not None else active())
         verdict = ctx.verdict
         failed = subjects(verdict.problems, op.checked_names(p))
@@ -376,6 +377,12 @@ def _time(case: Case, todo: list[Backend], built: _Built, closures: dict, rows: 
             "tflops": flops / secs / 1e12 if secs > 0 else 0.0,
             "tbps": nbytes / secs / 1e12 if secs > 0 else 0.0,
         } | roofline(flops, nbytes, secs, opts.peaks, case.dtype)
+
+
+def _open_ref_cache(opts: RunOptions):
+    from attnbench.store import refcache
+
+    return refcache.open_cache(opts.ref_cache, opts.ref_cache_max)
 
 
 def _reference(case: Case, pristine, opts: RunOptions) -> tuple[dict, dict, dict]:

@@ -193,11 +193,14 @@ def _cpu_model() -> str:
     return platform.processor()
 
 
-def key_material(case) -> dict[str, Any]:
-    """Everything a case's reference depends on, as a JSON-able record (its SHA-256 is the key)."""
+def key_material(case, variant: str = "") -> dict[str, Any]:
+    """Everything a case's reference depends on, as a JSON-able record (its SHA-256 is the key).
+    `variant`: another reference the case determines alone, e.g. "replay batch B" (the replay check's
+    other batch of an op that writes nothing: harness/check/replay.py); "" is the case's own."""
     import torch
 
-    return {
+    extra = {"variant": variant} if variant else {}
+    return extra | {
         "format": FORMAT,
         "op": case.op_name,
         "params": case.params.model_dump(mode="json"),
@@ -225,10 +228,10 @@ class RefCache:
     def path(self, key: str) -> Path:
         return self.root / f"{key}{SUFFIX}"
 
-    def get(self, case, inputs: Any = None) -> tuple[tuple[dict, dict] | None, str]:
+    def get(self, case, inputs: Any = None, variant: str = "") -> tuple[tuple[dict, dict] | None, str]:
         """((expected, twin) of `case` on its device, ""), or (None, why) for an entry that is there but
-        does not check out, or (None, "") for a miss."""
-        material = key_material(case)
+        does not check out, or (None, "") for a miss. `variant`: `key_material`'s."""
+        material = key_material(case, variant)
         path = self.path(key_of(material))
         try:
             entry = _read(path, case.device)
@@ -251,11 +254,11 @@ class RefCache:
             pass
         return (expected, twin), ""
 
-    def put(self, case, expected: dict, twin: dict, inputs: Any = None) -> str:
+    def put(self, case, expected: dict, twin: dict, inputs: Any = None, variant: str = "") -> str:
         """Store `case`'s reference (atomically); "" when stored, else why not (too large, disk error,
         the cache full of this run's entries). `inputs`: the case's pristine inputs, against which
-        outputs written in place are stored as their changed elements."""
-        material = key_material(case)
+        outputs written in place are stored as their changed elements. `variant`: `key_material`'s."""
+        material = key_material(case, variant)
         exp_kept, exp_delta = _delta(expected, inputs)
         twin_kept, twin_delta = _delta(twin, inputs)
         payload = _encode(

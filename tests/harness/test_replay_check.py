@@ -148,27 +148,8 @@ def test_gdn_decode_pool_moves_on_through_the_replay():
     """An op that writes its pool: batch B starts from the pool the warm-up call left, and the replay's
     writes are checked (a graph-safe torch-like decode writing with index_put, no boolean mask)."""
 
-    class IndexedDecode(Backend):
-        name = "gdn-decode-indexed"
-
-        @implements("gdn_decode", graph_safe=True)
-        def prepare_gdn_decode(self, case, x):
-            def run():
-                HV = x.v.shape[1]
-                g, beta = torch_gdn._gates(x.A_log, x.a, x.dt_bias, x.b)
-                qh, kh = torch_gdn._norm_qk(x.q, x.k, HV, x.scale)
-                S, valid = torch_gdn._load_states(x.state_pool, x.state_indices)
-                S, o = torch_gdn._step(S, qh, kh, x.v.float(), g, beta)
-                x.o.copy_(o)
-                idx = x.state_indices.long()
-                keep = x.state_pool[idx.clamp(min=0)]
-                x.state_pool[idx.clamp(min=0)] = torch.where(valid[:, None, None, None], S, keep)
-                return {"o": x.o}
-
-            return run
-
     case_id = "gdn_decode/b5-h2x4-d16x16-packed-bf16"
-    (row,) = _rows(case_id, [IndexedDecode()])
+    (row,) = _rows(case_id, [_IndexedDecode()])
     assert (row.status, row.replay) == ("pass", "pass"), row.reason
 
 
@@ -212,3 +193,82 @@ def test_what_changed_names_long_slot_lists_by_their_start_and_length():
     assert said == "slots [0, 1, 2, 3, 4, 5, … (256 in all)] -> [255, 254, 253, 252, 251, 250, … (256 in all)]"
     short = SimpleNamespace(seq_lens_host=(3, 5)), SimpleNamespace(seq_lens_host=(7, 5))
     assert what_changed(*short) == "lengths [3, 5] -> [7, 5]"
+
+
+class _IndexedDecode(Backend):
+    """A graph-safe torch-like gdn_decode writing its pool with index_put (no boolean mask, no host sync);
+    `frozen_slots`: the slots are a copy taken at prepare (a replay on batch B's slots misses them)."""
+
+    name = "gdn-decode-indexed"
+    frozen_slots = False
+
+    @implements("gdn_decode", graph_safe=True)
+    def prepare_gdn_decode(self, case, x):
+        slots = x.state_indices.clone() if self.frozen_slots else x.state_indices
+
+        def run():
+            HV = x.v.shape[1]
+            g, beta = torch_gdn._gates(x.A_log, x.a, x.dt_bias, x.b)
+            qh, kh = torch_gdn._norm_qk(x.q, x.k, HV, x.scale)
+            S, valid = torch_gdn._load_states(x.state_pool, slots)
+            S, o = torch_gdn._step(S, qh, kh, x.v.float(), g, beta)
+            x.o.copy_(o)
+            idx = slots.long()
+            keep = x.state_pool[idx.clamp(min=0)]
+            x.state_pool[idx.clamp(min=0)] = torch.where(valid[:, None, None, None], S, keep)
+            return {"o": x.o}
+
+        return run
+
+
+def test_batch_b_is_drawn_once_per_case_and_each_row_keeps_its_own_pool(monkeypatch):
+    """gdn_decode writes its pool: B is drawn once for the case (slots, data, gates depend on the case
+    alone), each row's B takes the pool from its own inputs (`Op.replay_kept`), and a row whose B is
+    bitwise the first row's reuses its float64 expectation. A closure with baked slots still fails."""
+    from attnbench.ops.gdn.delta import GDNDecodeOp
+
+    again = type("Again", (_IndexedDecode,), {"name": "gdn-decode-again"})()
+    baked = type("Baked", (_IndexedDecode,), {"name": "gdn-decode-baked-slots", "frozen_slots": True})()
+
+    class NudgedPool(_IndexedDecode):
+        name = "gdn-decode-nudged-pool"
+
+        @implements("gdn_decode", graph_safe=True)
+        def prepare_gdn_decode(self, case, x):
+            x.state_pool.view(torch.uint8).view(-1)[::4].bitwise_xor_(1)  # its pool is not the others'
+            return super().prepare_gdn_decode(case, x)
+
+    draws, refs = [], []
+    real_draw, real_expected = GDNDecodeOp.replay_batch, GDNDecodeOp.expected
+    monkeypatch.setattr(GDNDecodeOp, "replay_batch", lambda self, *a: draws.append(1) or real_draw(self, *a))
+    monkeypatch.setattr(GDNDecodeOp, "expected", lambda self, p, x, d: refs.append(d) or real_expected(self, p, x, d))
+    case_id = "gdn_decode/b5-h2x4-d16x16-packed-bf16"
+    checks = (OutputsCheck(), ReplayCheck(StandInGraph))
+    good, bad, same, nudged = _rows(case_id, [_IndexedDecode(), baked, again, NudgedPool()], checks=checks)
+    assert (good.status, good.replay) == ("pass", "pass"), good.reason
+    assert (bad.status, bad.replay) == ("fail", "fail"), bad.reason
+    assert (same.status, same.replay) == ("pass", "pass"), same.reason
+    assert len(draws) == 1
+    # the case's reference and twin, B's for the first row (the baked and the second row's calls left
+    # the pool bitwise as the first row's did), B's for the row whose pool differs
+    assert len(refs) == 2 + 2 + 2 and nudged.replay in ("pass", "fail")
+
+
+def test_batch_b_reference_of_an_op_that_writes_nothing_comes_from_the_reference_cache(monkeypatch, tmp_path):
+    """Decode writes nothing: B is a function of the case alone, so its float64 reference and twin are kept
+    in the reference cache (variant "replay batch B"): a second run computes none, with the same outcomes,
+    the mutant that baked its longest length still failing."""
+    from attnbench.ops.attention.op import DecodeOp
+
+    refs: list = []
+    real = DecodeOp.expected
+    monkeypatch.setattr(DecodeOp, "expected", lambda self, p, x, d: refs.append(d) or real(self, p, x, d))
+    backends = [GraphSafeDecode(), BakedLengthDecode()]
+    runs = []
+    for _ in range(2):
+        refs.clear()
+        rows = _rows(DECODES[0], backends, checks=(OutputsCheck(), ReplayCheck(StandInGraph)), ref_cache=str(tmp_path))
+        runs.append(([(r.status, r.replay) for r in rows], len(refs)))
+    assert runs[0][0] == runs[1][0] == [("pass", "pass"), ("fail", "fail")], runs
+    assert runs[0][1] == 2 + 2  # the case's own, and B's
+    assert runs[1][1] == 0, runs  # both from the cache

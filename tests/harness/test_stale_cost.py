@@ -104,3 +104,64 @@ def test_both_orders_of_the_stale_check_give_the_same_verdicts(control_first):
     for q in perts:
         stale = run_one(case, snapshot_backend("snap", {"decode": q.fields}), stale_control_first=control_first)
         assert stale.status == "fail" and stale.reason.startswith(f"stale output: the {q.name} "), stale.reason
+
+
+EXTEND_NO_PREFIX = "extend/b1-q8-pre0-h4x2-d32-p16-bf16"
+
+
+class TorchAgain(Backend):
+    """The torch backend under another name: a second backend of a case that writes the same bits."""
+
+    name = "torch-again"
+
+    def supports(self, case):
+        return get_backend("torch").supports(case)
+
+    def prepare(self, case, x):
+        return get_backend("torch").prepare(case, x)
+
+
+def test_backends_that_wrote_the_same_inputs_share_the_perturbed_references(monkeypatch):
+    """Extend writes its KV cache, so each backend's re-runs start from the cache as its own calls left it.
+    Without a prefix, perturbing the cache's other pages leaves the output as it was (bitwise the first
+    call's), which the reference decides: 2 references per row. A second backend that wrote the same cache
+    bits reuses them (0); the verdicts stay."""
+    from attnbench.run.runner import RunOptions, run_case
+
+    case = Case.from_id(EXTEND_NO_PREFIX, "cpu")
+    assert case.op.writes_for(case.params)
+    calls = _count_references(monkeypatch, case)
+    rows = run_case(case, [get_backend("torch"), TorchAgain()], RunOptions(timing=False))
+    assert [r.status for r in rows] == ["pass", "pass"], [r.reason for r in rows]
+    assert [r.stale_references for r in rows] == [2, 0]
+    assert len(calls) == 2 + 2 * 2  # the case's own, then the first row's two
+
+
+def test_perturbed_inputs_of_other_bits_get_their_own_reference():
+    """An op that writes inputs: an expectation is reused only for bitwise-equal perturbed inputs."""
+    from attnbench.buffers import clone_tensors
+    from attnbench.check.checks import _perturbed
+
+    case = Case.from_id(EXTEND_NO_PREFIX, "cpu")
+    op, p = case.op, case.params
+    pert = op.perturbations(p)[0]
+    a = case.make_inputs()
+    b = clone_tensors(a)
+    bits = b.k_cache.view(torch.int16).view(-1)
+    bits[0] ^= 1  # another backend's cache, one bit apart
+    memo: dict = {}
+    got = [_perturbed(op, p, base, (pert,), case.torch_dtype, memo, ("k",), False)[1]()[2] for base in (a, b, a, b)]
+    assert got == [True, True, False, False]  # computed for each base once, then reused
+
+
+def test_past_the_cap_of_kept_copies_each_backend_computes_its_own(monkeypatch):
+    """The perturbed copies an op that writes inputs keeps for its case are capped (MEMO_WRITTEN_MAX_BYTES,
+    all perturbations together): past it the next backend computes the references again, same verdicts."""
+    from attnbench.check import checks
+    from attnbench.run.runner import RunOptions, run_case
+
+    monkeypatch.setattr(checks, "MEMO_WRITTEN_MAX_BYTES", 0)
+    case = Case.from_id(EXTEND_NO_PREFIX, "cpu")
+    rows = run_case(case, [get_backend("torch"), TorchAgain()], RunOptions(timing=False))
+    assert [r.status for r in rows] == ["pass", "pass"], [r.reason for r in rows]
+    assert [r.stale_references for r in rows] == [2, 2]

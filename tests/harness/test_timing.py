@@ -243,3 +243,82 @@ def test_count_budget_binds_the_closures_still_sampled():
     got = sample_until_converged(s, list(dists), cfg, now=lambda: clock[0])
     assert got.retired == ["slow"] and len(got.clean["slow"]) == 10
     assert len(got.clean["fast"]) == 60 and clock[0] < 1.0  # stopped at the count, not at the 100 s budget
+
+
+def _cuda_sequence(monkeypatch, pilot_us: float, capture_fails: bool = False, first_us: float | None = None):
+    """The steps `time_closures` takes on a CUDA device, with the device's parts stood in for: the
+    warm-ups (calls, seconds), the pilot and sampling rounds, the capture and the settle, in order.
+    `first_us`: what the warm-up's first calls take (L2 warm; default: the pilot's time)."""
+    import torch
+
+    from attnbench.run import timing
+
+    steps: list = []
+    first_us = pilot_us if first_us is None else first_us
+
+    class Events:
+        def __init__(self, runs, device, flush, calls=None):
+            self.graph = calls is not None
+
+        def round(self, names, size, during=None):
+            steps.append(("graph round" if self.graph else "round", size))
+            return {n: [pilot_us * 1e-6 * (1 + 0.001 * i) for i in range(size)] for n in names}
+
+    def capture(closures, rotation, device, cfg, medians):
+        steps.append(("capture",))
+        if capture_fails:
+            return "graph capture failed for b: RuntimeError: a host sync"
+        return timing._Graphs({n: (lambda: None) for n in closures}, [], 4, {n: 12 for n in closures}, 1e9)
+
+    def warm_up(closures, calls, s, sync, timed=False):
+        steps.append(("warm-up", calls, s))
+        return {n: first_us * 1e-6 for n in closures} if timed else {}
+
+    monkeypatch.setattr(timing, "_Flusher", lambda device: lambda: None)
+    monkeypatch.setattr(timing.nvml, "monitor", lambda device: None)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(timing, "EventSampler", Events)
+    monkeypatch.setattr(timing, "_capture_graphs", capture)
+    monkeypatch.setattr(timing, "_settle", lambda replays, s, sync: steps.append(("settle", s)))
+    monkeypatch.setattr(timing, "_warm_up", warm_up)
+    rotation = timing.Rotation({"a": lambda: None, "b": lambda: None}, 1e6)
+    stats = time_closures({"a": lambda: None, "b": lambda: None}, "cuda", TimingConfig(), rotation)
+    return steps, stats
+
+
+def test_graph_mode_warms_up_with_its_settle_replays_only(monkeypatch):
+    """Graph mode's samples come after the settle replays, and its pilot only picks the mode and the calls
+    per replay: the `warmup_s` of calls per closure that came before that pilot is not taken."""
+    steps, stats = _cuda_sequence(monkeypatch, pilot_us=20.0)
+    cfg = TimingConfig()
+    assert steps[:4] == [
+        ("warm-up", cfg.warmup_calls, 0.0),
+        ("round", 10),
+        ("capture",),
+        ("settle", cfg.graph_warmup_s),
+    ]
+    assert all(s[0] == "graph round" for s in steps[4:]) and stats["a"].mode == "cuda-graph"
+    assert stats["a"].n == sum(size for kind, size in steps[4:])  # no pilot sample among them
+
+
+def test_long_kernels_are_timed_per_call_as_before(monkeypatch):
+    """The first calls take `graph_below_us` or more with a warm L2: `warmup_s` of calls per closure, then
+    the pilot, kept as the first samples (the sequence of every per-call case before)."""
+    cfg = TimingConfig()
+    steps, stats = _cuda_sequence(monkeypatch, pilot_us=500.0)
+    assert steps[:3] == [("warm-up", cfg.warmup_calls, 0.0), ("warm-up", 0, cfg.warmup_s), ("round", 10)]
+    assert ("capture",) not in steps and stats["a"].mode == "per-call"
+    assert stats["a"].n == sum(s[1] for s in steps[2:])  # the pilot's samples kept
+
+
+@pytest.mark.parametrize("capture_fails", [False, True], ids=["pilot-over-threshold", "capture-failed"])
+def test_a_likely_graph_case_that_stays_per_call_retakes_its_pilot_after_the_warm_up(monkeypatch, capture_fails):
+    cfg = TimingConfig()
+    steps, stats = _cuda_sequence(
+        monkeypatch, pilot_us=20.0 if capture_fails else 500.0, capture_fails=capture_fails, first_us=20.0
+    )
+    warm = steps.index(("warm-up", 0, cfg.warmup_s))
+    assert steps[:2] == [("warm-up", cfg.warmup_calls, 0.0), ("round", 10)] and warm >= 2
+    assert ("settle", cfg.graph_warmup_s) not in steps and stats["a"].mode == "per-call"
+    assert steps[warm + 1] == ("round", 10)
+    assert stats["a"].n == sum(s[1] for s in steps[warm + 1 :])  # every sample after the warm-up
