@@ -12,6 +12,10 @@ pytest.importorskip("triton")
 
 from attnbench.backend import get_backend  # noqa: E402
 from attnbench.case import Case  # noqa: E402
+
+# extend.py imported here, under the interpreter: a first import inside a test that sets TRITON_INTERPRET=0
+# would leave its kernels compiled-only for every later test of this process
+from attnbench.kernels.triton import extend  # noqa: E402, F401
 from attnbench.kernels.triton import prefill_ws as p  # noqa: E402
 
 
@@ -90,8 +94,11 @@ def test_the_policy_leaves_what_the_triton_kernel_runs_faster_to_it(monkeypatch,
     assert callable(det) and callable(forced)  # batch-invariant: wherever it applies; forced: likewise
 
 
-def test_a_declined_extend_says_why_in_its_info(monkeypatch):
-    monkeypatch.setenv("TRITON_INTERPRET", "0")
+def test_an_extend_it_does_not_run_says_why_in_its_info():
     case = Case.from_id("extend/b2-q512-pre0-h32x8-d128-p16-bf16", "cpu")
-    run = get_backend("triton").prepare_extend(case, case.make_inputs())
-    assert "key blocks a tile" in run.info["not_prefill_ws"]
+    run = get_backend("triton").prepare_extend(case, case.make_inputs())  # the interpreter: extend.py's kernel
+    assert run.info["not_prefill_ws"] == "not compiled for Hopper"
+    assert (
+        get_backend("triton:extend_kernel=triton").prepare_extend(case, case.make_inputs()).info["not_prefill_ws"]
+        == "extend_kernel=triton"
+    )
