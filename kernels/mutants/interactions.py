@@ -5,10 +5,10 @@ cap applied after the mask, a window that forgets the cached prefix, sinks dropp
 visible key, fp8 scales swapped or collapsed, a last page of length 0, a page-table walk one page too
 far, a split-KV merge with a stale LSE, accumulation in bf16, GQA mapped wrong for one group size,
 softplus without its threshold, dt_bias of head 0 for every head, conv states not saved for short
-requests, padding rows written into slot -1. One comes from the draft-decode contract rather than
-a known fix: EAGLE candidates that all read their request's first candidate's pages. Six more were
-written independently of the suites, as a test of them, and each escaped until the pairwise domains
-reached past a kernel's tile or split size: a non-power-of-two GQA group strided as its padded tile, a
+requests, padding rows written into slot -1 (by the GDN decode and by the conv update). One comes
+from the draft-decode contract rather than a known fix: EAGLE candidates that all read their
+request's first candidate's pages. Six more were written independently of the suites, as a test of
+them, and each escaped until the pairwise domains reached past a kernel's tile or split size: a non-power-of-two GQA group strided as its padded tile, a
 full 64-row causal query tile, sinks and a split's tail on the split-KV path, GDN q/k norms per 64-wide
 slice of K, conv bias per channel tile. None has a case written for it: `attnbench selftest` runs them over the default suites and reports the first case
 that caught each.
@@ -311,6 +311,25 @@ class _PaddedSlotWritten(Backend):
         return run
 
 
+class _ConvPaddedSlotWritten(Backend):
+    """causal_conv1d update that stores the window of padding rows too: index -1 lands in the pool's last
+    slot (the other modes as the torch backend runs them)."""
+
+    name = "conv-padded-slot-written"
+
+    def prepare_causal_conv1d(self, case, x):
+        def run():
+            if not x.update:
+                return tgdn.causal_conv1d(x)
+            idx = x.cache_indices.long()
+            win = torch.cat([x.conv_states[idx], x.x[:, :, None]], dim=2)  # [B, D, W]
+            x.y.copy_(F.silu((win.float() * x.weight.float()[None]).sum(-1) + x.bias.float()))
+            x.conv_states[idx] = win[:, :, 1:]  # -1 wraps to the last slot
+            return {"y": x.y}
+
+        return run
+
+
 def _norm_qk_per_tile(q, k, HV, scale, tile: int = 64):
     """q/k L2 norms taken over each 64-wide slice of the head dim (a K-tiled kernel that normalises per tile)."""
     group = HV // q.shape[-2]
@@ -496,6 +515,8 @@ INTERACTION_MUTANTS = (
      lambda: _ConvShortNotSaved()),
     ("gdn-padded-slot-written", "gdn_decode stores padding rows' states: index -1 writes the pool's last slot",
      lambda: _PaddedSlotWritten()),
+    ("conv-padded-slot-written", "causal_conv1d update stores padding rows' windows: index -1 writes the pool's "
+     "last slot", lambda: _ConvPaddedSlotWritten()),
     ("gdn-scale-ignored", "GDN scales q by K**-0.5 whatever the model's scale",
      _scale_ignored),
     ("merge-unguarded-empty", "merge_state without the guard for two empty sides (NaN)",

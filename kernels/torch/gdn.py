@@ -67,11 +67,16 @@ def causal_conv1d(x) -> dict[str, torch.Tensor]:
 
 
 def _conv_update(x) -> dict[str, torch.Tensor]:
+    """One token per request from its slot's window; padding rows (slot -1) read a zero window and write
+    no slot."""
     idx = x.cache_indices.long()
-    win = torch.cat([x.conv_states[idx], x.x[:, :, None]], dim=2)  # [B, D, W]
+    real = idx >= 0
+    prev = x.conv_states[idx.clamp(min=0)]  # [B, D, W-1]
+    prev = torch.where(real[:, None, None], prev, torch.zeros_like(prev))
+    win = torch.cat([prev, x.x[:, :, None]], dim=2)  # [B, D, W]
     y = (win.float() * x.weight.float()[None]).sum(-1) + x.bias.float()
     x.y.copy_(F.silu(y))
-    x.conv_states[idx] = win[:, :, 1:]
+    x.conv_states[idx[real]] = win[real, :, 1:]
     return {"y": x.y}
 
 

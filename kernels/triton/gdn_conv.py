@@ -90,16 +90,18 @@ def _conv1d_update_kernel(
     o_d = i_d * BD + tl.arange(0, BD)
     m_d = o_d < D
     i_slot = tl.load(cache_indices + i_n).to(tl.int64)
-    p_state = states + i_slot * D * (W - 1) + o_d * (W - 1)
+    valid = i_slot >= 0  # padding: a zero window, no slot read or written, its output row unspecified
+    m_s = m_d & valid
+    p_state = states + tl.maximum(i_slot, 0) * D * (W - 1) + o_d * (W - 1)
     b_x = tl.load(x + i_n * D + o_d, mask=m_d, other=0)
     b_y = tl.load(bias + o_d, mask=m_d, other=0).to(tl.float32)
     b_y += b_x.to(tl.float32) * tl.load(weight + o_d * W + (W - 1), mask=m_d, other=0).to(tl.float32)
     for j in tl.static_range(W - 1):
-        b_s = tl.load(p_state + j, mask=m_d, other=0)
+        b_s = tl.load(p_state + j, mask=m_s, other=0)
         b_y += b_s.to(tl.float32) * tl.load(weight + o_d * W + j, mask=m_d, other=0).to(tl.float32)
         if j > 0:
-            tl.store(p_state + (j - 1), b_s, mask=m_d)  # shift left; column j was read above
-    tl.store(p_state + (W - 2), b_x, mask=m_d)
+            tl.store(p_state + (j - 1), b_s, mask=m_s)  # shift left; column j was read above
+    tl.store(p_state + (W - 2), b_x, mask=m_s)
     b_y = b_y / (1.0 + tl.exp(-b_y))
     tl.store(y + i_n * D + o_d, round_to(b_y, DT, EMULATE), mask=m_d)
 
@@ -139,7 +141,8 @@ def causal_conv1d_update(
     cache_indices: torch.Tensor,
     y: torch.Tensor,
 ) -> None:
-    """One decode token per request, `x [B, dim]`, against its slot's state; writes `y [B, dim]` and it."""
+    """One decode token per request, `x [B, dim]`, against its slot's state; writes `y [B, dim]` and it.
+    A slot of -1 is padding (a CUDA-graph-padded batch): no slot is read or written for it."""
     assert x.is_contiguous() and y.is_contiguous() and conv_states.is_contiguous() and weight.is_contiguous()
     D, W = weight.shape
     B = cache_indices.shape[0]

@@ -105,9 +105,9 @@ class Layer:
         return out
 
     def decode(self, tok, indices):
-        """One decode step: conv update (real requests: its contract has no padding) + gdn_decode."""
-        real = indices >= 0
-        self.run("conv update", self._conv(tok["x"][real].contiguous(), indices[real].contiguous(), update=True))
+        """One decode step over the whole batch, padding rows (-1) included as a server's CUDA graph runs
+        them: conv update + gdn_decode."""
+        self.run("conv update", self._conv(tok["x"], indices, update=True))
         self.run("gdn_decode", self._gdn(tok, indices))
 
     def verify(self, tok, indices, parents):

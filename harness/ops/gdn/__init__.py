@@ -20,7 +20,10 @@ Canonical semantics (docs/conventions.md; the math is in `attnbench.references.g
   view of this same memory, `mixed_qkv.transpose(0, 1)`), `weight [dim, W]`, `bias [dim]`, conv
   states `[N, dim, W-1]` addressed by `cache_indices [B]`, SiLU. `mode: prefill` is the varlen form
   (`query_start_loc [B+1]`, `has_initial_state [B]`); `mode: update` is one decode token per request
-  (`x [B, dim]`). Both write the new states (the last W-1 raw inputs, bit-exact copies).
+  (`x [B, dim]`). Both write the new states (the last W-1 raw inputs, bit-exact copies). Update mode
+  takes padding rows as a server's CUDA-graph-padded decode batch has them (`pad`; `cache_indices`
+  -1, as verify's): no slot is read or written for them (every slot of the pool stays bitwise as it
+  was, -1 is not the last slot) and their output rows are unspecified.
   `mode: verify` is speculative verify: `seq_len` draft tokens per request packed like gdn_verify's
   (token `b * draft + t`, `x [B * draft, dim]`), a chain or a tree (`parents [B, draft]`, -1 = the
   pool state), every request from its pool state (`cache_indices`, -1 = padding: nothing read, its
@@ -51,8 +54,9 @@ Cost model (what `flops()` and `bytes()` count; per v-head, summed over heads an
   + n^3 / 3 (the triangular solve). Bytes = q, k, v, o + g, beta (fp32) + initial states read (requests
   with one) + final states written.
 - gdn_gating: elementwise, no FLOPs counted. Bytes = a, b read, g, beta written, A_log, dt_bias.
-- causal_conv1d: FLOPs = 2 W dim per token. Bytes = x read, y written, weight, bias, states read (the
-  requests with an initial state) and written, indices. Verify mode: FLOPs of the real requests' tokens;
+- causal_conv1d: FLOPs = 2 W dim per token of a real request. Bytes = x read, y written (all rows),
+  weight, bias, states read (the real requests with an initial state) and written (the real
+  requests'), indices. Verify mode: FLOPs of the real requests' tokens;
   bytes = x, y (all rows), weight, bias, the real requests' states read and their windows written
   (draft per request), indices and parents.
 - gdn_commit: no FLOPs. Bytes = per real request that accepted a token, its state and conv window read

@@ -38,19 +38,20 @@ class CausalConv1dOp(Op):
     """Depthwise causal conv1d + SiLU over per-request windows; writes the last W-1 raw inputs back.
 
     Verify mode (speculative decoding) writes no state: it keeps the window after every draft token in
-    `intermediate_conv_windows` for `gdn_commit` (module docstring)."""
+    `intermediate_conv_windows` for `gdn_commit` (module docstring). Update and verify take padding
+    requests (`pad`, cache index -1): no slot is touched for them and their output rows are unspecified."""
 
     name = "causal_conv1d"
     smoke = SmokeSpace(
         # dim 130: channels over more than one 64- or 128-wide tile (per-tile bias and weight offsets)
         space={"batch": [1, 3, 5], "seq_len": [1, 2, 3, 9, 40], "dim": [40, 48, 130],
                "width": [2, 3, 4], "pad": [0, 1], "dtype": ["bf16", "fp16", "fp32"]},
-        # update mode fixes five axes (seq_len 1, lens, init, tree, pad): the greedy fill and its random
-        # repairs miss completions of (batch, update) and (width, update), which would be listed as forbidden
-        # though allowed; one update case per batch and width
+        # update mode fixes four axes (seq_len 1, lens, init, tree): the greedy fill and its random repairs
+        # miss completions of (batch, update) and (width, update), which would be listed as forbidden though
+        # allowed; one update case per batch and width, one of them padded (a CUDA-graph-padded decode batch)
         seeds=[
-            {"batch": b, "mode": "update", "width": w, "dim": c, "dtype": dt}
-            for b, w, c, dt in ((1, 2, 40, "bf16"), (3, 3, 48, "fp16"), (5, 4, 40, "fp32"))
+            {"batch": b, "mode": "update", "width": w, "dim": c, "pad": pad, "dtype": dt}
+            for b, w, c, pad, dt in ((1, 2, 40, 0, "bf16"), (3, 3, 48, 1, "fp16"), (5, 4, 40, 0, "fp32"))
         ],
     )  # fmt: skip
     family = "gdn"
@@ -95,10 +96,12 @@ class CausalConv1dOp(Op):
         return {"conv_states": OutputSpec(("slot", "channel", "tap"), exact=True)}
 
     def unspecified(self, p: ConvParams, x: ConvInputs):
+        """Padding requests' rows (update and verify modes): their token rows of y, and their windows (verify)."""
         if not p.pad:
             return {}
         pad = x.cache_indices < 0
-        return {"y": pad.repeat_interleave(p.seq_len)[:, None], "intermediate_conv_windows": pad[:, None, None, None]}
+        free = {"y": pad.repeat_interleave(p.seq_len)[:, None], "intermediate_conv_windows": pad[:, None, None, None]}
+        return {name: mask for name, mask in free.items() if name in self.outputs_for(p)}
 
     def input_bytes(self, p: ConvParams, dtype, seed: int) -> int:
         host, _ = _generators(seed, None)
@@ -177,7 +180,7 @@ class CausalConv1dOp(Op):
     def flops(self, p: ConvParams, x: ConvInputs) -> float:
         if p.mode == "verify":
             return 2.0 * p.width * p.dim * p.seq_len * (p.batch - p.pad)
-        return 2.0 * p.width * p.dim * x.x.shape[0]
+        return 2.0 * p.width * p.dim * (x.x.shape[0] - p.pad)  # padding: update mode, one row per request
 
     def bytes(self, p: ConvParams, x: ConvInputs) -> float:
         el = x.x.element_size()
@@ -186,7 +189,8 @@ class CausalConv1dOp(Op):
             real = p.batch - p.pad
             total = 2 * x.x.numel() * el + (x.weight.numel() + x.bias.numel()) * el + real * (1 + p.seq_len) * state
             return float(total + x.cache_indices.numel() * 4 + (x.parents.numel() * 4 if p.tree else 0))
-        reads = sum(bool(i) for i in x.has_initial_state.tolist())
+        real = [i >= 0 for i in x.cache_indices.tolist()]  # padding (update mode): no state read or written
+        reads = sum(r and bool(i) for r, i in zip(real, x.has_initial_state.tolist(), strict=True))
         total = 2 * x.x.numel() * el + (x.weight.numel() + x.bias.numel()) * el
-        total += (reads + p.batch) * state + (x.cache_indices.numel() + x.query_start_loc.numel()) * 4
+        total += (reads + sum(real)) * state + (x.cache_indices.numel() + x.query_start_loc.numel()) * 4
         return float(total)

@@ -30,7 +30,7 @@ class ConvInputs:
     weight: torch.Tensor  # [dim, W] case dtype
     bias: torch.Tensor  # [dim] case dtype
     conv_states: torch.Tensor  # [N, dim, W-1] case dtype, written
-    cache_indices: torch.Tensor  # [B] int32 slot per request
+    cache_indices: torch.Tensor  # [B] int32 slot per request, -1 = padding (update and verify modes)
     has_initial_state: torch.Tensor  # [B] bool
     query_start_loc: torch.Tensor  # [B+1] int32
     y: torch.Tensor  # [T, dim] output, case dtype

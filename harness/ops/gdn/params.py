@@ -29,7 +29,9 @@ class ConvParams(Params):
     lens: Literal["equal", "mixed"] = "equal"
     init: Literal["all", "none", "mixed"] = Field("all", description="which requests have an initial state")
     tree: bool = Field(False, description="verify: the draft tokens form a tree (parents array), not a chain")
-    pad: int = Field(0, ge=0, description="verify: padding requests (cache index -1)")
+    pad: int = Field(
+        0, ge=0, description="update and verify: padding requests (cache index -1), a CUDA-graph-padded batch's"
+    )
 
     @model_validator(mode="after")
     def _update(self):
@@ -37,8 +39,10 @@ class ConvParams(Params):
             raise ValueError("mode update: one token per request, each with a state (seq_len 1, init all)")
         if self.mode == "verify" and (self.lens != "equal" or self.init != "all"):
             raise ValueError("mode verify: seq_len draft tokens per request, each from its state (init all)")
-        if self.mode != "verify" and (self.tree or self.pad):
-            raise ValueError("tree and pad are parameters of mode verify")
+        if self.mode != "verify" and self.tree:
+            raise ValueError("tree is a parameter of mode verify")
+        if self.mode == "prefill" and self.pad:
+            raise ValueError("pad is a parameter of modes update and verify (padded decode batches), not prefill")
         if self.pad >= self.batch:
             raise ValueError(f"pad ({self.pad}) must leave at least one real request of batch {self.batch}")
         return self
