@@ -89,3 +89,12 @@ class _GarbagePaddingRows(Backend):
 def test_padding_rows_of_y_are_not_compared():
     r = run_one(PADDED_UPDATE, _GarbagePaddingRows())
     assert r.status == "pass", r.reason
+
+
+def test_padding_rows_count_no_flops_and_no_state_traffic():
+    padded, full = Case.from_id(PADDED_UPDATE), Case.from_id("causal_conv1d/b5-t1-c40-update-bf16")
+    xp, xf = padded.make_inputs(), full.make_inputs()
+    W, D, state = 4, 40, 40 * 3 * 2  # a bf16 window of W-1 inputs per channel
+    assert padded.op.flops(padded.params, xp) == 2 * W * D * 3
+    # x, y, weights and indices alike; two fewer windows read and two fewer written
+    assert full.op.bytes(full.params, xf) - padded.op.bytes(padded.params, xp) == 2 * 2 * state
