@@ -15,6 +15,7 @@ import gc
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -243,6 +244,7 @@ class _Built:
     flops: float
     nbytes: float
     rule: Rule
+    ref_cache: Any = None  # the run's reference cache (harness/store/refcache.py), None when off
 
 
 @dataclass
@@ -254,6 +256,8 @@ class _BuildFailed:
 def _build(case: Case, opts: RunOptions) -> _Built | _BuildFailed:
     """The case's inputs, the float64 reference and the twin, FLOPs, bytes and the tolerance rule;
     or what went wrong."""
+    from attnbench.store import refcache
+
     op, p = case.op, case.params
     pristine = None
     try:
@@ -262,13 +266,14 @@ def _build(case: Case, opts: RunOptions) -> _Built | _BuildFailed:
         _sync(case)
         inputs_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        expected, twin, ref = _reference(case, pristine, opts)
+        cache = refcache.open_cache(opts.ref_cache, opts.ref_cache_max)
+        expected, twin, ref = _reference(case, pristine, cache)
         ref_s = time.perf_counter() - t0
         flops, nbytes = op.flops(p, pristine), op.bytes(p, pristine)
     except Exception as e:
         return _BuildFailed(e, f" (inputs {storage_bytes(pristine) / 2**30:.2f} GiB)" if pristine is not None else "")
     shared = {"reference_s": ref_s, "inputs_s": inputs_s} | ref  # every row of the case carries them
-    return _Built(pristine, expected, twin, shared, flops, nbytes, rule_for(case))
+    return _Built(pristine, expected, twin, shared, flops, nbytes, rule_for(case), cache)
 
 
 def _run_backend(
@@ -296,7 +301,7 @@ def _run_backend(
         if broken := outputs_contract(op, p, outputs, absent):
             return _row(case, b.name, "error", broken, prepare_s=prep, call_s=call_s, env=env, **shared), None
         ctx = CheckContext(call, outputs, built.expected, built.twin, built.rule, opts, memo=memo,
-                           ref_cache=_open_ref_cache(opts))  # fmt: skip
+                           ref_cache=built.ref_cache)  # fmt: skip
         parts, fields = _apply_checks(ctx, opts.checks if opts.checks is not None else active())
         verdict = ctx.verdict
         failed = subjects(verdict.problems, op.checked_names(p))
@@ -379,20 +384,12 @@ def _time(case: Case, todo: list[Backend], built: _Built, closures: dict, rows: 
         } | roofline(flops, nbytes, secs, opts.peaks, case.dtype)
 
 
-def _open_ref_cache(opts: RunOptions):
-    from attnbench.store import refcache
-
-    return refcache.open_cache(opts.ref_cache, opts.ref_cache_max)
-
-
-def _reference(case: Case, pristine, opts: RunOptions) -> tuple[dict, dict, dict]:
-    """The float64 expectation and the native-precision twin of `case`, from the reference cache when
-    it holds them (harness/store/refcache.py), else computed (and stored there). The third value is what the
-    rows record: `reference_from` ("cache" | "computed") and `reference_note` (a cache problem)."""
-    from attnbench.store import refcache
-
+def _reference(case: Case, pristine, cache) -> tuple[dict, dict, dict]:
+    """The float64 expectation and the native-precision twin of `case`, from the reference cache `cache`
+    (harness/store/refcache.py; None: off) when it holds them, else computed (and stored there). The third
+    value is what the rows record: `reference_from` ("cache" | "computed") and `reference_note` (a cache
+    problem)."""
     op, p = case.op, case.params
-    cache = refcache.open_cache(opts.ref_cache, opts.ref_cache_max)
     note = ""
     if cache is not None:
         hit, note = cache.get(case, pristine)
