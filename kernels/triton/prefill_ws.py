@@ -277,6 +277,13 @@ def _prefixes(x) -> list[int]:
     return [L - n for L, n in zip(x.seq_lens_host, x.q_lens_host)]
 
 
+def _tile_keys(x, pre: list[int], b: int, q0: int) -> tuple[int, int]:
+    """The keys tile (request `b`, first new token `q0`) reads: its prefix, and its new tokens up to its
+    last row when causal (all of them when not), as the kernel's `_item` counts its blocks."""
+    n = x.q_lens_host[b]
+    return pre[b], min(q0 + BLOCK_M, n) if x.causal else n
+
+
 def prefill_unsupported(x) -> str | None:
     """Why extend `x` cannot take this kernel (None: it can)."""
     from attnbench.kernels.triton.extend_plan import _rows_view
@@ -340,8 +347,9 @@ def prefill_declined(x, tiles: torch.Tensor, policy: PrefillPolicy = PREFILL_POL
     pre = _prefixes(x)
     if x.q.shape[2] not in policy.head_dims:
         return f"head dim {x.q.shape[2]}"
-    blocks = sum(-(-pre[b] // BLOCK_N) + -(-(min(q0 + BLOCK_M, x.q_lens_host[b]) if x.causal else x.q_lens_host[b])
-                                           // BLOCK_N) for b, q0 in tiles.tolist())  # fmt: skip
+    blocks = sum(
+        -(-p // BLOCK_N) + -(-n // BLOCK_N) for p, n in (_tile_keys(x, pre, b, q0) for b, q0 in tiles.tolist())
+    )
     if blocks < policy.min_blocks_per_tile * tiles.shape[0]:
         return f"{blocks / tiles.shape[0]:.1f} key blocks a tile"
     if any(pre):
@@ -367,10 +375,7 @@ def plan_prefill(x) -> torch.Tensor:
     (keys a tile reads: its prefix, then its new tokens up to its last row when causal)."""
     pre = _prefixes(x)
     tiles = [(b, q0) for b, n in enumerate(x.q_lens_host) for q0 in range(0, n, BLOCK_M)]
-    if x.causal:
-        tiles.sort(key=lambda t: -(pre[t[0]] + min(t[1] + BLOCK_M, x.q_lens_host[t[0]])))
-    else:
-        tiles.sort(key=lambda t: -(pre[t[0]] + x.q_lens_host[t[0]]))
+    tiles.sort(key=lambda t: -sum(_tile_keys(x, pre, *t)))
     return torch.tensor(tiles, dtype=torch.int32).reshape(-1, 2).to(x.q.device)
 
 
