@@ -189,7 +189,7 @@ class _TritonAttention(Backend):
             "kernel": "mla" if plan.config.impl == "triton" else f"mla-{plan.config.impl}",
             "max_splits": max(plan.splits),
             "work_items": int(plan.work.shape[0]),
-            "config": vars(cfg) | {"two_stage": plan.merge is not None and not plan.fused},
+            "config": vars(plan.config) | {"two_stage": plan.merge is not None and not plan.fused},
         }
         return run
 

@@ -102,6 +102,8 @@ CASES = [
     ("b4 L8192 split 4", dict(B=4, L=8192), 4),
     ("b16 L8192 H64", dict(B=16, L=8192, H=64)),
     ("b8 L2048 page128", dict(B=8, L=2048, page=128)),
+    ("b5 mixed lens split 3", dict(B=5, L=0, lens=[65, 3000, 129, 4097, 64]), 3),
+    ("b2 L5000 window 700 split 8", dict(B=2, L=5000, window=700), 8),
 ]
 
 

@@ -18,6 +18,10 @@ if os.environ.get("TRITON_INTERPRET") != "1":
 from attnbench.backend import get_backend  # noqa: E402
 from attnbench.case import Case  # noqa: E402
 from attnbench.kernels.triton import decode_mla as m  # noqa: E402
+
+# The Gluon modules import now, under the session's interpreter setting: imported later inside a test that
+# sets TRITON_INTERPRET=0 (the gate's view of sm_90), gluon rejects triton.language's interpreted functions
+from attnbench.kernels.triton import decode_mla_gluon, decode_mla_ws  # noqa: E402, F401
 from tests.support.helpers import KERNEL, run_one  # noqa: E402
 
 CASES = [
