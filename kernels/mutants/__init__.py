@@ -227,5 +227,5 @@ MUTANTS: tuple[Mutant, ...] = (
            "so a graph replayed on a batch with a longer request misses its last keys", (), BakedLengthDecode,
            cuda_only="the replay check captures CUDA graphs: a CPU run skips it"),
     # real bugs from upstream trackers (kernels/mutants/upstream.py): no case written for them either
-    *(Mutant(u.name, u.bug, (), u.backend, u.source, u.known_escape) for u in UPSTREAM_MUTANTS),
+    *(Mutant(u.name, u.bug, (), u.backend, u.source, u.known_escape, u.cuda_only) for u in UPSTREAM_MUTANTS),
 )  # fmt: skip

@@ -273,6 +273,27 @@ def patched_gdn(name: str, attr: str, replacement, ops: tuple[str, ...]) -> Back
     return type(f"Mutant_{name}", (Backend,), {"name": name, **methods})()
 
 
+def state_offset_mutant(name: str, bits: int) -> Backend:
+    """The torch GDN backend computing a state slot's element offset (`slot x HV x K x V`) in a signed
+    integer of `bits` bits: gdn_decode, gdn_extend and gdn_verify read (and the first two write) the
+    slot that `wrapped_rows` sends each real request to; padding rows (-1) stay padding."""
+
+    def wrapped(x):
+        idx = x.state_indices.long()
+        rows = wrapped_rows(idx.clamp(min=0), x.state_pool[0].numel(), x.state_pool.shape[0], bits)
+        return dataclasses.replace(x, state_indices=torch.where(idx >= 0, rows, idx).to(x.state_indices.dtype))
+
+    def prepare_for(fn):
+        def prepare(self, case, x):
+            return lambda: fn(wrapped(x))
+
+        return prepare
+
+    ops = ("gdn_decode", "gdn_extend", "gdn_verify")
+    methods = {f"prepare_{op}": prepare_for(getattr(tgdn, op)) for op in ops}
+    return type(f"Mutant_{name}", (Backend,), {"name": name, **methods})()
+
+
 class _ConvShortNotSaved(Backend):
     """causal_conv1d that does not write back the state of requests shorter than the width - 1."""
 

@@ -16,7 +16,13 @@ import dataclasses
 import torch
 
 from attnbench.backend import Backend
-from attnbench.kernels.mutants.interactions import Bugs, attention_mutant, patched_gdn, right_gates
+from attnbench.kernels.mutants.interactions import (
+    Bugs,
+    attention_mutant,
+    patched_gdn,
+    right_gates,
+    state_offset_mutant,
+)
 from attnbench.kernels.torch import spec as tspec
 
 
@@ -27,6 +33,7 @@ class Upstream:
     source: str  # the upstream issue / pull request it is modelled on
     backend: object  # () -> Backend
     known_escape: str = ""  # why the default suites miss it, when they do (shown by `attnbench selftest`)
+    cuda_only: str = ""  # why only a GPU self-test can catch it (on a CPU it is not run: a known escape there)
 
 
 # ---- GDN ------------------------------------------------------------------------------------------
@@ -64,6 +71,12 @@ class _RetriveIndexStride(Backend):
             return out
 
         return run
+
+
+_PAST_2_31 = (
+    "its offsets wrap only in a pool past 2^31 elements (4 GiB of bf16 a KV cache, 8 GiB of fp32 GDN states): "
+    "the GPU self-test runs suites/large.yaml for it, no CPU holds such a pool"
+)
 
 
 def _a(name: str, **bugs) -> Backend:
@@ -116,8 +129,17 @@ UPSTREAM_MUTANTS: tuple[Upstream, ...] = (
         "kernels computing page * stride in int32, wrong once a production pool passes 2^31 elements; the "
         "threads themselves not re-read for this mutant)",
         lambda: _a("kv-offset-int32", offset_bits=32),
-        known_escape="its offsets wrap only in a pool past 2^31 elements (4 GiB of bf16 per cache): suites/large.yaml "
-        "on a GPU catches it, no CPU suite can hold such a pool",
+        cuda_only=_PAST_2_31,
+    ),
+    Upstream(
+        "gdn-state-offset-int32",
+        "GDN decode/extend/verify compute a state slot's element offset (slot x HV x K x V) in int32: past 2^31 "
+        "elements of the state pool a request reads (and saves) another slot's state",
+        "fla-org/flash-linear-attention issue #1080 (as attnbench issue #36 cites it: a state pool indexed with "
+        "int32 offsets, wrong once a production pool passes 2^31 elements; the thread itself not re-read for "
+        "this mutant)",
+        lambda: state_offset_mutant("gdn-state-offset-int32", 32),
+        cuda_only=_PAST_2_31,
     ),
     Upstream(
         "gdn-beta-rounded-to-input-dtype",

@@ -11,7 +11,7 @@ import torch
 from attnbench.backend import get_backend
 from attnbench.case import Case
 from attnbench.kernels.mutants import MUTANTS
-from attnbench.kernels.mutants.interactions import Bugs, attention_mutant, wrapped_rows
+from attnbench.kernels.mutants.interactions import Bugs, attention_mutant, state_offset_mutant, wrapped_rows
 from attnbench.plan.suite import load
 from helpers import KERNEL, run_one
 
@@ -83,9 +83,29 @@ def test_wrapped_rows_is_int32_multiplication_past_2_31():
     assert not bool((got[~fits] == slots[~fits]).any())  # past it every slot goes elsewhere
 
 
-def test_kv_offset_int32_mutant_is_registered_with_its_escape_named():
-    m = {m.name: m for m in MUTANTS}["kv-offset-int32"]
-    assert "2^31" in m.known_escape and m.source
+@pytest.mark.parametrize("name", ["kv-offset-int32", "gdn-state-offset-int32"])
+def test_the_int32_offset_mutants_are_left_to_the_gpu_self_test(name):
+    """No CPU suite holds a pool past 2^31 elements: the CPU self-test does not run them (a known escape
+    there, named); the GPU self-test adds suites/large.yaml, where they must be caught."""
+    from attnbench.cli import selftest
+
+    m = {m.name: m for m in MUTANTS}[name]
+    assert "2^31" in m.cuda_only and m.source and not m.known_escape
+    assert "large" in selftest.GPU_SUITES and "large" not in selftest.DEFAULT_SUITES
+
+
+@pytest.mark.parametrize("case_id", [c for c in CASES if c.startswith("gdn_")])
+def test_a_large_state_pool_catches_narrow_state_offsets_that_a_default_pool_hides(case_id):
+    """The GDN int32 mutant's rule at 18 bits (2^17 elements: 32 slots of 4 x 32 x 32): the requests' slots
+    at the end of a 40-slot pool wrap onto the NaN spare slots, those of the default pool (from slot 0) do
+    not. suites/large.yaml does the same at 2^31."""
+    narrow = state_offset_mutant("gdn-state-offset-narrow", 18)
+    big = run_one(case_id, narrow)
+    assert big.status == "fail", big.reason
+    small = run_one(case_id.replace("-slots40", ""), narrow)
+    assert small.status == "pass", small.reason
+    wide = run_one(case_id, state_offset_mutant("gdn-state-offset-int32", 32))
+    assert wide.status == "pass", wide.reason  # int32 wraps only past 2^31 elements
 
 
 @pytest.mark.parametrize(
