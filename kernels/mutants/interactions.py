@@ -47,6 +47,7 @@ class Bugs:
     sink_per_kv_head: bool = False  # sinks indexed by kv head instead of q head
     swapped_scales: bool = False  # K dequantised with v_scale, V with k_scale
     scale_head0: bool = False  # per-head fp8 scales collapsed to head 0's
+    scales_ignored: bool = False  # fp8 cache entries read as stored, without k_scale/v_scale (1.0 passed)
     causal_top_left: bool = False  # causal mask j <= i (top-left) instead of bottom-right
     window_dropped_unless_causal: bool = False  # bidirectional and custom masks ignore the window
     mla_rope_dropped: bool = False  # MLA scores from the 512 latent dims only
@@ -101,6 +102,8 @@ def _keys(x, b: int, bugs: Bugs):
         k_scale, v_scale = v_scale, k_scale
     if bugs.scale_head0 and k_scale is not None:
         k_scale, v_scale = k_scale[:1], v_scale[:1]
+    if bugs.scales_ignored:
+        k_scale = v_scale = None
     K = x.k_cache.view(-1, *x.k_cache.shape[2:])[k_rows].float()
     V = x.v_cache.reshape(-1, *x.v_cache.shape[2:])[v_rows].float()
     if k_scale is not None:
@@ -503,6 +506,9 @@ INTERACTION_MUTANTS = (
      lambda: _a("swapped-kv-scales", swapped_scales=True)),
     ("per-head-scale-collapsed", "per-head fp8 scales collapsed to head 0's",
      lambda: _a("per-head-scale-collapsed", scale_head0=True)),
+    # what an adapter that passes k_scale = v_scale = 1.0 computes (the sglang adapter's extend calls did, issue #36)
+    ("kv-scales-ignored", "fp8 KV cache entries read as stored, without the layer's k_scale/v_scale",
+     lambda: _a("kv-scales-ignored", scales_ignored=True)),
     ("causal-top-left", "causal mask aligned top-left (j <= i) instead of bottom-right",
      lambda: _a("causal-top-left", causal_top_left=True)),
     ("window-dropped-unless-causal", "the window is ignored with bidirectional or custom masks",

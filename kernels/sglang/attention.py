@@ -23,6 +23,13 @@ behind the canonical decode, extend and merge_state contracts.
 - extend without a prefix (`sglang-prefill`): `prefill_attention.context_attention_fwd` over the new
   tokens' contiguous `k_new`/`v_new` (causal or bidirectional; its scale is fixed at `Dk ** -0.5`).
 
+fp8 KV caches (decode, extend, tree_verify, `sglang-unified`): the layer's k and v scales as the two
+floats SGLang's backend passes (`layer.k_scale_float`, `layer.v_scale_float`; `layer_scales`), so
+per-head scales are a skip. As SGLang's `forward_extend`, `save` stores the new K/V quantized first and
+`extend_attention_fwd` then attends them from `k_new`/`v_new` in the query dtype (the unified kernel
+reads them back from the cache). Both extend kernels round the query and P to the cache's fp8 dtype
+(docs/findings.md, "SGLang Triton extend rounds q and P to fp8").
+
 None of these attention kernels returns the final LSE: the closures declare `absent = {"lse": ...}`.
 """
 
@@ -42,14 +49,8 @@ NO_LSE = "SGLang's {} kernel returns no final LSE"
 def attention_unsupported(case) -> str | None:
     """Why SGLang's Triton attention cannot run `case` (None: it can)."""
     p = case.params
-    if p.kv_dtype != "auto" and case.op_name != "decode":
-        return (
-            "sglang adapter: fp8 KV caches are wired for decode only (the extend would quantize the new tokens itself)"
-        )
-    if p.kv_dtype != "auto" and p.kv_scale == "head":
-        return (
-            "SGLang's Triton decode takes one k and one v scale per layer (floats): per-head scales cannot be expressed"
-        )
+    if why := _per_head_scales(p):
+        return why
     if case.op_name == "extend":
         if p.new_kv == "shared":
             return "SGLang's extend_attention_fwd reads the new tokens from k_extend/v_extend (new_kv shared has none)"
@@ -58,11 +59,20 @@ def attention_unsupported(case) -> str | None:
     return None
 
 
+def _per_head_scales(p) -> str | None:
+    if p.kv_dtype != "auto" and p.kv_scale == "head":
+        return (
+            "SGLang's Triton attention takes one k and one v scale per layer (floats): per-head scales cannot be "
+            "expressed"
+        )
+    return None
+
+
 def unified_unsupported(case) -> str | None:
     """Why SGLang's deterministic extend (`extend_attention_fwd_unified`) cannot run `case` (None: it can)."""
     p = case.params
-    if p.kv_dtype != "auto":
-        return "sglang adapter: fp8 KV caches are not wired (SGLang's kernels take float k/v scales per layer)"
+    if why := _per_head_scales(p):
+        return why
     if p.new_kv == "attend":
         return (
             "SGLang's extend_attention_fwd_unified reads the new tokens from the cache (out_cache_loc): "
@@ -106,6 +116,15 @@ def _core_count(device: torch.device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 0
 
 
+def layer_scales(x) -> tuple[float, float]:
+    """The layer's k and v scales as the floats SGLang's kernels take (its backend passes
+    `layer.k_scale_float` / `layer.v_scale_float`, 1.0 without an fp8 cache): real value = stored * scale.
+    Read once, in prepare (a host read; the scales are model weights, `Op.held`)."""
+    if x.k_scale is None:
+        return 1.0, 1.0
+    return float(x.k_scale.reshape(-1)[0]), float(x.v_scale.reshape(-1)[0])
+
+
 def prepare_decode(case, x):
     """SGLang's Triton decode on static buffers, as its CUDA-graph runner holds them: the token-level
     `kv_indptr`/`kv_indices` (capacity: every key the page table can address) and `num_kv_splits` are
@@ -137,9 +156,7 @@ def prepare_decode(case, x):
     logits = torch.empty(B, Hq, MAX_KV_SPLITS, Dv, dtype=torch.float32, device=dev)
     lse = torch.empty(B, Hq, MAX_KV_SPLITS, dtype=torch.float32, device=dev)
     k_buf, v_buf = conv.token_view(x.k_cache), conv.token_view(x.v_cache)
-    # fp8 caches: the layer's k/v scales as floats (SGLang's `layer.k_scale_float`), read once here
-    k_scale = 1.0 if x.k_scale is None else float(x.k_scale.reshape(-1)[0])
-    v_scale = 1.0 if x.v_scale is None else float(x.v_scale.reshape(-1)[0])
+    k_scale, v_scale = layer_scales(x)
 
     def run():
         mod.decode_attention_fwd(
@@ -181,13 +198,14 @@ def prepare_extend(case, x):
     custom = x.custom_mask is not None
     offsets = torch.tensor(starts, dtype=torch.int32, device=x.q.device)  # custom mask columns before the table
     max_q = max(x.q_lens_host)
+    k_scale, v_scale = layer_scales(x)
 
     def run():
         if x.save_kv:
             save_new_kv(x)
         mod.extend_attention_fwd(
             x.q, x.k_new, x.v_new, x.o, k_buf, v_buf, qo_indptr, kv_indptr, kv_indices, x.custom_mask,
-            x.causal and not custom, x.mask_indptr, max_q, 1.0, 1.0, sm_scale=x.sm_scale, logit_cap=x.soft_cap,
+            x.causal and not custom, x.mask_indptr, max_q, k_scale, v_scale, sm_scale=x.sm_scale, logit_cap=x.soft_cap,
             skip_prefix_custom_mask=False, sliding_window_size=window, sinks=x.sinks, window_kv_offsets=offsets,
         )  # fmt: skip
         return {"o": x.o}
@@ -222,6 +240,7 @@ def prepare_extend_unified(case, x):
     window_start_pos = torch.tensor(starts, dtype=torch.int32, device=dev) if window > 0 else None
     k_buf, v_buf = conv.token_view(x.k_cache), conv.token_view(x.v_cache)
     B, max_q = len(x.q_lens_host), max(x.q_lens_host)
+    k_scale, v_scale = layer_scales(x)
 
     def run():
         if x.save_kv:
@@ -230,7 +249,7 @@ def prepare_extend_unified(case, x):
             prefix_indptr, prefix_indices, extend_start_loc, extend_seq_lens, out_cache_loc, B
         )
         mod.extend_attention_fwd_unified(
-            x.q, x.o, k_buf, v_buf, 1.0, 1.0, x.qo_indptr, kv_indptr, kv_indices, prefix_lens.to(torch.int32),
+            x.q, x.o, k_buf, v_buf, k_scale, v_scale, x.qo_indptr, kv_indptr, kv_indices, prefix_lens.to(torch.int32),
             max_q, custom_mask=x.custom_mask, mask_indptr=x.mask_indptr, sm_scale=x.sm_scale, logit_cap=x.soft_cap,
             is_causal=x.causal, sliding_window_size=window, sinks=x.sinks, window_start_pos=window_start_pos,
         )  # fmt: skip

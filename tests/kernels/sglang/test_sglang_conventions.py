@@ -101,7 +101,8 @@ def test_num_kv_splits_worked_example():
         ("extend/b2-q8-pre16-h4x2-d64-p16-kvshared-bf16", "k_extend"),
         ("extend/b2-q8-pre16-h4x2-d64-p16-swa0-bf16", "window 0"),
         ("decode/b2-l64-h4x2-d64-p16-fp8_e4m3-kvscalehead-bf16", "one k and one v scale per layer"),
-        ("extend/b2-q8-pre16-h4x2-d64-p16-fp8_e4m3-bf16", "fp8 KV caches are wired for decode only"),
+        ("extend/b2-q8-pre16-h4x2-d64-p16-fp8_e4m3-kvscalehead-bf16", "one k and one v scale per layer"),
+        ("tree_verify/b2-pre20-h4x2-d16-p4-treechain-depth4-fp8_e4m3-kvscalehead-fp16", "one k and one v scale"),
         ("gdn_extend/b2-t70-h1x2-d32x16-fp32", "float32"),
         ("gdn_decode/b2-h1x2-d512x64-bf16", "head_dim_k"),
     ],
@@ -113,11 +114,23 @@ def test_sglang_limits_name_what_its_kernels_cannot_say(case_id, why):
     assert why in get_backend("sglang").limits(Case.from_id(case_id, "cuda"))
 
 
-def test_sglang_decode_takes_a_per_tensor_fp8_cache():
+@pytest.mark.parametrize(
+    "backend, case_id",
+    [
+        ("sglang", "decode/b2-l64-h4x2-d64-p16-fp8_e4m3-bf16"),
+        ("sglang", "extend/b2-q8-pre16-h4x2-d64-p16-fp8_e4m3-bf16"),
+        ("sglang", "extend/b2-q8-pre16-h4x2-d64-p16-kvattend-fp8_e5m2-bf16"),
+        ("sglang", "tree_verify/b2-pre20-h4x2-d16-p4-treechain-depth4-fp8_e4m3-fp16"),
+        ("sglang-unified", "extend/b2-q8-pre16-h4x2-d64-p16-custom-fp8_e4m3-bf16"),
+    ],
+)
+def test_sglang_takes_a_per_tensor_fp8_cache(backend, case_id):
+    """The layer's k/v scales are floats in every SGLang attention call (issue #36: extend, tree verify and the
+    unified extend passed 1.0 and were skipped)."""
     from attnbench.backend import get_backend
     from attnbench.case import Case
 
-    assert get_backend("sglang").limits(Case.from_id("decode/b2-l64-h4x2-d64-p16-fp8_e4m3-bf16", "cuda")) is None
+    assert get_backend(backend).limits(Case.from_id(case_id, "cuda")) is None
 
 
 def test_sglang_limits_let_the_rest_run():

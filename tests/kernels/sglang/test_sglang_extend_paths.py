@@ -41,7 +41,7 @@ def prefill():
     [
         ("sglang-unified", "extend/b2-q6-pre5-h4x2-d16-p4-kvattend-fp16", "reads the new tokens from the cache"),
         ("sglang-unified", "extend/b2-q6-pre5-h4x2-d16-p4-swa0-fp16", "sliding_window_size 0"),
-        ("sglang-unified", "extend/b2-q6-pre5-h4x2-d16-p4-fp8_e4m3-fp16", "fp8 KV caches are not wired"),
+        ("sglang-unified", "extend/b2-q6-pre5-h4x2-d16-p4-fp8_e4m3-kvscalehead-fp16", "one k and one v scale"),
         ("sglang-prefill", "extend/b2-q6-pre5-h4x2-d16-p4-fp16", "prefix must be 0"),
         ("sglang-prefill", "extend/b2-q6-pre5-mixed-h4x2-d16-p4-kvattend-fp16", "prefix must be 0"),
         ("sglang-prefill", "extend/b2-q6-pre0-h4x2-d16-p4-kvshared-fp16", "new_kv shared"),
