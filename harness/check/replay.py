@@ -16,7 +16,8 @@ a temporary, a value read with `.item()`) is frozen into the graph: right eagerl
 4. every tensor of B written into the closure's buffers in place (outputs back to their NaN fill),
    then the closure's `before_replay()` if it has one (a server's metadata step before a replay);
 5. one replay, `finalize`, and B's outputs and written inputs checked like the first call's
-   (`checks.check`, the same tolerance rule);
+   (`checks.check`, the same tolerance rule; what it takes from B's reference alone is computed once
+   for the rows of a case that share B, in `memo`);
 6. the read inputs back to A's (the closure is timed on the case's inputs afterwards).
 
 The graph is an object with `warm_up(fn)`, `capture(fn) -> outputs` and `replay()`: `CudaGraph` on a
@@ -202,7 +203,9 @@ def replay(p: PreparedCall, graph, rule, memo: dict | None = None, cache=None) -
         outputs = finalize(static) if finalize is not None else static
         if broken := outputs_contract(op, pb, outputs, p.absent):
             return "fail", [f"replay: {broken}"]
-        v = check(op, pb, xb, work, outputs, expected, twin, rule, absent=p.absent)
+        # what the comparison takes from B's reference alone, kept for the case's next rows with the same B
+        sides = memo.setdefault("reference sides", {}) if memo is not None else None
+        v = check(op, pb, xb, work, outputs, expected, twin, rule, absent=p.absent, memo=sides)
     finally:
         restore_reads(op, params, work, p.pristine)
     if not v.problems:
