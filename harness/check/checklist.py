@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
 from attnbench.buffers import bitwise_equal
-from attnbench.check.checks import StaleCounts, Verdict, check, outputs_changed, stale_check
+from attnbench.check.checks import StaleCounts, Verdict, check, outputs_changed, stale_check, stale_variant
 from attnbench.check.prepared import PreparedCall
 from attnbench.check.replay import replay_outcome
 from attnbench.check.tolerance import Rule
@@ -227,7 +227,7 @@ class StaleOutputCheck:
         counts = StaleCounts()
         stale_check(ctx.op, ctx.params, p.pristine, p.call, p.work, ctx.verdict, p.sync, ctx.rule, case.torch_dtype,
                     p.absent, ctx.memo_for(self.name), fresh=p.fresh_call_on, first=ctx.first, counts=counts,
-                    planned=p.planned)  # fmt: skip
+                    planned=p.planned, cache=ctx.ref_cache, case=case)  # fmt: skip
         return {"stale_reruns": counts.reruns, "stale_references": counts.references}
 
 
