@@ -27,7 +27,7 @@ from typing import Any, Protocol, runtime_checkable
 from attnbench.buffers import bitwise_equal
 from attnbench.check.checks import StaleCounts, Verdict, check, outputs_changed, stale_check, stale_variant
 from attnbench.check.prepared import PreparedCall
-from attnbench.check.replay import replay_outcome
+from attnbench.check.replay import REPLAY_VARIANT, replay_outcome
 from attnbench.check.tolerance import Rule
 
 NEEDS = frozenset({"outputs", "call_again", "fresh_call", "perturb"})
@@ -230,6 +230,14 @@ class StaleOutputCheck:
                     planned=p.planned, cache=ctx.ref_cache, case=case)  # fmt: skip
         return {"stale_reruns": counts.reruns, "stale_references": counts.references}
 
+    def reference_variants(self, case, opts) -> tuple[str, ...]:
+        """The reference-cache entries this check may read for `case` (the runner reads them ahead): the
+        perturbed expectations of an op that writes no input, one per perturbation."""
+        op, p = case.op, case.params
+        if op.writes_for(p):
+            return ()
+        return tuple(stale_variant((pert.name,)) for pert in op.perturbations(p))
+
 
 class ReplayCheck:
     """CUDA-graph replay (attnbench.check.replay, docs/replay.md), for ops servers capture in graphs
@@ -255,6 +263,13 @@ class ReplayCheck:
                                            ctx.ref_cache)  # fmt: skip
         ctx.verdict.problems += problems
         return {"replay": outcome}
+
+    def reference_variants(self, case, opts) -> tuple[str, ...]:
+        """The reference-cache entry this check may read for `case` (the runner reads it ahead): batch B's
+        reference, kept for an op that writes nothing (harness/check/replay.py `batch_b`)."""
+        op = case.op
+        runs = getattr(opts, "replay", True) and (case.on_cuda or self.graph is not None)
+        return (REPLAY_VARIANT,) if runs and op.graph_captured and not op.writes_for(case.params) else ()
 
 
 # The order matters: the outputs first (they make the verdict every other check adds to), then the

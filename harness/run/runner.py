@@ -179,6 +179,7 @@ def run_case(
     opts: RunOptions,
     env: dict | None = None,
     on_stage: Callable[[str], None] | None = None,
+    ahead: Case | None = None,
 ) -> list[Result]:
     """All rows of one case, in backend order.
 
@@ -186,27 +187,34 @@ def run_case(
     `"reference"` before inputs and references) so a supervisor can attribute a crash or a timeout.
     Raises ContextLost when a backend broke the CUDA context. Runs with the case's GPU as the current
     device (kernels that launch on the current device, like Triton's, then find their tensors).
+    `ahead`: the case likely to run next here, whose reference-cache entries are read on a background
+    thread while this case runs (`_read_ahead`).
     """
     t0 = time.perf_counter()
     with torch.cuda.device(torch.device(case.device)) if case.on_cuda else contextlib.nullcontext():
-        rows = _run_case(case, backends, opts, env, on_stage)
+        rows = _run_case(case, backends, opts, env, on_stage, ahead)
     case_s = time.perf_counter() - t0
     for r in rows:
         r.case_s = case_s
     return rows
 
 
-def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
+def _run_case(case, backends, opts, env, on_stage, ahead=None) -> list[Result]:
     """Orchestration only: triage, the case's inputs and reference, each backend prepared and checked
     (`_run_backend`), then the closures timed together (`_time`)."""
+    from attnbench.store import refcache
+
     env = env or {}
     stage = on_stage or (lambda name: None)
     rows, todo = triage(case, backends, env)
     if todo and case.on_cuda:
         _freeze_heap()
+    cache = refcache.open_cache(opts.ref_cache, opts.ref_cache_max)
+    if cache is not None:
+        _read_ahead(cache, [case] if todo else [], ahead, opts)
     if todo:
         stage("reference")
-        built = _build(case, opts)
+        built = _build(case, opts, cache)
         if isinstance(built, _BuildFailed):
             e = built.error
             for b in todo:
@@ -253,11 +261,30 @@ class _BuildFailed:
     size: str  # " (inputs N GiB)" when the inputs were built, else ""
 
 
-def _build(case: Case, opts: RunOptions) -> _Built | _BuildFailed:
-    """The case's inputs, the float64 reference and the twin, FLOPs, bytes and the tolerance rule;
-    or what went wrong."""
-    from attnbench.store import refcache
+def _read_ahead(cache, cases: list[Case], ahead: Case | None, opts: RunOptions) -> None:
+    """Start reading the reference-cache entries of `cases` (this one, when it runs) and of `ahead` on a
+    background thread (harness/store/refcache.py, Reading ahead): each case's own entry and those its
+    checks name (`reference_variants(case, opts)`, an optional method of a check: e.g. the replay check's
+    batch B). A problem here only means no read ahead: `get` reads the entry itself."""
+    checks = opts.checks if opts.checks is not None else active()
+    wanted = []
+    for c in [*cases, *([ahead] if ahead is not None else [])]:
+        wanted.append((c, ""))
+        for chk in checks:
+            variants = getattr(chk, "reference_variants", None)
+            try:
+                wanted += [(c, v) for v in (variants(c, opts) if variants else ())]
+            except Exception:  # a plugin check's hook: its entries are read when asked for
+                continue
+    try:
+        cache.read_ahead(wanted)
+    except Exception:
+        pass
 
+
+def _build(case: Case, opts: RunOptions, cache=None) -> _Built | _BuildFailed:
+    """The case's inputs, the float64 reference and the twin, FLOPs, bytes and the tolerance rule;
+    or what went wrong. `cache`: the run's reference cache (None: off)."""
     op, p = case.op, case.params
     pristine = None
     try:
@@ -266,7 +293,6 @@ def _build(case: Case, opts: RunOptions) -> _Built | _BuildFailed:
         _sync(case)
         inputs_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        cache = refcache.open_cache(opts.ref_cache, opts.ref_cache_max)
         expected, twin, ref = _reference(case, pristine, cache)
         ref_s = time.perf_counter() - t0
         flops, nbytes = op.flops(p, pristine), op.bytes(p, pristine)
@@ -360,6 +386,7 @@ def _time(case: Case, todo: list[Backend], built: _Built, closures: dict, rows: 
             rows[name].derived = {"flops": flops, "bytes": nbytes} | roofline(flops, nbytes, 0.0, None, case.dtype)
         return
     stage("timing")
+    _wait_for_reads(rows)
     # graph mode rotates over closures prepared on fresh copies of the inputs
     by_name = {b.name: b for b in todo}
     factories = {n: (lambda b=by_name[n]: b.prepare(case, clone_tensors(built.pristine))) for n in closures}
@@ -382,6 +409,17 @@ def _time(case: Case, todo: list[Backend], built: _Built, closures: dict, rows: 
             "tflops": flops / secs / 1e12 if secs > 0 else 0.0,
             "tbps": nbytes / secs / 1e12 if secs > 0 else 0.0,
         } | roofline(flops, nbytes, secs, opts.peaks, case.dtype)
+
+
+def _wait_for_reads(rows: dict) -> None:
+    """Before the timing: wait until the reference cache reads nothing ahead (no host work beside the
+    timed windows); the seconds waited count as reading references (each row's `reference_s`)."""
+    from attnbench.store import refcache
+
+    waited = refcache.wait_reads()
+    for r in rows.values():
+        if r.reference_s is not None:
+            r.reference_s += waited
 
 
 def _reference(case: Case, pristine, cache) -> tuple[dict, dict, dict]:
