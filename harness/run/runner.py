@@ -27,6 +27,8 @@ from attnbench.check.checks import DETERMINISM_REPEATS, outputs_contract, subjec
 from attnbench.check.prepared import PreparedCall, call_untimed, sync_device
 from attnbench.check.tolerance import Rule, rule_for
 from attnbench.errors import Unsupported, describe, out_of_memory
+from attnbench.ops.rng import to_device
+from attnbench.run import inputs_ahead
 from attnbench.run.peaks import roofline
 from attnbench.run.timing import Rotation, TimingConfig, time_closures
 from attnbench.store.results import Result
@@ -187,8 +189,9 @@ def run_case(
     `"reference"` before inputs and references) so a supervisor can attribute a crash or a timeout.
     Raises ContextLost when a backend broke the CUDA context. Runs with the case's GPU as the current
     device (kernels that launch on the current device, like Triton's, then find their tensors).
-    `ahead`: the case likely to run next here, whose reference-cache entries are read on a background
-    thread while this case runs (`_read_ahead`).
+    `ahead`: the case likely to run next here, whose reference-cache entries are read (`_read_ahead`)
+    and whose CPU inputs are built (run/inputs_ahead.py) on background threads while this case runs;
+    both are waited for before this case's timing.
     """
     t0 = time.perf_counter()
     with torch.cuda.device(torch.device(case.device)) if case.on_cuda else contextlib.nullcontext():
@@ -215,6 +218,8 @@ def _run_case(case, backends, opts, env, on_stage, ahead=None) -> list[Result]:
     if todo:
         stage("reference")
         built = _build(case, opts, cache)
+    inputs_ahead.schedule([ahead] if ahead is not None else [])  # beside this case's backends
+    if todo:
         if isinstance(built, _BuildFailed):
             e = built.error
             for b in todo:
@@ -289,7 +294,8 @@ def _build(case: Case, opts: RunOptions, cache=None) -> _Built | _BuildFailed:
     pristine = None
     try:
         t0 = time.perf_counter()
-        pristine = case.make_inputs()
+        built_ahead = inputs_ahead.take(case)  # by the case before this one (run/inputs_ahead.py)
+        pristine = to_device(built_ahead, case.device) if built_ahead is not None else case.make_inputs()
         _sync(case)
         inputs_s = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -412,14 +418,17 @@ def _time(case: Case, todo: list[Backend], built: _Built, closures: dict, rows: 
 
 
 def _wait_for_reads(rows: dict) -> None:
-    """Before the timing: wait until the reference cache reads nothing ahead (no host work beside the
-    timed windows); the seconds waited count as reading references (each row's `reference_s`)."""
+    """Before the timing: wait until nothing is read or built ahead for the next case (no host work
+    beside the timed windows); the seconds waited count as reading references (each row's
+    `reference_s`) and as building inputs (`inputs_s`)."""
     from attnbench.store import refcache
 
-    waited = refcache.wait_reads()
+    read, built = refcache.wait_reads(), inputs_ahead.wait()
     for r in rows.values():
         if r.reference_s is not None:
-            r.reference_s += waited
+            r.reference_s += read
+        if r.inputs_s is not None:
+            r.inputs_s += built
 
 
 def _reference(case: Case, pristine, cache) -> tuple[dict, dict, dict]:
