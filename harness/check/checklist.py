@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from attnbench.buffers import bitwise_equal
+from attnbench.buffers import bitwise_equal, storage_bytes
 from attnbench.check.checks import StaleCounts, Verdict, check, outputs_changed, stale_check, stale_variant
 from attnbench.check.prepared import PreparedCall
-from attnbench.check.replay import REPLAY_VARIANT, replay_outcome
+from attnbench.check.replay import REPLAY_MAX_BYTES, REPLAY_VARIANT, replay_outcome
 from attnbench.check.tolerance import Rule
 
 NEEDS = frozenset({"outputs", "call_again", "fresh_call", "perturb"})
@@ -263,6 +263,16 @@ class ReplayCheck:
                                            ctx.ref_cache)  # fmt: skip
         ctx.verdict.problems += problems
         return {"replay": outcome}
+
+    def build_ahead(self, case, inputs, opts):
+        """Batch B of `case` from its CPU `inputs` (`Op.replay_batch`: a second full draw of the case's
+        data), built on the runner's background thread before the case starts (run/inputs_ahead.py);
+        `replay.batch_b` takes it from the memo. None where the check will not replay this case."""
+        op = case.op
+        runs = getattr(opts, "replay", True) and (case.on_cuda or self.graph is not None)
+        if not (runs and op.graph_captured) or storage_bytes(inputs) > REPLAY_MAX_BYTES:
+            return None
+        return op.replay_batch(case.params, inputs, case.torch_dtype, case.seed)
 
     def reference_variants(self, case, opts) -> tuple[str, ...]:
         """The reference-cache entry this check may read for `case` (the runner reads it ahead): batch B's

@@ -35,6 +35,7 @@ from attnbench.check.checks import Problem, _reset_from, _storages_equal, check,
 from attnbench.check.prepared import PreparedCall
 from attnbench.errors import describe
 from attnbench.ops.replay_batches import keep_from
+from attnbench.ops.rng import to_device
 
 # Inputs larger than this are not replayed: batch B is another copy of them (and is kept for the case's
 # other backends where the op writes nothing); the large suite's pools of several GiB would not fit twice.
@@ -139,7 +140,9 @@ def batch_b(
     (`keep_from`: clones, as `replay_batch` takes them). For an op that writes nothing B is then the
     same for every backend, and so is its float64 expectation and twin, which the reference cache
     (`cache`, a harness/store/refcache.py RefCache, or None) keeps under `case`'s key with the variant
-    REPLAY_VARIANT: a second run computes none. For an op that writes inputs (a state pool, as the
+    REPLAY_VARIANT: a second run computes none. The first B may come built on the CPU ahead (`memo`'s
+    "ahead": `Op.replay_batch` of the case's CPU inputs, whose kept fields are replaced by this row's):
+    the same tensors `Op.replay_batch` of `work` gives. For an op that writes inputs (a state pool, as the
     backend's calls left it) the expectation is the first row's where this row's B is bitwise that
     row's (`_storages_equal`), else computed for this row (not cached: the pool is the backend's)."""
     pure = not op.writes_for(params)
@@ -149,7 +152,11 @@ def batch_b(
     if isinstance(first, str) or (pure and first is not None):
         return first
     if first is None:
-        got = op.replay_batch(params, work, dtype, seed)
+        got = memo.pop("ahead", None)  # built on the CPU before the case started (ReplayCheck.build_ahead)
+        if got is None:
+            got = op.replay_batch(params, work, dtype, seed)
+        elif not isinstance(got, str):  # the CPU batch on this row's device, with this row's kept fields
+            got = got[0], keep_from(to_device(got[1], _device_of(work)), work, op.replay_kept(params))
         if isinstance(got, str):
             memo["batch"] = got
             return got
@@ -167,6 +174,10 @@ def batch_b(
     if first is None:
         memo["batch"] = got
     return got
+
+
+def _device_of(x: Any) -> torch.device:
+    return next(iter(tensor_fields(x).values())).device
 
 
 def replay(p: PreparedCall, graph, rule, memo: dict | None = None, cache=None) -> tuple[str, list[str]]:

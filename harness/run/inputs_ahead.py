@@ -8,6 +8,10 @@ backends, and `take` hands its result to that case, which only moves it to the d
 those `make_inputs` gives (the same function on the same arguments). The thread makes no CUDA call,
 and the runner waits for it (`wait`) before a case's timing, so no build runs beside a timed window.
 
+A check may add CPU work of its own from those inputs (`build_ahead(case, inputs, opts)`, an optional
+method: the replay check builds batch B, a second full draw of the case's data); the runner hands the
+result to the check's memo of that case (`"ahead"`).
+
 Only ops that keep `Op.make_inputs` as it is are built ahead (an op that overrides it builds its own
 way), and only inputs of at most `AHEAD_MAX_BYTES` (`Op.input_bytes`): they sit in host memory until
 their case starts. On an H100's warm `ci` building inputs was 5.4 s of the 51 s sweep, 90% of it the
@@ -19,6 +23,7 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable
 from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from concurrent.futures import wait as _wait_all
 from typing import Any
@@ -48,13 +53,27 @@ def _buildable(case: Case) -> bool:
         return False
 
 
-def _build(case: Case) -> Any:
-    return case.op.build_inputs(case.params, case.torch_dtype, case.seed, torch.device("cpu"))
+Extras = Callable[[Case], dict[str, Callable[[Any], Any]]]
 
 
-def schedule(cases: list[Case]) -> int:
-    """Start building the CPU inputs of `cases` (not already under way) on the background thread;
-    builds of other cases not taken yet are forgotten. Returns how many builds this started."""
+def _build(case: Case, extras: dict[str, Callable[[Any], Any]]) -> tuple[Any, dict[str, Any]]:
+    """The case's CPU inputs, and what each extra builds from them (None where one raised: its check
+    then builds it itself, as without this module)."""
+    x = case.op.build_inputs(case.params, case.torch_dtype, case.seed, torch.device("cpu"))
+    out = {}
+    for name, fn in extras.items():
+        try:
+            out[name] = fn(x)
+        except Exception:
+            out[name] = None
+    return x, out
+
+
+def schedule(cases: list[Case], extras: Extras | None = None) -> int:
+    """Start building the CPU inputs of `cases` (not already under way) on the background thread, each
+    followed by `extras(case)`: {name: fn(cpu inputs)}, more CPU work a check does from the inputs
+    alone (the replay check's batch B: `Check.build_ahead`); builds of other cases not taken yet are
+    forgotten. Returns how many builds this started."""
     keys = {_key(c): c for c in cases}
     for gone in set(_pending) - set(keys):
         _pending.pop(gone).cancel()  # one already running finishes, unused
@@ -64,14 +83,14 @@ def schedule(cases: list[Case]) -> int:
             continue
         if not _pool:
             _pool.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnbench-inputs"))
-        _pending[k] = _pool[0].submit(_build, c)
+        _pending[k] = _pool[0].submit(_build, c, extras(c) if extras else {})
         started += 1
     return started
 
 
-def take(case: Case) -> Any | None:
-    """The CPU inputs built ahead for `case` (waited for, no longer held), or None: none were built, or
-    the build failed (the case then builds them itself, and meets the error itself)."""
+def take(case: Case) -> tuple[Any, dict[str, Any]] | None:
+    """`(CPU inputs, {extra: its result})` built ahead for `case` (waited for, no longer held), or None:
+    none were built, or the build failed (the case then builds them itself, and meets the error itself)."""
     fut = _pending.pop(_key(case), None)
     if fut is None:
         return None

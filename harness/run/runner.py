@@ -11,10 +11,11 @@ exception becomes an `error` row for that backend only. The runner knows no chec
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -218,7 +219,7 @@ def _run_case(case, backends, opts, env, on_stage, ahead=None) -> list[Result]:
     if todo:
         stage("reference")
         built = _build(case, opts, cache)
-    inputs_ahead.schedule([ahead] if ahead is not None else [])  # beside this case's backends
+    inputs_ahead.schedule([ahead] if ahead is not None else [], _extras(opts))  # beside this case's backends
     if todo:
         if isinstance(built, _BuildFailed):
             e = built.error
@@ -229,7 +230,8 @@ def _run_case(case, backends, opts, env, on_stage, ahead=None) -> list[Result]:
                 raise ContextLost([rows[b.name] for b in backends if b.name in rows], str(e)) from e
         else:
             closures: dict[str, Callable] = {}
-            memo: dict[str, dict] = {}  # per check: what the backends of the case share
+            # per check: what the backends of the case share, from the checks' work built ahead on
+            memo: dict[str, dict] = {name: {"ahead": got} for name, got in built.ahead.items() if got is not None}
             watch = _watch_kept(case, opts, built)
             for b in todo:
                 stage(b.name)
@@ -258,12 +260,24 @@ class _Built:
     nbytes: float
     rule: Rule
     ref_cache: Any = None  # the run's reference cache (harness/store/refcache.py), None when off
+    ahead: dict = field(default_factory=dict)  # per check: what its `build_ahead` made (run/inputs_ahead.py)
 
 
 @dataclass
 class _BuildFailed:
     error: Exception
     size: str  # " (inputs N GiB)" when the inputs were built, else ""
+
+
+def _extras(opts: RunOptions):
+    """For `inputs_ahead.schedule`: per case, each check's `build_ahead(case, cpu inputs, opts)` (an
+    optional method: CPU work from the inputs alone, done on the background thread)."""
+    checks = [c for c in (opts.checks if opts.checks is not None else active()) if hasattr(c, "build_ahead")]
+
+    def extras(case: Case) -> dict:
+        return {c.name: functools.partial(c.build_ahead, case, opts=opts) for c in checks}
+
+    return extras
 
 
 def _read_ahead(cache, cases: list[Case], ahead: Case | None, opts: RunOptions) -> None:
@@ -295,7 +309,7 @@ def _build(case: Case, opts: RunOptions, cache=None) -> _Built | _BuildFailed:
     try:
         t0 = time.perf_counter()
         built_ahead = inputs_ahead.take(case)  # by the case before this one (run/inputs_ahead.py)
-        pristine = to_device(built_ahead, case.device) if built_ahead is not None else case.make_inputs()
+        pristine = to_device(built_ahead[0], case.device) if built_ahead is not None else case.make_inputs()
         _sync(case)
         inputs_s = time.perf_counter() - t0
         t0 = time.perf_counter()
@@ -305,7 +319,8 @@ def _build(case: Case, opts: RunOptions, cache=None) -> _Built | _BuildFailed:
     except Exception as e:
         return _BuildFailed(e, f" (inputs {storage_bytes(pristine) / 2**30:.2f} GiB)" if pristine is not None else "")
     shared = {"reference_s": ref_s, "inputs_s": inputs_s} | ref  # every row of the case carries them
-    return _Built(pristine, expected, twin, shared, flops, nbytes, rule_for(case), cache)
+    extra = built_ahead[1] if built_ahead is not None else {}
+    return _Built(pristine, expected, twin, shared, flops, nbytes, rule_for(case), cache, extra)
 
 
 def _run_backend(

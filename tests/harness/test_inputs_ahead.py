@@ -70,7 +70,9 @@ def test_inputs_built_ahead_are_the_bits_make_inputs_gives():
     for cid in (A, B, "gdn_decode/b5-h2x4-d16x16-pad2-packed-bf16", "extend/b2-q6-pre10-h4x2-d32-p16-custom-emptyrows-bf16"):
         case = Case.from_id(cid)
         assert inputs_ahead.schedule([case]) == 1
-        _same(inputs_ahead.take(case), case.make_inputs())
+        x, extras = inputs_ahead.take(case)
+        _same(x, case.make_inputs())
+        assert extras == {}
 
 
 def test_no_build_runs_while_a_case_is_timed(monkeypatch):
@@ -94,7 +96,7 @@ def test_builds_not_wanted_any_more_are_forgotten():
     inputs_ahead.schedule([a])
     inputs_ahead.schedule([b])
     assert inputs_ahead.pending() == [inputs_ahead._key(b)]
-    assert inputs_ahead.take(a) is None
+    assert inputs_ahead.take(a) is None and inputs_ahead.take(b) is not None
 
 
 def test_an_op_that_builds_its_own_way_or_too_large_inputs_are_not_built_ahead(monkeypatch):
@@ -117,3 +119,27 @@ def test_a_build_that_fails_ahead_fails_in_its_own_case_as_before(monkeypatch):
     run_case(a, [get_backend("torch")], _opts(), ahead=b)
     (row,) = run_case(b, [get_backend("torch")], _opts())
     assert row.status == "error" and "no inputs today" in row.reason
+
+
+def test_batch_b_of_the_replay_check_is_built_ahead_with_the_same_outcomes(monkeypatch):
+    """The replay check's batch B (a second full draw of a decode's data) is built from the next case's
+    CPU inputs on the background thread (`ReplayCheck.build_ahead`): the case draws none itself, and the
+    outcomes are those of a B drawn in the check (the mutant that baked its longest length still fails)."""
+    from attnbench.check.checklist import CHECKS, ReplayCheck
+    from attnbench.check.replay import StandInGraph
+    from attnbench.kernels.mutants.replay import BakedLengthDecode, GraphSafeDecode
+
+    checks = tuple(c for c in CHECKS if c.name != "replay") + (ReplayCheck(StandInGraph),)
+    opts = RunOptions(timing=False, checks=checks, determinism_repeats=1)
+    a, b = Case.from_id(A), Case.from_id(B)
+    backends = [GraphSafeDecode(), BakedLengthDecode()]
+    plain = run_case(b, backends, opts)
+    draws: list[str] = []
+    cls = type(b.op)
+    real = cls.replay_batch
+    monkeypatch.setattr(cls, "replay_batch", lambda self, *x: draws.append(threading.current_thread().name) or real(self, *x))
+    run_case(a, [get_backend("torch")], opts, ahead=b)
+    rows = run_case(b, backends, opts)
+    assert draws == ["attnbench-inputs_0"]
+    assert [(r.status, r.replay, r.metrics) for r in rows] == [(r.status, r.replay, r.metrics) for r in plain]
+    assert [(r.status, r.replay) for r in rows] == [("pass", "pass"), ("fail", "fail")]
