@@ -3,8 +3,8 @@
 `Op.make_inputs` is `to_device(build_inputs(..., cpu), device)` (harness/ops/base.py): every value is
 drawn and laid out on the CPU, then moved. The CPU half needs neither the device nor anything of the
 case before it, so the runner hands the case its supervisor will send next (`RunJob.ahead`) to
-`schedule` once its own inputs are built: the next case's `build_inputs` then runs beside this case's
-backends, and `take` hands its result to that case, which only moves it to the device. The bits are
+`schedule` as soon as it has taken its own (`take`): the next case's `build_inputs` then runs beside
+this case's reference and backends, and that case only moves the result to its device. The bits are
 those `make_inputs` gives (the same function on the same arguments). The thread makes no CUDA call,
 and the runner waits for it (`wait`) before a case's timing, so no build runs beside a timed window.
 

@@ -216,11 +216,13 @@ def _run_case(case, backends, opts, env, on_stage, ahead=None) -> list[Result]:
     cache = refcache.open_cache(opts.ref_cache, opts.ref_cache_max)
     if cache is not None:
         _read_ahead(cache, [case] if todo else [], ahead, opts)
-    if todo:
-        stage("reference")
-        built = _build(case, opts, cache)
+    t0 = time.perf_counter()
+    own = inputs_ahead.take(case) if todo else None  # built by the case before this one (run/inputs_ahead.py)
+    waited = time.perf_counter() - t0
     inputs_ahead.schedule([ahead] if ahead is not None else [], _extras(opts))  # beside this case's backends
     if todo:
+        stage("reference")
+        built = _build(case, opts, cache, own, waited)
         if isinstance(built, _BuildFailed):
             e = built.error
             for b in todo:
@@ -301,14 +303,14 @@ def _read_ahead(cache, cases: list[Case], ahead: Case | None, opts: RunOptions) 
         pass
 
 
-def _build(case: Case, opts: RunOptions, cache=None) -> _Built | _BuildFailed:
+def _build(case: Case, opts: RunOptions, cache=None, built_ahead=None, waited: float = 0.0) -> _Built | _BuildFailed:
     """The case's inputs, the float64 reference and the twin, FLOPs, bytes and the tolerance rule;
-    or what went wrong. `cache`: the run's reference cache (None: off)."""
+    or what went wrong. `cache`: the run's reference cache (None: off); `built_ahead`: the case's CPU
+    inputs and its checks' extras from `inputs_ahead.take` (None: built here), `waited` seconds for them."""
     op, p = case.op, case.params
     pristine = None
     try:
-        t0 = time.perf_counter()
-        built_ahead = inputs_ahead.take(case)  # by the case before this one (run/inputs_ahead.py)
+        t0 = time.perf_counter() - waited
         pristine = to_device(built_ahead[0], case.device) if built_ahead is not None else case.make_inputs()
         _sync(case)
         inputs_s = time.perf_counter() - t0
