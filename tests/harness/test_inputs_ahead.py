@@ -67,7 +67,12 @@ def test_the_next_case_is_built_while_this_one_runs_and_takes_it(monkeypatch):
 
 
 def test_inputs_built_ahead_are_the_bits_make_inputs_gives():
-    for cid in (A, B, "gdn_decode/b5-h2x4-d16x16-pad2-packed-bf16", "extend/b2-q6-pre10-h4x2-d32-p16-custom-emptyrows-bf16"):
+    for cid in (
+        A,
+        B,
+        "gdn_decode/b5-h2x4-d16x16-pad2-packed-bf16",
+        "extend/b2-q6-pre10-h4x2-d32-p16-custom-emptyrows-bf16",
+    ):
         case = Case.from_id(cid)
         assert inputs_ahead.schedule([case]) == 1
         x, extras = inputs_ahead.take(case)
@@ -137,7 +142,9 @@ def test_batch_b_of_the_replay_check_is_built_ahead_with_the_same_outcomes(monke
     draws: list[str] = []
     cls = type(b.op)
     real = cls.replay_batch
-    monkeypatch.setattr(cls, "replay_batch", lambda self, *x: draws.append(threading.current_thread().name) or real(self, *x))
+    monkeypatch.setattr(
+        cls, "replay_batch", lambda self, *x: draws.append(threading.current_thread().name) or real(self, *x)
+    )
     run_case(a, [get_backend("torch")], opts, ahead=b)
     rows = run_case(b, backends, opts)
     assert draws == ["attnbench-inputs_0"]

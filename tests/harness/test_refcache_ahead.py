@@ -158,10 +158,10 @@ def test_the_supervisor_names_the_next_case_to_the_worker():
 def test_the_entries_checks_name_are_read_ahead_too(tmp_path, monkeypatch):
     """The replay check's batch B and the stale check's perturbed references (`reference_variants`) of a
     decode: a warm run loads every one of them on the background thread, none on the main one."""
+    from attnbench.backend import implements
     from attnbench.check.checklist import CHECKS, ReplayCheck
     from attnbench.check.checks import stale_variant
     from attnbench.check.replay import REPLAY_VARIANT, StandInGraph
-    from attnbench.backend import implements
     from attnbench.kernels.mutants.replay import GraphSafeDecode
 
     checks = tuple(c for c in CHECKS if c.name != "replay") + (ReplayCheck(StandInGraph),)
