@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from attnbench.buffers import bitwise_equal
-from attnbench.check.checks import StaleCounts, Verdict, check, outputs_changed, stale_check
+from attnbench.buffers import bitwise_equal, storage_bytes
+from attnbench.check.checks import StaleCounts, Verdict, check, outputs_changed, stale_check, stale_variant
 from attnbench.check.prepared import PreparedCall
-from attnbench.check.replay import replay_outcome
+from attnbench.check.replay import REPLAY_MAX_BYTES, REPLAY_VARIANT, replay_outcome
 from attnbench.check.tolerance import Rule
 
 NEEDS = frozenset({"outputs", "call_again", "fresh_call", "perturb"})
@@ -227,8 +227,16 @@ class StaleOutputCheck:
         counts = StaleCounts()
         stale_check(ctx.op, ctx.params, p.pristine, p.call, p.work, ctx.verdict, p.sync, ctx.rule, case.torch_dtype,
                     p.absent, ctx.memo_for(self.name), fresh=p.fresh_call_on, first=ctx.first, counts=counts,
-                    planned=p.planned)  # fmt: skip
+                    planned=p.planned, cache=ctx.ref_cache, case=case)  # fmt: skip
         return {"stale_reruns": counts.reruns, "stale_references": counts.references}
+
+    def reference_variants(self, case, opts) -> tuple[str, ...]:
+        """The reference-cache entries this check may read for `case` (the runner reads them ahead): the
+        perturbed expectations of an op that writes no input, one per perturbation."""
+        op, p = case.op, case.params
+        if op.writes_for(p):
+            return ()
+        return tuple(stale_variant((pert.name,)) for pert in op.perturbations(p))
 
 
 class ReplayCheck:
@@ -255,6 +263,23 @@ class ReplayCheck:
                                            ctx.ref_cache)  # fmt: skip
         ctx.verdict.problems += problems
         return {"replay": outcome}
+
+    def build_ahead(self, case, inputs, opts):
+        """Batch B of `case` from its CPU `inputs` (`Op.replay_batch`: a second full draw of the case's
+        data), built on the runner's background thread before the case starts (run/inputs_ahead.py);
+        `replay.batch_b` takes it from the memo. None where the check will not replay this case."""
+        op = case.op
+        runs = getattr(opts, "replay", True) and (case.on_cuda or self.graph is not None)
+        if not (runs and op.graph_captured) or storage_bytes(inputs) > REPLAY_MAX_BYTES:
+            return None
+        return op.replay_batch(case.params, inputs, case.torch_dtype, case.seed)
+
+    def reference_variants(self, case, opts) -> tuple[str, ...]:
+        """The reference-cache entry this check may read for `case` (the runner reads it ahead): batch B's
+        reference, kept for an op that writes nothing (harness/check/replay.py `batch_b`)."""
+        op = case.op
+        runs = getattr(opts, "replay", True) and (case.on_cuda or self.graph is not None)
+        return (REPLAY_VARIANT,) if runs and op.graph_captured and not op.writes_for(case.params) else ()
 
 
 # The order matters: the outputs first (they make the verdict every other check adds to), then the

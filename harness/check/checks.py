@@ -550,7 +550,21 @@ MEMO_WRITTEN_MAX_BYTES = 2**30  # and the bytes of those perturbed inputs kept p
 _WRITTEN_BYTES = "written copies: bytes"  # the memo's count of the perturbed copies it keeps (ops that write)
 
 
-def _perturbed(op, params, base: Any, chosen, precision: torch.dtype, memo: dict | None, key, pure: bool) -> tuple:
+STALE_VARIANT = "stale check 1, perturbed: "  # + the perturbations' names: refcache.key_material's variant
+
+
+def stale_variant(key) -> str:
+    """The reference cache's variant (harness/store/refcache.py `key_material`) of the perturbed
+    expectation of an op that writes no input under the perturbations named `key`. The perturbed inputs
+    are the case's pristine ones, cloned and changed by each perturbation in turn (`_perturbed`): a
+    function of the case and of harness/ops/ (the perturbations' code, part of the key's source) alone.
+    Change STALE_VARIANT's number when `_perturbed` makes them otherwise."""
+    return STALE_VARIANT + "+".join(key)
+
+
+def _perturbed(
+    op, params, base: Any, chosen, precision: torch.dtype, memo: dict | None, key, pure: bool, cache=None, case=None
+) -> tuple:
     """(perturbed inputs, `expect`) of `base` under the perturbations `chosen`, `expect()` giving their
     float64 expectation, twin and whether this call computed them (the stale check often needs none);
     both memoised in `memo` under `key`, shared by the backends of a case.
@@ -559,7 +573,10 @@ def _perturbed(op, params, base: Any, chosen, precision: torch.dtype, memo: dict
     backend): one entry per key. The expectations are always memoised; the perturbed copy only while
     its cloned fields stay under MEMO_MAX_BYTES: past that it is made again per backend (a
     perturbation is a deterministic function of the inputs, `Perturbation.apply`), so a
-    production-size pool (suites/large.yaml: 8 GiB) is not held twice more for the whole case.
+    production-size pool (suites/large.yaml: 8 GiB) is not held twice more for the whole case. They
+    depend on `case` alone, so the reference cache `cache` (a harness/store/refcache.py RefCache, or
+    None) keeps them across runs under `stale_variant(key)`: a second run computes none (on an H100's
+    warm `ci` the decode rows that needed them computed 1-3 each, 1.4 s in all).
 
     Not `pure` (`base` holds the written inputs as this backend's calls left them): an expectation is
     reused only for perturbed inputs bitwise equal to those it was computed from (every storage,
@@ -596,10 +613,18 @@ def _perturbed(op, params, base: Any, chosen, precision: torch.dtype, memo: dict
                 kept.append(entry)
                 memo[_WRITTEN_BYTES] = held + size
 
+    cached = pure and cache is not None and case is not None
+
     def expect() -> tuple[dict, dict, bool]:
+        if entry["expected"] is None and cached:
+            entry["expected"] = cache.get(case, x, stale_variant(key))[0]  # a bad entry: recomputed, replaced
+            if entry["expected"] is not None:
+                return (*entry["expected"], False)
         computed = entry["expected"] is None
         if computed:
             entry["expected"] = (op.expected(params, x, torch.float64), op.expected(params, x, precision))
+            if cached:
+                cache.put(case, *entry["expected"], x, stale_variant(key))
         return (*entry["expected"], computed)
 
     return x, expect
@@ -676,6 +701,8 @@ def stale_check(
     first: dict[str, torch.Tensor] | None = None,
     counts: StaleCounts | None = None,
     planned: dict[str, str] | None = None,
+    cache=None,
+    case=None,
 ) -> None:
     """Change the inputs the closure reads, in place, and call it again: every output must follow.
     Inputs the closure declares `planned` (consumed in prepare, as a server does once per batch:
@@ -689,7 +716,9 @@ def stale_check(
     cannot fail a correct kernel. Outputs (and written inputs) that already failed the first call are
     not checked again. The first class the closure did not follow is named.
     `memo` (one dict per case) keeps the perturbed expectations, so the backends of a case share them
-    (for an op that writes inputs, those of bitwise-equal perturbed inputs: `_perturbed`). `sync()` waits for the device.
+    (for an op that writes inputs, those of bitwise-equal perturbed inputs: `_perturbed`); for an op
+    that writes no input the reference cache `cache` keeps them for later runs of `case` (`_perturbed`).
+    `sync()` waits for the device.
     `fresh(x)`, when given, prepares the backend anew on a copy of inputs `x` and calls it once,
     returning `(outputs, its inputs)`: the control of a failing re-run. Where a freshly prepared
     closure fails on the changed inputs too, the re-run's failure is the tolerance edge of those
@@ -718,7 +747,7 @@ def stale_check(
     def rerun(chosen) -> list[str]:
         base = _base(op, params, pristine, work)
         key = tuple(p.name for p in chosen)
-        x, expect = _perturbed(op, params, base, chosen, precision, memo, key, pure)
+        x, expect = _perturbed(op, params, base, chosen, precision, memo, key, pure, cache, case)
         if pure and _unchanged(base, x, chosen):
             counts.skipped += 1
             return []

@@ -16,7 +16,8 @@ a temporary, a value read with `.item()`) is frozen into the graph: right eagerl
 4. every tensor of B written into the closure's buffers in place (outputs back to their NaN fill),
    then the closure's `before_replay()` if it has one (a server's metadata step before a replay);
 5. one replay, `finalize`, and B's outputs and written inputs checked like the first call's
-   (`checks.check`, the same tolerance rule);
+   (`checks.check`, the same tolerance rule; what it takes from B's reference alone is computed once
+   for the rows of a case that share B, in `memo`);
 6. the read inputs back to A's (the closure is timed on the case's inputs afterwards).
 
 The graph is an object with `warm_up(fn)`, `capture(fn) -> outputs` and `replay()`: `CudaGraph` on a
@@ -34,6 +35,7 @@ from attnbench.check.checks import Problem, _reset_from, _storages_equal, check,
 from attnbench.check.prepared import PreparedCall
 from attnbench.errors import describe
 from attnbench.ops.replay_batches import keep_from
+from attnbench.ops.rng import to_device
 
 # Inputs larger than this are not replayed: batch B is another copy of them (and is kept for the case's
 # other backends where the op writes nothing); the large suite's pools of several GiB would not fit twice.
@@ -138,7 +140,9 @@ def batch_b(
     (`keep_from`: clones, as `replay_batch` takes them). For an op that writes nothing B is then the
     same for every backend, and so is its float64 expectation and twin, which the reference cache
     (`cache`, a harness/store/refcache.py RefCache, or None) keeps under `case`'s key with the variant
-    REPLAY_VARIANT: a second run computes none. For an op that writes inputs (a state pool, as the
+    REPLAY_VARIANT: a second run computes none. The first B may come built on the CPU ahead (`memo`'s
+    "ahead": `Op.replay_batch` of the case's CPU inputs, whose kept fields are replaced by this row's):
+    the same tensors `Op.replay_batch` of `work` gives. For an op that writes inputs (a state pool, as the
     backend's calls left it) the expectation is the first row's where this row's B is bitwise that
     row's (`_storages_equal`), else computed for this row (not cached: the pool is the backend's)."""
     pure = not op.writes_for(params)
@@ -148,7 +152,11 @@ def batch_b(
     if isinstance(first, str) or (pure and first is not None):
         return first
     if first is None:
-        got = op.replay_batch(params, work, dtype, seed)
+        got = memo.pop("ahead", None)  # built on the CPU before the case started (ReplayCheck.build_ahead)
+        if got is None:
+            got = op.replay_batch(params, work, dtype, seed)
+        elif not isinstance(got, str):  # the CPU batch on this row's device, with this row's kept fields
+            got = got[0], keep_from(to_device(got[1], _device_of(work)), work, op.replay_kept(params))
         if isinstance(got, str):
             memo["batch"] = got
             return got
@@ -166,6 +174,10 @@ def batch_b(
     if first is None:
         memo["batch"] = got
     return got
+
+
+def _device_of(x: Any) -> torch.device:
+    return next(iter(tensor_fields(x).values())).device
 
 
 def replay(p: PreparedCall, graph, rule, memo: dict | None = None, cache=None) -> tuple[str, list[str]]:
@@ -202,7 +214,9 @@ def replay(p: PreparedCall, graph, rule, memo: dict | None = None, cache=None) -
         outputs = finalize(static) if finalize is not None else static
         if broken := outputs_contract(op, pb, outputs, p.absent):
             return "fail", [f"replay: {broken}"]
-        v = check(op, pb, xb, work, outputs, expected, twin, rule, absent=p.absent)
+        # what the comparison takes from B's reference alone, kept for the case's next rows with the same B
+        sides = memo.setdefault("reference sides", {}) if memo is not None else None
+        v = check(op, pb, xb, work, outputs, expected, twin, rule, absent=p.absent, memo=sides)
     finally:
         restore_reads(op, params, work, p.pristine)
     if not v.problems:

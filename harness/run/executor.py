@@ -77,14 +77,15 @@ class InProcess:
         if before:
             before()
         lost = ""
-        for case, names in jobs:
+        for i, (case, names) in enumerate(jobs):
+            ahead = jobs[i + 1][0] if i + 1 < len(jobs) else None  # its reference is read while this case runs
             if lost:
                 record(
                     case, [error_row(case, n, f"not run: the CUDA context was lost earlier ({lost})") for n in names]
                 )
                 continue
             try:
-                record(case, run_case(case, [self.backends[n] for n in names], self.opts, dict(self.env)))
+                record(case, run_case(case, [self.backends[n] for n in names], self.opts, dict(self.env), ahead=ahead))
             except ContextLost as e:
                 lost = e.reason
                 got = {r.backend for r in e.rows}

@@ -19,11 +19,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RunJob:
-    """Run `case` on the named backends (in this order) with `opts`."""
+    """Run `case` on the named backends (in this order) with `opts`. `ahead`: the case the supervisor
+    will likely send next, whose reference-cache entries the worker reads while this one runs."""
 
     case: Case
     backends: tuple[str, ...]
     opts: RunOptions
+    ahead: Case | None = None
 
 
 @dataclass(frozen=True)

@@ -214,7 +214,7 @@ class Pool:
                     workers = [self._start(d) for d in devices]
                 for w in workers:
                     if w.ready and w.job is None and queue:
-                        self._dispatch(w, queue.popleft())
+                        self._dispatch(w, queue.popleft(), queue[0].case if queue else None)
                 ready = wait([w.conn for w in workers], timeout=1.0)
                 for i, w in enumerate(workers):
                     replace = False
@@ -242,9 +242,13 @@ class Pool:
                 self._stop(w, kill=bool(w.job))
             self.costs["worker_stop_s"] += time.monotonic() - t0
 
-    def _dispatch(self, w: _Worker, job: _Job) -> None:
+    def _dispatch(self, w: _Worker, job: _Job, ahead: Case | None = None) -> None:
+        """Hand `job` to `w`, naming `ahead`, the case at the head of the queue (the next one dispatched,
+        to this worker or another), whose reference the worker reads ahead (runner.run_case); none for a
+        worker that ends after its job (`fresh_per_job`)."""
         w.job, w.stage, w.started, w.done = job, "", time.monotonic(), []
-        w.conn.send(RunJob(job.case, tuple(job.backends), self.opts))
+        ahead = None if self.launch.fresh_per_job else ahead
+        w.conn.send(RunJob(job.case, tuple(job.backends), self.opts, ahead))
 
     def _receive(self, w: _Worker, queue: deque[_Job]) -> bool:
         """Handle one message; True when the worker is gone and must be replaced."""

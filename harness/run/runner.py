@@ -11,10 +11,11 @@ exception becomes an `error` row for that backend only. The runner knows no chec
 from __future__ import annotations
 
 import contextlib
+import functools
 import gc
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -27,6 +28,8 @@ from attnbench.check.checks import DETERMINISM_REPEATS, outputs_contract, subjec
 from attnbench.check.prepared import PreparedCall, call_untimed, sync_device
 from attnbench.check.tolerance import Rule, rule_for
 from attnbench.errors import Unsupported, describe, out_of_memory
+from attnbench.ops.rng import to_device
+from attnbench.run import inputs_ahead
 from attnbench.run.peaks import roofline
 from attnbench.run.timing import Rotation, TimingConfig, time_closures
 from attnbench.store.results import Result
@@ -179,6 +182,7 @@ def run_case(
     opts: RunOptions,
     env: dict | None = None,
     on_stage: Callable[[str], None] | None = None,
+    ahead: Case | None = None,
 ) -> list[Result]:
     """All rows of one case, in backend order.
 
@@ -186,27 +190,39 @@ def run_case(
     `"reference"` before inputs and references) so a supervisor can attribute a crash or a timeout.
     Raises ContextLost when a backend broke the CUDA context. Runs with the case's GPU as the current
     device (kernels that launch on the current device, like Triton's, then find their tensors).
+    `ahead`: the case likely to run next here, whose reference-cache entries are read (`_read_ahead`)
+    and whose CPU inputs are built (run/inputs_ahead.py) on background threads while this case runs;
+    both are waited for before this case's timing.
     """
     t0 = time.perf_counter()
     with torch.cuda.device(torch.device(case.device)) if case.on_cuda else contextlib.nullcontext():
-        rows = _run_case(case, backends, opts, env, on_stage)
+        rows = _run_case(case, backends, opts, env, on_stage, ahead)
     case_s = time.perf_counter() - t0
     for r in rows:
         r.case_s = case_s
     return rows
 
 
-def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
+def _run_case(case, backends, opts, env, on_stage, ahead=None) -> list[Result]:
     """Orchestration only: triage, the case's inputs and reference, each backend prepared and checked
     (`_run_backend`), then the closures timed together (`_time`)."""
+    from attnbench.store import refcache
+
     env = env or {}
     stage = on_stage or (lambda name: None)
     rows, todo = triage(case, backends, env)
     if todo and case.on_cuda:
         _freeze_heap()
+    cache = refcache.open_cache(opts.ref_cache, opts.ref_cache_max)
+    if cache is not None:
+        _read_ahead(cache, [case] if todo else [], ahead, opts)
+    t0 = time.perf_counter()
+    own = inputs_ahead.take(case) if todo else None  # built by the case before this one (run/inputs_ahead.py)
+    waited = time.perf_counter() - t0
+    inputs_ahead.schedule([ahead] if ahead is not None else [], _extras(opts))  # beside this case's backends
     if todo:
         stage("reference")
-        built = _build(case, opts)
+        built = _build(case, opts, cache, own, waited)
         if isinstance(built, _BuildFailed):
             e = built.error
             for b in todo:
@@ -216,7 +232,8 @@ def _run_case(case, backends, opts, env, on_stage) -> list[Result]:
                 raise ContextLost([rows[b.name] for b in backends if b.name in rows], str(e)) from e
         else:
             closures: dict[str, Callable] = {}
-            memo: dict[str, dict] = {}  # per check: what the backends of the case share
+            # per check: what the backends of the case share, from the checks' work built ahead on
+            memo: dict[str, dict] = {name: {"ahead": got} for name, got in built.ahead.items() if got is not None}
             watch = _watch_kept(case, opts, built)
             for b in todo:
                 stage(b.name)
@@ -245,6 +262,7 @@ class _Built:
     nbytes: float
     rule: Rule
     ref_cache: Any = None  # the run's reference cache (harness/store/refcache.py), None when off
+    ahead: dict = field(default_factory=dict)  # per check: what its `build_ahead` made (run/inputs_ahead.py)
 
 
 @dataclass
@@ -253,27 +271,58 @@ class _BuildFailed:
     size: str  # " (inputs N GiB)" when the inputs were built, else ""
 
 
-def _build(case: Case, opts: RunOptions) -> _Built | _BuildFailed:
-    """The case's inputs, the float64 reference and the twin, FLOPs, bytes and the tolerance rule;
-    or what went wrong."""
-    from attnbench.store import refcache
+def _extras(opts: RunOptions):
+    """For `inputs_ahead.schedule`: per case, each check's `build_ahead(case, cpu inputs, opts)` (an
+    optional method: CPU work from the inputs alone, done on the background thread)."""
+    checks = [c for c in (opts.checks if opts.checks is not None else active()) if hasattr(c, "build_ahead")]
 
+    def extras(case: Case) -> dict:
+        return {c.name: functools.partial(c.build_ahead, case, opts=opts) for c in checks}
+
+    return extras
+
+
+def _read_ahead(cache, cases: list[Case], ahead: Case | None, opts: RunOptions) -> None:
+    """Start reading the reference-cache entries of `cases` (this one, when it runs) and of `ahead` on a
+    background thread (harness/store/refcache.py, Reading ahead): each case's own entry and those its
+    checks name (`reference_variants(case, opts)`, an optional method of a check: e.g. the replay check's
+    batch B). A problem here only means no read ahead: `get` reads the entry itself."""
+    checks = opts.checks if opts.checks is not None else active()
+    wanted = []
+    for c in [*cases, *([ahead] if ahead is not None else [])]:
+        wanted.append((c, ""))
+        for chk in checks:
+            variants = getattr(chk, "reference_variants", None)
+            try:
+                wanted += [(c, v) for v in (variants(c, opts) if variants else ())]
+            except Exception:  # a plugin check's hook: its entries are read when asked for
+                continue
+    try:
+        cache.read_ahead(wanted)
+    except Exception:
+        pass
+
+
+def _build(case: Case, opts: RunOptions, cache=None, built_ahead=None, waited: float = 0.0) -> _Built | _BuildFailed:
+    """The case's inputs, the float64 reference and the twin, FLOPs, bytes and the tolerance rule;
+    or what went wrong. `cache`: the run's reference cache (None: off); `built_ahead`: the case's CPU
+    inputs and its checks' extras from `inputs_ahead.take` (None: built here), `waited` seconds for them."""
     op, p = case.op, case.params
     pristine = None
     try:
-        t0 = time.perf_counter()
-        pristine = case.make_inputs()
+        t0 = time.perf_counter() - waited
+        pristine = to_device(built_ahead[0], case.device) if built_ahead is not None else case.make_inputs()
         _sync(case)
         inputs_s = time.perf_counter() - t0
         t0 = time.perf_counter()
-        cache = refcache.open_cache(opts.ref_cache, opts.ref_cache_max)
         expected, twin, ref = _reference(case, pristine, cache)
         ref_s = time.perf_counter() - t0
         flops, nbytes = op.flops(p, pristine), op.bytes(p, pristine)
     except Exception as e:
         return _BuildFailed(e, f" (inputs {storage_bytes(pristine) / 2**30:.2f} GiB)" if pristine is not None else "")
     shared = {"reference_s": ref_s, "inputs_s": inputs_s} | ref  # every row of the case carries them
-    return _Built(pristine, expected, twin, shared, flops, nbytes, rule_for(case), cache)
+    extra = built_ahead[1] if built_ahead is not None else {}
+    return _Built(pristine, expected, twin, shared, flops, nbytes, rule_for(case), cache, extra)
 
 
 def _run_backend(
@@ -360,6 +409,7 @@ def _time(case: Case, todo: list[Backend], built: _Built, closures: dict, rows: 
             rows[name].derived = {"flops": flops, "bytes": nbytes} | roofline(flops, nbytes, 0.0, None, case.dtype)
         return
     stage("timing")
+    _wait_for_reads(rows)
     # graph mode rotates over closures prepared on fresh copies of the inputs
     by_name = {b.name: b for b in todo}
     factories = {n: (lambda b=by_name[n]: b.prepare(case, clone_tensors(built.pristine))) for n in closures}
@@ -382,6 +432,20 @@ def _time(case: Case, todo: list[Backend], built: _Built, closures: dict, rows: 
             "tflops": flops / secs / 1e12 if secs > 0 else 0.0,
             "tbps": nbytes / secs / 1e12 if secs > 0 else 0.0,
         } | roofline(flops, nbytes, secs, opts.peaks, case.dtype)
+
+
+def _wait_for_reads(rows: dict) -> None:
+    """Before the timing: wait until nothing is read or built ahead for the next case (no host work
+    beside the timed windows); the seconds waited count as reading references (each row's
+    `reference_s`) and as building inputs (`inputs_s`)."""
+    from attnbench.store import refcache
+
+    read, built = refcache.wait_reads(), inputs_ahead.wait()
+    for r in rows.values():
+        if r.reference_s is not None:
+            r.reference_s += read
+        if r.inputs_s is not None:
+            r.inputs_s += built
 
 
 def _reference(case: Case, pristine, cache) -> tuple[dict, dict, dict]:

@@ -44,7 +44,7 @@ def main(argv: list[str]) -> None:
             break
         backends = [registry.get_backend(n) for n in msg.backends]
         try:
-            rows = run_case(msg.case, backends, msg.opts, env, on_stage=lambda s: conn.send(Stage(s)))
+            rows = run_case(msg.case, backends, msg.opts, env, on_stage=lambda s: conn.send(Stage(s)), ahead=msg.ahead)
         except ContextLost as e:
             conn.send(Rows(tuple(e.rows)))
             conn.send(Lost(e.reason))

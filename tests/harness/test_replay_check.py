@@ -272,3 +272,25 @@ def test_batch_b_reference_of_an_op_that_writes_nothing_comes_from_the_reference
     assert runs[0][0] == runs[1][0] == [("pass", "pass"), ("fail", "fail")], runs
     assert runs[0][1] == 2 + 2  # the case's own, and B's
     assert runs[1][1] == 0, runs  # both from the cache
+
+
+def test_rows_sharing_batch_b_compute_what_its_comparison_takes_from_b_reference_once(monkeypatch):
+    """A later row whose B is the first row's (bitwise the same pool) reuses what comparing with B's
+    reference takes from the reference alone (`checks.reference_side`, the written pool's untouched
+    mask), as the outputs check does for the case's own reference: a second such row computes none."""
+    from attnbench.check import checks
+
+    made = []
+    for name in ("reference_side", "_written_side"):
+        real = getattr(checks, name)
+        monkeypatch.setattr(checks, name, lambda *a, _real=real, **k: made.append(1) or _real(*a, **k))
+    again = type("Again", (_IndexedDecode,), {"name": "gdn-decode-again"})()
+    case_id = "gdn_decode/b5-h2x4-d16x16-packed-bf16"
+    checks_ = (OutputsCheck(), ReplayCheck(StandInGraph))
+    (one,) = _rows(case_id, [_IndexedDecode()], checks=checks_)
+    alone = len(made)
+    made.clear()
+    first, second = _rows(case_id, [_IndexedDecode(), again], checks=checks_)
+    assert (one.replay, first.replay, second.replay) == ("pass", "pass", "pass")
+    assert first.metrics == one.metrics and second.metrics == one.metrics
+    assert alone > 0 and len(made) == alone  # the second row: neither the case's nor B's computed again

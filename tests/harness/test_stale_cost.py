@@ -165,3 +165,49 @@ def test_past_the_cap_of_kept_copies_each_backend_computes_its_own(monkeypatch):
     rows = run_case(case, [get_backend("torch"), TorchAgain()], RunOptions(timing=False))
     assert [r.status for r in rows] == ["pass", "pass"], [r.reason for r in rows]
     assert [r.stale_references for r in rows] == [2, 2]
+
+
+def test_perturbed_references_of_an_op_that_writes_nothing_come_from_the_reference_cache(monkeypatch, tmp_path):
+    """Decode writes nothing: its perturbed inputs are a function of the case alone, so their float64
+    expectations and twins are kept in the reference cache (`checks.stale_variant`): a second run
+    computes none, with the same verdicts, and a closure that caches its keys is still caught."""
+    from attnbench.run.runner import RunOptions, run_case
+    from attnbench.store import refcache
+
+    case = Case.from_id(DECODE, "cpu")
+    calls = _count_references(monkeypatch, case)
+    perts = len(case.op.perturbations(case.params))
+    backends = [Jitter(), get_backend("torch"), StaleKeys()]
+    runs = []
+    for _ in range(2):
+        calls.clear()
+        Jitter.made = 0  # the same nudges in both runs
+        rows = run_case(case, backends, RunOptions(timing=False, determinism_repeats=1, ref_cache=str(tmp_path)))
+        runs.append(([(r.status, r.metrics, r.stale_reruns) for r in rows], len(calls), rows))
+    assert runs[0][0] == runs[1][0]
+    assert [r.status for r in runs[1][2]] == ["pass", "pass", "fail"]
+    assert "stale output" in runs[1][2][2].reason and "keys" in runs[1][2][2].reason
+    assert runs[0][1] == 2 * (1 + perts)  # the case's own and every perturbation's (the jitter row needs them all)
+    assert runs[1][1] == 0  # all from the cache
+    assert [r.stale_references for r in runs[1][2]] == [0, 0, 0]
+    assert len(refcache.RefCache(tmp_path).entries()) == 1 + perts
+
+
+class StaleKeys(Backend):
+    """Reads the keys once, in prepare: a re-run on changed keys gives the old output (stale)."""
+
+    name = "stale-keys"
+
+    def prepare_decode(self, case, x):
+        inner = get_backend("torch").prepare(case, x)
+        saved = x.k_cache.clone()
+        live = x.k_cache
+
+        def run():
+            now = live.clone()
+            live.copy_(saved)
+            out = inner()
+            live.copy_(now)
+            return out
+
+        return run

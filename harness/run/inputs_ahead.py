@@ -1,0 +1,114 @@
+"""The next case's inputs, built on the CPU on a background thread while this case runs its checks.
+
+`Op.make_inputs` is `to_device(build_inputs(..., cpu), device)` (harness/ops/base.py): every value is
+drawn and laid out on the CPU, then moved. The CPU half needs neither the device nor anything of the
+case before it, so the runner hands the case its supervisor will send next (`RunJob.ahead`) to
+`schedule` as soon as it has taken its own (`take`): the next case's `build_inputs` then runs beside
+this case's reference and backends, and that case only moves the result to its device. The bits are
+those `make_inputs` gives (the same function on the same arguments). The thread makes no CUDA call,
+and the runner waits for it (`wait`) before a case's timing, so no build runs beside a timed window.
+
+A check may add CPU work of its own from those inputs (`build_ahead(case, inputs, opts)`, an optional
+method: the replay check builds batch B, a second full draw of the case's data); the runner hands the
+result to the check's memo of that case (`"ahead"`).
+
+Only ops that keep `Op.make_inputs` as it is are built ahead (an op that overrides it builds its own
+way), and only inputs of at most `AHEAD_MAX_BYTES` (`Op.input_bytes`): they sit in host memory until
+their case starts. On an H100's warm `ci` building inputs was 5.4 s of the 51 s sweep, 90% of it the
+CPU half (a decode's 1 GiB paged cache: 1.0-1.4 s of draws and scatters, against ~0.1 s of copy).
+Call `schedule`, `take` and `wait` from one thread.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
+from concurrent.futures import wait as _wait_all
+from typing import Any
+
+import torch
+
+from attnbench.case import Case
+
+AHEAD_MAX_BYTES = 4 * 2**30  # inputs built ahead, at most this large (they wait in host memory)
+_pending: dict[tuple, Future] = {}  # `_key(case)` -> the build of its CPU inputs
+_pool: list[ThreadPoolExecutor] = []
+
+
+def _key(case: Case) -> tuple:
+    return case.op_name, json.dumps(case.params.model_dump(mode="json"), sort_keys=True), case.dtype, case.seed
+
+
+def _buildable(case: Case) -> bool:
+    from attnbench.ops.base import Op
+
+    op = case.op
+    if type(op).make_inputs is not Op.make_inputs:
+        return False
+    try:
+        return op.input_bytes(case.params, case.torch_dtype, case.seed) <= AHEAD_MAX_BYTES
+    except Exception:  # a plugin op that cannot size its inputs: built when its case runs
+        return False
+
+
+Extras = Callable[[Case], dict[str, Callable[[Any], Any]]]
+
+
+def _build(case: Case, extras: dict[str, Callable[[Any], Any]]) -> tuple[Any, dict[str, Any]]:
+    """The case's CPU inputs, and what each extra builds from them (None where one raised: its check
+    then builds it itself, as without this module)."""
+    x = case.op.build_inputs(case.params, case.torch_dtype, case.seed, torch.device("cpu"))
+    out = {}
+    for name, fn in extras.items():
+        try:
+            out[name] = fn(x)
+        except Exception:
+            out[name] = None
+    return x, out
+
+
+def schedule(cases: list[Case], extras: Extras | None = None) -> int:
+    """Start building the CPU inputs of `cases` (not already under way) on the background thread, each
+    followed by `extras(case)`: {name: fn(cpu inputs)}, more CPU work a check does from the inputs
+    alone (the replay check's batch B: `Check.build_ahead`); builds of other cases not taken yet are
+    forgotten. Returns how many builds this started."""
+    keys = {_key(c): c for c in cases}
+    for gone in set(_pending) - set(keys):
+        _pending.pop(gone).cancel()  # one already running finishes, unused
+    started = 0
+    for k, c in keys.items():
+        if k in _pending or not _buildable(c):
+            continue
+        if not _pool:
+            _pool.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnbench-inputs"))
+        _pending[k] = _pool[0].submit(_build, c, extras(c) if extras else {})
+        started += 1
+    return started
+
+
+def take(case: Case) -> tuple[Any, dict[str, Any]] | None:
+    """`(CPU inputs, {extra: its result})` built ahead for `case` (waited for, no longer held), or None:
+    none were built, or the build failed (the case then builds them itself, and meets the error itself)."""
+    fut = _pending.pop(_key(case), None)
+    if fut is None:
+        return None
+    try:
+        return fut.result()
+    except (CancelledError, Exception):
+        return None
+
+
+def wait() -> float:
+    """Wait until no build runs (the results stay held for `take`); returns the seconds waited."""
+    t0 = time.perf_counter()
+    running = list(_pending.values())
+    if running:
+        _wait_all(running)
+    return time.perf_counter() - t0
+
+
+def pending() -> list[tuple]:
+    """Keys of the builds not taken yet (tests)."""
+    return list(_pending)
