@@ -97,3 +97,39 @@ def test_console_summary_prints_the_warning(monkeypatch):
     monkeypatch.setattr(cli, "console", rec)
     cli._print_summary([run_one(CASE, Unpromised())])
     assert "warning random-order: 1 row(s) not deterministic" in rec.export_text()
+
+
+def test_padding_rows_may_differ_between_calls_but_real_rows_may_not():
+    """A conv update writes what it likes into padding requests' rows of y (the contract leaves them open,
+    `Op.unspecified`), a different value each call: still deterministic. The same noise in a real row
+    is not (SGLang's padded update on an H100 was flagged by the first form of the check)."""
+    from attnbench.backend import Backend
+    from attnbench.kernels.torch import gdn as tgdn
+
+    case_id = "causal_conv1d/b5-t1-c40-pad2-update-bf16"
+
+    def noisy(padding: bool):
+        calls = {"n": 0}
+
+        class Noisy(Backend):
+            name = "noisy-padding" if padding else "noisy-real-row"
+            deterministic = False
+
+            def prepare_causal_conv1d(self, case, x):
+                def run():
+                    out = tgdn.causal_conv1d(x)
+                    calls["n"] += 1
+                    rows = (
+                        (x.cache_indices < 0).nonzero().flatten()
+                        if padding
+                        else (x.cache_indices >= 0).nonzero()[:1, 0]
+                    )
+                    x.y[rows] = float(calls["n"])  # another value on every call
+                    return out
+
+                return run
+
+        return Noisy()
+
+    assert run_one(case_id, noisy(padding=True)).deterministic is True
+    assert run_one(case_id, noisy(padding=False)).deterministic is False
