@@ -54,7 +54,7 @@ def test_sweep_and_pytest_give_a_suite_with_a_known_failure_the_same_statuses(tm
     assert statuses[("merge_state/t33-h4-d64-bf16", "planted")] == "xpass"
     assert statuses[("merge_state/t17-h2-d32-fp16", "planted")] == "fail"
 
-    tested = run("pytest", "-p", "no:cacheprovider", "-rA", "--attnbench", "smoke", "-k", "merge_state",
+    tested = run("pytest", "-p", "no:cacheprovider", "--rootdir", str(tmp_path), "-rA", "--attnbench", "smoke", "-k", "merge_state",
                  "--attnbench-device", "cpu", "--attnbench-backend", "torch", "--attnbench-backend", "planted",
                  "--attnbench-plugin", "planted.py", "--attnbench-expect", "expect.yaml")  # fmt: skip
     assert tested.returncode == 1, tested.stdout + tested.stderr
