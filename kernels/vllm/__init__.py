@@ -3,31 +3,40 @@ never copied: its unified attention for decode, extend and tree verify over the 
 (attention.py), and for absorbed-MLA decode the split-KV decode its Triton MLA backend runs (mla.py).
 Import-guarded: without vllm the backend is listed with the reason and every case is a skip.
 
-Devices: CUDA; under TRITON_INTERPRET=1 on the CPU, MLA decode too (the import guard binds vLLM to the
-real triton there: _lib.py). The unified attention stays CUDA only: it is not run in the interpreter
-here (its conversions are tested on the CPU).
+Devices: CUDA; under TRITON_INTERPRET=1 on the CPU too (the import guard binds vLLM to the real triton
+there: _lib.py), fp16 and fp32 cases only: the interpreter gets bf16 wrong (`INTERPRETER_BF16`).
 """
 
 from __future__ import annotations
+
+import torch
 
 from attnbench.backend import Backend, implements, register_backend
 from attnbench.kernels.triton.limits import interpreting
 from attnbench.kernels.vllm import _lib, attention, mla
 
-NO_INTERPRETER = "vLLM's unified attention runs on CUDA only here (not in the CPU interpreter)"
+NO_INTERPRETER = "vLLM's Triton kernels run on CUDA only here, or on the CPU under TRITON_INTERPRET=1"
 
 
-def _is_mla_decode(case) -> bool:
-    return case.op_name == "decode" and bool(case.params.mla)
+INTERPRETER_TREE = (
+    "tree_verify on the CPU: vLLM's load_qq_bias_tile masks with `rel >= 0 and rel < n` on tensors, which Triton's "
+    "compiler makes an elementwise and but its interpreter evaluates as Python's `and` (the second mask alone: "
+    "keys before the tree read qq_bias at negative offsets); checked on CUDA"
+)
 
 
 def _device(backend, case) -> str | None:
-    """CUDA cases; CPU cases under the interpreter for MLA decode (vLLM's split-KV decode kernel)."""
-    if case.on_cuda or (interpreting() and _is_mla_decode(case)):
+    """CUDA cases; CPU cases under the interpreter, but for bf16 (mla.INTERPRETER_BF16) and tree_verify
+    (INTERPRETER_TREE)."""
+    if case.on_cuda:
         return None
-    if _is_mla_decode(case):
-        return "vLLM's Triton MLA decode runs on CUDA (or set TRITON_INTERPRET=1 for the CPU)"
-    return NO_INTERPRETER
+    if not interpreting():
+        return NO_INTERPRETER
+    if case.torch_dtype == torch.bfloat16:
+        return mla.INTERPRETER_BF16
+    if case.op_name == "tree_verify":
+        return INTERPRETER_TREE
+    return None
 
 
 def _limits(backend, case) -> str | None:
@@ -69,7 +78,7 @@ class VllmBackend(Backend):
         import torch
 
         if not torch.cuda.is_available() and not interpreting():
-            return "no CUDA device (set TRITON_INTERPRET=1 to run vLLM's Triton MLA decode in the CPU interpreter)"
+            return "no CUDA device (set TRITON_INTERPRET=1 to run vLLM's Triton kernels in the CPU interpreter)"
         return None
 
     # absorbed MLA (Dk 576, Dv 512) goes where vLLM sends it, its Triton MLA backend's decode kernel; the

@@ -11,6 +11,16 @@ first (timed, as vLLM's `reshape_and_cache_flash` runs before attention), `share
 it is, `attend` (new K/V outside the cache) cannot be said. It returns no LSE (`absent`). tree_verify: the
 tree mask as `qq_bias` (vLLM's tree attention: one tree per batch, `tree_bias`), causal.
 
+fp8 KV caches (per tensor, e4m3): as vLLM's Triton backend (`TritonAttentionImpl.forward`) passes them,
+`k_descale`/`v_descale` are the layer's one k and v scale (`layer._k_scale`, a 0-d fp32 tensor) expanded
+to `[B, Hkv]` (stride 0: every entry is the layer's scale), `q_descale` None (the query is not fp8) and
+`kv_quant_mode = KVQuantMode.FP8_PER_TENSOR` (what `get_kv_quant_mode("fp8_e4m3")` gives). In that mode
+the kernel loads one scale per tensor (`tl.load(k_scale)`, the first entry) and dequantises each K/V tile
+to the query dtype; without the mode (the default NONE) it casts the fp8 entries unscaled. Not expressible
+(`kv_limits`): per-head scales (the kernel reads one scale; vLLM's layer holds one) and e5m2 caches
+(vLLM's Triton backend views every fp8 cache as `current_platform.fp8_dtype()`, e4m3fn on CUDA, when it
+writes and when it reads: an e5m2 cache's bytes would be read as e4m3).
+
 Split-K: called as vLLM's Triton backend calls it (`TritonAttentionMetadataBuilder`), with a threshold
 of `MIN_LAUNCH_GRID_SIZE_2D // Hkv` sequences, `NUM_PAR_SOFTMAX_SEGMENTS` segments and fp32 scratch
 (`split_k_scratch`): the kernel itself then picks the 3D split-K path (one program per segment of the
@@ -20,6 +30,8 @@ be gigabytes), which the kernel reads as 2D.
 """
 
 from __future__ import annotations
+
+import sys
 
 import torch
 
@@ -67,12 +79,44 @@ def block_table(kv_indptr: torch.Tensor, kv_page_indices: torch.Tensor) -> torch
     return table.to(kv_indptr.device)
 
 
+FP8_CACHE = "fp8_e4m3"  # of attnbench's kv dtypes, the one vLLM's Triton backend stores and reads (fp8_dtype())
+
+
+def kv_limits(p) -> str | None:
+    """Why vLLM's Triton attention cannot read this case's KV cache (None: it can): per-tensor e4m3 only."""
+    if p.kv_dtype == "auto":
+        return None
+    if p.kv_dtype != FP8_CACHE:
+        return (
+            f"vLLM's Triton backend views every fp8 KV cache as current_platform.fp8_dtype() (e4m3fn on CUDA) when "
+            f"it writes and reads it: a {p.kv_dtype} cache's bytes would be read as e4m3"
+        )
+    if p.kv_scale == "head":
+        return (
+            "vLLM's unified attention reads one k and one v scale per layer (FP8_PER_TENSOR: tl.load of the "
+            "descale's first entry; the layer's _k_scale is 0-d): per-head scales cannot be expressed"
+        )
+    return None
+
+
+def descales(x, batch: int, heads_kv: int):
+    """`(k_descale, v_descale, kv_quant_mode)` as vLLM's Triton backend builds them: the layer's scales
+    (`x.k_scale`, `x.v_scale`: `[1]` fp32, real value = stored * scale) as 0-d tensors expanded to
+    `[B, Hkv]` (stride 0), FP8_PER_TENSOR; for an unquantised cache the layer's scales of 1.0 and NONE."""
+    mode = sys.modules[_lib.UNIFIED].KVQuantMode
+    if x.k_scale is None:
+        one = torch.ones((), dtype=torch.float32, device=x.q.device).expand(batch, heads_kv)
+        return one, one, mode.NONE
+    k, v = (s.reshape(()).to(torch.float32).expand(batch, heads_kv) for s in (x.k_scale, x.v_scale))
+    return k, v, mode.FP8_PER_TENSOR
+
+
 def attention_unsupported(case) -> str | None:
     p = case.params
     if p.mla or p.dv != p.head_dim:
         return "vLLM's unified attention: one head size for K and V (no MLA, no Dk != Dv)"
-    if p.kv_dtype != "auto":
-        return "vllm adapter: fp8 KV caches are not wired"
+    if why := kv_limits(p):
+        return why
     if case.op_name == "tree_verify":
         return None  # the tree mask becomes qq_bias (prepare refuses batches of different trees)
     if case.op_name == "extend":
@@ -104,7 +148,7 @@ def prepare_attention(case, x):
             raise Unsupported(str(e)) from e
     B, Hkv = len(x.seq_lens_host), x.k_cache.shape[2]
     table = block_table(x.kv_indptr, x.kv_page_indices)
-    descale = torch.ones(B, Hkv, dtype=torch.float32, device=x.q.device)
+    k_descale, v_descale, kv_mode = descales(x, B, Hkv)
     max_q, max_k = max(x.q_lens_host), max(x.seq_lens_host)
     win = window_size(x.window)
     split = split_k_scratch(x.q.shape[0], max_q, x.q.shape[1], Hkv, x.q.shape[2], x.q.device)
@@ -114,7 +158,8 @@ def prepare_attention(case, x):
             save_new_kv(x)
         unified_attention(
             x.q, x.k_cache, x.v_cache, x.o, x.qo_indptr, max_q, x.seq_lens, max_k, x.sm_scale, x.causal, win,
-            table, x.soft_cap, None, descale, descale, sinks=x.sinks, qq_bias=bias, **split,
+            table, x.soft_cap, None, k_descale, v_descale, sinks=x.sinks, qq_bias=bias, kv_quant_mode=kv_mode,
+            **split,
         )  # fmt: skip
         return {"o": x.o}
 
@@ -124,5 +169,6 @@ def prepare_attention(case, x):
         if split
         else f"2D (queries over {MAX_3D_QUERY_LEN} tokens: no split-K)"
     )
-    run.info = {"variant": f"unified_attention, {scratch}" + (", tree qq_bias" if bias is not None else "")}
+    fp8 = ", fp8 per-tensor k/v descales" if x.k_scale is not None else ""
+    run.info = {"variant": f"unified_attention, {scratch}" + fp8 + (", tree qq_bias" if bias is not None else "")}
     return run

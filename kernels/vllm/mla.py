@@ -40,8 +40,8 @@ INTERPRETER_SM_COUNT = 132
 CACHE_DTYPES = ("auto", "fp8_e4m3")  # of attnbench's kv dtypes, those TritonMLABackend lists
 QUERY_DTYPES = (torch.float16, torch.bfloat16)  # TritonMLABackend.supported_dtypes
 INTERPRETER_BF16 = (
-    "bf16 MLA decode on the CPU: Triton 3.6's interpreter computes bf16 tl.dot wrong (a plain 16x32 @ 32x16 "
-    "bf16 dot is off by ~5e10; fp16 is exact), and this kernel's scores and P V are tl.dot: checked on CUDA"
+    "bf16 on the CPU: Triton 3.6's interpreter computes bf16 tl.dot wrong (a plain 16x32 @ 32x16 bf16 dot is off "
+    "by ~5e10; fp16 is exact), and vLLM's attention scores and P V are tl.dot: checked on CUDA"
 )
 
 

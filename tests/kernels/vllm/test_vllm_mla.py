@@ -216,9 +216,10 @@ def test_mla_decode_runs_where_unified_attention_cannot(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "1")
     assert b.limits(Case.from_id("decode/b32-l4096-h128x1-d576x512-p64-mla-bf16", "cuda")) is None
     assert b.limits(Case.from_id("decode/b32-l4096-h128x1-d576x512-p64-mla-fp8_e4m3-bf16", "cuda")) is None
-    # under the interpreter (the CPU lane) MLA decode runs on the CPU; the unified attention does not
+    # under the interpreter (the CPU lane) MLA decode and the unified attention run on the CPU, but for bf16
     assert b.limits(Case.from_id("decode/b2-l40-h16x1-d576x512-p16-mla-fp16", "cpu")) is None
-    assert "CUDA only" in b.limits(Case.from_id("decode/b2-l64-h4x2-d64-p16-bf16", "cpu"))
+    assert b.limits(Case.from_id("decode/b2-l64-h4x2-d64-p16-fp16", "cpu")) is None
+    assert "bf16 tl.dot wrong" in b.limits(Case.from_id("decode/b2-l64-h4x2-d64-p16-bf16", "cpu"))
     # MLA extend is still the unified attention's, which has one head size
     assert "one head size" in b.limits(Case.from_id("extend/b1-q8-pre16-h16x1-d576x512-p16-mla-bf16", "cuda"))
 
