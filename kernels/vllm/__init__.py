@@ -13,7 +13,7 @@ import torch
 
 from attnbench.backend import Backend, implements, register_backend
 from attnbench.kernels.triton.limits import interpreting
-from attnbench.kernels.vllm import _lib, attention, mla
+from attnbench.kernels.vllm import _lib, attention, gdn, mla
 
 NO_INTERPRETER = "vLLM's Triton kernels run on CUDA only here, or on the CPU under TRITON_INTERPRET=1"
 
@@ -37,6 +37,27 @@ def _device(backend, case) -> str | None:
     if case.op_name == "tree_verify":
         return INTERPRETER_TREE
     return None
+
+
+def _gdn_device(backend, case) -> str | None:
+    """CUDA cases; CPU cases under the interpreter, fp16/fp32 (bf16 rows of these recurrent kernels come out
+    as garbage past the first program in the interpreter, as SGLang's copies of them do: docs/deployed.md)."""
+    if case.on_cuda:
+        return None
+    if not interpreting():
+        return NO_INTERPRETER
+    if case.torch_dtype == torch.bfloat16:
+        return "bf16 GDN on the CPU: Triton 3.6's interpreter gets these kernels' bf16 rows wrong; checked on CUDA"
+    return None
+
+
+def _attention_device(backend, case) -> str | None:
+    """The attention ops' device limits (`_device`); the GDN ops state theirs in `_gdn_limits`."""
+    return None if case.op_name.startswith("gdn_") else _device(backend, case)
+
+
+def _gdn_limits(backend, case) -> str | None:
+    return _gdn_device(backend, case) or gdn.gdn_unsupported(case)
 
 
 def _limits(backend, case) -> str | None:
@@ -69,7 +90,7 @@ class VllmBackend(Backend):
         f"vLLM {_lib.PINNED} Triton attention: unified attention (paged decode, extend, tree verify with qq_bias); "
         "MLA decode by its Triton MLA backend's split-KV decode"
     )
-    backend_limits = _device
+    backend_limits = _attention_device
 
     def available(self) -> str | None:
         why = _lib.missing()
@@ -96,3 +117,17 @@ class VllmBackend(Backend):
     @implements("tree_verify", limits=_limits)
     def prepare_tree_verify(self, case, x):
         return attention.prepare_attention(case, x)
+
+    # vLLM's GDN kernels (its vendored FLA), as its Qwen3-Next layer calls them: kernels/vllm/gdn.py. Graph-safe:
+    # the launchers take their grids from the shapes, the slots are shifted on the device in the call
+    @implements("gdn_decode", limits=_gdn_limits, graph_safe=True)
+    def prepare_gdn_decode(self, case, x):
+        return gdn.prepare_decode(case, x)
+
+    @implements("gdn_verify", limits=_gdn_limits, graph_safe=True)
+    def prepare_gdn_verify(self, case, x):
+        return gdn.prepare_verify(case, x)
+
+    @implements("gdn_extend", limits=_gdn_limits)
+    def prepare_gdn_extend(self, case, x):
+        return gdn.prepare_extend(case, x)

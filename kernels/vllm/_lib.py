@@ -168,3 +168,57 @@ def decode_attention_fwd():
     if why:
         raise ImportError(why)
     return sys.modules[MLA_DECODE].decode_attention_fwd
+
+
+# ---- GDN: vLLM's vendored FLA kernels and its causal_conv1d ------------------------------------------
+FLA_OPS = "vllm.third_party.flash_linear_attention.ops"
+GDN_MODULES = ("fused_sigmoid_gating", "fused_recurrent", "chunk")  # what qwen_gdn_linear_attn.py calls
+# `FLA_OPS/__init__.py` re-exports `RMSNormGated` (layernorm_guard.py), which imports vllm.model_executor and
+# through it vllm.distributed (pyzmq, cbor2, ...: vLLM's server dependencies, not installed with --no-deps).
+# The kernel modules need none of it, so they are imported under a bare `FLA_OPS` package (its __path__ only),
+# taken out of sys.modules afterwards (a later `import FLA_OPS` runs its own __init__ and finds them).
+
+
+@contextlib.contextmanager
+def _bare_package(name: str):
+    import pathlib
+
+    parent, _, child = name.rpartition(".")
+    importlib.import_module(parent)
+    where = pathlib.Path(sys.modules[parent].__path__[0]) / child
+    bare = types.ModuleType(name)
+    bare.__path__ = [str(where)]
+    sys.modules[name] = bare
+    try:
+        yield
+    finally:
+        if sys.modules.get(name) is bare:
+            del sys.modules[name]
+        if getattr(sys.modules.get(parent), child, None) is bare:
+            delattr(sys.modules[parent], child)
+
+
+@functools.cache
+def gdn_missing(name: str) -> str | None:
+    """Why vLLM's FLA kernel module `name` (one of GDN_MODULES) cannot be imported here (None: it can).
+    On a CPU only fused_sigmoid_gating imports: fused_recurrent and chunk import FLA's utils, which
+    query the CUDA driver at import."""
+    why = missing()
+    if why:
+        return why
+    bind = _triton_driver_active() if interpreted() else contextlib.nullcontext()
+    bare = contextlib.nullcontext() if FLA_OPS in sys.modules else _bare_package(FLA_OPS)
+    try:
+        with bind, bare:
+            importlib.import_module(f"{FLA_OPS}.{name}")
+    except Exception as e:
+        return f"vllm's {name} does not import here ({type(e).__name__}: {str(e).splitlines()[0]})"
+    return None
+
+
+def gdn_module(name: str):
+    """vLLM's FLA kernel module `name` (one of GDN_MODULES)."""
+    why = gdn_missing(name)
+    if why:
+        raise ImportError(why)
+    return sys.modules[f"{FLA_OPS}.{name}"]
