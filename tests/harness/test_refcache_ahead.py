@@ -96,6 +96,22 @@ def test_a_corrupt_entry_read_ahead_is_recomputed_as_ever(tmp_path):
     assert {r.status for r in rows} == {"pass"}
 
 
+def test_the_error_of_a_read_ahead_reaches_get_without_a_second_read(tmp_path, monkeypatch):
+    """`get` meets a corrupt entry's error as the background read raised it: it does not read the file
+    again on the main thread."""
+    root = tmp_path / "refs"
+    a, b = _warm(root)
+    path = _path(root, b)
+    raw = open(path, "rb").read()
+    open(path, "wb").write(raw[:-1] + bytes([raw[-1] ^ 1]))
+    loads = _Loads(monkeypatch)
+    cache = refcache.RefCache(root)
+    assert cache.read_ahead([(b, "")]) == 1
+    got, problem = cache.get(b)
+    assert got is None and "is corrupt" in problem and "digest" in problem
+    assert [p for p, _ in loads.calls] == [path] and loads.on_main() == []
+
+
 def test_reads_not_wanted_any_more_are_forgotten_and_misses_start_none(tmp_path):
     root = tmp_path / "refs"
     a, b = _warm(root)
@@ -125,7 +141,7 @@ def test_no_read_runs_while_a_case_is_timed(tmp_path, monkeypatch):
     real = runner.time_closures
 
     def timed(*args, **kw):
-        seen.append([p for p, (_, fut) in refcache._ahead.items() if not fut.done()])
+        seen.append(refcache.reads_running())
         return real(*args, **kw)
 
     monkeypatch.setattr(runner, "time_closures", timed)
