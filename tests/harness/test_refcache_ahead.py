@@ -179,6 +179,7 @@ def test_the_entries_checks_name_are_read_ahead_too(tmp_path, monkeypatch):
     from attnbench.check.checks import stale_variant
     from attnbench.check.replay import REPLAY_VARIANT, StandInGraph
     from attnbench.kernels.mutants.replay import GraphSafeDecode
+    from helpers import Nudges
 
     checks = tuple(c for c in CHECKS if c.name != "replay") + (ReplayCheck(StandInGraph),)
     case = Case.from_id("decode/b3-l37-mixed-h8x2-d128-p16-bf16", "cpu")
@@ -186,24 +187,15 @@ def test_the_entries_checks_name_are_read_ahead_too(tmp_path, monkeypatch):
 
     class Nudged(GraphSafeDecode):  # unlike a fresh closure: the stale check needs every perturbed reference
         name = "nudged"
-        made = 0
+        nudges = Nudges()
 
         @implements("decode", graph_safe=True)
         def prepare_decode(self, case, x):
-            inner = super().prepare_decode(case, x)
-            Nudged.made += 1
-            nudge = 1e-4 * Nudged.made
-
-            def run():
-                out = inner()
-                out["o"].add_(nudge)
-                return out
-
-            return run
+            return Nudged.nudges.wrap(super().prepare_decode(case, x))
 
     first = run_case(case, [Nudged()], opts)
     loads = _Loads(monkeypatch)
-    Nudged.made = 0
+    Nudged.nudges.reset()
     second = run_case(case, [Nudged()], opts)
     assert [(r.status, r.replay, r.metrics) for r in first] == [(r.status, r.replay, r.metrics) for r in second]
     assert [(r.status, r.replay) for r in second] == [("pass", "pass")]
