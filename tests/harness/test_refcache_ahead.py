@@ -49,6 +49,12 @@ class _Loads:
         return [p for p, t in self.calls if t == threading.main_thread().name]
 
 
+def _flip_last_bit(path) -> None:
+    """Corrupt the entry at `path`: its digest no longer matches."""
+    raw = open(path, "rb").read()
+    open(path, "wb").write(raw[:-1] + bytes([raw[-1] ^ 1]))
+
+
 def _warm(root):
     a, b = Case.from_id(A), Case.from_id(B)
     for c in (a, b):
@@ -88,8 +94,7 @@ def test_a_corrupt_entry_read_ahead_is_recomputed_as_ever(tmp_path):
     root = tmp_path / "refs"
     a, b = _warm(root)
     path = _path(root, b)
-    raw = open(path, "rb").read()
-    open(path, "wb").write(raw[:-1] + bytes([raw[-1] ^ 1]))
+    _flip_last_bit(path)
     _run(a, root, ahead=b)
     rows = _run(b, root)
     assert {r.reference_from for r in rows} == {"computed"} and "is corrupt" in rows[0].reference_note
@@ -102,8 +107,7 @@ def test_the_error_of_a_read_ahead_reaches_get_without_a_second_read(tmp_path, m
     root = tmp_path / "refs"
     a, b = _warm(root)
     path = _path(root, b)
-    raw = open(path, "rb").read()
-    open(path, "wb").write(raw[:-1] + bytes([raw[-1] ^ 1]))
+    _flip_last_bit(path)
     loads = _Loads(monkeypatch)
     cache = refcache.RefCache(root)
     assert cache.read_ahead([(b, "")]) == 1
