@@ -266,22 +266,30 @@ class ReplayCheck:
         ctx.verdict.problems += problems
         return {"replay": outcome}
 
+    def _replays(self, case, opts, inputs=None) -> bool:
+        """Whether this check replays `case` under `opts` for a backend that declares its closure graph-safe
+        (what `replay.replay_outcome` goes by, the declaration aside): replay not turned off
+        (`opts.replay`, `--no-replay`), a CUDA device or a stand-in graph (`self.graph`), an op servers
+        capture (`Op.graph_captured`), and, where the case's `inputs` are given, at most
+        `REPLAY_MAX_BYTES` of them."""
+        if not (getattr(opts, "replay", True) and (case.on_cuda or self.graph is not None)):
+            return False
+        if not case.op.graph_captured:
+            return False
+        return inputs is None or storage_bytes(inputs) <= REPLAY_MAX_BYTES
+
     def build_ahead(self, case, inputs, opts):
         """Batch B of `case` from its CPU `inputs` (`Op.replay_batch`: a second full draw of the case's
         data), built on the runner's background thread before the case starts (run/inputs_ahead.py);
         `replay.batch_b` takes it from the memo. None where the check will not replay this case."""
-        op = case.op
-        runs = getattr(opts, "replay", True) and (case.on_cuda or self.graph is not None)
-        if not (runs and op.graph_captured) or storage_bytes(inputs) > REPLAY_MAX_BYTES:
+        if not self._replays(case, opts, inputs):
             return None
-        return op.replay_batch(case.params, inputs, case.torch_dtype, case.seed)
+        return case.op.replay_batch(case.params, inputs, case.torch_dtype, case.seed)
 
     def reference_variants(self, case, opts) -> tuple[str, ...]:
         """The reference-cache entry this check may read for `case` (the runner reads it ahead): batch B's
         reference, kept for an op that writes nothing (harness/check/replay.py `batch_b`)."""
-        op = case.op
-        runs = getattr(opts, "replay", True) and (case.on_cuda or self.graph is not None)
-        return (REPLAY_VARIANT,) if runs and op.graph_captured and not op.writes_for(case.params) else ()
+        return (REPLAY_VARIANT,) if self._replays(case, opts) and not case.op.writes_for(case.params) else ()
 
 
 # The order matters: the outputs first (they make the verdict every other check adds to), then the

@@ -16,25 +16,25 @@ Only ops that keep `Op.make_inputs` as it is are built ahead (an op that overrid
 way), and only inputs of at most `AHEAD_MAX_BYTES` (`Op.input_bytes`): they sit in host memory until
 their case starts. On an H100's warm `ci` building inputs was 5.4 s of the 51 s sweep, 90% of it the
 CPU half (a decode's 1 GiB paged cache: 1.0-1.4 s of draws and scatters, against ~0.1 s of copy).
-Call `schedule`, `take` and `wait` from one thread.
+Call `schedule`, `take` and `wait` from one thread. The bookkeeping (one thread, a build per case, those no
+longer wanted forgotten, the wait) is `BackgroundWork` (store/background.py), shared with the reference cache's
+reads ahead.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-import time
 from collections.abc import Callable
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
-from concurrent.futures import wait as _wait_all
 from typing import Any
 
 import torch
 
 from attnbench.case import Case
+from attnbench.store.background import BackgroundWork
 
 AHEAD_MAX_BYTES = 4 * 2**30  # inputs built ahead, at most this large (they wait in host memory)
-_pending: dict[tuple, Future] = {}  # `_key(case)` -> the build of its CPU inputs
-_pool: list[ThreadPoolExecutor] = []
+_builds = BackgroundWork("attnbench-inputs")  # `_key(case)` -> the build of its CPU inputs
 
 
 def _key(case: Case) -> tuple:
@@ -75,40 +75,35 @@ def schedule(cases: list[Case], extras: Extras | None = None) -> int:
     alone (the replay check's batch B: `Check.build_ahead`); builds of other cases not taken yet are
     forgotten. Returns how many builds this started."""
     keys = {_key(c): c for c in cases}
-    for gone in set(_pending) - set(keys):
-        _pending.pop(gone).cancel()  # one already running finishes, unused
+    _builds.keep_only(keys)  # one already running finishes, unused
     started = 0
     for k, c in keys.items():
-        if k in _pending or not _buildable(c):
+        if k in _builds.keys() or not _buildable(c):
             continue
-        if not _pool:
-            _pool.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnbench-inputs"))
-        _pending[k] = _pool[0].submit(_build, c, extras(c) if extras else {})
-        started += 1
+        if _builds.start(k, functools.partial(_build, c, extras(c) if extras else {})):
+            started += 1
     return started
 
 
 def take(case: Case) -> tuple[Any, dict[str, Any]] | None:
     """`(CPU inputs, {extra: its result})` built ahead for `case` (waited for, no longer held), or None:
     none were built, or the build failed (the case then builds them itself, and meets the error itself)."""
-    fut = _pending.pop(_key(case), None)
-    if fut is None:
-        return None
     try:
-        return fut.result()
-    except (CancelledError, Exception):
+        return _builds.take(_key(case))
+    except Exception:
         return None
 
 
 def wait() -> float:
     """Wait until no build runs (the results stay held for `take`); returns the seconds waited."""
-    t0 = time.perf_counter()
-    running = list(_pending.values())
-    if running:
-        _wait_all(running)
-    return time.perf_counter() - t0
+    return _builds.wait()
 
 
 def pending() -> list[tuple]:
     """Keys of the builds not taken yet (tests)."""
-    return list(_pending)
+    return _builds.keys()
+
+
+def running() -> list[tuple]:
+    """Keys of the builds not taken yet that have not finished (tests)."""
+    return _builds.running()

@@ -46,7 +46,8 @@ no CUDA call (a CUDA-graph capture on the main thread is not disturbed), and the
 (`wait_reads`) before a case's timing, so no read competes with a timed window for the host. On an
 H100's warm `ci`, loading the 18 entries was 4.0 s of the 51 s sweep, 3.3 s of it four GDN and MLA
 entries of 0.5-0.8 GiB (0.7-1.0 s each). Reads ahead not taken are held up to `AHEAD_MAX_BYTES`
-together and forgotten when the next case asks for others.
+together and forgotten when the next case asks for others (the jobs on one thread: `BackgroundWork`,
+store/background.py).
 
 Where: `--ref-cache DIR|off` of `attnbench sweep`, else `$ATTNBENCH_REF_CACHE` (a directory or `off`),
 else `$ATTNBENCH_CACHE/refs`, else `$XDG_CACHE_HOME/attnbench/refs`, else `~/.cache/attnbench/refs`.
@@ -55,6 +56,7 @@ else `$ATTNBENCH_CACHE/refs`, else `$XDG_CACHE_HOME/attnbench/refs`, else `~/.ca
 
 from __future__ import annotations
 
+import functools
 import hashlib
 import json
 import math
@@ -64,14 +66,14 @@ import re
 import sys
 import tempfile
 import time
-from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
-from concurrent.futures import wait as _wait_all
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from attnbench.cacheroot import cache_root
 from attnbench.errors import AttnbenchError
+from attnbench.store.background import BackgroundWork
 
 FORMAT = 4  # bump when the entry layout changes: older entries then miss (the format is part of the key)
 DIGEST_CHUNK = 64 * 2**20  # bytes of payload per SHA-256 of the digest (module docstring)
@@ -272,20 +274,17 @@ class RefCache:
         Reading ahead); reads of entries not in `wanted` that no `get` took are forgotten. Returns how
         many reads this started. Call it, `get` and `wait_reads` from one thread."""
         paths = list(dict.fromkeys(str(self.path(key_of(key_material(c, v)))) for c, v in wanted))
-        for gone in set(_ahead) - set(paths):
-            _ahead.pop(gone)[1].cancel()  # one already running finishes, unread
-        held, started = sum(size for size, _ in _ahead.values()), 0
+        _reads.keep_only(paths)  # one already running finishes, unread
+        started = 0
         for path in paths:
-            if path in _ahead:
+            if path in _reads.keys():
                 continue
             try:
                 size = os.stat(path).st_size
             except OSError:  # a miss: nothing to read
                 continue
-            if held + size > AHEAD_MAX_BYTES:
-                continue
-            _ahead[path] = (size, _ahead_pool().submit(_load, Path(path)))
-            held, started = held + size, started + 1
+            if _reads.start(path, functools.partial(_load, Path(path)), nbytes=size, max_bytes=AHEAD_MAX_BYTES):
+                started += 1
         return started
 
     def put(self, case, expected: dict, twin: dict, inputs: Any = None, variant: str = "") -> str:
@@ -382,41 +381,29 @@ def open_cache(root: Path | str | None, max_bytes: int | None = None) -> RefCach
 
 # ---- reading ahead ------------------------------------------------------------------------------
 AHEAD_MAX_BYTES = 4 * 2**30  # entries read ahead and not yet taken by `get`, held in host memory together
-_ahead: dict[str, tuple[int, Future]] = {}  # entry path -> (its size, the read of it)
-_pool: list[ThreadPoolExecutor] = []
-
-
-def _ahead_pool() -> ThreadPoolExecutor:
-    if not _pool:
-        _pool.append(ThreadPoolExecutor(max_workers=1, thread_name_prefix="attnbench-refcache"))
-    return _pool[0]
+_reads = BackgroundWork("attnbench-refcache")  # entry path -> the read of it (its size: the bytes held)
 
 
 def _take_ahead(path: Path) -> _Loaded | None:
     """The read ahead of `path`, waited for and no longer held (its errors raised as `_load`'s), or
     None when none was started (or it was forgotten before it ran)."""
-    got = _ahead.pop(str(path), None)
-    if got is None:
-        return None
-    try:
-        return got[1].result()
-    except CancelledError:
-        return None
+    return _reads.take(str(path))
 
 
 def wait_reads() -> float:
     """Wait until no read ahead is running (the reads stay held for `get`); returns the seconds waited.
     The runner calls it before a case's timing, so no read competes with a timed window for the host."""
-    t0 = time.perf_counter()
-    running = [fut for _, fut in _ahead.values()]
-    if running:
-        _wait_all(running)
-    return time.perf_counter() - t0
+    return _reads.wait()
 
 
 def reads_ahead() -> list[str]:
     """The entry paths read ahead and not taken yet (tests, messages)."""
-    return list(_ahead)
+    return _reads.keys()
+
+
+def reads_running() -> list[str]:
+    """The entry paths read ahead and not taken yet whose read has not finished (tests)."""
+    return _reads.running()
 
 
 def _same_bits(a, b):

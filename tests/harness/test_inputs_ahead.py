@@ -87,7 +87,7 @@ def test_no_build_runs_while_a_case_is_timed(monkeypatch):
     real = runner.time_closures
 
     def timed(*args, **kw):
-        seen.append([k for k, fut in inputs_ahead._pending.items() if not fut.done()])
+        seen.append(inputs_ahead.running())
         return real(*args, **kw)
 
     monkeypatch.setattr(runner, "time_closures", timed)

@@ -49,6 +49,12 @@ class _Loads:
         return [p for p, t in self.calls if t == threading.main_thread().name]
 
 
+def _flip_last_bit(path) -> None:
+    """Corrupt the entry at `path`: its digest no longer matches."""
+    raw = open(path, "rb").read()
+    open(path, "wb").write(raw[:-1] + bytes([raw[-1] ^ 1]))
+
+
 def _warm(root):
     a, b = Case.from_id(A), Case.from_id(B)
     for c in (a, b):
@@ -88,12 +94,26 @@ def test_a_corrupt_entry_read_ahead_is_recomputed_as_ever(tmp_path):
     root = tmp_path / "refs"
     a, b = _warm(root)
     path = _path(root, b)
-    raw = open(path, "rb").read()
-    open(path, "wb").write(raw[:-1] + bytes([raw[-1] ^ 1]))
+    _flip_last_bit(path)
     _run(a, root, ahead=b)
     rows = _run(b, root)
     assert {r.reference_from for r in rows} == {"computed"} and "is corrupt" in rows[0].reference_note
     assert {r.status for r in rows} == {"pass"}
+
+
+def test_the_error_of_a_read_ahead_reaches_get_without_a_second_read(tmp_path, monkeypatch):
+    """`get` meets a corrupt entry's error as the background read raised it: it does not read the file
+    again on the main thread."""
+    root = tmp_path / "refs"
+    a, b = _warm(root)
+    path = _path(root, b)
+    _flip_last_bit(path)
+    loads = _Loads(monkeypatch)
+    cache = refcache.RefCache(root)
+    assert cache.read_ahead([(b, "")]) == 1
+    got, problem = cache.get(b)
+    assert got is None and "is corrupt" in problem and "digest" in problem
+    assert [p for p, _ in loads.calls] == [path] and loads.on_main() == []
 
 
 def test_reads_not_wanted_any_more_are_forgotten_and_misses_start_none(tmp_path):
@@ -125,7 +145,7 @@ def test_no_read_runs_while_a_case_is_timed(tmp_path, monkeypatch):
     real = runner.time_closures
 
     def timed(*args, **kw):
-        seen.append([p for p, (_, fut) in refcache._ahead.items() if not fut.done()])
+        seen.append(refcache.reads_running())
         return real(*args, **kw)
 
     monkeypatch.setattr(runner, "time_closures", timed)
@@ -163,6 +183,7 @@ def test_the_entries_checks_name_are_read_ahead_too(tmp_path, monkeypatch):
     from attnbench.check.checks import stale_variant
     from attnbench.check.replay import REPLAY_VARIANT, StandInGraph
     from attnbench.kernels.mutants.replay import GraphSafeDecode
+    from helpers import Nudges
 
     checks = tuple(c for c in CHECKS if c.name != "replay") + (ReplayCheck(StandInGraph),)
     case = Case.from_id("decode/b3-l37-mixed-h8x2-d128-p16-bf16", "cpu")
@@ -170,24 +191,15 @@ def test_the_entries_checks_name_are_read_ahead_too(tmp_path, monkeypatch):
 
     class Nudged(GraphSafeDecode):  # unlike a fresh closure: the stale check needs every perturbed reference
         name = "nudged"
-        made = 0
+        nudges = Nudges()
 
         @implements("decode", graph_safe=True)
         def prepare_decode(self, case, x):
-            inner = super().prepare_decode(case, x)
-            Nudged.made += 1
-            nudge = 1e-4 * Nudged.made
-
-            def run():
-                out = inner()
-                out["o"].add_(nudge)
-                return out
-
-            return run
+            return Nudged.nudges.wrap(super().prepare_decode(case, x))
 
     first = run_case(case, [Nudged()], opts)
     loads = _Loads(monkeypatch)
-    Nudged.made = 0
+    Nudged.nudges.reset()
     second = run_case(case, [Nudged()], opts)
     assert [(r.status, r.replay, r.metrics) for r in first] == [(r.status, r.replay, r.metrics) for r in second]
     assert [(r.status, r.replay) for r in second] == [("pass", "pass")]

@@ -294,3 +294,44 @@ def test_rows_sharing_batch_b_compute_what_its_comparison_takes_from_b_reference
     assert (one.replay, first.replay, second.replay) == ("pass", "pass", "pass")
     assert first.metrics == one.metrics and second.metrics == one.metrics
     assert alone > 0 and len(made) == alone  # the second row: neither the case's nor B's computed again
+
+
+@pytest.mark.parametrize(
+    "graph,replay,max_bytes",
+    [(StandInGraph, True, None), (None, True, None), (StandInGraph, False, None), (StandInGraph, True, 0)],
+    ids=["stand-in", "no-graph-on-cpu", "no-replay", "over-the-size-cap"],
+)
+@pytest.mark.parametrize(
+    "case_id,backend",
+    [
+        (DECODES[0], GraphSafeDecode),
+        ("gdn_decode/b5-h2x4-d16x16-packed-bf16", _IndexedDecode),
+        ("extend/b2-q7-pre19-h4x2-d64-p16-bf16", lambda: get_backend("torch")),
+    ],
+    ids=["decode", "gdn_decode-writes", "extend-not-captured"],
+)
+def test_what_the_runner_prepares_ahead_follows_whether_the_check_replays(
+    monkeypatch, graph, replay, max_bytes, case_id, backend
+):
+    """`ReplayCheck.build_ahead` (batch B from the CPU inputs) and `reference_variants` (B's cache entry,
+    an op that writes nothing) prepare for a replay exactly where the check then replays the row; the
+    entry is named before the inputs exist, so past the size cap it is still named (a miss costs nothing)."""
+    from attnbench.check import checklist
+    from attnbench.check import replay as replay_mod
+    from attnbench.check.replay import REPLAY_VARIANT
+
+    if max_bytes is not None:
+        monkeypatch.setattr(checklist, "REPLAY_MAX_BYTES", max_bytes)
+        monkeypatch.setattr(replay_mod, "REPLAY_MAX_BYTES", max_bytes)
+    check = ReplayCheck(graph)
+    case = Case.from_id(case_id, "cpu")
+    opts = RunOptions(timing=False, checks=(OutputsCheck(), check), replay=replay)
+    (row,) = run_case(case, [backend()], opts)
+    outcome = getattr(row, "replay", None)  # None: an op servers do not capture records none
+    replays = outcome in ("pass", "fail")
+    over_cap = (outcome or "").startswith("skip: inputs of")
+    assert replays == (graph is not None and replay and max_bytes is None and case.op.graph_captured), outcome
+    cpu = case.op.build_inputs(case.params, case.torch_dtype, case.seed, torch.device("cpu"))
+    assert (check.build_ahead(case, cpu, opts) is not None) == replays
+    pure = not case.op.writes_for(case.params)
+    assert check.reference_variants(case, opts) == ((REPLAY_VARIANT,) if (replays or over_cap) and pure else ())

@@ -11,7 +11,7 @@ import torch
 
 from attnbench.backend import Backend, get_backend
 from attnbench.case import Case
-from helpers import run_one
+from helpers import Nudges, run_one
 
 DECODE = "decode/b3-l70-skewed-h8x2-d64-p16-swa7-cap5-sink-bf16"
 GDN_EXTEND = "gdn_extend/b5-t3-h2x2-d32x16-initmixed-scale0.4-fp16"
@@ -47,19 +47,10 @@ class Jitter(Backend):
     fall back to the float64 reference of the changed inputs, and still pass it."""
 
     name = "jitter"
-    made = 0
+    nudges = Nudges()
 
     def prepare_decode(self, case, x):
-        inner = get_backend("torch").prepare(case, x)
-        Jitter.made += 1
-        nudge = 1e-4 * Jitter.made
-
-        def run():
-            out = inner()
-            out["o"].add_(nudge)
-            return out
-
-        return run
+        return Jitter.nudges.wrap(get_backend("torch").prepare(case, x))
 
 
 def test_a_closure_unlike_a_fresh_one_is_judged_on_the_reference(monkeypatch):
@@ -181,7 +172,7 @@ def test_perturbed_references_of_an_op_that_writes_nothing_come_from_the_referen
     runs = []
     for _ in range(2):
         calls.clear()
-        Jitter.made = 0  # the same nudges in both runs
+        Jitter.nudges.reset()  # the same nudges in both runs
         rows = run_case(case, backends, RunOptions(timing=False, determinism_repeats=1, ref_cache=str(tmp_path)))
         runs.append(([(r.status, r.metrics, r.stale_reruns) for r in rows], len(calls), rows))
     assert runs[0][0] == runs[1][0]

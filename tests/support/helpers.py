@@ -1,10 +1,12 @@
 """Shared test helpers: run one backend on one case the way a sweep does; judge a kernel's outputs as the
-harness would; one request of a decode batch on its own."""
+harness would; one request of a decode batch on its own; closures that are correct but unlike any fresh
+one (`Nudges`)."""
 
 from __future__ import annotations
 
 import dataclasses
 import os
+from collections.abc import Callable
 from unittest import mock
 
 import torch
@@ -78,3 +80,32 @@ def decode_request(x, b: int):
         seq_lens_host=x.seq_lens_host[b : b + 1],
         q_lens_host=(1,),
     )
+
+
+class Nudges:
+    """Closures that are correct but unlike any other: a stale-output check cannot match a re-run of one
+    against a freshly prepared closure (their bits differ by the offsets), so it judges every perturbed run
+    on the float64 reference of the changed inputs; the offsets stay far inside every tolerance.
+
+    Wraps the closures a backend prepares: the n-th closure wrapped since the last `reset()` (n from 1)
+    adds `step * n` to its output `o` (in place, on every call). The offsets depend only on the order the
+    closures are made, so two runs that each `reset()` first give the same bits."""
+
+    def __init__(self, step: float = 1e-4):
+        self.step = step
+        self.made = 0
+
+    def reset(self) -> None:
+        self.made = 0
+
+    def wrap(self, inner: Callable[[], dict]) -> Callable[[], dict]:
+        """`inner` (a closure returning a dict with a tensor "o"), nudged by the next offset."""
+        self.made += 1
+        nudge = self.step * self.made
+
+        def run():
+            out = inner()
+            out["o"].add_(nudge)
+            return out
+
+        return run
