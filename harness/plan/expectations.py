@@ -8,6 +8,7 @@ suite, and the built-in ones in suites/expectations/ apply by default):
         cases: ["decode/b1-l1024-*"]        # globs on case ids: one string or a list
         outputs: [lse]                      # optional: only these may fail; any other failing output or
                                             # check (canary, stale output, modified input, ...) still fails
+        errors: ["*illegal memory access*"] # optional: globs on an error row's reason that are this finding
         versions: {flashinfer-python: "==0.7.2.post1"}   # optional: applies only where these match
         why: "fa2 LSE is summed from bf16 probabilities (docs/findings.md)"   # required
         link: https://github.com/flashinfer-ai/flashinfer/issues/...          # optional
@@ -17,7 +18,10 @@ Semantics (strict, as pytest's `xfail(strict=True)`):
   why, not counted as a failure;
 - a `pass` row that an applicable expectation matches becomes `xpass` and fails the run: the
   finding is gone (fixed upstream, or the expectation is too broad), so the expectation must go;
-- `skip` and `error` rows are never changed: an exception, crash or timeout is not a known finding;
+- `skip` rows are never changed; an `error` row (an exception, crash or timeout) is not a known finding
+  unless the expectation names it: `errors` globs, matched against the row's reason, for a bug whose
+  outcome depends on what it hits (an int32 offset that wraps reads NaN from one pool and faults on
+  another). Without `errors`, error rows stay errors;
 - an expectation whose `versions` do not match the installed libraries (or a library that is not
   installed) does not apply. Tolerances never change: an expectation documents a failure, it never
   makes one pass.
@@ -53,6 +57,7 @@ class ExpectationSpec(BaseModel):
     backend: StrictStr = Field(min_length=1)
     cases: StrictStr | list[StrictStr] = Field(min_length=1)
     outputs: list[StrictStr] | None = Field(None, min_length=1)
+    errors: list[StrictStr] | None = Field(None, min_length=1)
     versions: dict[StrictStr, StrictStr] = {}
     why: StrictStr = Field(min_length=3, description="required: the finding this failure is")
     link: StrictStr | None = None
@@ -79,6 +84,7 @@ class Expectation:
     why: str
     outputs: frozenset[str] | None = None
     versions: tuple[tuple[str, str], ...] = ()
+    errors: tuple[str, ...] = ()
     link: str | None = None
     where: str = ""
 
@@ -101,6 +107,10 @@ class Expectation:
         again = {f.removeprefix("replay:") for f in failed if f.startswith("replay:")}
         eager = {f for f in failed if not f.startswith("replay:")}
         return eager <= self.outputs and again <= self.outputs & eager
+
+    def covers_error(self, reason: str) -> bool:
+        """Whether an error row with this reason is this known failure (one of the `errors` globs)."""
+        return any(fnmatch.fnmatchcase(reason, g) for g in self.errors)
 
     def label(self) -> str:
         return f"{self.why} [{self.where}]" + (f" {self.link}" if self.link else "")
@@ -131,7 +141,7 @@ def parse(entries: Any, path: Path | str, lines: dict, at: tuple = ("expect",)) 
             where = at + (i,) + loc
             msg = err["msg"].removeprefix("Value error, ")
             if err["type"] == "extra_forbidden":
-                msg = "unknown key (expected backend, cases, outputs, versions, why, link)"
+                msg = "unknown key (expected backend, cases, outputs, errors, versions, why, link)"
             elif err["type"] == "missing":
                 msg = "required key missing"
             raise SuiteError(path, yamlines.line_of(lines, where), f"{_dotted(where)}: {msg}") from None
@@ -144,6 +154,7 @@ def parse(entries: Any, path: Path | str, lines: dict, at: tuple = ("expect",)) 
                 why=" ".join(spec.why.split()),
                 outputs=frozenset(spec.outputs) if spec.outputs else None,
                 versions=tuple(sorted(spec.versions.items())),
+                errors=tuple(spec.errors or ()),
                 link=spec.link,
                 where=f"{_short(path)}:{line}" if line else _short(path),
             )
@@ -238,15 +249,21 @@ def applicable(expectations: Iterable[Expectation], version_of=installed_version
 
 
 def apply_one(row, expectations: list[Expectation]):
-    """The row with its expected status: fail -> xfail when covered, pass -> xpass when expected to fail.
+    """The row with its expected status: fail -> xfail when covered, pass -> xpass when expected to fail,
+    error -> xfail when an expectation's `errors` globs match its reason.
 
     `expectations` must already be filtered by `applicable`. The row's `expected` records the
     expectation (why, link, where); an xfail row keeps the failure's reason after the why.
     """
-    if row.status not in ("fail", "pass"):
+    if row.status not in ("fail", "pass", "error"):
         return row
     matching = [e for e in expectations if e.matches(row.case_id, row.backend)]
     if not matching:
+        return row
+    if row.status == "error":
+        for e in matching:
+            if e.covers_error(row.reason or ""):
+                return _with(row, status=XFAIL, reason=f"expected: {e.why} | {row.reason}", expected=_record(e))
         return row
     if row.status == "pass":
         e = matching[0]

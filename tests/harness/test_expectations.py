@@ -113,6 +113,33 @@ def test_unmatched_skipped_and_errored_rows_are_untouched(tmp_path):
         assert ex.apply_one(row, es) is row
 
 
+CRASHES = """\
+expect:
+  - backend: sglang
+    cases: gdn_decode/*slots4224*
+    outputs: [o, state_pool]
+    errors: ["*illegal memory access*"]
+    why: int32 slot offsets wrap past 2^31 elements
+"""
+
+
+def test_an_expected_crash_is_xfail_and_another_error_stays_an_error(tmp_path):
+    es = ex.load(_write(tmp_path, CRASHES))
+    case = "gdn_decode/b64-h16x32-d128x128-pad4-slots4224-bf16"
+    crash = synthetic.row(case, "sglang", status="error")
+    crash.reason = "AcceleratorError: CUDA error: an illegal memory access was encountered"
+    out = ex.apply_one(crash, es)
+    assert out.status == "xfail" and "int32 slot offsets wrap" in out.reason and crash.reason in out.reason
+    other = synthetic.row(case, "sglang", status="error")
+    other.reason = "TypeError: unexpected keyword argument 'pool'"
+    assert ex.apply_one(other, es) is other  # an error the expectation does not name
+    elsewhere = synthetic.row("gdn_decode/b64-h16x32-d128x128-bf16", "sglang", status="error")
+    elsewhere.reason = crash.reason
+    assert ex.apply_one(elsewhere, es) is elsewhere  # the case glob still applies
+    assert ex.apply_one(_fail_on(case, "sglang", ["o"]), es).status == "xfail"  # the other outcome, as before
+    assert ex.apply_one(synthetic.row(case, "sglang"), es).status == "xpass"
+
+
 def test_whole_row_expectation_and_backend_glob(tmp_path):
     es = ex.load(_write(tmp_path, GOOD))
     row = _fail_on("decode/b1-l1024-h32x8-d128-bf16", "triton-det", ["o", "lse"])
