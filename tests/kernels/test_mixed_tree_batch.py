@@ -2,8 +2,8 @@
 (issue #36: vLLM's reorder_batch_threshold batches, docs/spec.md "Mixed batches").
 
 The custom mask is checked against masks written here from the tree rule (a node sees the whole prefix, the
-root, its ancestors and itself; a null request is causal); torch, triton (interpreter) and SGLang's extend
-(interpreter) pass the case through the harness; backends that mis-place the trees fail it: one that treats
+root, its ancestors and itself; a null request is causal); torch, triton (interpreter) and SGLang's extend and
+unified extend (interpreter) pass the case through the harness; backends that mis-place the trees fail it: one that treats
 the tree requests as causal, one that lays the batch's tree over the prefill requests' first tokens too
 (one tree per batch, vLLM qq_bias style), one that picks requests' masks by q_len. The trace line of
 suites/traces/spec.jsonl reads into such a case; bad `trees` are one-line errors naming file:line.
@@ -36,7 +36,7 @@ PARENTS = ([-1, 0, 0, 1], None, [-1, 0, 0], None, [-1, 0, 0, 0], None)  # by han
 
 def mixed_case(dtype: str = "fp16", device: str = "cpu", **changes) -> Case:
     params = dict(q_lens=Q_LENS, prefix_lens=PREFIX, mask="custom", trees=TREES, heads_q=4, heads_kv=2)
-    params.update(head_dim=16, page_size=4, **changes)
+    params |= dict(head_dim=16, page_size=4) | changes
     return Case("extend", ExtendParams(**params), dtype, device=device)
 
 
@@ -149,13 +149,31 @@ def test_triton_passes():
 
 @pytest.mark.interpreter
 @interpreted
-def test_sglang_extend_passes():
+@pytest.mark.parametrize(
+    "name, variant",
+    [
+        ("sglang", "extend_attention_fwd (custom mask)"),
+        ("sglang-unified", "build_unified_kv_indices + extend_attention_fwd_unified (custom mask)"),
+    ],
+)
+def test_sglang_extend_passes(name, variant):
     from sglang_env import sglang_backend_or_skip
 
-    sglang = sglang_backend_or_skip()
+    sglang = sglang_backend_or_skip(name)
     r = run_one(mixed_case(), sglang, **KERNEL)
     assert r.status == "pass", f"{r.status}: {r.reason}"
-    assert r.prepare_info["variant"] == "extend_attention_fwd (custom mask)"
+    assert r.prepare_info["variant"] == variant
+
+
+def test_backends_that_cannot_say_it_skip_with_the_reason():
+    """vLLM's unified attention takes one qq_bias for a call; FlashInfer's fa3 and ragged+paged cascade
+    take no custom mask over a prefix. The deployed adapters that take per-request masks accept it."""
+    case = mixed_case("bf16", "cuda", head_dim=128)
+    reasons = {n: get_backend(n).limits(case) for n in ("vllm", "flashinfer-fa3", "flashinfer-ragged")}
+    assert "one tree (qq_bias)" in reasons["vllm"] and "prefill" in reasons["vllm"], reasons["vllm"]
+    assert "custom mask" in reasons["flashinfer-fa3"] and "custom mask" in reasons["flashinfer-ragged"]
+    for name in ("torch", "triton", "flashinfer", "sglang", "sglang-unified"):
+        assert get_backend(name).limits(case) is None, name
 
 
 # ---- the built-in trace and bad input ---------------------------------------------------------------
