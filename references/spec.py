@@ -149,28 +149,36 @@ def _check_parents(parents: Sequence[int]) -> None:
 
 
 # ---- tree verification attention masks -------------------------------------------------------------
-def tree_custom_mask(tree_masks: torch.Tensor, prefix_lens: Sequence[int]) -> tuple[torch.Tensor, torch.Tensor]:
-    """The extend `custom_mask` of tree verification: per request `[n, prefix + n]`, flattened.
+def tree_custom_mask(
+    tree_masks: torch.Tensor | Sequence[torch.Tensor], prefix_lens: Sequence[int]
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The extend `custom_mask` of tree verification: per request `[n_b, prefix_b + n_b]`, flattened.
 
     Args:
-        tree_masks: bool `[B, n, n]` (or `[n, n]`, shared by every request), True = visible.
+        tree_masks: bool `[B, n, n]` (or `[n, n]`, shared by every request), or one `[n_b, n_b]` per
+            request (trees of different sizes in one batch), True = visible. A causal request (a
+            prefill beside tree requests) is the chain of its new tokens: `ones(n_b, n_b).tril()`.
         prefix_lens: `[B]` cached tokens before each request's tree.
     Returns:
-        (custom_mask bool `[sum_b n * (prefix_b + n)]`, mask_indptr int64 `[B + 1]`): every prefix
+        (custom_mask bool `[sum_b n_b * (prefix_b + n_b)]`, mask_indptr int64 `[B + 1]`): every prefix
         column visible, the tree columns from the tree mask, rows flattened row-major per request.
     """
     B = len(prefix_lens)
-    if tree_masks.dim() == 2:
+    if isinstance(tree_masks, torch.Tensor) and tree_masks.dim() == 2:
         tree_masks = tree_masks.expand(B, *tree_masks.shape)
-    n = tree_masks.shape[-1]
+    if len(tree_masks) != B:
+        raise ValueError(f"{len(tree_masks)} tree masks for {B} requests")
     blocks, sizes = [], []
-    for b, prefix in enumerate(prefix_lens):
-        block = torch.ones(n, prefix + n, dtype=torch.bool, device=tree_masks.device)
-        block[:, prefix:] = tree_masks[b]
+    for tree, prefix in zip(tree_masks, prefix_lens):
+        n = tree.shape[-1]
+        if tuple(tree.shape) != (n, n):
+            raise ValueError(f"a tree mask is square [n, n], got {tuple(tree.shape)}")
+        block = torch.ones(n, prefix + n, dtype=torch.bool, device=tree.device)
+        block[:, prefix:] = tree
         blocks.append(block.flatten())
         sizes.append(n * (prefix + n))
     indptr = torch.tensor([0] + sizes, dtype=torch.int64).cumsum(0)
-    return torch.cat(blocks), indptr.to(tree_masks.device)
+    return torch.cat(blocks), indptr.to(blocks[0].device)
 
 
 # ---- SGLang EAGLE trees ----------------------------------------------------------------------------

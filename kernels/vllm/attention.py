@@ -121,7 +121,7 @@ def attention_unsupported(case) -> str | None:
         return None  # the tree mask becomes qq_bias (prepare refuses batches of different trees)
     if case.op_name == "extend":
         if p.mask == "custom":
-            return "vLLM's unified attention has no custom mask (a tree takes qq_bias: tree_verify)"
+            return "vLLM's unified attention has no custom mask (a tree takes qq_bias: tree_verify)" if p.trees is None else "vLLM's unified attention takes one tree (qq_bias) for every request of a call: per-request trees beside causal prefills need vLLM's split into a prefill and a decode call, which this adapter does not make"  # fmt: skip
         if p.new_kv == "attend":
             return "vLLM's unified attention reads every key from the cache (new_kv attend keeps them outside)"
     return None

@@ -130,6 +130,18 @@ def test_tree_custom_mask_by_hand():
     assert mask.tolist() == [bool(c == "1") for c in "11101111" + "110111"]
 
 
+def test_tree_custom_mask_per_request_sizes_by_hand():
+    """A mixed batch: a 3-token tree (root, two siblings) over 1 prefix key, then a causal request of 2 new
+    tokens (the chain) over 2 prefix keys."""
+    tree, causal = torch.tensor(rows("100", "110", "101")), torch.tensor(rows("10", "11"))
+    mask, indptr = tree_custom_mask([tree, causal], [1, 2])
+    # request 0: [1 | 1 0 0], [1 | 1 1 0], [1 | 1 0 1]; request 1: [1 1 | 1 0], [1 1 | 1 1]
+    assert indptr.tolist() == [0, 12, 20]
+    assert mask.tolist() == [bool(c == "1") for c in "1100" + "1110" + "1101" + "1110" + "1111"]
+    with pytest.raises(ValueError, match="2 tree masks for 3 requests"):
+        tree_custom_mask([tree, causal], [1, 2, 3])
+
+
 # ---- SGLang EAGLE trees ----------------------------------------------------------------------------
 # Two requests, topk 2, depth 3 (draft steps), n = 6. Candidate indices: step 0: 0, 1 (children of the
 # root); step 1: 2 + 2j + c = child c of the step-0 node j; step 2: 6 + 2j + c = child c of the j-th

@@ -26,6 +26,7 @@ from attnbench.ops.paged import (
     swa_pool,
     window_start_page,
 )
+from attnbench.references import spec as spec_ref
 
 
 @dataclass
@@ -182,6 +183,18 @@ def _custom_mask(kv_lens, q_lens, host: torch.Generator, device, empty_rows: boo
     return torch.cat(blocks).to(device), indptr.to(device)
 
 
+def _tree_mask(parents: list[list[int] | None], kv_lens, q_lens, device):
+    """The custom mask of a batch of tree requests and causal ones (`ExtendParams.trees`): a tree request's
+    tokens see its whole prefix, then its root, their ancestors and themselves; a causal request's (null)
+    see its prefix and the new tokens up to their own, i.e. the chain of its new tokens."""
+    masks = [
+        torch.ones(n, n, dtype=torch.bool).tril() if par is None else spec_ref.tree_mask_from_parents(par)
+        for par, n in zip(parents, q_lens, strict=True)
+    ]
+    mask, indptr = spec_ref.tree_custom_mask(masks, [L - n for L, n in zip(kv_lens, q_lens)])
+    return mask.to(device), indptr.to(device)
+
+
 def build_paged_inputs(
     p: AttentionParams,
     dtype,
@@ -263,7 +276,9 @@ def build_paged_inputs(
     sinks = _randn((p.heads_q,), torch.float32, gen, device) * 2 if p.sinks else None
     qo = torch.tensor([0] + list(q_lens), dtype=torch.int64).cumsum(0).to(torch.int32)
     mask = mask_indptr = None
-    if getattr(p, "mask", "causal") == "custom":
+    if getattr(p, "trees", None) is not None:
+        mask, mask_indptr = _tree_mask(p.tree_parents(), kv_lens, q_lens, device)
+    elif getattr(p, "mask", "causal") == "custom":
         mask, mask_indptr = _custom_mask(kv_lens, q_lens, host, device, getattr(p, "empty_rows", False))
     return AttentionInputs(
         q=q,

@@ -305,8 +305,16 @@ class ExtendOp(_PagedAttentionOp):
     name = "extend"
     smoke = _EXTEND_SMOKE
     Params = ExtendParams
-    explicit = ("q_lens", "prefix_lens")
+    explicit = ("q_lens", "prefix_lens", "trees")  # per-request trees join the lengths' digest
     id_fields = tuple(f for f in _ATTN_ID if f.fields[0] in ExtendParams.model_fields)
+
+    def id_tokens(self, p) -> list[str]:
+        """Per-request trees make the custom mask: `trees` where `custom` would be (the trees themselves are
+        in the lengths' digest, like the lengths; such an id resolves through its trace)."""
+        tokens = super().id_tokens(p)
+        if getattr(p, "trees", None) is not None:
+            tokens[tokens.index("custom")] = "trees"
+        return tokens
 
     def writes_for(self, p: ExtendParams):
         if p.new_kv != "save":
@@ -317,6 +325,9 @@ class ExtendOp(_PagedAttentionOp):
     def features(self, p: ExtendParams) -> tuple[str, ...]:
         extra = [] if p.mask == "causal" else [p.mask]
         extra += ["empty-rows"] if p.empty_rows else []
+        # per-request draft trees (tree verification inside an extend batch), beside causal requests or not
+        if (trees := getattr(p, "trees", None)) is not None:  # tree_verify's params have none
+            extra += ["tree"] + (["tree+causal"] if None in trees else [])
         extra += ["serving-mix"] if p.lens == "serving" else []
         # cross-attention (RadixAttention is_cross_attention): every query sees the encoder's cached K/V
         # (prefix_len + q_len keys), no causal mask, nothing written

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 from typing import Annotated, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from attnbench.ops.base import (
     IdField,
@@ -172,6 +172,12 @@ class ExtendParams(AttentionParams):
     prefix_lens: Lengths | None = Field(
         None, description="explicit cached tokens per request (with q_lens): sets prefix_len"
     )
+    trees: tuple[str | None, ...] | None = Field(
+        None,
+        description="mask custom with explicit q_lens: per request a draft tree as vLLM choices ('0_1_0.0', "
+        "its q_len = the tree's tokens, root included) whose tokens see the whole prefix, the root, their "
+        "ancestors and themselves, or null: a causal request (a prefill beside tree-verify requests)",
+    )
 
     @property
     def keys(self) -> int:
@@ -189,6 +195,32 @@ class ExtendParams(AttentionParams):
             data = {**data, "prefix_lens": (0,) * len(data["q_lens"]) if hasattr(data["q_lens"], "__len__") else None}
         return _derive(data, {"q_lens": ("q_len", 1), "prefix_lens": ("prefix_len", 0)})
 
+    @field_validator("trees", mode="before")
+    @classmethod
+    def _canonical_trees(cls, trees):
+        """Every tree in the compact choices form (`"[(0,), (1,)]"` -> `"0_1"`), nulls kept."""
+        if trees is None:
+            return None
+        if isinstance(trees, str) or not hasattr(trees, "__len__"):
+            raise ValueError(f"trees is a list of one tree (or null) per request, got {trees!r}")
+        from attnbench.ops.trees import NAMED, compact, expand
+
+        out = []
+        for i, tree in enumerate(trees):
+            if tree is None:
+                out.append(None)
+                continue
+            if not isinstance(tree, str) or tree in NAMED:
+                raise ValueError(
+                    f"trees[{i}] {tree!r}: a tree is given as vLLM choices ('[(0,), (1,), (0, 0)]' or '0_1_0.0') "
+                    "or null (a causal request)"
+                )
+            try:
+                out.append(compact(expand(tree)))
+            except ValueError as e:
+                raise ValueError(f"trees[{i}]: {e}") from None
+        return tuple(out)
+
     @model_validator(mode="after")
     def _lens(self):
         if self.lens == "skewed":
@@ -196,7 +228,43 @@ class ExtendParams(AttentionParams):
         if self.empty_rows and self.mask != "custom":
             raise ValueError("empty_rows needs mask: custom")
         _pool_needs_window(self)
+        if self.trees is not None:
+            _check_trees(self)
         return self
+
+    def tree_parents(self) -> list[list[int] | None]:
+        """Per request the parent list `[q_len]` of its tree (root -1), None for a causal request."""
+        from attnbench.ops.trees import expand
+        from attnbench.references.spec import parents_from_choices
+
+        return [None if t is None else parents_from_choices(expand(t)) for t in self.trees or ()]
+
+
+def _check_trees(p: ExtendParams) -> None:
+    """Per-request trees: a custom mask over explicit lengths, one entry a request, each tree as long as
+    its request's new tokens, no window (tree tokens sit at prefix + depth, not at their packed order)."""
+    if p.q_lens is None:
+        raise ValueError("trees needs q_lens: one tree (or null) per request of a batch with explicit lengths")
+    if p.mask != "custom":
+        raise ValueError(
+            f"trees needs mask: custom (the trees and the causal requests make the custom mask), got {p.mask}"
+        )
+    if p.empty_rows:
+        raise ValueError("trees and empty_rows contradict: a tree token sees at least the root and itself")
+    if p.window >= 0:
+        raise ValueError(
+            "trees do not take a window: tree tokens sit at prefix + depth, not at their packed order, so the "
+            "extend window rule would be wrong"
+        )
+    if len(p.trees) != len(p.q_lens):
+        raise ValueError(f"trees has {len(p.trees)} entries for {len(p.q_lens)} requests (q_lens): one per request")
+    if all(t is None for t in p.trees):
+        raise ValueError("trees holds no tree (every entry null): leave it out and use mask: causal")
+    for i, (parents, n) in enumerate(zip(p.tree_parents(), p.q_lens)):
+        if parents is not None and len(parents) != n:
+            raise ValueError(
+                f"trees[{i}] {p.trees[i]!r} has {len(parents)} tokens (root included) but q_lens[{i}] is {n}"
+            )
 
 
 def _derive(data, lists: dict[str, tuple[str, int]]):

@@ -20,6 +20,10 @@ ATTENTION_SMOKE = {
     "dtype": ["bf16", "fp16", "fp32"],
 }
 _REPLAYED = "explicit per-request lengths come from replayed traces (tests/harness/test_trace.py), not from pairs"
+_TREES = (
+    "per-request draft trees go with explicit lengths (replayed traces: suites/traces/spec.jsonl's mixed batch; "
+    "tests/kernels/test_mixed_tree_batch.py)"
+)
 LARGE_POOLS = "production-size pools past 2^31 elements (int32 offsets) are suites/large.yaml's, on a GPU"
 # Batches of variable-length requests reach 5: with 3 or fewer, every request is the first, the second
 # (whose offset is request 0's length) or the last (whose offset is total minus its own length), so a
@@ -63,6 +67,11 @@ _DECODE_SMOKE = SmokeSpace(
 _EXTEND_SMOKE = SmokeSpace(
     # q_len 130: a causal query tile of 64 or 128 rows filled, and one more partial one
     space=ATTENTION_SMOKE | {"batch": [2, 5], "q_len": [1, 7, 24, 130], "prefix_len": [0, 21, 120]},
-    held={"q_lens": (None, _REPLAYED), "prefix_lens": (None, _REPLAYED), "pool_pages": (None, LARGE_POOLS)},
+    held={
+        "q_lens": (None, _REPLAYED),
+        "prefix_lens": (None, _REPLAYED),
+        "pool_pages": (None, LARGE_POOLS),
+        "trees": (None, _TREES),
+    },
     seed_ids=["extend/b2-q8-pre30-h8x2-d64-p1-cap5-bf16", "extend/b2-q8-pre30-h8x2-d64-p1-swa5-cap5-sink-bf16"],
 )
