@@ -24,10 +24,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from attnbench.buffers import bitwise_equal, storage_bytes
+from attnbench.buffers import bitwise_equal
 from attnbench.check.checks import StaleCounts, Verdict, check, outputs_changed, stale_check, stale_variant
 from attnbench.check.prepared import PreparedCall
-from attnbench.check.replay import REPLAY_MAX_BYTES, REPLAY_VARIANT, replay_outcome
+from attnbench.check.replay import REPLAY_VARIANT, not_replayed, replay_outcome
 from attnbench.check.tolerance import Rule
 
 NEEDS = frozenset({"outputs", "call_again", "fresh_call", "perturb"})
@@ -268,15 +268,8 @@ class ReplayCheck:
 
     def _replays(self, case, opts, inputs=None) -> bool:
         """Whether this check replays `case` under `opts` for a backend that declares its closure graph-safe
-        (what `replay.replay_outcome` goes by, the declaration aside): replay not turned off
-        (`opts.replay`, `--no-replay`), a CUDA device or a stand-in graph (`self.graph`), an op servers
-        capture (`Op.graph_captured`), and, where the case's `inputs` are given, at most
-        `REPLAY_MAX_BYTES` of them."""
-        if not (getattr(opts, "replay", True) and (case.on_cuda or self.graph is not None)):
-            return False
-        if not case.op.graph_captured:
-            return False
-        return inputs is None or storage_bytes(inputs) <= REPLAY_MAX_BYTES
+        (`replay.not_replayed`, the one statement of the conditions `replay_outcome` goes by)."""
+        return not_replayed(case, getattr(opts, "replay", True), self.graph, inputs) is None
 
     def build_ahead(self, case, inputs, opts):
         """Batch B of `case` from its CPU `inputs` (`Op.replay_batch`: a second full draw of the case's

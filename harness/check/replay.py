@@ -232,6 +232,21 @@ def replay(p: PreparedCall, graph, rule, memo: dict | None = None, cache=None) -
     ]
 
 
+def not_replayed(case, enabled: bool = True, graph=None, inputs=None) -> str | None:
+    """Why the replay check does not replay `case` whatever its backend declares (None: it does):
+    replay turned off (`--no-replay`), no CUDA device and no stand-in `graph` factory, an op servers do
+    not capture (`Op.graph_captured`), or `inputs` (where given) over `REPLAY_MAX_BYTES`."""
+    if not case.op.graph_captured:
+        return "not captured by servers (Op.graph_captured)"
+    if not enabled:
+        return "off (--no-replay)"
+    if graph is None and not case.on_cuda:
+        return f"no CUDA graphs on {case.device}"
+    if inputs is not None and (n := storage_bytes(inputs)) > REPLAY_MAX_BYTES:
+        return f"inputs of {n / 2**30:.1f} GiB (over {REPLAY_MAX_BYTES / 2**30:.0f} GiB: batch B would be another copy)"
+    return None
+
+
 def replay_outcome(
     p: PreparedCall, rule, enabled: bool = True, memo: dict | None = None, graph=None, cache=None
 ) -> tuple:
@@ -242,13 +257,6 @@ def replay_outcome(
         return "skip: not declared graph-safe", []
     if declared is not True:
         return f"skip: not graph-safe: {declared}", []
-    if not enabled:
-        return "skip: off (--no-replay)", []
-    if graph is None and not p.case.on_cuda:
-        return f"skip: no CUDA graphs on {p.case.device}", []
-    if (n := storage_bytes(p.pristine)) > REPLAY_MAX_BYTES:
-        return (
-            f"skip: inputs of {n / 2**30:.1f} GiB (over {REPLAY_MAX_BYTES / 2**30:.0f} GiB: batch B would be another copy)",
-            [],
-        )
+    if why := not_replayed(p.case, enabled, graph, p.pristine):
+        return f"skip: {why}", []
     return replay(p, (graph or CudaGraph)(p.case.device), rule, memo, cache)

@@ -316,13 +316,11 @@ def test_what_the_runner_prepares_ahead_follows_whether_the_check_replays(
     """`ReplayCheck.build_ahead` (batch B from the CPU inputs) and `reference_variants` (B's cache entry,
     an op that writes nothing) prepare for a replay exactly where the check then replays the row; the
     entry is named before the inputs exist, so past the size cap it is still named (a miss costs nothing)."""
-    from attnbench.check import checklist
     from attnbench.check import replay as replay_mod
     from attnbench.check.replay import REPLAY_VARIANT
 
     if max_bytes is not None:
-        monkeypatch.setattr(checklist, "REPLAY_MAX_BYTES", max_bytes)
-        monkeypatch.setattr(replay_mod, "REPLAY_MAX_BYTES", max_bytes)
+        monkeypatch.setattr(replay_mod, "REPLAY_MAX_BYTES", max_bytes)  # the one place the cap is read
     check = ReplayCheck(graph)
     case = Case.from_id(case_id, "cpu")
     opts = RunOptions(timing=False, checks=(OutputsCheck(), check), replay=replay)
