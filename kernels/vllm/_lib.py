@@ -56,17 +56,24 @@ class _NoCompiledOps(types.ModuleType):
 
 
 @contextlib.contextmanager
-def _standing_in(name: str = COMPILED_OPS):
-    standin = _NoCompiledOps(name)
-    sys.modules[name] = standin
+def _in_sys_modules(name: str, module: types.ModuleType):
+    """`module` imported as `name` for the block; afterwards gone from sys.modules and from its parent
+    package's attributes (where an import bound it there), unless something replaced it meanwhile."""
+    sys.modules[name] = module
     try:
         yield
     finally:
-        if sys.modules.get(name) is standin:
+        if sys.modules.get(name) is module:
             del sys.modules[name]
         parent, _, child = name.rpartition(".")
-        if getattr(sys.modules.get(parent), child, None) is standin:
+        if getattr(sys.modules.get(parent), child, None) is module:
             delattr(sys.modules[parent], child)
+
+
+@contextlib.contextmanager
+def _standing_in(name: str = COMPILED_OPS):
+    with _in_sys_modules(name, _NoCompiledOps(name)):
+        yield
 
 
 def interpreted() -> bool:
@@ -188,14 +195,8 @@ def _bare_package(name: str):
     where = pathlib.Path(sys.modules[parent].__path__[0]) / child
     bare = types.ModuleType(name)
     bare.__path__ = [str(where)]
-    sys.modules[name] = bare
-    try:
+    with _in_sys_modules(name, bare):
         yield
-    finally:
-        if sys.modules.get(name) is bare:
-            del sys.modules[name]
-        if getattr(sys.modules.get(parent), child, None) is bare:
-            delattr(sys.modules[parent], child)
 
 
 @functools.cache

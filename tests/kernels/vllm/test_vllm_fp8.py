@@ -29,17 +29,6 @@ CASES = [
 ]
 
 
-@pytest.fixture(scope="module")
-def vllm():
-    why = _lib.missing()
-    if why:
-        pytest.skip(why)
-    b = get_backend("vllm")
-    if why := b.available():
-        pytest.skip(why)
-    return b
-
-
 @pytest.mark.parametrize("case_id", CASES)
 def test_fp8_rows_pass_with_the_layers_scales(vllm, case_id):
     r = run_one(case_id, vllm, **KERNEL)

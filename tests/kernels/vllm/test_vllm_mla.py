@@ -22,18 +22,6 @@ from attnbench.case import Case
 from attnbench.kernels.vllm import _lib, mla
 from helpers import KERNEL, run_one
 
-
-@pytest.fixture(scope="module")
-def vllm():
-    why = _lib.missing()
-    if why:
-        pytest.skip(why)
-    b = get_backend("vllm")
-    if why := b.available():
-        pytest.skip(why)
-    return b
-
-
 CASES = [
     "decode/b2-l40-h16x1-d576x512-p16-mla-fp16",
     # mixed lengths past 1024 keys: two kv splits (vLLM's rule), a last split shorter than the rest
