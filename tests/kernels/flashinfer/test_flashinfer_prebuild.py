@@ -32,11 +32,12 @@ CPU_SIZES = {"batch": 2, "kv_len": 40, "q_len": 6}
 
 def cpu_sized(case):
     """The case with two short requests (a prefix of 17 where it has one), on the CPU; a replayed batch's
-    explicit lengths (a trace's) give way to those sizes."""
+    explicit lengths (a trace's, with its trees) give way to those sizes."""
     p = case.params
     fields = type(p).model_fields
     update = {k: v for k, v in CPU_SIZES.items() if k in fields}
-    update |= {k: None for k in ("q_lens", "prefix_lens", "kv_lens") if getattr(p, k, None) is not None}
+    # per-request trees go with the explicit lengths (their mask stays custom, a drawn one)
+    update |= {k: None for k in ("q_lens", "prefix_lens", "kv_lens", "trees") if getattr(p, k, None) is not None}
     if getattr(p, "prefix_len", 0):
         update["prefix_len"] = 17
     return dataclasses.replace(case, params=type(p)(**(p.model_dump() | update)), device="cpu")
