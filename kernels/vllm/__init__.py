@@ -119,15 +119,16 @@ class VllmBackend(Backend):
         return attention.prepare_attention(case, x)
 
     # vLLM's GDN kernels (its vendored FLA), as its Qwen3-Next layer calls them: kernels/vllm/gdn.py. Graph-safe:
-    # the launchers take their grids from the shapes, the slots are shifted on the device in the call
-    @implements("gdn_decode", limits=_gdn_limits, graph_safe=True)
+    # the launchers take their grids from the shapes, the slots are shifted on the device in the call. Layout
+    # vk: vLLM's pool is [N, HV, V, K] (in a chain, copied into one with the null slot in front, in the call)
+    @implements("gdn_decode", limits=_gdn_limits, state_layout="vk", graph_safe=True)
     def prepare_gdn_decode(self, case, x):
         return gdn.prepare_decode(case, x)
 
-    @implements("gdn_verify", limits=_gdn_limits, graph_safe=True)
+    @implements("gdn_verify", limits=_gdn_limits, state_layout="vk", graph_safe=True)
     def prepare_gdn_verify(self, case, x):
         return gdn.prepare_verify(case, x)
 
-    @implements("gdn_extend", limits=_gdn_limits)
+    @implements("gdn_extend", limits=_gdn_limits, state_layout="vk")
     def prepare_gdn_extend(self, case, x):
         return gdn.prepare_extend(case, x)

@@ -10,6 +10,12 @@ writes the real requests' slots back (untimed). The closure shifts the batch's s
 device in the call (`vllm_slots`, `verify_columns`: one elementwise op, no host sync, what vLLM's
 metadata builder hands the layer), so slots rewritten in place between calls (a replay) are followed.
 
+In a gdn_chain step (`x.state_layout == "vk"`: the implementations declare vLLM's layout) the chain's pool
+is already vLLM's `[N, HV, V, K]`, but the null slot has no place in front of it: the closure copies the
+pool into its own (null slot first) at the start of the call and `finalize` copies it back whole, so
+the step reads the pool as the previous step left it. Those two copies are in the call: chains are
+correctness runs (docs/chain.md); a timed gdn op gets the canonical pool and converts it in prepare.
+
 - gdn_decode: `fused_sigmoid_gating_delta_rule_update` (q/k/v `[1, B, *, *]`, `cu_seqlens = 0..B`,
   `ssm_state_indices [B]`, `inplace_final_state`, `use_qk_l2norm_in_kernel`), the layer's decode path;
   packed: `fused_recurrent_gated_delta_rule_packed_decode(mixed_qkv, ..., out [B, 1, HV, V])` (vLLM's
@@ -59,18 +65,35 @@ def vllm_slots(indices: torch.Tensor) -> torch.Tensor:
     return torch.where(indices >= 0, indices + NULL_SLOTS, 0).to(torch.int32)
 
 
-def vllm_pool(x, spare: int = 0) -> torch.Tensor:
-    """The canonical pool `[N, HV, K, V]` as vLLM's `[1 + N + spare, HV, V, K]`: a zero null slot first, then
-    the pool's slots in vLLM's layout, then `spare` zero scratch slots."""
-    native = states.state_v_major(x.state_pool, spare)
-    return torch.cat([native.new_zeros(NULL_SLOTS, *native.shape[1:]), native])
+def vllm_pool(x, spare: int = 0) -> tuple[torch.Tensor, bool]:
+    """(vLLM's pool `[1 + N + spare, HV, V, K]`, whether `x.state_pool` is a chain's pool in that layout).
+
+    A zero null slot first, then the pool's N slots in vLLM's layout, then `spare` zero scratch slots.
+    From the canonical pool `[N, HV, K, V]` the slots are converted now (prepare); a chain's pool
+    (`x.state_layout == "vk"`) is copied in by `sync_in` at the start of every call."""
+    chained = x.state_layout == "vk"
+    native = x.state_pool if chained else states.state_v_major(x.state_pool)
+    pool = native.new_zeros(NULL_SLOTS + native.shape[0] + spare, *native.shape[1:])
+    if not chained:
+        pool[NULL_SLOTS : NULL_SLOTS + native.shape[0]] = native
+    return pool, chained
 
 
-def _write_back(x, pool: torch.Tensor):
-    """`finalize`: the real requests' slots of vLLM's pool into the canonical pool (as the slots are then)."""
+def sync_in(x, pool: torch.Tensor, chained: bool) -> None:
+    """In the call, for a chain's pool: its slots as the previous step left them, into vLLM's pool."""
+    if chained:
+        pool[NULL_SLOTS : NULL_SLOTS + x.state_pool.shape[0]].copy_(x.state_pool)
+
+
+def _write_back(x, pool: torch.Tensor, chained: bool):
+    """`finalize`: vLLM's pool back into `x.state_pool`: a chain's pool whole, the canonical pool at the real
+    requests' slots (as the slots are then)."""
     n = x.state_pool.shape[0]
 
     def finalize(outputs):
+        if chained:
+            x.state_pool.copy_(pool[NULL_SLOTS : NULL_SLOTS + n])
+            return outputs
         idx = x.state_indices.long()
         states.state_canonical_(x.state_pool, pool[NULL_SLOTS : NULL_SLOTS + n], idx[idx >= 0])
         return outputs
@@ -80,12 +103,13 @@ def _write_back(x, pool: torch.Tensor):
 
 def prepare_decode(case, x):
     B, HV, V = x.batch, x.v.shape[1], x.v.shape[2]
-    pool = vllm_pool(x)
+    pool, chained = vllm_pool(x)
     if x.mixed_qkv is not None:
         mod = _lib.gdn_module("fused_recurrent")
         out = x.o.view(B, 1, HV, V)
 
         def run():
+            sync_in(x, pool, chained)
             mod.fused_recurrent_gated_delta_rule_packed_decode(
                 mixed_qkv=x.mixed_qkv, a=x.a, b=x.b, A_log=x.A_log, dt_bias=x.dt_bias, scale=x.scale,
                 initial_state=pool, out=out, ssm_state_indices=vllm_slots(x.state_indices),
@@ -99,6 +123,7 @@ def prepare_decode(case, x):
         cu = torch.arange(B + 1, dtype=torch.int32, device=x.q.device)
 
         def run():
+            sync_in(x, pool, chained)
             o, _ = mod.fused_sigmoid_gating_delta_rule_update(
                 A_log=x.A_log, a=x.a, b=x.b, dt_bias=x.dt_bias, q=x.q[None], k=x.k[None], v=x.v[None],
                 scale=x.scale, initial_state=pool, inplace_final_state=True, cu_seqlens=cu,
@@ -107,8 +132,9 @@ def prepare_decode(case, x):
             return {"o": o.view(B, HV, V)}
 
         variant = "fused_sigmoid_gating_delta_rule_update"
-    run.finalize = _write_back(x, pool)
-    run.info = {"variant": f"{variant} (pool [1 + N, HV, V, K], null slot 0, from prepare)"}
+    run.finalize = _write_back(x, pool, chained)
+    where = "the chain's vk pool copied in and out in the call" if chained else "from prepare"
+    run.info = {"variant": f"{variant} (pool [1 + N, HV, V, K], null slot 0, {where})"}
     return run
 
 
@@ -127,11 +153,12 @@ def prepare_verify(case, x):
     mod = _lib.gdn_module("fused_sigmoid_gating")
     B, T, HV, V = x.batch, x.draft, x.v.shape[1], x.v.shape[2]
     N = x.state_pool.shape[0]
-    pool = vllm_pool(x, spare=B * T)
+    pool, chained = vllm_pool(x, spare=B * T)
     accepted = torch.full((B,), T + 1, dtype=torch.int32, device=x.q.device)
     cu = torch.arange(0, B * T + 1, T, dtype=torch.int32, device=x.q.device)
 
     def run():
+        sync_in(x, pool, chained)  # the pool is only read: nothing to copy back
         o, _ = mod.fused_sigmoid_gating_delta_rule_update(
             A_log=x.A_log, a=x.a, b=x.b, dt_bias=x.dt_bias, q=x.q[None], k=x.k[None], v=x.v[None],
             scale=x.scale, initial_state=pool, inplace_final_state=True, cu_seqlens=cu,
@@ -155,9 +182,10 @@ def prepare_verify(case, x):
 
 def prepare_extend(case, x):
     mod = _lib.gdn_module("chunk")
-    pool = vllm_pool(x)
+    pool, chained = vllm_pool(x)
 
     def run():
+        sync_in(x, pool, chained)
         slots = vllm_slots(x.state_indices).long()
         initial = pool[slots]
         initial[~x.has_initial_state] = 0
@@ -169,6 +197,6 @@ def prepare_extend(case, x):
         pool[slots] = final.to(pool.dtype)
         return {"o": o[0]}
 
-    run.finalize = _write_back(x, pool)
+    run.finalize = _write_back(x, pool, chained)
     run.info = {"variant": "gather + chunk_gated_delta_rule + scatter (vLLM's prefill path; pool [1 + N, HV, V, K])"}
     return run

@@ -1,7 +1,8 @@
 """vLLM's GDN kernels through the `vllm` backend (kernels/vllm/gdn.py), under TRITON_INTERPRET=1 on tiny
 fp16/fp32 cases, every row through the harness (`run_one`): float64 verdicts, untouched spare slots,
 stale outputs (slots rotated in place). Then mutants of the adapter's conventions (vLLM's null slot 0
-not skipped, the pool left in the canonical [K, V] layout) that the same rows must fail.
+not skipped, the pool left in the canonical [K, V] layout) that the same rows must fail; and a gdn_chain
+over one pool with vLLM's decode and verify, which a closure reading the pool as prepared fails.
 Needs vllm (tools/install-deployed.sh vllm); skipped with the reason otherwise.
 """
 
@@ -14,6 +15,8 @@ from attnbench.backend import get_backend
 from attnbench.case import Case
 from attnbench.kernels import native_states
 from attnbench.kernels.vllm import _lib, gdn
+from attnbench.ops.gdn_chain import ChainParams
+from attnbench.run.runner import RunOptions, run_case
 from helpers import KERNEL, run_one
 
 pytestmark = pytest.mark.interpreter
@@ -49,7 +52,7 @@ def _kv_layout(x, spare=0):
     pool = x.state_pool.clone()
     if spare:
         pool = torch.cat([pool, pool.new_zeros(spare, *pool.shape[1:])])
-    return torch.cat([pool.new_zeros(1, *pool.shape[1:]), pool])
+    return torch.cat([pool.new_zeros(1, *pool.shape[1:]), pool]), False
 
 
 @pytest.mark.parametrize("case_id", [CASES[0], CASES[2]])
@@ -75,7 +78,8 @@ def test_verify_columns_read_the_requests_slot_last_and_write_scratch():
 
 def test_vllm_pool_is_null_slot_then_v_major():
     x = Case.from_id(CASES[1], "cpu").make_inputs()
-    pool = gdn.vllm_pool(x, spare=2)
+    pool, chained = gdn.vllm_pool(x, spare=2)
+    assert not chained
     n = x.state_pool.shape[0]
     assert pool.shape[0] == 1 + n + 2 and not pool[0].any() and not pool[1 + n :].any()
     assert torch.equal(pool[1 : 1 + n], native_states.state_v_major(x.state_pool))
@@ -90,3 +94,30 @@ def test_limits_name_what_vllms_gdn_cannot_run(monkeypatch):
     assert "CUDA only" in b.limits(Case.from_id("gdn_decode/b5-h2x4-d16x16-packed-fp16", "cpu"))
     assert b.limits(Case.from_id("gdn_extend/b2-t70-h1x2-d32x16-fp16", "cuda")) is None
     assert b.graph_safe(Case.from_id(CASES[0], "cuda")) is True
+
+
+def _chain(steps: str, layout: str):
+    params = {"batch": 4, "pad": 1, "head_dim_k": 32, "head_dim_v": 16, "seq_len": 20, "draft": 3}
+    return Case("gdn_chain", ChainParams(steps=steps, layout=layout, **params), "fp16")
+
+
+# no extend@vllm: vLLM's chunk kernels import only on CUDA (suites/chain.yaml runs it on the GPU)
+VLLM_CHAIN = "extend@torch > decode@vllm > verify@vllm > commit@torch > decode@vllm"
+
+
+@pytest.mark.parametrize("layout", ["vk", "kv"])
+def test_vllms_gdn_ops_join_a_chain(vllm, layout):
+    """vLLM's decode and verify on a chain's pool: handed vLLM's layout (vk) as it is, or converted (kv)."""
+    row = run_case(_chain(VLLM_CHAIN, layout), [get_backend("chain")], RunOptions(timing=False))[0]
+    assert row.status == "pass", row.reason
+    steps = row.prepare_info["steps"]
+    assert ("the pool itself" if layout == "vk" else "converted kv -> vk -> kv") in steps[1], steps
+    assert "copied in and out in the call" in steps[1], steps
+
+
+def test_a_chain_step_that_reads_the_pool_as_prepared_fails(vllm, monkeypatch):
+    """The private pool filled at prepare only (no copy in at the call): the decode after extend reads the
+    pool as it was before the chain ran, and the chain fails at that step."""
+    monkeypatch.setattr(gdn, "sync_in", lambda x, pool, chained: None)
+    row = run_case(_chain(VLLM_CHAIN, "vk"), [get_backend("chain")], RunOptions(timing=False))[0]
+    assert row.status == "fail" and row.reason.startswith(("o@2", "state_pool@2")), row.reason
