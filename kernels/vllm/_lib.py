@@ -161,20 +161,27 @@ def missing() -> str | None:
     return _placeholders()
 
 
-def unified_attention():
+def _loaded(module: str, name: str):
+    """`name` of vLLM's imported `module` (one of those the guard imports); ImportError with the guard's reason."""
     why = missing()
     if why:
         raise ImportError(why)
-    return sys.modules[UNIFIED].unified_attention
+    return getattr(sys.modules[module], name)
+
+
+def unified_attention():
+    return _loaded(UNIFIED, "unified_attention")
+
+
+def kv_quant_mode():
+    """vLLM's `KVQuantMode` enum, as the unified attention's module has it (NONE, FP8_PER_TENSOR, ...)."""
+    return _loaded(UNIFIED, "KVQuantMode")
 
 
 def decode_attention_fwd():
     """vLLM's split-KV decode (`triton_decode_attention.decode_attention_fwd`), as its Triton MLA backend
     calls it."""
-    why = missing()
-    if why:
-        raise ImportError(why)
-    return sys.modules[MLA_DECODE].decode_attention_fwd
+    return _loaded(MLA_DECODE, "decode_attention_fwd")
 
 
 # ---- GDN: vLLM's vendored FLA kernels and its causal_conv1d ------------------------------------------

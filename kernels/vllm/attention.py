@@ -31,8 +31,6 @@ be gigabytes), which the kernel reads as 2D.
 
 from __future__ import annotations
 
-import sys
-
 import torch
 
 from attnbench.errors import Unsupported
@@ -103,7 +101,7 @@ def descales(x, batch: int, heads_kv: int):
     """`(k_descale, v_descale, kv_quant_mode)` as vLLM's Triton backend builds them: the layer's scales
     (`x.k_scale`, `x.v_scale`: `[1]` fp32, real value = stored * scale) as 0-d tensors expanded to
     `[B, Hkv]` (stride 0), FP8_PER_TENSOR; for an unquantised cache the layer's scales of 1.0 and NONE."""
-    mode = sys.modules[_lib.UNIFIED].KVQuantMode
+    mode = _lib.kv_quant_mode()
     if x.k_scale is None:
         one = torch.ones((), dtype=torch.float32, device=x.q.device).expand(batch, heads_kv)
         return one, one, mode.NONE
@@ -120,8 +118,14 @@ def attention_unsupported(case) -> str | None:
     if case.op_name == "tree_verify":
         return None  # the tree mask becomes qq_bias (prepare refuses batches of different trees)
     if case.op_name == "extend":
+        if p.mask == "custom" and p.trees is not None:
+            return (
+                "vLLM's unified attention takes one tree (qq_bias) for every request of a call: per-request trees "
+                "beside causal prefills need vLLM's split into a prefill and a decode call, which this adapter does "
+                "not make"
+            )
         if p.mask == "custom":
-            return "vLLM's unified attention has no custom mask (a tree takes qq_bias: tree_verify)" if p.trees is None else "vLLM's unified attention takes one tree (qq_bias) for every request of a call: per-request trees beside causal prefills need vLLM's split into a prefill and a decode call, which this adapter does not make"  # fmt: skip
+            return "vLLM's unified attention has no custom mask (a tree takes qq_bias: tree_verify)"
         if p.new_kv == "attend":
             return "vLLM's unified attention reads every key from the cache (new_kv attend keeps them outside)"
     return None

@@ -48,13 +48,7 @@ def _swapped(x, batch, heads_kv):
 
 def _unscaled(x, batch, heads_kv):
     k, v, _ = REAL(x, batch, heads_kv)
-    return k, v, sys_mode().NONE
-
-
-def sys_mode():
-    import sys
-
-    return sys.modules[_lib.UNIFIED].KVQuantMode
+    return k, v, _lib.kv_quant_mode().NONE
 
 
 REAL = attention.descales
@@ -99,7 +93,7 @@ def test_descales_are_the_layers_scales_expanded_as_vllms_backend_builds_them(vl
     assert k.stride() == v.stride() == (0, 0)  # layer._k_scale.expand(descale_shape)
     assert float(k[0, 0]) == float(x.k_scale) and float(v[0, 0]) == float(x.v_scale)
     assert float(x.k_scale) != float(x.v_scale)  # the harness makes them differ (a swap is seen)
-    assert mode == sys_mode().FP8_PER_TENSOR
+    assert mode == _lib.kv_quant_mode().FP8_PER_TENSOR
     plain = Case.from_id("decode/b2-l40-h4x2-d32-p16-fp16", "cpu").make_inputs()
     k, v, mode = attention.descales(plain, 2, 2)
-    assert float(k.min()) == float(k.max()) == 1.0 and mode == sys_mode().NONE
+    assert float(k.min()) == float(k.max()) == 1.0 and mode == _lib.kv_quant_mode().NONE
