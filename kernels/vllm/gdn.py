@@ -72,10 +72,10 @@ def vllm_pool(x, spare: int = 0) -> tuple[torch.Tensor, bool]:
     From the canonical pool `[N, HV, K, V]` the slots are converted now (prepare); a chain's pool
     (`x.state_layout == "vk"`) is copied in by `sync_in` at the start of every call."""
     chained = x.state_layout == "vk"
-    native = x.state_pool if chained else states.state_v_major(x.state_pool)
+    native = x.state_pool if chained else x.state_pool.transpose(-1, -2)  # a view: [N, HV, V, K] either way
     pool = native.new_zeros(NULL_SLOTS + native.shape[0] + spare, *native.shape[1:])
     if not chained:
-        pool[NULL_SLOTS : NULL_SLOTS + native.shape[0]] = native
+        pool[NULL_SLOTS : NULL_SLOTS + native.shape[0]].copy_(native)  # one copy, no full-size temporary
     return pool, chained
 
 
