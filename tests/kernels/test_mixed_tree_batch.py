@@ -18,9 +18,10 @@ import os
 import pytest
 import torch
 
-from attnbench.backend import Backend, get_backend
+from attnbench.backend import get_backend
 from attnbench.case import Case
 from attnbench.errors import SuiteError
+from attnbench.kernels.mutants import _attention_mutant
 from attnbench.kernels.torch.attention import paged_attention
 from attnbench.ops.attention.params import ExtendParams
 from attnbench.plan import trace
@@ -109,13 +110,6 @@ def _tree_by_q_len(x):
     return paged_attention(_with_blocks(x, blocks))
 
 
-def _mutant(name: str, run) -> Backend:
-    def prepare(self, case, x):
-        return lambda: run(x)
-
-    return type(f"Mutant_{name}", (Backend,), {"name": name, "prepare_extend": prepare})()
-
-
 MUTANTS = {
     "trees-as-causal": _trees_as_causal,
     "first-tree-on-every-request": _first_tree_on_every_request,
@@ -125,7 +119,7 @@ MUTANTS = {
 
 @pytest.mark.parametrize("name", MUTANTS)
 def test_a_misplaced_tree_fails(name):
-    r = run_one(mixed_case(), _mutant(name, MUTANTS[name]))
+    r = run_one(mixed_case(), _attention_mutant(name, MUTANTS[name])())
     assert r.status == "fail", f"{name}: {r.status} {r.reason}"
     assert "o" in r.reason
 
