@@ -378,6 +378,7 @@ def execute(
 
     try:
         with ResultWriter(results) as writer:
+            said_notes: set[str] = set()
 
             def record(case: Case, case_rows: list[Result]) -> None:
                 t1 = time.perf_counter()
@@ -385,7 +386,8 @@ def execute(
                 writer.extend(case_rows)
                 rows.extend(case_rows)
                 for note in dict.fromkeys(r.reference_note for r in case_rows if r.reference_note):
-                    if on_problem:
+                    if on_problem and note not in said_notes:  # each cache problem once a run (a full cache: every case)
+                        said_notes.add(note)
                         on_problem(note)
                 if on_rows:
                     on_rows(case, case_rows)

@@ -319,7 +319,10 @@ class RefCache:
         self.evict()
         if self.size() > self.max_bytes:  # full of this run's entries: the new one goes, the others stay
             _unlink(self.path(key))
-            return f"reference cache {self.root} full ({self.max_bytes} bytes of entries used today): not kept"
+            return (
+                f"reference cache {self.root} full ({self.max_bytes / 2**30:.3g} GiB of entries used today): not kept "
+                f"(a larger cap: $ATTNBENCH_REF_CACHE_MAX)"
+            )
         return ""
 
     def entries(self) -> list[tuple[Path, os.stat_result]]:

@@ -213,7 +213,9 @@ def test_off_means_off(tmp_path, monkeypatch):
     assert _sweep(tmp_path / "b").exit_code == 0
     assert json.loads((tmp_path / "b" / "run.json").read_text())["references"]["cache"] == "off"
     assert not any(p.is_file() for p in tmp_path.rglob("*.ref"))
-    assert not (tmp_path / "cache").exists() and not (tmp_path / "xdg").exists() and not (tmp_path / "home").exists()
+    # nothing of ours anywhere (matplotlib, imported first by this process, keeps its font list in XDG's)
+    assert not (tmp_path / "cache").exists()
+    assert not (tmp_path / "xdg" / "attnbench").exists() and not (tmp_path / "home" / ".cache" / "attnbench").exists()
 
 
 def test_the_default_directory_follows_the_environment(tmp_path, monkeypatch):
@@ -468,3 +470,24 @@ def test_an_index_that_does_not_fit_its_bytes_is_corrupt_even_with_a_good_digest
     path.write_bytes(b"attnbench-ref %d %s\n" % (refcache.FORMAT, refcache.digest(payload).encode()) + payload)
     got, why = cache.get(case)
     assert got is None and "is corrupt" in why
+
+
+def test_a_cache_problem_met_by_every_case_is_said_once_a_run(tmp_path, monkeypatch):
+    """A full cache refuses every case's entry: the sweep says so once, not once per case (a GPU `large`
+    run printed the same line fifteen times), and the line names the cap's setting."""
+    import dataclasses
+
+    from attnbench.run.executor import Execution
+    from attnbench.run.runner import RunOptions
+    from attnbench.run.sweep import Selection, execute, plan
+    from attnbench.store import refcache
+
+    note = "reference cache x full (1 GiB of entries used today): not kept (a larger cap: $ATTNBENCH_REF_CACHE_MAX)"
+    monkeypatch.setattr(refcache.RefCache, "put", lambda self, *a, **k: note)
+    p = plan(Selection(("smoke",), "cpu", ("torch",), ("merge_state",)))
+    p = dataclasses.replace(p, cases=p.cases[:3])
+    problems: list[str] = []
+    opts = RunOptions(timing=False, ref_cache=str(tmp_path / "refs"))
+    rows = execute(p, tmp_path / "run", opts, how=Execution(isolate=False), argv=[], on_problem=problems.append)
+    assert len(rows) == 3 and all(r.reference_note == note for r in rows)
+    assert problems.count(note) == 1, problems
