@@ -794,9 +794,17 @@ def bind_decode(x, plan: DecodePlan) -> Callable[[], dict[str, torch.Tensor]]:
     return bind_launches(_launches(x, plan), {"o": x.o, "lse": x.lse})
 
 
+# Batches of fewer key-heads (sum of lengths x kv heads) keep the heuristic. 2^19: the Llama-3-8B B64 L1024
+# decode (2^19) ran 104.4 us on the heuristic's two 64-key-block splits, 95.6 unsplit with 32-key blocks
+# (the tuner's 4-per-SM candidate plans it so), where vLLM ran 95.6 (H100, reports/examples/h100-session21
+# dec3); at B16 L1024 (2^17) the 32-key blocks lose (34.7 against 30.2).
+TUNE_MIN_WORK = 1 << 19
+
+
 def tuned_decode_config(x) -> tuple[DecodeConfig | None, dict]:
-    """On CUDA, for MLA and for large GQA/MHA batches: the fastest of `decode_candidates` on `x`
-    (timed now, cached per kernel variant). Otherwise (None, {}): the heuristic stands."""
+    """On CUDA, for MLA and for GQA/MHA batches of `TUNE_MIN_WORK` key-heads or more: the fastest of
+    `decode_candidates` on `x` (timed now, cached per kernel variant). Otherwise (None, {}): the
+    heuristic stands."""
     device = x.q.device
     if not tune.enabled(device):
         return None, {}
@@ -805,7 +813,7 @@ def tuned_decode_config(x) -> tuple[DecodeConfig | None, dict]:
     G = Hq // Hkv
     mla = G >= 64 and Dk >= 512
     work = sum(x.seq_lens_host) * Hkv
-    if not mla and work < (1 << 20):
+    if not mla and work < TUNE_MIN_WORK:
         return None, {}
     key = (
         "decode", G, Dk, Dv, x.k_cache.shape[1], x.q.dtype, x.k_cache.dtype, x.window >= 0, x.soft_cap > 0,
