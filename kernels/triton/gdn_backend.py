@@ -169,7 +169,7 @@ def prepare_gdn_extend(case, x, tri=None, fuse_out=""):
 
     tri = tri or TRI
     K, V = x.q.shape[2], x.v.shape[2]
-    p = plan(list(x.lens_host), x.q.shape[1], x.v.shape[1], K, V, x.q.dtype, x.q.device, fuse_out)
+    p = plan(list(x.lens_host), x.q.shape[1], x.v.shape[1], K, V, x.q.dtype, x.q.device, fuse_out, tri)
 
     def run():
         chunk_gated_delta_rule(

@@ -6,7 +6,8 @@ L2-normalised q (times scale) and k, L[t, s] = beta_t exp(gamma_t - gamma_s) (k^
     T  = (I + L)^-1                       _chunk_tri: 16x16 diagonal blocks (Neumann product + one
                                           Newton step), then the off-diagonal blocks from them; it
                                           also stores k^ once per q/k head for the later kernels
-    W  = T (beta exp(gamma) k^),  U = T (beta v)                            _chunk_wu
+    W  = T (beta exp(gamma) k^),  U = T (beta v)                            _chunk_wu (or, with
+                                          TriConfig.wu, _chunk_tri from T's blocks in registers)
     per request, chunk by chunk:  H_c = S (stored),  U' = U - W S,
         S = exp(gamma_last) S + k^T (exp(gamma_last - gamma) U')           _chunk_state (sequential)
     O  = (exp(gamma) q^) H_c + (tril(q^ k^T) exp(gamma_t - gamma_s)) U'     _chunk_out
@@ -18,7 +19,7 @@ The plan (which request and chunk each program takes) is built once per case fro
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 import triton
@@ -48,6 +49,7 @@ class TriConfig:
     merge: str = "tf32x3"
     kk: str = "once"  # "once": one 64 x 64 k k^T dot, blocks cut from it; "blocks": keys loaded per block set
     diag: str = "neumann"  # the 16 x 16 diagonal inverses: "neumann" (dots) or "subst" (forward substitution)
+    wu: bool = False  # W and U from T's blocks in the T kernel's registers (no T round trip, no W/U kernel)
 
     def __post_init__(self):
         if self.kk not in ("blocks", "once"):
@@ -238,13 +240,15 @@ def _lower_2x2(a, c, d):
 @triton.jit
 def _chunk_tri_batched_kernel(
     # Pointers
-    k, beta, gcum, tmat, khat, chunks, cu_seqlens, q, qhat, amat,
+    k, beta, gcum, tmat, khat, chunks, cu_seqlens, q, qhat, amat, v, w, u,
     # Sizes and strides
-    stride_kt, stride_qt, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+    stride_kt, stride_qt, stride_vt, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr,
+    V: tl.constexpr,
     # Meta-parameters
-    C: tl.constexpr, S: tl.constexpr, BK: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
-    IEEE: tl.constexpr, P_NEU: tl.constexpr, P_NEWTON: tl.constexpr, P_MERGE: tl.constexpr,
-    KK_ONCE: tl.constexpr, SUBST: tl.constexpr, FUSE_OUT: tl.constexpr,
+    C: tl.constexpr, S: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr,
+    EMULATE: tl.constexpr, IEEE: tl.constexpr, P_NEU: tl.constexpr, P_NEWTON: tl.constexpr,
+    P_MERGE: tl.constexpr, KK_ONCE: tl.constexpr, SUBST: tl.constexpr, FUSE_OUT: tl.constexpr,
+    WU: tl.constexpr,
 ):  # fmt: skip
     """T per (chunk, v-head) by recursive doubling, each level one batched or one larger dot chain:
 
@@ -255,6 +259,7 @@ def _chunk_tri_batched_kernel(
     11 dependent small dots instead of 44, so 4x fewer layout round trips (C = 64, S = 16 only).
     With FUSE_OUT it also writes what the fused state pass needs and does not depend on the state:
     q^ (one program per q/k head) and the decayed causal block tril(q^ k^T) e^(gamma_t - gamma_s).
+    With WU it writes W and U instead of T (`_t_blocks_times`), so T never reaches memory.
     """
     i_c, i_hv = tl.program_id(0), tl.program_id(1)
     i_h = i_hv // (HV // H)
@@ -292,17 +297,37 @@ def _chunk_tri_batched_kernel(
     A_inv, D_inv = tl.split(tl.permute(AD, (1, 2, 0)))
     Z = -tl.dot(D_inv, tl.dot(L_hl, A_inv, input_precision=P_MERGE), input_precision=P_MERGE)
 
-    # T rows of this chunk: [n, 64] in the input dtype; blocks above the diagonal are zero
-    p_t = tmat + (bos * HV + i_hv) * C
-    RS = HV * C  # T's row stride
-    tl.store(p_t + rows4[:, :, None] * RS + (tl.arange(0, 4) * S)[:, None, None] + r[None, None, :],
-             round_to(X4, DT, EMULATE), mask=m4[:, :, None])  # fmt: skip
-    p_pair = p_t + rows_o[:, :, None] * RS + (tl.arange(0, 2) * 2 * S)[:, None, None] + r[None, None, :]
-    tl.store(p_pair, round_to(Y, DT, EMULATE), mask=m_o[:, :, None])
-    tl.store(p_pair - S * RS + S, tl.zeros_like(Y), mask=m_e[:, :, None])  # X01, X23
-    p_2 = p_t + r2[:, None] * RS + r2[None, :]
-    tl.store(p_2 + 2 * S * RS, round_to(Z, DT, EMULATE), mask=m_hi[:, None])
-    tl.store(p_2 + 2 * S, tl.zeros_like(Z), mask=m_lo[:, None])
+    RS = HV * C  # T's (and the FUSE_OUT block's) row stride
+    if WU:  # W = T (beta e^gamma k^) and U = T (beta v) from T's 32 x 32 blocks: T stays in registers
+        a_r, z_r, d_r = round_to(A_inv, DT, EMULATE), round_to(Z, DT, EMULATE), round_to(D_inv, DT, EMULATE)
+        b_lo = tl.load(p_b + r2 * HV, mask=m_lo, other=0)
+        b_hi = tl.load(p_b + (2 * S + r2) * HV, mask=m_hi, other=0)
+        x_lo = _load_norm_rows(p_k, r2, m_lo, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
+        x_hi = _load_norm_rows(p_k, 2 * S + r2, m_hi, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
+        s_lo = b_lo * tl.exp(tl.load(p_g + r2 * HV, mask=m_lo, other=0))
+        s_hi = b_hi * tl.exp(tl.load(p_g + (2 * S + r2) * HV, mask=m_hi, other=0))
+        p_w = w + ((bos + r2) * HV + i_hv)[:, None] * K + o_k[None, :]
+        _t_blocks_times(a_r, z_r, d_r, x_lo, x_hi, s_lo, s_hi, p_w, 2 * S * HV * K, m_lo, m_hi, m_k,
+                        DT, EMULATE, IEEE)  # fmt: skip
+        for i_v in tl.static_range(0, V, BV):
+            o_v = i_v + tl.arange(0, BV)
+            m_v = o_v < V
+            p_v = v + (bos + r2)[:, None] * stride_vt + i_hv * V + o_v[None, :]
+            v_lo = tl.load(p_v, mask=m_lo[:, None] & m_v[None, :], other=0)
+            v_hi = tl.load(p_v + 2 * S * stride_vt, mask=m_hi[:, None] & m_v[None, :], other=0)
+            p_u = u + ((bos + r2) * HV + i_hv)[:, None] * V + o_v[None, :]
+            _t_blocks_times(a_r, z_r, d_r, v_lo, v_hi, b_lo, b_hi, p_u, 2 * S * HV * V, m_lo, m_hi, m_v,
+                            DT, EMULATE, IEEE)  # fmt: skip
+    else:  # T rows of this chunk: [n, 64] in the input dtype; blocks above the diagonal are zero
+        p_t = tmat + (bos * HV + i_hv) * C
+        tl.store(p_t + rows4[:, :, None] * RS + (tl.arange(0, 4) * S)[:, None, None] + r[None, None, :],
+                 round_to(X4, DT, EMULATE), mask=m4[:, :, None])  # fmt: skip
+        p_pair = p_t + rows_o[:, :, None] * RS + (tl.arange(0, 2) * 2 * S)[:, None, None] + r[None, None, :]
+        tl.store(p_pair, round_to(Y, DT, EMULATE), mask=m_o[:, :, None])
+        tl.store(p_pair - S * RS + S, tl.zeros_like(Y), mask=m_e[:, :, None])  # X01, X23
+        p_2 = p_t + r2[:, None] * RS + r2[None, :]
+        tl.store(p_2 + 2 * S * RS, round_to(Z, DT, EMULATE), mask=m_hi[:, None])
+        tl.store(p_2 + 2 * S, tl.zeros_like(Z), mask=m_lo[:, None])
 
     if FUSE_OUT:  # after the chain, whose registers are free by now
         o_t = tl.arange(0, C)
@@ -315,6 +340,23 @@ def _chunk_tri_batched_kernel(
         b_g = tl.load(p_g + o_t * HV, mask=m_t, other=0)
         b_a = _causal_qk(b_q, b_k, b_g, m_t, DT, EMULATE, IEEE)
         tl.store(amat + (bos * HV + i_hv) * C + o_t[:, None] * RS + o_t[None, :], b_a, mask=m_t[:, None])
+
+
+@triton.jit
+def _t_blocks_times(a, z, d, x_lo, x_hi, s_lo, s_hi, p_out, hi_offset, m_lo, m_hi, m_col,
+                    DT: tl.constexpr, EMULATE: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """T (s x) stored at `p_out` (rows 0-31; rows 32-63 at `p_out + hi_offset`), T given by its 32 x 32
+    blocks [[a, 0], [z, d]] already rounded to DT and x by its halves `[32, N]`, each row scaled by `s`:
+    s x rounded to DT, the products accumulated in float32 and rounded to DT, as `_t_times` does with
+    the whole T (the same sums, the lower rows' two halves added in another order)."""
+    xs_lo = round_to(x_lo.to(tl.float32) * s_lo[:, None], DT, EMULATE)
+    y_lo = round_to(mm(a, xs_lo, EMULATE, IEEE), DT, EMULATE)
+    tl.store(p_out, y_lo.to(p_out.dtype.element_ty), mask=m_lo[:, None] & m_col[None, :])
+    y_hi = mm(z, xs_lo, EMULATE, IEEE)
+    xs_hi = round_to(x_hi.to(tl.float32) * s_hi[:, None], DT, EMULATE)
+    y_hi += mm(d, xs_hi, EMULATE, IEEE)
+    tl.store(p_out + hi_offset, round_to(y_hi, DT, EMULATE).to(p_out.dtype.element_ty),
+             mask=m_hi[:, None] & m_col[None, :])  # fmt: skip
 
 
 @triton.jit
@@ -596,7 +638,7 @@ class ChunkPlan:
     chunk_offsets: torch.Tensor  # [B + 1] int32: first plan row of each request
     gcum: torch.Tensor  # [T, HV] fp32
     khat: torch.Tensor  # [T, H, K]: the L2-normalised keys
-    tmat: torch.Tensor  # [T, HV, C] input dtype
+    tmat: torch.Tensor | None  # [T, HV, C] input dtype (None: W and U come from the T kernel, TriConfig.wu)
     w: torch.Tensor | None  # [T, HV, K] (None: fuse_out "wu")
     u: torch.Tensor | None  # [T, HV, V] (None: fuse_out "wu")
     h: torch.Tensor | None  # [NC, HV, K, V]: the state at the start of every chunk (None: fused output)
@@ -606,13 +648,19 @@ class ChunkPlan:
     amat: torch.Tensor | None = None  # [T, HV, C]: the decayed causal q^ k^T block (fuse_out "tri" only)
 
 
-def plan(lens: list[int], H: int, HV: int, K: int, V: int, dtype: torch.dtype, device, fuse_out: str = "") -> ChunkPlan:
+def plan(
+    lens: list[int], H: int, HV: int, K: int, V: int, dtype: torch.dtype, device, fuse_out: str = "",
+    tri: TriConfig = TRI,
+) -> ChunkPlan:  # fmt: skip
     """The chunk rows and workspaces for requests of `lens` tokens. `fuse_out`: "" a separate output
     kernel; "tri", "loop" or "wu" the output inside the state recurrence (no H / U' workspaces), its q^ k^T
     block from the T kernel ("tri": q^ and the block as workspaces) or computed in the loop ("loop", "wu"),
-    and with "wu" W and U too (no W / U workspaces, no `_chunk_wu_kernel`)."""
+    and with "wu" W and U too (no W / U workspaces, no `_chunk_wu_kernel`). `tri.wu`: W and U from the T
+    kernel, no T workspace (not with fuse_out "wu", which needs T)."""
     if fuse_out not in FUSE_OUT_MODES:
         raise ValueError(f"fuse_out must be one of {FUSE_OUT_MODES}, not {fuse_out!r}")
+    if tri.wu and fuse_out == "wu":
+        raise ValueError("TriConfig.wu computes W and U in the T kernel; fuse_out='wu' computes them from T")
     rows, offsets = [], [0]
     for n, L in enumerate(lens):
         nc = triton.cdiv(L, CHUNK)
@@ -624,7 +672,7 @@ def plan(lens: list[int], H: int, HV: int, K: int, V: int, dtype: torch.dtype, d
         chunk_offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
         gcum=torch.empty(T, HV, dtype=torch.float32, device=device),
         khat=torch.empty(T, H, K, dtype=dtype, device=device),
-        tmat=torch.empty(T, HV, CHUNK, dtype=dtype, device=device),
+        tmat=None if tri.wu else torch.empty(T, HV, CHUNK, dtype=dtype, device=device),
         w=None if fuse_out == "wu" else torch.empty(T, HV, K, dtype=dtype, device=device),
         u=None if fuse_out == "wu" else torch.empty(T, HV, V, dtype=dtype, device=device),
         h=None if fuse_out else torch.empty(NC, HV, K, V, dtype=dtype, device=device),
@@ -637,20 +685,23 @@ def plan(lens: list[int], H: int, HV: int, K: int, V: int, dtype: torch.dtype, d
 
 def launch_tri(
     k: torch.Tensor, beta: torch.Tensor, cu_seqlens: torch.Tensor, p: ChunkPlan, tri: TriConfig,
-    q: torch.Tensor | None = None, scale: float = 1.0,
+    q: torch.Tensor | None = None, scale: float = 1.0, v: torch.Tensor | None = None,
 ):  # fmt: skip
     """The T kernel (p.tmat, p.khat from k, beta, p.gcum) with the knobs `tri`; with `p.fuse_out` "tri"
-    also p.qhat and p.amat from `q` and `scale`."""
+    also p.qhat and p.amat from `q` and `scale`; with `tri.wu` p.w and p.u (from `v`) instead of p.tmat."""
     T, H, K = k.shape
     HV = beta.shape[1]
     fused = p.fuse_out == "tri"
-    q_, qhat, amat = (q, p.qhat, p.amat) if fused else (k, p.khat, p.tmat)  # never touched unless fused
+    q_, qhat, amat = (q, p.qhat, p.amat) if fused else (k, p.khat, p.khat)  # never touched unless fused
+    v_, w, u, tmat = (v, p.w, p.u, p.khat) if tri.wu else (k, p.khat, p.khat, p.tmat)  # the same
+    V = v_.shape[2] if tri.wu else K
     _chunk_tri_batched_kernel[(p.chunks.shape[0], HV)](
-        k, beta, p.gcum, p.tmat, p.khat, p.chunks, cu_seqlens, q_, qhat, amat, k.stride(0), q_.stride(0), scale,
-        H=H, HV=HV, K=K, C=CHUNK, S=SUB,
-        BK=max(16, triton.next_power_of_2(K)), DT=TL_DTYPES[k.dtype], EMULATE=INTERPRET,
+        k, beta, p.gcum, tmat, p.khat, p.chunks, cu_seqlens, q_, qhat, amat, v_, w, u,
+        k.stride(0), q_.stride(0), v_.stride(0), scale, H=H, HV=HV, K=K, V=V, C=CHUNK, S=SUB,
+        BK=max(16, triton.next_power_of_2(K)), BV=min(64, max(16, triton.next_power_of_2(V))),
+        DT=TL_DTYPES[k.dtype], EMULATE=INTERPRET,
         IEEE=k.dtype == torch.float32, P_NEU=tri.neumann, P_NEWTON=tri.newton, P_MERGE=tri.merge,
-        KK_ONCE=tri.kk == "once", SUBST=tri.diag == "subst", FUSE_OUT=fused, num_warps=tri.num_warps,
+        KK_ONCE=tri.kk == "once", SUBST=tri.diag == "subst", FUSE_OUT=fused, WU=tri.wu, num_warps=tri.num_warps,
     )  # fmt: skip
 
 
@@ -692,9 +743,10 @@ def chunk_gated_delta_rule(
     BK = max(16, triton.next_power_of_2(K))
     common = dict(DT=DT, EMULATE=INTERPRET)
     _chunk_cumsum_kernel[(NC, HV)](g, p.gcum, p.chunks, cu_seqlens, HV=HV, C=CHUNK)
-    launch_tri(k, beta, cu_seqlens, p, TRI_IEEE if ieee else tri, q, scale)
+    tri = replace(TRI_IEEE, wu=tri.wu) if ieee else tri
+    launch_tri(k, beta, cu_seqlens, p, tri, q, scale, v)
     wu = p.fuse_out == "wu"
-    if not wu:
+    if not wu and not tri.wu:
         _chunk_wu_kernel[(NC, HV)](
             p.khat, v, beta, p.gcum, p.tmat, p.w, p.u, p.chunks, cu_seqlens, v.stride(0), H=H, HV=HV, K=K, V=V,
             C=CHUNK, BK=BK, BV=min(64, max(16, triton.next_power_of_2(V))), IEEE=ieee, num_warps=8, **common,
@@ -702,10 +754,11 @@ def chunk_gated_delta_rule(
     b_key = B if B < 64 else B // 64 * 64
     if p.fuse_out:
         loop = p.fuse_out in ("loop", "wu")
-        qhat, amat = (p.khat, p.tmat) if loop else (p.qhat, p.amat)  # never read when computed in the loop
+        qhat, amat = (p.khat, p.khat) if loop else (p.qhat, p.amat)  # never read when computed in the loop
         w, u = (p.khat, v) if wu else (p.w, p.u)  # the same
+        tmat = p.tmat if wu else p.khat  # the same
         _chunk_state_out_kernel[lambda meta: (triton.cdiv(V, meta["BV"]), B * HV)](
-            q, qhat, p.khat, amat, p.gcum, w, u, o, pool, indices, has_initial_state, cu_seqlens, v, beta, p.tmat,
+            q, qhat, p.khat, amat, p.gcum, w, u, o, pool, indices, has_initial_state, cu_seqlens, v, beta, tmat,
             q.stride(0), v.stride(0), scale, b_key, H=H, HV=HV, K=K, V=V, C=CHUNK, BK=BK, IEEE=ieee,
             QK_IN_LOOP=loop, WU_IN_LOOP=wu, **common,
         )  # fmt: skip

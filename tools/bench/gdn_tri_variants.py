@@ -32,6 +32,9 @@ VARIANTS = {
     "subst": TriConfig(diag="subst"),
     "blocks-subst": TriConfig(kk="blocks", diag="subst"),
     "subst-8w": TriConfig(num_warps=8, diag="subst"),
+    "wu": TriConfig(wu=True),  # W and U from T's blocks in the T kernel (no T round trip, no W/U kernel)
+    "wu-8w": TriConfig(num_warps=8, wu=True),
+    "wu-subst": TriConfig(diag="subst", wu=True),
 }
 
 
@@ -60,6 +63,7 @@ FUSED = {
     "subst-fused-loop": (TriConfig(diag="subst"), "loop"),
     "fused-wu": (TriConfig(), "wu"),
     "subst-fused-wu": (TriConfig(diag="subst"), "wu"),
+    "wu-fused-loop": (TriConfig(wu=True), "loop"),
 }
 
 for _label, (_tri, _mode) in {**{k: (v, "") for k, v in VARIANTS.items()}, **FUSED}.items():

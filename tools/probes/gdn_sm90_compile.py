@@ -154,6 +154,7 @@ def main() -> None:
     for kk, diag in (("blocks", "neumann"), ("blocks", "subst"), ("once", "subst")):
         build_tri(gdn_chunk.TriConfig(kk=kk, diag=diag), bf, common, label=f"[{kk},{diag}]")
     build_tri(gdn_chunk.TRI, bf, common, label="[fuse_out]", fuse_out=True)
+    build_tri(gdn_chunk.TriConfig(wu=True), bf, common, label="[wu]")
     sig = STATE_OUT_SIG(bf)
     build(gdn_chunk._chunk_state_out_kernel, sig, common | dict(QK_IN_LOOP=True, WU_IN_LOOP=False), label="[loop]")
     build(gdn_chunk._chunk_state_out_kernel, sig, common | dict(QK_IN_LOOP=True, WU_IN_LOOP=True), label="[wu]")
@@ -172,10 +173,10 @@ def build_tri(tri, p: str, common: dict, label: str = "", fuse_out: bool = False
     build(
         gdn_chunk._chunk_tri_batched_kernel,
         dict(k=p, beta=f32, gcum=f32, tmat=p, khat=p, stride_kt="i32", chunks=i32, cu_seqlens=i32)
-        | dict(q=p, qhat=p, amat=p, stride_qt="i32", scale="fp32"),
-        {k: v for k, v in common.items() if k != "V"}
-        | dict(S=16, P_NEU=tri.neumann, P_NEWTON=tri.newton, P_MERGE=tri.merge)
-        | dict(KK_ONCE=tri.kk == "once", SUBST=tri.diag == "subst", FUSE_OUT=fuse_out),
+        | dict(q=p, qhat=p, amat=p, v=p, w=p, u=p, stride_qt="i32", stride_vt="i32", scale="fp32"),
+        common
+        | dict(S=16, BV=64, P_NEU=tri.neumann, P_NEWTON=tri.newton, P_MERGE=tri.merge)
+        | dict(KK_ONCE=tri.kk == "once", SUBST=tri.diag == "subst", FUSE_OUT=fuse_out, WU=tri.wu),
         num_warps=tri.num_warps,
         label=label,
     )

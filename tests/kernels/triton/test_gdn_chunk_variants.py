@@ -1,5 +1,5 @@
 """Variants of our chunked GDN prefill (gdn_chunk.py) on the CPU (TRITON_INTERPRET=1): the T kernel's
-`TriConfig.kk` / `TriConfig.diag` and the output fused into the state pass (`fuse_out`) each pass the
+`TriConfig.kk` / `TriConfig.diag` / `TriConfig.wu` and the output fused into the state pass (`fuse_out`) each pass the
 harness's float64 checks, and agree with the default kernels to within bf16 rounding of the output."""
 
 from __future__ import annotations
@@ -24,6 +24,8 @@ VARIANTS = {
     "blocks-subst-fused": (gdn_chunk.TriConfig(kk="blocks", diag="subst"), "tri"),
     "fused-loop": (gdn_chunk.TRI, "loop"),
     "fused-wu": (gdn_chunk.TRI, "wu"),
+    "tri-wu": (gdn_chunk.TriConfig(wu=True), ""),
+    "tri-wu-subst-fused-loop": (gdn_chunk.TriConfig(diag="subst", wu=True), "loop"),
 }
 
 
@@ -56,6 +58,10 @@ def test_fused_plans_have_no_chunk_state_workspace():
     assert q.h.shape == (3, 2, 32, 16) and q.qhat is None
     with pytest.raises(ValueError, match="fuse_out"):
         gdn_chunk.plan([70], 1, 2, 32, 16, torch.bfloat16, "cpu", fuse_out=True)
+    tw = gdn_chunk.plan([70, 3], 1, 2, 32, 16, torch.bfloat16, "cpu", tri=gdn_chunk.TriConfig(wu=True))
+    assert tw.tmat is None and tw.w.shape == (73, 2, 32) and tw.u.shape == (73, 2, 16)
+    with pytest.raises(ValueError, match="wu"):
+        gdn_chunk.plan([70], 1, 2, 32, 16, torch.bfloat16, "cpu", "wu", gdn_chunk.TriConfig(wu=True))
 
 
 @pytest.mark.parametrize("field", ["kk", "diag"])

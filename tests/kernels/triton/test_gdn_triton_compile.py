@@ -35,6 +35,7 @@ EXPECTED = [
     "_chunk_tri_batched_kernel[blocks,subst]",
     "_chunk_tri_batched_kernel[once,subst]",
     "_chunk_tri_batched_kernel[fuse_out]",
+    "_chunk_tri_batched_kernel[wu]",
     "_chunk_state_out_kernel[loop]",
     "_chunk_state_out_kernel[wu]",
 ]
