@@ -20,7 +20,15 @@ from typing import Any
 
 import torch
 
-from attnbench.buffers import bitwise_equal, canary_intact, clone_tensors, count_true, storage_bytes, tensor_fields
+from attnbench.buffers import (
+    all_tensors,
+    bitwise_equal,
+    canary_intact,
+    clone_tensors,
+    count_true,
+    storage_bytes,
+    tensor_fields,
+)
 from attnbench.check.tolerance import Rule
 from attnbench.ops.base import OutputSpec, magnitude_key
 
@@ -542,7 +550,8 @@ def _memo_bytes(obj: Any, ref: torch.Tensor | None) -> int:
 
 
 MEMO_MAX_BYTES = 256 * 2**20  # perturbed copies kept for the next backend of a case up to this size
-FRESH_FIRST_MAX_BYTES = 2**30  # a re-run is matched against a fresh closure first up to these inputs' size
+FRESH_FIRST_MAX_BYTES = 2**30  # a re-run is matched against a fresh closure first up to these inputs' size,
+FRESH_FIRST_FREE_SHARE = 8  # or up to this share (1/8) of the device's free memory, where that is more
 MEMO_WRITTEN_ENTRIES = 4  # perturbed inputs (and expectations) kept per perturbation for an op that writes inputs
 MEMO_WRITTEN_MAX_BYTES = 2**30  # and the bytes of those perturbed inputs kept per case, all perturbations together
 
@@ -628,6 +637,27 @@ def _perturbed(
         return (*entry["expected"], computed)
 
     return x, expect
+
+
+def fresh_first(x: Any) -> bool:
+    """Whether the stale check runs the fresh closure on inputs `x` before any reference (`stale_check`):
+    up to FRESH_FIRST_MAX_BYTES of inputs, or on a GPU up to 1/FRESH_FIRST_FREE_SHARE of its free memory
+    (the fresh closure holds one more copy of them). A negative FRESH_FIRST_MAX_BYTES: never.
+
+    Why the share: an H100's warm `targets` spent 68 s of its 143 s wall in the stale check of one GDN
+    extend case (T 32768, 1.1 GiB of inputs, over the old flat 1 GiB): six float64 references of the
+    changed inputs for every backend, where a fresh closure's call settles each deterministic one
+    (reports/examples/h100-session21/targets2)."""
+    size = storage_bytes(x)
+    if FRESH_FIRST_MAX_BYTES < 0:
+        return False
+    if size <= FRESH_FIRST_MAX_BYTES:
+        return True
+    device = next((t.device for t in all_tensors(x) if t.is_cuda), None)
+    if device is None:
+        return False
+    free, _ = torch.cuda.mem_get_info(device)
+    return size <= free // FRESH_FIRST_FREE_SHARE
 
 
 def _unchanged(base: Any, x: Any, chosen) -> bool:
@@ -728,7 +758,8 @@ def stale_check(
     bitwise the first call's (`first`) did not follow whatever the control says (a cache shared by
     every closure of the process replays into the fresh one too).
 
-    Cost: the control runs first (inputs up to FRESH_FIRST_MAX_BYTES). Where the re-run's outputs and
+    Cost: the control runs first (inputs up to FRESH_FIRST_MAX_BYTES or a share of the GPU's free memory:
+    `fresh_first`). Where the re-run's outputs and
     every byte of its buffers equal the fresh closure's, and no output is bitwise the first call's, the
     re-run did exactly what a closure prepared on the changed inputs does: `check` would give both the
     same problems, which the control passes over, so the perturbed expectation (a float64 reference,
@@ -759,7 +790,7 @@ def stale_check(
         if broken := outputs_contract(op, params, outputs, absent):
             return [broken]
         control = None
-        if fresh is not None and storage_bytes(x) <= FRESH_FIRST_MAX_BYTES:
+        if fresh is not None and fresh_first(x):
             outputs = {k: v.clone() if isinstance(v, torch.Tensor) else v for k, v in outputs.items()}
             control = fresh(x)
             sync()
