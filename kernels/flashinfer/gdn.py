@@ -131,6 +131,9 @@ class FlashInferGDN:
     def prepare_gdn_extend(self, case, x):
         from flashinfer.gdn_prefill import chunk_gated_delta_rule
 
+        from attnbench.kernels.flashinfer import gdn_compile_cache
+
+        gdn_compile_cache.install()  # its CuTe DSL kernels from disk in a later process (gdn_compile_cache.py)
         pool, finalize = _native_pool(x, spare=1)
         cu = x.cu_seqlens.long()
         max_len = max(x.lens_host)
@@ -147,6 +150,7 @@ class FlashInferGDN:
 
         run.finalize = finalize
         run.info = {
-            "variant": "exp(g), fresh slots cleared + chunk_gated_delta_rule (fp32 K-last pool from prepare, state_indices)"
+            "variant": "exp(g), fresh slots cleared + chunk_gated_delta_rule (fp32 K-last pool from prepare, state_indices)",
+            "compile_cache": gdn_compile_cache.state(),
         }
         return run
