@@ -385,8 +385,9 @@ def execute(
                 case_rows = p.verdicts(case_rows)
                 writer.extend(case_rows)
                 rows.extend(case_rows)
+                # each cache problem once a run (a full cache refuses every case's entry)
                 for note in dict.fromkeys(r.reference_note for r in case_rows if r.reference_note):
-                    if on_problem and note not in said_notes:  # each cache problem once a run (a full cache: every case)
+                    if on_problem and note not in said_notes:
                         said_notes.add(note)
                         on_problem(note)
                 if on_rows:

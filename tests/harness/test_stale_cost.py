@@ -233,3 +233,23 @@ def test_the_fresh_closure_goes_first_up_to_a_share_of_the_gpus_free_memory(monk
     monkeypatch.setattr(checks, "FRESH_FIRST_MAX_BYTES", -1)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2**40, 2**40))
     assert not checks.fresh_first(x)  # turned off (the interpreter tests' order)
+
+
+def test_the_bulk_kernel_tests_still_rerun_every_class_of_changed_input():
+    """`SMOKE_KERNEL` re-runs one perturbation a smoke case (helpers.one_perturbation): across the smoke
+    cases of each op, every perturbation the op has is still the chosen one somewhere."""
+    from collections import defaultdict
+
+    from attnbench.backend import load_builtin
+    from attnbench.plan.suite import load
+    from helpers import one_perturbation
+
+    load_builtin()
+    offered, chosen = defaultdict(set), defaultdict(set)
+    for case in load("smoke", "cpu").cases:
+        offered[case.op_name] |= {p.name for p in case.op.perturbations(case.params)}
+        with one_perturbation(case):
+            picked = case.op.perturbations(case.params)
+        assert len(picked) <= 1
+        chosen[case.op_name] |= {p.name for p in picked}
+    assert offered == chosen and len(offered["decode"]) >= 3 and len(offered["gdn_extend"]) >= 5

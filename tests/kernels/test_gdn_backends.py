@@ -19,7 +19,7 @@ from attnbench.backend import Backend, get_backend
 from attnbench.buffers import clone_tensors
 from attnbench.case import Case
 from attnbench.plan.suite import load
-from helpers import KERNEL, run_one
+from helpers import SMOKE_KERNEL, run_one
 
 GDN_OPS = ("gdn_gating", "causal_conv1d", "gdn_decode", "gdn_extend", "gdn_verify", "gdn_commit")
 SMOKE_GDN = [c.id for c in load("smoke").cases if c.op_name in GDN_OPS]
@@ -37,7 +37,7 @@ def _backend(name: str) -> Backend:
 @pytest.mark.parametrize("backend", BACKENDS)
 @pytest.mark.parametrize("case_id", SMOKE_GDN)
 def test_smoke_gdn_case(case_id, backend):
-    r = run_one(case_id, _backend(backend), **KERNEL)
+    r = run_one(case_id, _backend(backend), **SMOKE_KERNEL)
     assert r.status == "pass", f"{r.status}: {r.reason}"
 
 

@@ -22,7 +22,7 @@ from attnbench.case import Case
 from attnbench.ops.attention import AttentionInputs
 from attnbench.plan.suite import load
 from attnbench.references import attention as ref_attn
-from helpers import KERNEL, run_one
+from helpers import SMOKE_KERNEL, run_one
 
 SPEC_OPS = ("tree_verify", "eagle_build_tree", "verify_greedy")
 interpreted = pytest.mark.skipif(
@@ -52,7 +52,7 @@ def test_torch_passes(case):
 @pytest.mark.parametrize("case", SMOKE, ids=lambda c: c.id)
 def test_triton_passes(case):
     triton = get_backend("triton")
-    r = run_one(case, triton, **KERNEL)
+    r = run_one(case, triton, **SMOKE_KERNEL)
     if case.op_name == "tree_verify" and not hasattr(triton, "prepare_extend"):
         assert r.status == "skip" and "extend" in r.reason
         return

@@ -19,7 +19,7 @@ from attnbench.buffers import bits, clone_tensors
 from attnbench.case import Case
 from attnbench.kernels.triton.limits import interpreting
 from attnbench.plan.suite import load
-from helpers import KERNEL, run_one
+from helpers import KERNEL, SMOKE_KERNEL, run_one
 from helpers import decode_request as _request
 from helpers import kernel_verdict as _verdict
 
@@ -70,7 +70,7 @@ def test_known_fails_name_smoke_cases():
 
 @pytest.mark.parametrize("case", _marked(SMOKE), ids=[c.id for c in SMOKE])
 def test_smoke_case(case):
-    row = run_one(case, _triton(), **KERNEL)
+    row = run_one(case, _triton(), **SMOKE_KERNEL)
     assert row.status == "pass", row.reason
     # the interpreter runs the programs in order: a call that does not reproduce the first call's bits read
     # memory it never wrote (triton-det declares this; its fp8 runs lean on this check, see below)
@@ -125,7 +125,7 @@ def test_smoke_fp8_case_deterministic_backend(case):
     det = _triton("triton-det")
     if case.id not in KNOWN_FAILS and _alike(_plans(det, case), _plans(_triton(), case)):
         return
-    row = run_one(case, det, **KERNEL)
+    row = run_one(case, det, **SMOKE_KERNEL)
     assert row.status == "pass", row.reason
 
 
