@@ -15,9 +15,10 @@ through that store:
 - `cached_compile(func, *args, compile_options=...)`: FlashInfer's compile, then the export to disk.
 
 An entry's key is FlashInfer's own in-process key (the kernel class's MRO and the attributes it
-specializes on, `func._get_compile_key()`, and the compile options) with FlashInfer's version and the
-bytes of the module that defines the kernel class; `compile_cache.digest` adds the target architecture,
-the DSL and TVM-FFI versions. A key whose text names an object by its address (FlashInfer's automatic
+specializes on, `func._get_compile_key()`, and the compile options) with FlashInfer's version, the GPU's
+name and SM count (what a process never changes, so FlashInfer's key may leave out) and the bytes of the
+module that defines the kernel class; `compile_cache.digest` adds the target architecture, the DSL and
+TVM-FFI versions. A key whose text names an object by its address (FlashInfer's automatic
 key, which warns) would differ in every process: it is never stored. A load or store that fails
 leaves FlashInfer's behaviour as it was (a compile in the process) and is kept in `PROBLEMS`.
 
@@ -58,7 +59,18 @@ def _entry(func, options_key) -> tuple[tuple, str] | None:
     except importlib.metadata.PackageNotFoundError:
         version = "-"
     build_file = inspect.getfile(type(func))
-    return key, compile_cache.digest(("flashinfer", version, key), build_file)
+    return key, compile_cache.digest(("flashinfer", version, _device(), key), build_file)
+
+
+def _device() -> tuple:
+    """The GPU's name and SM count: FlashInfer's in-process key can leave out what a process never
+    changes (its CUDA path reads the SM count), an entry on disk cannot."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return ()
+    props = torch.cuda.get_device_properties(torch.cuda.current_device())
+    return (props.name, props.multi_processor_count)
 
 
 def route(module: Any, root: Path) -> bool:
