@@ -44,6 +44,7 @@ MODULES = ("delta_rule_sm90", "delta_rule_cp_sm90")  # the SM90 prefill paths; o
 _ADDRESS = re.compile(r" at 0x[0-9a-fA-F]+")
 PROBLEMS: list[str] = []  # loads and stores that failed, in this process
 COUNTS = {"loaded": 0, "stored": 0}
+ROUTED: list[str] = []  # the modules routed in this process
 
 
 def _entry(func, options_key) -> tuple[tuple, str] | None:
@@ -111,6 +112,7 @@ def route(module: Any, root: Path) -> bool:
 
     module.get_cached_compile, module.cached_compile = get_cached_compile, cached_compile
     module._attnbench_routed = True
+    ROUTED.append(module.__name__)
     return True
 
 
@@ -123,7 +125,8 @@ def install() -> list[str]:
     for name in MODULES:
         try:
             module = importlib.import_module(f"{PACKAGE}.{name}")
-        except Exception:  # another FlashInfer, no CuTe DSL: nothing to route
+        except Exception as e:  # another FlashInfer, no CuTe DSL: nothing to route
+            PROBLEMS.append(f"import {name}: {type(e).__name__}: {e}")
             continue
         if route(module, compile_cache_dir(LIBRARY)):
             routed.append(name)
@@ -131,9 +134,9 @@ def install() -> list[str]:
 
 
 def state() -> str:
-    """What the store did in this process so far, for a row's `prepare_info` (the first call of a
-    process compiles or loads after `prepare`, so a row says what the earlier rows of its worker did)."""
+    """What the store did in this process so far, for a row's `prepare_info` (the backend says it again
+    after each checked call: the first call of a process compiles or loads)."""
     if not compile_caches_on():
         return "off"
-    said = f"{COUNTS['loaded']} loaded, {COUNTS['stored']} stored"
+    said = f"{COUNTS['loaded']} loaded, {COUNTS['stored']} stored" if ROUTED else "nothing routed"
     return said + (f"; problems: {PROBLEMS[-1]}" if PROBLEMS else "")

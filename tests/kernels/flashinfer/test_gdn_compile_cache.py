@@ -64,6 +64,7 @@ def disk(monkeypatch, tmp_path):
     monkeypatch.setattr(compile_cache, "load", load)
     monkeypatch.setattr(gcc, "COUNTS", {"loaded": 0, "stored": 0})
     monkeypatch.setattr(gcc, "PROBLEMS", [])
+    monkeypatch.setattr(gcc, "ROUTED", [])
     return stored
 
 
