@@ -161,3 +161,11 @@ def storage_bytes(obj: Any) -> int:
 def tensor_fields(obj: Any) -> dict[str, torch.Tensor]:
     """The dataclass's fields that hold tensors (None fields left out)."""
     return {f.name: v for f in dataclasses.fields(obj) if isinstance(v := getattr(obj, f.name), torch.Tensor)}
+
+
+def cuda_available_bytes(device: torch.device | str) -> int:
+    """Bytes new tensors can take on a CUDA device: its free memory plus what PyTorch's allocator holds
+    unused (freed blocks it keeps for reuse; after a case with large inputs the device reads nearly
+    full while all of that is PyTorch's to hand out again)."""
+    free, _ = torch.cuda.mem_get_info(device)
+    return free + torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)

@@ -26,6 +26,7 @@ from attnbench.buffers import (
     canary_intact,
     clone_tensors,
     count_true,
+    cuda_available_bytes,
     storage_bytes,
     tensor_fields,
 )
@@ -656,8 +657,7 @@ def fresh_first(x: Any) -> bool:
     device = next((t.device for t in all_tensors(x) if t.is_cuda), None)
     if device is None:
         return False
-    free, _ = torch.cuda.mem_get_info(device)
-    return size <= free // FRESH_FIRST_FREE_SHARE
+    return size <= cuda_available_bytes(device) // FRESH_FIRST_FREE_SHARE
 
 
 def _unchanged(base: Any, x: Any, chosen) -> bool:

@@ -414,7 +414,8 @@ def _time(case: Case, todo: list[Backend], built: _Built, closures: dict, rows: 
     by_name = {b.name: b for b in todo}
     factories = {n: (lambda b=by_name[n]: b.prepare(case, clone_tensors(built.pristine))) for n in closures}
     try:
-        stats = time_closures(closures, case.device, opts.timing_config, Rotation(factories, nbytes))
+        rotation = Rotation(factories, nbytes, storage_bytes(built.pristine))
+        stats = time_closures(closures, case.device, opts.timing_config, rotation)
     except KeyboardInterrupt:
         raise
     except BaseException as e:

@@ -34,6 +34,7 @@ from typing import Protocol
 
 import torch
 
+from attnbench.buffers import cuda_available_bytes
 from attnbench.errors import describe
 from attnbench.run import nvml
 
@@ -68,11 +69,14 @@ class Rotation:
 
     `factories[name]()` returns a new prepared closure of backend `name` over a fresh copy of the
     case's inputs; `bytes_per_call` is what one call reads and writes (the op's byte count), which
-    sizes the rotation.
+    sizes the rotation; `bytes_per_copy` is what one such copy allocates at least (the whole inputs it
+    clones: a sliding window or a large pool reads far fewer bytes a call than it holds), which the
+    memory check counts (None: `bytes_per_call`).
     """
 
     factories: dict[str, Callable[[], Callable[[], object]]]
     bytes_per_call: float
+    bytes_per_copy: float | None = None
 
 
 @dataclass
@@ -363,8 +367,8 @@ def _capture_graphs(
         return plan
     copies, most = plan
     calls = {n: calls_per_replay(pilot_s[n], copies, most, cfg) for n in closures}
-    free, _ = torch.cuda.mem_get_info(device)
-    extra = (copies - 1) * rotation.bytes_per_call * len(closures)
+    free = cuda_available_bytes(device)
+    extra = (copies - 1) * (rotation.bytes_per_copy or rotation.bytes_per_call) * len(closures)
     if extra > cfg.max_memory_fraction * free:
         need, have = extra / 2**30, free / 2**30
         return f"{copies - 1} more input copies per backend need {need:.1f} GiB, {have:.1f} GiB free"

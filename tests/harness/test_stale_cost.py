@@ -226,10 +226,16 @@ def test_the_fresh_closure_goes_first_up_to_a_share_of_the_gpus_free_memory(monk
     gpu = SimpleNamespace(is_cuda=True, device="cuda:0")
     monkeypatch.setattr(checks, "all_tensors", lambda _: [gpu])
     monkeypatch.setattr(checks, "storage_bytes", lambda _: 1024)
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (8 * 1024, 80 * 1024))
     assert checks.fresh_first(x)  # 1 KiB within an eighth of 8 KiB free
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (8 * 1024 - 8, 80 * 1024))
     assert not checks.fresh_first(x)
+    # blocks PyTorch's allocator keeps unused after an earlier case are memory the copy can take
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 64 * 1024)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 56 * 1024)
+    assert checks.fresh_first(x)
     monkeypatch.setattr(checks, "FRESH_FIRST_MAX_BYTES", -1)
     monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (2**40, 2**40))
     assert not checks.fresh_first(x)  # turned off (the interpreter tests' order)

@@ -148,6 +148,35 @@ def test_rotation_plan_refuses_what_it_cannot_size():
     assert "byte count" in rotation_plan(0, 50 << 20, TimingConfig())
 
 
+def test_graph_copies_are_counted_at_the_size_they_clone(monkeypatch):
+    """A sliding window reads ~16 MB a call from a 537 MB cache, and each rotated copy clones the whole
+    cache: the memory check counts `bytes_per_copy` (h100-session22 `ci2`: counted per call, nine backends'
+    copies filled an H100 and vLLM's capture ran out of memory). Memory PyTorch's allocator holds unused
+    counts as available (after such a case the device reads nearly full)."""
+    import torch
+
+    from attnbench.run import timing
+
+    gib = 2**30
+    props = type("P", (), {"L2_cache_size": 50 * 2**20})()
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda device: props)
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device: (8 * gib, 80 * gib))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 0)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 0)
+    made = []
+    factories = {n: (lambda: made.append(1)) for n in ("a", "b")}
+    closures = {n: (lambda: None) for n in ("a", "b")}
+    pilot = {n: 20e-6 for n in closures}
+    window = timing.Rotation(factories, bytes_per_call=16 * 2**20, bytes_per_copy=0.5 * gib)
+    said = timing._capture_graphs(closures, window, "cuda", TimingConfig(), pilot)
+    assert isinstance(said, str) and "more input copies per backend need 15.0 GiB, 8.0 GiB free" in said
+    assert made == []  # refused before a copy was made
+    # the same 15 GiB fit once 40 GiB of the allocator's cached blocks count
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: 50 * gib)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: 10 * gib)
+    assert timing.cuda_available_bytes("cuda") == 48 * gib
+
+
 def test_host_timing_measures_what_the_closure_takes():
     closures = {"2ms": lambda: time.sleep(0.002), "4ms": lambda: time.sleep(0.004)}
     stats = time_closures(closures, "cpu", CPU_CONFIG)
