@@ -10,7 +10,6 @@ from attnbench.kernels.torch.spec import build_eagle_tree, verify_greedy
 
 # why its closures may not be replayed in a CUDA graph on another batch (the replay check, docs/replay.md)
 HOST_LENGTHS = "gathers each request's keys by the batch's host-side lengths (seq_lens_host), read in prepare"
-MASKED_WRITE = "writes the pool through a boolean mask of the real requests (a host sync: no capture)"
 
 
 @register_backend("torch")
@@ -48,7 +47,7 @@ class TorchBackend(Backend):
     def prepare_causal_conv1d(self, case, x):
         return lambda: gdn.causal_conv1d(x)
 
-    @implements("gdn_decode", state_layout="kv", graph_safe=MASKED_WRITE)
+    @implements("gdn_decode", state_layout="kv", graph_safe=True)  # no host sync (gdn._write_slots)
     def prepare_gdn_decode(self, case, x):
         return lambda: gdn.gdn_decode(x)
 

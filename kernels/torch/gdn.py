@@ -20,6 +20,24 @@ L2_EPS = 1e-6
 CHUNK = 64
 
 
+# ---- pool writes -----------------------------------------------------------------------------------
+def _write_slots(pool: torch.Tensor, indices: torch.Tensor, values: torch.Tensor, keep=None) -> None:
+    """`pool[indices[b]] = values[b]` for the rows b whose index is >= 0 (and `keep[b]`), with no host
+    sync, so that the closure can be captured in a CUDA graph (a boolean-mask write counts the rows on
+    the host). Every row writes: a row that must not is sent to slot 0 carrying the value slot 0 ends
+    with (the row that owns it, else slot 0's own), so all writes to one slot carry one value and the
+    order they land in does not matter. Real rows' slots are distinct (a batch's)."""
+    idx = indices.long()
+    if idx.numel() == 0:
+        return
+    real = idx >= 0 if keep is None else (idx >= 0) & keep
+    slot = torch.where(real, idx, torch.zeros_like(idx))
+    owns0 = real & (idx == 0)
+    owner = values.index_select(0, owns0.to(torch.uint8).argmax().view(1))[0]
+    v0 = torch.where(owns0.any(), owner, pool[0].to(values.dtype))
+    pool[slot] = torch.where(real.view(-1, *[1] * (values.dim() - 1)), values, v0)
+
+
 # ---- gating ---------------------------------------------------------------------------------------
 def _gates(A_log, a, dt_bias, b) -> tuple[torch.Tensor, torch.Tensor]:
     sp = F.softplus(a.float() + dt_bias.float(), beta=1.0, threshold=20.0)  # x itself above 20
@@ -76,7 +94,7 @@ def _conv_update(x) -> dict[str, torch.Tensor]:
     win = torch.cat([prev, x.x[:, :, None]], dim=2)  # [B, D, W]
     y = (win.float() * x.weight.float()[None]).sum(-1) + x.bias.float()
     x.y.copy_(F.silu(y))
-    x.conv_states[idx[real]] = win[real, :, 1:]
+    _write_slots(x.conv_states, idx, win[:, :, 1:])
     return {"y": x.y}
 
 
@@ -106,9 +124,9 @@ def _conv_verify(x) -> dict[str, torch.Tensor]:
 def gdn_commit(x) -> dict[str, torch.Tensor]:
     """The state and conv window after each request's last accepted token into its pool slots."""
     slot, last = x.state_indices.long(), x.last_accepted.long()
-    b = ((slot >= 0) & (last >= 0)).nonzero().squeeze(1)
-    x.state_pool[slot[b]] = x.inter_states[b, last[b]]
-    x.conv_states[slot[b]] = x.inter_conv_windows[b, last[b]]
+    rows, at = torch.arange(slot.shape[0], device=slot.device), last.clamp(min=0)
+    _write_slots(x.state_pool, slot, x.inter_states[rows, at], keep=last >= 0)
+    _write_slots(x.conv_states, slot, x.inter_conv_windows[rows, at], keep=last >= 0)
     return {}
 
 
@@ -142,10 +160,10 @@ def gdn_decode(x) -> dict[str, torch.Tensor]:
     HV = x.v.shape[1]
     g, beta = _gates(x.A_log, x.a, x.dt_bias, x.b)
     qh, kh = _norm_qk(x.q, x.k, HV, x.scale)
-    S, valid = _load_states(x.state_pool, x.state_indices)
+    S, _ = _load_states(x.state_pool, x.state_indices)
     S, o = _step(S, qh, kh, x.v.float(), g, beta)
     x.o.copy_(o)
-    x.state_pool[x.state_indices.long()[valid]] = S[valid]
+    _write_slots(x.state_pool, x.state_indices, S)
     return {"o": x.o}
 
 
