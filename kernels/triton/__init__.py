@@ -42,6 +42,7 @@ from attnbench.kernels.triton.spec_backend import TritonSpec
 DETERMINISTIC_SPLIT_TILE = 256
 MLA_DETERMINISTIC_SPLIT_TILE = 2048  # the generic planner's deterministic MLA tile (head dims only)
 SPLIT_POLICY_KNOBS = ("min_split", "fill_ctas", "fill_keys", "step_keys")  # decode.SplitPolicy's fields
+DECODE_TILE_KNOBS = {"block_n": "block_n", "decode_warps": "num_warps", "decode_stages": "num_stages"}  # DecodeConfig's
 # why decode's closure may not be replayed in a CUDA graph on another batch (the replay check, docs/replay.md)
 PLANNED_SPLITS = (
     "the split schedule (work items, grid, merge table) is planned in prepare from the batch's host-side lengths: "
@@ -66,6 +67,10 @@ class _TritonAttention(Backend):
         "split_keys": Knob("decode: fixed keys per KV split (default: planned from the SM count)",
                            (64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384)),
         "block_n": Knob("decode: keys per stage-1 step (default: by head dims)", (16, 32, 64, 128)),
+        "decode_warps": Knob("decode: warps per stage-1 program (default 4, 8 for MLA sizes; fixes the tiling, no "
+                             "tuning)", (2, 4, 8)),
+        "decode_stages": Knob("decode: software-pipelining stages of stage 1 (default 3 on sm_80+; fixes the "
+                              "tiling, no tuning)", (1, 2, 3, 4, 5)),
         "fused_merge": Knob("decode: KV splits merged by their last split program, one launch (1), or by a "
                             "second kernel (0) (default: DecodeConfig's)", (0, 1)),
         "mla_kernel": Knob("MLA decode: ws (Gluon, warp-specialized; the default on Hopper where it applies), "
@@ -137,11 +142,11 @@ class _TritonAttention(Backend):
         policy_knobs = {k: v for k, v in knobs.items() if k in SPLIT_POLICY_KNOBS}
         policy = replace(d.SPLITS, **policy_knobs)
         tiling = {
-            k: v for k, v in knobs.items() if k in ("split_keys", "block_n", *SPLIT_POLICY_KNOBS)
+            k: v for k, v in knobs.items() if k in ("split_keys", *DECODE_TILE_KNOBS, *SPLIT_POLICY_KNOBS)
         }  # the others leave the tuning on
         config, tuned = (None, {}) if self.deterministic or tiling else d.tuned_decode_config(x)
-        if "block_n" in knobs:
-            config = replace(d.default_decode_config(x), block_n=knobs["block_n"])
+        if tile := {field: knobs[k] for k, field in DECODE_TILE_KNOBS.items() if k in knobs}:
+            config = replace(d.default_decode_config(x), **tile)
         if "fused_merge" in knobs:
             config = replace(config or d.default_decode_config(x), fused_merge=bool(knobs["fused_merge"]))
         plans = {}
@@ -167,11 +172,11 @@ class _TritonAttention(Backend):
 
     def mla_decode(self, x, knobs):
         """The absorbed-MLA decode kernel (decode_mla.py) where it applies (None: the generic kernel runs;
-        always under a `block_n` knob, which sizes the generic kernel's steps)."""
+        always under a `block_n`, `decode_warps` or `decode_stages` knob, which size the generic kernel)."""
         from attnbench.kernels.triton import decode_mla as m
         from attnbench.kernels.triton.common import arch
 
-        if "block_n" in knobs:
+        if any(k in knobs for k in DECODE_TILE_KNOBS):
             return None
         cfg = m.mla_config(x.q.shape[1], x.k_cache.shape[1], arch(x.q.device))
         if "fused_merge" in knobs:

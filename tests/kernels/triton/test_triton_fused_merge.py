@@ -198,3 +198,27 @@ def test_fused_and_unfused_plugin_variants():
         row = run_one("decode/b4-l300-mixed-h8x2-d64-p16-bf16", get_backend(name), repeats=1)
         assert row.status == "pass", row.reason
         assert row.prepare_info["config"]["fused_merge"] is fused
+
+
+@pytest.mark.parametrize(
+    "case_id, backend, tile",
+    [
+        ("decode/b3-l200-mixed-h8x2-d64-p16-bf16", "triton:decode_warps=8,decode_stages=2", (8, 2)),
+        ("decode/b3-l200-mixed-h8x2-d64-p16-bf16", "triton-det:decode_warps=2,block_n=32", (2, None)),
+        # an MLA case under a tiling knob runs the generic kernel, which the knob sizes (as block_n does)
+        ("decode/b3-l200-mixed-h128x1-d576x512-p64-mla-bf16", "triton:decode_stages=1", (None, 1)),
+    ],
+)
+def test_decode_tiling_knobs_reach_the_config_and_pass(case_id, backend, tile):
+    """`decode_warps` / `decode_stages` (issue #34: the unsplit B16 L1024 decode runs one 4-warp program
+    per SM at 60% of DRAM bandwidth, h100-session22) fix the stage-1 tiling, turn the tuner off, and the
+    rows pass the sweep's checks."""
+    row = run_one(case_id, get_backend(backend), **KERNEL)
+    assert row.status == "pass", row.reason
+    cfg = row.prepare_info["config"]
+    warps, stages = tile
+    assert warps is None or cfg["num_warps"] == warps
+    assert stages is None or cfg["num_stages"] == stages
+    assert "autotune_us" not in row.prepare_info
+    if "block_n=32" in backend:
+        assert cfg["block_n"] == 32
