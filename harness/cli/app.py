@@ -119,7 +119,12 @@ def sweep(
     keyword: Annotated[
         list[str] | None, typer.Option("-k", help="Only cases whose id contains this (repeatable).")
     ] = None,
-    case: Annotated[list[str] | None, typer.Option("--case", help="Run this case id (repeatable).")] = None,
+    case: Annotated[
+        list[str] | None,
+        typer.Option(
+            "--case", help="Run this case id (repeatable; added to the suites' cases: -k picks cases of a suite)."
+        ),
+    ] = None,
     trace: Annotated[
         list[str] | None,
         typer.Option(

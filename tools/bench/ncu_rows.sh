@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # One GPU call: Nsight Compute on the checked call of (case, backend) rows, then one table of them all.
 # Usage (repo root, .gpu parts unpacked): bash tools/bench/ncu_rows.sh ROWS-FILE [EXTRA SWEEP ARGS...]
-# ROWS-FILE: one "CASE-ID BACKEND" per line (# comments). Each row runs `attnbench sweep --case ... -b ...
+# ROWS-FILE: one "CASE-ID BACKEND" per line (# comments). EXTRA SWEEP ARGS must not name a suite: `--case` adds its
+# case to a suite's cases (h100-session22: `... targets` profiled every targets row of each backend). Each row runs `attnbench sweep --case ... -b ...
 # --no-timing --no-isolate` under ncu, which keeps only the kernels inside the row's NVTX range
 # `attnbench:<backend>` (harness/run/runner.py `_profiled`: the first, checked call), after a warm-up run of
 # the same row without ncu (Triton autotuning cached on disk: TRITON_CACHE_AUTOTUNING=1). Writes $OUT/ncu/<n>.csv
