@@ -286,7 +286,7 @@ def _cuda_sequence(monkeypatch, pilot_us: float, capture_fails: bool = False, fi
     first_us = pilot_us if first_us is None else first_us
 
     class Events:
-        def __init__(self, runs, device, flush, calls=None):
+        def __init__(self, runs, device, flush, calls=None, hide_launch=False):
             self.graph = calls is not None
 
         def round(self, names, size, during=None):
@@ -351,3 +351,69 @@ def test_a_likely_graph_case_that_stays_per_call_retakes_its_pilot_after_the_war
     assert ("settle", cfg.graph_warmup_s) not in steps and stats["a"].mode == "per-call"
     assert steps[warm + 1] == ("round", 10)
     assert stats["a"].n == sum(s[1] for s in steps[warm + 1 :])  # every sample after the warm-up
+
+
+def test_per_call_samples_wait_out_the_host_side_of_a_call(monkeypatch):
+    """Per-call mode: after the flush the GPU spins for longer than the closure's host side took (its
+    slowest recent call x 1.5 + 20 us; 100 us before any was seen), then the first event, the call, the
+    second event. Graph replays (a single launch) get no spin."""
+    import torch
+
+    from attnbench.run import timing
+
+    log: list = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            log.append("event")
+
+        def elapsed_time(self, other):
+            return 0.01
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(("spin", cycles)))
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setitem(timing._CYCLES_PER_US, "cuda", 2000.0)  # 2 GHz
+
+    def slow_host():  # 2 ms of Python before its (here: no) launches are all queued
+        log.append("call")
+        time.sleep(0.002)
+
+    sampler = timing.EventSampler({"a": slow_host}, "cuda", lambda: log.append("flush"), hide_launch=True)
+    sampler.round(["a"], 2)
+    assert log[:5] == ["flush", ("spin", 100 * 2000), "event", "call", "event"]
+    assert log[5] == "flush" and log[7:10] == ["event", "call", "event"]
+    spin_us = log[6][1] / 2000
+    assert 1.5 * 2000 + 20 <= spin_us <= timing.HIDE_MAX_US  # capped at 5 ms
+    log.clear()
+    timing.EventSampler({"a": slow_host}, "cuda", lambda: log.append("flush")).round(["a"], 1)
+    assert log == ["flush", "event", "call", "event"]
+
+
+def test_the_spin_is_calibrated_once_per_device(monkeypatch):
+    import torch
+
+    from attnbench.run import timing
+
+    sleeps: list = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 0.5  # 1e6 cycles took 0.5 ms: 2000 cycles a microsecond
+
+    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "_sleep", sleeps.append)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
+    monkeypatch.setattr(timing, "_CYCLES_PER_US", {})
+    timing.spin("cuda:1", 10.0)
+    timing.spin("cuda:1", 30.0)
+    assert sleeps == [1_000_000, 1_000_000, 20_000, 60_000]
