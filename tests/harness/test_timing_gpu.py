@@ -89,6 +89,27 @@ def test_long_kernels_stay_per_call_with_a_cold_l2():
     assert st.ci95_us[0] <= st.median_us <= st.ci95_us[1] and (st.ci95_us[1] - st.ci95_us[0]) / 2 <= 0.01 * st.median_us
 
 
+def test_per_call_samples_leave_out_the_host_side_of_a_call():
+    """A closure that spends 1 ms in Python before launching a ~20 us kernel is timed at the kernel's time
+    in per-call mode (the GPU spin covers the host side: `EventSampler`), and close to its graph replay."""
+    import time
+
+    a = torch.randn(1024, 1024, device=DEVICE, dtype=torch.bfloat16)
+
+    def slow_host():
+        t0 = time.perf_counter()
+        while time.perf_counter() - t0 < 1e-3:
+            pass
+        return a @ a
+
+    per_call = TimingConfig(graph_below_us=0)
+    st = time_closures({"slow": slow_host, "fast": lambda: a @ a}, DEVICE, per_call)
+    assert st["slow"].mode == "per-call" and st["slow"].median_us < 200, st["slow"]
+    assert abs(st["slow"].median_us - st["fast"].median_us) <= 0.1 * st["fast"].median_us + 2, st
+    off = time_closures({"slow": slow_host}, DEVICE, TimingConfig(graph_below_us=0, hide_launch=False))["slow"]
+    assert off.median_us > 900, off  # the host's 1 ms, without the spin
+
+
 def test_nvml_reads_clocks_and_timing_records_them():
     from attnbench.run import nvml
 
