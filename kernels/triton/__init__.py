@@ -73,6 +73,8 @@ class _TritonAttention(Backend):
                               "tiling, no tuning)", (1, 2, 3, 4, 5)),
         "fused_merge": Knob("decode: KV splits merged by their last split program, one launch (1), or by a "
                             "second kernel (0) (default: DecodeConfig's)", (0, 1)),
+        "decode_pdl": Knob("decode: the merge kernel launched as a programmatic dependent of the split kernel "
+                           "(1; Hopper's PDL, compiled kernels on sm_90+) or after it (0, default)", (0, 1)),
         "mla_kernel": Knob("MLA decode: ws (Gluon, warp-specialized; the default on Hopper where it applies), "
                            "wgmma (Gluon, two warpgroups side by side) or triton (the Triton MLA kernel)",
                            ("ws", "wgmma", "triton")),
@@ -149,6 +151,8 @@ class _TritonAttention(Backend):
             config = replace(d.default_decode_config(x), **tile)
         if "fused_merge" in knobs:
             config = replace(config or d.default_decode_config(x), fused_merge=bool(knobs["fused_merge"]))
+        if "decode_pdl" in knobs:  # the tuner's tiling (or the heuristic's) with the merge launched by PDL
+            config = replace(config or d.default_decode_config(x), pdl=bool(knobs["decode_pdl"]))
         plans = {}
 
         def build(cfg):

@@ -30,6 +30,7 @@ from dataclasses import dataclass, replace
 import torch
 import triton
 import triton.language as tl
+from triton.language.extra.cuda import gdc_launch_dependents, gdc_wait
 
 from attnbench.kernels.triton import tune
 from attnbench.kernels.triton.common import (
@@ -45,6 +46,7 @@ from attnbench.kernels.triton.common import (
     fp8_to,
     fp8_to_f16_rows,
     head_split,
+    interpreting,
     kv_fp8_code,
     kv_scale_args,
     load_tile,
@@ -79,7 +81,10 @@ def _decode_split_kernel(
     USE_DOT: tl.constexpr, V_FROM_K: tl.constexpr, HAS_SOFTCAP: tl.constexpr, HAS_SINKS: tl.constexpr,
     DOT_PRECISION: tl.constexpr, PRECISE_EXP: tl.constexpr, KV_FP8: tl.constexpr = 0,
     FP8_DQ: tl.constexpr = 0, FUSED_MERGE: tl.constexpr = 0, MERGE_DV: tl.constexpr = 128,
+    PDL: tl.constexpr = 0,
 ):  # fmt: skip
+    if PDL:  # the merge launch may start now: it reads the partials only after its gdc_wait
+        gdc_launch_dependents()
     i_u, i_w = tl.program_id(0), tl.program_id(1)
     i_hk, i_hb = i_u // NUM_HB, i_u % NUM_HB
     i_b = tl.load(work + i_w * 4)
@@ -304,16 +309,20 @@ def _decode_merge_kernel(
     stride_pw, stride_ph, stride_mw, stride_ml, stride_ot, stride_oh, stride_lt,
     # Meta-parameters
     DV: tl.constexpr, BLOCK_DV: tl.constexpr, BLOCK_S: tl.constexpr, HAS_SINKS: tl.constexpr,
-    PRECISE_EXP: tl.constexpr, HAS_EMPTY: tl.constexpr = False,
+    PRECISE_EXP: tl.constexpr, HAS_EMPTY: tl.constexpr = False, PDL: tl.constexpr = 0,
 ):  # fmt: skip
     """Merge the partials `[w_start, w_end)` of each `merge` row (request, w_start, w_end) into the
     output row `qo_indptr[request]`. HAS_EMPTY: a partial may have seen no key (max -inf, sum 0,
-    output 0; extend's split path), so the running max may still be -inf after a block."""
+    output 0; extend's split path), so the running max may still be -inf after a block. PDL: launched
+    as a programmatic dependent of the split kernel, it reads its tables (which the split kernel does
+    not write) and then waits for the split kernel's partials."""
     i_r, i_h = tl.program_id(0), tl.program_id(1)
     i_b = tl.load(merge + i_r * 3)
     w_start = tl.load(merge + i_r * 3 + 1)
     w_end = tl.load(merge + i_r * 3 + 2)
     i_t = tl.load(qo_indptr + i_b)
+    if PDL:
+        gdc_wait()
     o_dv = tl.arange(0, BLOCK_DV)
     m_dv = o_dv < DV
 
@@ -375,6 +384,12 @@ class DecodeConfig:
     `fused_merge`: split requests are merged by the last of their split programs to finish (one
     launch; `merge_if_last`) instead of by a second kernel (`_decode_merge_kernel`). Not yet timed on
     a GPU, so off by default (NOTES.md, "Fused merge").
+
+    `pdl`: the merge kernel is launched as a programmatic dependent of the split kernel (Hopper's PDL:
+    `launch_pdl`, `griddepcontrol`): its programs start while the split programs run, read the merge
+    table, and wait for the partials, so the second launch's latency and prologue overlap the first
+    kernel (the merge launch is the gap at B16 L4096: 5.0 of 103.9 us under Nsight Compute on an H100,
+    reports/examples/h100-session22). Sm_90+ compiled only; not yet timed on a GPU, so off by default.
     """
 
     block_h: int
@@ -384,6 +399,7 @@ class DecodeConfig:
     ctas_per_sm: int
     fp8_dequant: str = "f16-rows"
     fused_merge: bool = False
+    pdl: bool = False
 
 
 FP8_DEQUANT = {"operand": 0, "f16": 1, "f16-rows": 2, "f16-bits": 3}  # DecodeConfig.fp8_dequant -> FP8_DQ
@@ -714,7 +730,23 @@ def plan_decode(
         counts,
         cfg,
     )
-    return fuse_merge(plan, Hkv * num_hb) if cfg.fused_merge else plan
+    if cfg.fused_merge:
+        return fuse_merge(plan, Hkv * num_hb)
+    return with_pdl(plan) if cfg.pdl and pdl_supported(device) else plan
+
+
+def pdl_supported(device: torch.device) -> bool:
+    """Programmatic dependent launch: compiled kernels on sm_90 or later (never the interpreter)."""
+    return device.type == "cuda" and not interpreting() and arch(device) >= 90
+
+
+def with_pdl(plan: DecodePlan) -> DecodePlan:
+    """`plan` with its merge launched as a programmatic dependent of the split kernel (`DecodeConfig.pdl`);
+    a plan with nothing to merge, or merging inside the split launch, is returned as it is."""
+    if plan.merge is not None and not plan.fused:
+        plan.meta = plan.meta | {"PDL": 1}
+        plan.merge_meta = plan.merge_meta | {"PDL": 1, "launch_pdl": True}
+    return plan
 
 
 def fuse_merge(plan: DecodePlan, units: int) -> DecodePlan:

@@ -122,7 +122,8 @@ def _launches(case_id: str):
     another MLA kernel where the warp-specialized Gluon one applies) or `@mla=0` (the
     generic kernel where the backend would take the MLA kernel); other decodes take `DecodeConfig`
     fields over the default config (`@num_warps=2@fp8_dequant=2`: the FP8_DEQUANT mode numbered 2);
-    `@fused_merge=1` on either kernel merges the splits inside the split launch; extend `@kernel=ws` (`@stages=3`, `@persistent=1`): the
+    `@fused_merge=1` on either kernel merges the splits inside the split launch (`@pdl=1` on the generic one:
+    the merge kernel as a programmatic dependent); extend `@kernel=ws` (`@stages=3`, `@persistent=1`): the
     Gluon prefill."""
     from attnbench.case import Case
     from attnbench.kernels.triton import decode, extend, extend_plan, merge
@@ -144,9 +145,10 @@ def _launches(case_id: str):
     if case.op_name == "decode":
         dq = {v: k for k, v in decode.FP8_DEQUANT.items()}
         kw = {k: dq[v] if k == "fp8_dequant" else v for k, v in kw.items()}  # @fp8_dequant=N: FP8_DEQUANT's Nth
-        kw = {k: bool(v) if k == "fused_merge" else v for k, v in kw.items()}
+        kw = {k: bool(v) if k in ("fused_merge", "pdl") else v for k, v in kw.items()}
         cfg = decode.DecodeConfig(**(vars(decode.default_decode_config(x)) | kw))
-        return decode._launches(x, decode.plan_decode(x, config=cfg))
+        plan = decode.plan_decode(x, config=cfg)  # @pdl=1: applied here (the CPU device plans no PDL)
+        return decode._launches(x, decode.with_pdl(plan) if cfg.pdl else plan)
     if case.op_name == "extend":
         if kw.pop("kernel", None) == "ws":  # the Gluon prefill (prefill_ws.py)
             from attnbench.kernels.triton import prefill_ws

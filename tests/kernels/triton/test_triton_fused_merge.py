@@ -207,6 +207,8 @@ def test_fused_and_unfused_plugin_variants():
         ("decode/b3-l200-mixed-h8x2-d64-p16-bf16", "triton-det:decode_warps=2,block_n=32", (2, None)),
         # an MLA case under a tiling knob runs the generic kernel, which the knob sizes (as block_n does)
         ("decode/b3-l200-mixed-h128x1-d576x512-p64-mla-bf16", "triton:decode_stages=1", (None, 1)),
+        # PDL is planned for compiled kernels on sm_90+ only: here the knob reaches the config, nothing else
+        ("decode/b3-l200-mixed-h8x2-d64-p16-bf16", "triton:decode_pdl=1,split_keys=64", (None, None)),
     ],
 )
 def test_decode_tiling_knobs_reach_the_config_and_pass(case_id, backend, tile):
@@ -222,3 +224,19 @@ def test_decode_tiling_knobs_reach_the_config_and_pass(case_id, backend, tile):
     assert "autotune_us" not in row.prepare_info
     if "block_n=32" in backend:
         assert cfg["block_n"] == 32
+    if "decode_pdl=1" in backend:
+        assert cfg["pdl"] is True and row.prepare_info["max_splits"] > 1
+
+
+def test_pdl_marks_the_merge_launch_only_where_there_is_one():
+    from attnbench.kernels.triton import decode as d
+
+    x = Case.from_id("decode/b3-l200-mixed-h8x2-d64-p16-bf16").make_inputs()
+    cfg = dataclasses.replace(d.default_decode_config(x), pdl=True)
+    assert not d.pdl_supported(x.q.device)  # the interpreter, a CPU: planned without PDL
+    plan = d.plan_decode(x, config=cfg, deterministic=True, split_tile=64)
+    assert plan.merge is not None and "PDL" not in plan.meta and "launch_pdl" not in plan.merge_meta
+    plan = d.with_pdl(plan)
+    assert plan.meta["PDL"] == 1 and plan.merge_meta["PDL"] == 1 and plan.merge_meta["launch_pdl"] is True
+    whole = d.plan_decode(x, config=cfg, deterministic=True, split_tile=1024)
+    assert whole.merge is None and d.with_pdl(whole).meta == whole.meta  # nothing to merge: one launch
