@@ -73,8 +73,8 @@ class _TritonAttention(Backend):
                               "tiling, no tuning)", (1, 2, 3, 4, 5)),
         "fused_merge": Knob("decode: KV splits merged by their last split program, one launch (1), or by a "
                             "second kernel (0) (default: DecodeConfig's)", (0, 1)),
-        "decode_pdl": Knob("decode: the merge kernel launched as a programmatic dependent of the split kernel "
-                           "(1; Hopper's PDL, compiled kernels on sm_90+) or after it (0, default)", (0, 1)),
+        "decode_pdl": Knob("decode (MLA too): the merge kernel launched as a programmatic dependent of the split "
+                           "kernel (1; Hopper's PDL, compiled kernels on sm_90+) or after it (0, default)", (0, 1)),
         "mla_kernel": Knob("MLA decode: ws (Gluon, warp-specialized; the default on Hopper where it applies), "
                            "wgmma (Gluon, two warpgroups side by side) or triton (the Triton MLA kernel)",
                            ("ws", "wgmma", "triton")),
@@ -185,6 +185,8 @@ class _TritonAttention(Backend):
         cfg = m.mla_config(x.q.shape[1], x.k_cache.shape[1], arch(x.q.device))
         if "fused_merge" in knobs:
             cfg = replace(cfg, fused_merge=bool(knobs["fused_merge"]))
+        if "decode_pdl" in knobs:
+            cfg = replace(cfg, pdl=bool(knobs["decode_pdl"]))
         if "mla_kernel" in knobs:
             cfg = replace(cfg, impl=knobs["mla_kernel"])
         if m.mla_unsupported(x, cfg):

@@ -740,11 +740,14 @@ def pdl_supported(device: torch.device) -> bool:
     return device.type == "cuda" and not interpreting() and arch(device) >= 90
 
 
-def with_pdl(plan: DecodePlan) -> DecodePlan:
+def with_pdl(plan: DecodePlan, trigger: bool = True) -> DecodePlan:
     """`plan` with its merge launched as a programmatic dependent of the split kernel (`DecodeConfig.pdl`);
-    a plan with nothing to merge, or merging inside the split launch, is returned as it is."""
+    a plan with nothing to merge, or merging inside the split launch, is returned as it is. `trigger`:
+    the split kernel lets it launch as its programs start (`PDL` constexpr: this file's kernel); without,
+    each split program triggers as it exits (the MLA kernels), so merge programs start on the SMs of the
+    first ones to finish."""
     if plan.merge is not None and not plan.fused:
-        plan.meta = plan.meta | {"PDL": 1}
+        plan.meta = plan.meta | ({"PDL": 1} if trigger else {})
         plan.merge_meta = plan.merge_meta | {"PDL": 1, "launch_pdl": True}
     return plan
 

@@ -189,6 +189,7 @@ class MLAConfig:
     use_tma: bool = True
     warp_specialize: bool = False
     fused_merge: bool = False  # split requests merged in the same launch (decode.DecodeConfig.fused_merge)
+    pdl: bool = False  # the merge kernel as a programmatic dependent (decode.with_pdl, no trigger: not yet timed)
     # "triton": this file's kernel; on Hopper, Gluon kernels where they apply (`gluon_unsupported`):
     # "wgmma" (decode_mla_gluon.py: two warpgroups side by side), "ws" (decode_mla_ws.py: warp-specialized)
     impl: str = "triton"
@@ -313,7 +314,14 @@ def plan_mla_decode(
         a decode.py `DecodePlan` (its `meta` for `_mla_decode_kernel`) with `descriptors` attached.
     """
     from attnbench.kernels.triton.common import arch, sm_count
-    from attnbench.kernels.triton.decode import DecodePlan, fuse_merge, split_schedule, split_tables
+    from attnbench.kernels.triton.decode import (
+        DecodePlan,
+        fuse_merge,
+        pdl_supported,
+        split_schedule,
+        split_tables,
+        with_pdl,
+    )
 
     device = x.q.device
     T, Hq, _ = x.q.shape
@@ -373,7 +381,9 @@ def plan_mla_decode(
         cfg,
     )
     plan.descriptors = make_descriptors(x, cfg)
-    return fuse_merge(plan, units) if cfg.fused_merge else plan
+    if cfg.fused_merge:
+        return fuse_merge(plan, units)
+    return with_pdl(plan, trigger=False) if cfg.pdl and pdl_supported(device) else plan
 
 
 def _launches(x, plan) -> list[tuple]:

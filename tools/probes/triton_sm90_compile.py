@@ -139,9 +139,10 @@ def _launches(case_id: str):
 
         default = decode_mla.mla_config(x.q.shape[1], x.k_cache.shape[1], 90)
         if kw.pop("mla", 1) and decode_mla.mla_unsupported(x, default) is None:
-            flags = ("use_tma", "warp_specialize", "fused_merge")
+            flags = ("use_tma", "warp_specialize", "fused_merge", "pdl")
             cfg = decode_mla.MLAConfig(**(vars(default) | {k: bool(v) if k in flags else v for k, v in kw.items()}))
-            return decode_mla._launches(x, decode_mla.plan_mla_decode(x, config=cfg, num_sms=132))
+            plan = decode_mla.plan_mla_decode(x, config=cfg, num_sms=132)
+            return decode_mla._launches(x, decode.with_pdl(plan, trigger=False) if cfg.pdl else plan)
     if case.op_name == "decode":
         dq = {v: k for k, v in decode.FP8_DEQUANT.items()}
         kw = {k: dq[v] if k == "fp8_dequant" else v for k, v in kw.items()}  # @fp8_dequant=N: FP8_DEQUANT's Nth

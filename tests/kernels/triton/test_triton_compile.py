@@ -24,6 +24,7 @@ SCRIPT = Path(__file__).resolve().parents[3] / "tools" / "probes" / "triton_sm90
 FAST = [
     "decode/b2-l300-h32x8-d128-p16-bf16",  # GQA decode (both stages)
     "decode/b2-l3000-h32x8-d128-p16-bf16@pdl=1",  # the merge as a programmatic dependent (griddepcontrol)
+    "decode/b2-l3000-h128x1-d576x512-p64-mla-bf16@pdl=1",  # the same after the warp-specialized MLA kernel
     "decode/b2-l300-h128x1-d576x512-p64-mla-bf16",  # MLA decode: the warp-specialized Gluon kernel (decode_mla_ws.py)
     "decode/b2-l300-h128x1-d576x512-p64-mla-bf16@impl=wgmma",  # the Gluon kernel without roles (decode_mla_gluon.py)
     "decode/b2-l300-h128x1-d576x512-p64-mla-bf16@impl=triton",  # the Triton MLA kernel (decode_mla.py)
