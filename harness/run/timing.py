@@ -214,12 +214,13 @@ class EventSampler:
     """CUDA events around each call (or graph replay, divided by `calls[name]`), each after a flush.
 
     `hide_launch` (per-call mode): between the flush and the first event the GPU spins for longer than
-    the closure takes to enqueue its work on the host (`_HostTime`: its slowest recent call, x 1.5 +
-    20 us, at most `HIDE_MAX_US`), so that every launch of the call is queued when the first event
-    fires and the events time the GPU's work only, as a CUDA-graph replay would run it. Without it, a
-    closure whose host side (Python, a Triton launcher, a library's wrapper) outlasts the flush was timed
-    with its launch gaps: on an H100 (h100-session22 `ci2`) a window decode whose kernel takes 15 us
-    under Nsight Compute sampled 17-300 us, median 137 us, 500 samples without converging."""
+    the closure takes to enqueue its work on the host (`_HostTime`), so that every launch of the call is
+    queued when the first event fires and the events time the GPU's work only, as a CUDA-graph replay
+    runs it. Without it, a closure whose host side (Python, a Triton launcher, a library's wrapper)
+    outlasts the flush was timed with its launch gaps: on an H100 (h100-session22 `ci2`) a window decode
+    whose kernel takes 15 us under Nsight Compute sampled 17-300 us, median 137 us, 500 samples without
+    converging. A closure that waits for the GPU itself (a host sync inside) would wait for the spin
+    too: the probe finds it and it gets no spin (its samples hold its gaps, as before)."""
 
     clock = "cuda-events"
 
@@ -232,18 +233,23 @@ class EventSampler:
         self.host = _HostTime() if hide_launch else None
 
     def round(self, names, size, during=None):
+        if self.host:
+            for n in names:
+                if not self.host.probed(n):
+                    self.host.probe(n, self.runs[n], self.device)
         events = {n: [] for n in names}
         for _ in range(size):
             for n in names:
                 if self.flush:
                     self.flush()
-                if self.host:
-                    spin(self.device, self.host.cover_us(n))
+                cover = self.host.cover_us(n) if self.host else 0.0
+                if cover:
+                    spin(self.device, cover)
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 e0.record()
                 t0 = time.perf_counter()
                 self.runs[n]()
-                if self.host:
+                if cover:
                     self.host.saw(n, time.perf_counter() - t0)
                 e1.record()
                 events[n].append((e0, e1))
@@ -253,23 +259,44 @@ class EventSampler:
         return {n: [a.elapsed_time(b) * 1e-3 / self.calls.get(n, 1) for a, b in events[n]] for n in names}
 
 
-HIDE_MAX_US = 5000.0  # a closure whose host side takes longer is timed with its launch gaps (noted nowhere: rare)
+PROBE_US = 2000.0  # the probe's GPU wait: a call that returns later waited for the GPU (or is slower on the host)
 
 
 class _HostTime:
-    """How long each closure takes to enqueue its work on the host: the slowest of its last 8 calls."""
+    """How long each closure takes to enqueue its work on the host, and whether a GPU wait can hide it.
+
+    `probe`: one call while the GPU spins for `PROBE_US`. A call that returns before the spin ends queued
+    its work without waiting for the GPU: its spin from then on is 1.5 x its slowest of the last 8 calls
+    + 20 us (at most 1.5 x `PROBE_US` + 20: the measured times cannot run away). One that returns after
+    it waited for the GPU (a host sync), or needs more host time than that: no spin."""
 
     def __init__(self):
         self.seen: dict[str, list[float]] = {}
+        self.syncs: set[str] = set()
+
+    def probed(self, name: str) -> bool:
+        return name in self.seen or name in self.syncs
+
+    def probe(self, name: str, fn: Callable, device) -> None:
+        torch.cuda.synchronize(device)
+        spin(device, PROBE_US)
+        t0 = time.perf_counter()
+        fn()
+        took = time.perf_counter() - t0
+        torch.cuda.synchronize(device)
+        if took * 1e6 >= 0.95 * PROBE_US:
+            self.syncs.add(name)
+        else:
+            self.seen[name] = [took]
 
     def saw(self, name: str, seconds: float) -> None:
-        self.seen.setdefault(name, []).append(seconds)
-        del self.seen[name][:-8]
+        self.seen[name] = [*self.seen.get(name, []), min(seconds, PROBE_US * 1e-6)][-8:]
 
     def cover_us(self, name: str) -> float:
-        """The GPU wait before the first event: more than the host side of a call (100 us before one was seen)."""
-        seen = self.seen.get(name)
-        return min(HIDE_MAX_US, 1.5 * max(seen) * 1e6 + 20.0) if seen else 100.0
+        """The GPU wait before the first event (0: none)."""
+        if name in self.syncs or name not in self.seen:
+            return 0.0
+        return 1.5 * max(self.seen[name]) * 1e6 + 20.0
 
 
 _CYCLES_PER_US: dict[str, float] = {}

@@ -354,9 +354,10 @@ def test_a_likely_graph_case_that_stays_per_call_retakes_its_pilot_after_the_war
 
 
 def test_per_call_samples_wait_out_the_host_side_of_a_call(monkeypatch):
-    """Per-call mode: after the flush the GPU spins for longer than the closure's host side took (its
-    slowest recent call x 1.5 + 20 us; 100 us before any was seen), then the first event, the call, the
-    second event. Graph replays (a single launch) get no spin."""
+    """Per-call mode: a probe call while the GPU spins for PROBE_US tells whether the closure queues its
+    work without waiting for the GPU; if so, every sample spins after the flush for 1.5 x its slowest recent
+    host time + 20 us, then the first event, the call, the second event. A closure that waits for the GPU
+    (here: returns after the probe's spin) gets no spin, which it would only wait out; nor do graph replays."""
     import torch
 
     from attnbench.run import timing
@@ -378,19 +379,26 @@ def test_per_call_samples_wait_out_the_host_side_of_a_call(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setitem(timing._CYCLES_PER_US, "cuda", 2000.0)  # 2 GHz
 
-    def slow_host():  # 2 ms of Python before its (here: no) launches are all queued
-        log.append("call")
-        time.sleep(0.002)
+    def host_for(seconds, name):
+        def call():  # Python before its (here: no) launches are all queued
+            log.append(name)
+            time.sleep(seconds)
 
-    sampler = timing.EventSampler({"a": slow_host}, "cuda", lambda: log.append("flush"), hide_launch=True)
-    sampler.round(["a"], 2)
-    assert log[:5] == ["flush", ("spin", 100 * 2000), "event", "call", "event"]
-    assert log[5] == "flush" and log[7:10] == ["event", "call", "event"]
-    spin_us = log[6][1] / 2000
-    assert 1.5 * 2000 + 20 <= spin_us <= timing.HIDE_MAX_US  # capped at 5 ms
+        return call
+
+    quick, syncing = host_for(0.0005, "quick"), host_for(1.2 * timing.PROBE_US * 1e-6, "syncing")
+    sampler = timing.EventSampler({"q": quick, "s": syncing}, "cuda", lambda: log.append("flush"), hide_launch=True)
+    sampler.round(["q", "s"], 2)
+    probe = ("spin", timing.PROBE_US * 2000)
+    assert log[:4] == [probe, "quick", probe, "syncing"]  # one probe call each, before the samples
+    q_spin = log[5]
+    assert log[4:9] == ["flush", q_spin, "event", "quick", "event"] and q_spin[0] == "spin"
+    assert 1.5 * 500 + 20 <= q_spin[1] / 2000 <= 1.5 * timing.PROBE_US + 20
+    assert log[9:13] == ["flush", "event", "syncing", "event"]  # no spin: it would wait for it
+    assert sampler.host.syncs == {"s"}
     log.clear()
-    timing.EventSampler({"a": slow_host}, "cuda", lambda: log.append("flush")).round(["a"], 1)
-    assert log == ["flush", "event", "call", "event"]
+    timing.EventSampler({"q": quick}, "cuda", lambda: log.append("flush")).round(["q"], 1)
+    assert log == ["flush", "event", "quick", "event"]
 
 
 def test_the_spin_is_calibrated_once_per_device(monkeypatch):

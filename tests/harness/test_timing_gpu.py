@@ -108,6 +108,9 @@ def test_per_call_samples_leave_out_the_host_side_of_a_call():
     assert abs(st["slow"].median_us - st["fast"].median_us) <= 0.1 * st["fast"].median_us + 2, st
     off = time_closures({"slow": slow_host}, DEVICE, TimingConfig(graph_below_us=0, hide_launch=False))["slow"]
     assert off.median_us > 900, off  # the host's 1 ms, without the spin
+    # a closure that waits for the GPU (.item()) gets no spin to wait out: timed as before, quickly
+    synced = time_closures({"item": lambda: (a @ a).sum().item()}, DEVICE, per_call)["item"]
+    assert synced.converged and synced.wall_s < 5, synced
 
 
 def test_nvml_reads_clocks_and_timing_records_them():
