@@ -226,17 +226,18 @@ class EventSampler:
 
     def __init__(
         self, runs: dict[str, Callable], device: torch.device, flush: Callable | None, calls=None,
-        hide_launch: bool = False,
+        hide_launch: bool = False, sm_max_mhz: float | None = None,
     ):  # fmt: skip
         self.runs, self.device, self.flush = runs, device, flush
         self.calls = calls or {}
         self.host = _HostTime() if hide_launch else None
+        self.mhz = sm_max_mhz  # the spin in cycles at the SM's top clock: at a lower one it lasts longer
 
     def round(self, names, size, during=None):
         if self.host:
             for n in names:
                 if not self.host.probed(n):
-                    self.host.probe(n, self.runs[n], self.device)
+                    self.host.probe(n, self.runs[n], self.device, self.mhz)
         events = {n: [] for n in names}
         for _ in range(size):
             for n in names:
@@ -244,7 +245,7 @@ class EventSampler:
                     self.flush()
                 cover = self.host.cover_us(n) if self.host else 0.0
                 if cover:
-                    spin(self.device, cover)
+                    spin(self.device, cover, self.mhz)
                 e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
                 e0.record()
                 t0 = time.perf_counter()
@@ -277,9 +278,9 @@ class _HostTime:
     def probed(self, name: str) -> bool:
         return name in self.seen or name in self.syncs
 
-    def probe(self, name: str, fn: Callable, device) -> None:
+    def probe(self, name: str, fn: Callable, device, mhz: float | None = None) -> None:
         torch.cuda.synchronize(device)
-        spin(device, PROBE_US)
+        spin(device, PROBE_US, mhz)
         t0 = time.perf_counter()
         fn()
         took = time.perf_counter() - t0
@@ -302,9 +303,13 @@ class _HostTime:
 _CYCLES_PER_US: dict[str, float] = {}
 
 
-def spin(device: torch.device, us: float) -> None:
-    """Keep the current stream of `device` busy for about `us` microseconds (`torch.cuda._sleep`, cycles
-    calibrated once a process per device)."""
+def spin(device: torch.device, us: float, mhz: float | None = None) -> None:
+    """Keep the current stream of `device` busy for at least about `us` microseconds (`torch.cuda._sleep`
+    counts SM cycles: `mhz` cycles a microsecond, the SM's top clock from NVML, so a lower clock only makes
+    it longer; without NVML, calibrated once a process per device at the clock of that moment)."""
+    if mhz:
+        torch.cuda._sleep(max(1, int(us * mhz)))
+        return
     key = str(device)
     if key not in _CYCLES_PER_US:
         cycles = 1_000_000
@@ -552,7 +557,8 @@ def time_closures(
     likely_graph = cfg.graph_below_us > 0 and min(first.values()) * 1e6 < cfg.graph_below_us
     if not likely_graph:
         _warm_up(closures, 0, cfg.warmup_s, sync)
-    events = EventSampler(closures, device, flush, hide_launch=cfg.hide_launch)
+    top = (before or {}).get("sm_max_mhz")
+    events = EventSampler(closures, device, flush, hide_launch=cfg.hide_launch, sm_max_mhz=top)
     pilot_size = max(3, min(cfg.round_size, cfg.min_samples))
     pilot = events.round(names, pilot_size)
     extra: dict = {"mode": "per-call"}

@@ -286,7 +286,7 @@ def _cuda_sequence(monkeypatch, pilot_us: float, capture_fails: bool = False, fi
     first_us = pilot_us if first_us is None else first_us
 
     class Events:
-        def __init__(self, runs, device, flush, calls=None, hide_launch=False):
+        def __init__(self, runs, device, flush, calls=None, hide_launch=False, sm_max_mhz=None):
             self.graph = calls is not None
 
         def round(self, names, size, during=None):
@@ -425,3 +425,15 @@ def test_the_spin_is_calibrated_once_per_device(monkeypatch):
     timing.spin("cuda:1", 10.0)
     timing.spin("cuda:1", 30.0)
     assert sleeps == [1_000_000, 1_000_000, 20_000, 60_000]
+
+
+def test_the_spin_counts_cycles_at_the_top_clock_where_nvml_gives_it(monkeypatch):
+    import torch
+
+    from attnbench.run import timing
+
+    sleeps: list = []
+    monkeypatch.setattr(torch.cuda, "_sleep", sleeps.append)
+    monkeypatch.setattr(timing, "_CYCLES_PER_US", {})
+    timing.spin("cuda:0", 10.0, mhz=1980)
+    assert sleeps == [19_800] and timing._CYCLES_PER_US == {}  # no calibration
