@@ -43,6 +43,7 @@ DETERMINISTIC_SPLIT_TILE = 256
 MLA_DETERMINISTIC_SPLIT_TILE = 2048  # the generic planner's deterministic MLA tile (head dims only)
 SPLIT_POLICY_KNOBS = ("min_split", "fill_ctas", "fill_keys", "step_keys")  # decode.SplitPolicy's fields
 DECODE_TILE_KNOBS = {"block_n": "block_n", "decode_warps": "num_warps", "decode_stages": "num_stages"}  # DecodeConfig's
+MERGE_KNOBS = {"fused_merge": "fused_merge", "decode_pdl": "pdl"}  # DecodeConfig's and MLAConfig's (booleans)
 # why decode's closure may not be replayed in a CUDA graph on another batch (the replay check, docs/replay.md)
 PLANNED_SPLITS = (
     "the split schedule (work items, grid, merge table) is planned in prepare from the batch's host-side lengths: "
@@ -58,6 +59,11 @@ def _triton_missing() -> str | None:
     except Exception as e:  # a broken install is a reason, not a crash
         return f"triton does not import: {type(e).__name__}: {e}"
     return None
+
+
+def _merge_fields(knobs: dict) -> dict:
+    """The config fields the merge knobs set (`MERGE_KNOBS`), as booleans."""
+    return {field: bool(knobs[k]) for k, field in MERGE_KNOBS.items() if k in knobs}
 
 
 class _TritonAttention(Backend):
@@ -149,10 +155,8 @@ class _TritonAttention(Backend):
         config, tuned = (None, {}) if self.deterministic or tiling else d.tuned_decode_config(x)
         if tile := {field: knobs[k] for k, field in DECODE_TILE_KNOBS.items() if k in knobs}:
             config = replace(d.default_decode_config(x), **tile)
-        if "fused_merge" in knobs:
-            config = replace(config or d.default_decode_config(x), fused_merge=bool(knobs["fused_merge"]))
-        if "decode_pdl" in knobs:  # the tuner's tiling (or the heuristic's) with the merge launched by PDL
-            config = replace(config or d.default_decode_config(x), pdl=bool(knobs["decode_pdl"]))
+        if merging := _merge_fields(knobs):  # the tuner's tiling (or the heuristic's), merged as the knobs say
+            config = replace(config or d.default_decode_config(x), **merging)
         plans = {}
 
         def build(cfg):
@@ -183,10 +187,7 @@ class _TritonAttention(Backend):
         if any(k in knobs for k in DECODE_TILE_KNOBS):
             return None
         cfg = m.mla_config(x.q.shape[1], x.k_cache.shape[1], arch(x.q.device))
-        if "fused_merge" in knobs:
-            cfg = replace(cfg, fused_merge=bool(knobs["fused_merge"]))
-        if "decode_pdl" in knobs:
-            cfg = replace(cfg, pdl=bool(knobs["decode_pdl"]))
+        cfg = replace(cfg, **_merge_fields(knobs))
         if "mla_kernel" in knobs:
             cfg = replace(cfg, impl=knobs["mla_kernel"])
         if m.mla_unsupported(x, cfg):

@@ -730,9 +730,7 @@ def plan_decode(
         counts,
         cfg,
     )
-    if cfg.fused_merge:
-        return fuse_merge(plan, Hkv * num_hb)
-    return with_pdl(plan) if cfg.pdl and pdl_supported(device) else plan
+    return arrange_merge(plan, cfg, Hkv * num_hb, device)
 
 
 def pdl_supported(device: torch.device) -> bool:
@@ -750,6 +748,15 @@ def with_pdl(plan: DecodePlan, trigger: bool = True) -> DecodePlan:
         plan.meta = plan.meta | ({"PDL": 1} if trigger else {})
         plan.merge_meta = plan.merge_meta | {"PDL": 1, "launch_pdl": True}
     return plan
+
+
+def arrange_merge(plan: DecodePlan, config, units: int, device: torch.device, trigger: bool = True) -> DecodePlan:
+    """How `plan`'s splits are merged, as `config` (a `DecodeConfig` or `MLAConfig`) says: inside the
+    split launch (`fused_merge`), by a merge kernel launched as a programmatic dependent (`pdl`, where
+    supported; `trigger`: see `with_pdl`), else by a merge kernel after it."""
+    if config.fused_merge:
+        return fuse_merge(plan, units)
+    return with_pdl(plan, trigger) if config.pdl and pdl_supported(device) else plan
 
 
 def fuse_merge(plan: DecodePlan, units: int) -> DecodePlan:

@@ -314,14 +314,7 @@ def plan_mla_decode(
         a decode.py `DecodePlan` (its `meta` for `_mla_decode_kernel`) with `descriptors` attached.
     """
     from attnbench.kernels.triton.common import arch, sm_count
-    from attnbench.kernels.triton.decode import (
-        DecodePlan,
-        fuse_merge,
-        pdl_supported,
-        split_schedule,
-        split_tables,
-        with_pdl,
-    )
+    from attnbench.kernels.triton.decode import DecodePlan, arrange_merge, split_schedule, split_tables
 
     device = x.q.device
     T, Hq, _ = x.q.shape
@@ -381,9 +374,7 @@ def plan_mla_decode(
         cfg,
     )
     plan.descriptors = make_descriptors(x, cfg)
-    if cfg.fused_merge:
-        return fuse_merge(plan, units)
-    return with_pdl(plan, trigger=False) if cfg.pdl and pdl_supported(device) else plan
+    return arrange_merge(plan, cfg, units, device, trigger=False)  # the MLA kernels do not trigger
 
 
 def _launches(x, plan) -> list[tuple]:
