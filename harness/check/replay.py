@@ -34,6 +34,7 @@ from attnbench.buffers import storage_bytes, tensor_fields
 from attnbench.check.checks import Problem, _reset_from, _storages_equal, check, outputs_contract, subjects
 from attnbench.check.prepared import PreparedCall
 from attnbench.errors import describe
+from attnbench.graph_capture import capturing
 from attnbench.ops.replay_batches import keep_from
 from attnbench.ops.rng import to_device
 
@@ -60,7 +61,7 @@ class CudaGraph:
     def capture(self, fn) -> Any:
         torch.cuda.synchronize(self.device)
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        with capturing(self.graph):
             out = fn()
         return out
 

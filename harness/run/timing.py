@@ -38,6 +38,7 @@ import torch
 
 from attnbench.buffers import cuda_available_bytes
 from attnbench.errors import describe
+from attnbench.graph_capture import capturing
 from attnbench.run import nvml
 
 
@@ -475,7 +476,7 @@ def _capture_graphs(
             torch.cuda.current_stream(device).wait_stream(side)
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, capture_error_mode="thread_local"):
+            with capturing(graph, capture_error_mode="thread_local"):
                 for i in range(calls[name]):
                     fns[i % copies]()
         except Exception as e:  # not capturable, or no memory for the copies

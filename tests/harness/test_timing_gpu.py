@@ -80,6 +80,7 @@ def test_graph_mode_falls_back_for_every_backend_when_one_cannot_be_captured():
     for st in stats.values():
         assert st.mode == "per-call" and "graph capture failed for sync" in st.note, st.note
     torch.cuda.synchronize()  # the context is healthy after the failed capture
+    assert torch.randn(4, device=DEVICE).isfinite().all()  # and its random generator (harness/graph_capture.py)
 
 
 def test_long_kernels_stay_per_call_with_a_cold_l2():
