@@ -261,6 +261,7 @@ class EventSampler:
         return {n: [a.elapsed_time(b) * 1e-3 / self.calls.get(n, 1) for a, b in events[n]] for n in names}
 
 
+SYNC_NOTE = "waits for the GPU inside the call (a host sync): its samples include its host-side gaps"
 PROBE_US = 2000.0  # the probe's GPU wait: a call that returns later waited for the GPU (or is slower on the host)
 
 
@@ -589,6 +590,9 @@ def time_closures(
     if check and pilot and check():
         pilot = {}  # the pilot ran throttled: do not keep its samples
     got = sample_until_converged(sampler, names, cfg, check, start=pilot)
+    host = getattr(sampler, "host", None)  # per-call samples: the closures found to sync on the host
+    if host:
+        extra["host_syncs"] = host.syncs
     extra["nvml"] = {"before": before, "after": monitor.snapshot()} if monitor else None
     return _finish(got, names, cfg, "cuda-events", flush is not None, wall0, extra)
 
@@ -603,6 +607,8 @@ def _finish(got: Sampled, names, cfg: TimingConfig, clock: str, flush: bool, wal
         use_bad = len(clean) < cfg.min_samples and bad
         samples = clean + bad if use_bad else clean
         note = extra.get("note", "")
+        if n in extra.get("host_syncs", ()):
+            note = (note + "; " if note else "") + SYNC_NOTE
         if use_bad:
             note = (note + "; " if note else "") + f"{len(bad)} throttled samples used (too few clean ones)"
         out[n] = summarize(
@@ -610,7 +616,7 @@ def _finish(got: Sampled, names, cfg: TimingConfig, clock: str, flush: bool, wal
             clock,
             flush,
             _converged(samples, cfg.target_ci, cfg.min_samples),
-            **(extra | {"note": note, "calls_per_sample": calls}),
+            **({k: v for k, v in extra.items() if k != "host_syncs"} | {"note": note, "calls_per_sample": calls}),
             n_throttled=len(bad),
             throttled=bool(use_bad),
             throttle=list(got.reasons),

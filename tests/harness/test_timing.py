@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -274,7 +275,9 @@ def test_count_budget_binds_the_closures_still_sampled():
     assert len(got.clean["fast"]) == 60 and clock[0] < 1.0  # stopped at the count, not at the 100 s budget
 
 
-def _cuda_sequence(monkeypatch, pilot_us: float, capture_fails: bool = False, first_us: float | None = None):
+def _cuda_sequence(
+    monkeypatch, pilot_us: float, capture_fails: bool = False, first_us: float | None = None, syncs=frozenset()
+):
     """The steps `time_closures` takes on a CUDA device, with the device's parts stood in for: the
     warm-ups (calls, seconds), the pilot and sampling rounds, the capture and the settle, in order.
     `first_us`: what the warm-up's first calls take (L2 warm; default: the pilot's time)."""
@@ -288,6 +291,7 @@ def _cuda_sequence(monkeypatch, pilot_us: float, capture_fails: bool = False, fi
     class Events:
         def __init__(self, runs, device, flush, calls=None, hide_launch=False, sm_max_mhz=None):
             self.graph = calls is not None
+            self.host = SimpleNamespace(syncs=set(syncs)) if hide_launch else None  # `syncs`: found by the probe
 
         def round(self, names, size, during=None):
             steps.append(("graph round" if self.graph else "round", size))
@@ -338,6 +342,16 @@ def test_long_kernels_are_timed_per_call_as_before(monkeypatch):
     assert steps[:3] == [("warm-up", cfg.warmup_calls, 0.0), ("warm-up", 0, cfg.warmup_s), ("round", 10)]
     assert ("capture",) not in steps and stats["a"].mode == "per-call"
     assert stats["a"].n == sum(s[1] for s in steps[2:])  # the pilot's samples kept
+
+
+def test_a_closure_that_syncs_on_the_host_says_so_in_its_note(monkeypatch):
+    """Per-call samples of a closure the probe found waiting for the GPU hold its host gaps: its row says so."""
+    _, stats = _cuda_sequence(monkeypatch, pilot_us=500.0, syncs={"b"})
+    from attnbench.run.timing import SYNC_NOTE
+
+    assert SYNC_NOTE in stats["b"].note and SYNC_NOTE not in stats["a"].note
+    _, stats = _cuda_sequence(monkeypatch, pilot_us=20.0, syncs={"b"})  # graph mode: no host gaps sampled
+    assert stats["b"].mode == "cuda-graph" and SYNC_NOTE not in stats["b"].note
 
 
 @pytest.mark.parametrize("capture_fails", [False, True], ids=["pilot-over-threshold", "capture-failed"])

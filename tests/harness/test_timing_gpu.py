@@ -19,7 +19,7 @@ import attnbench
 from attnbench.backend import _INSTANCES, _REGISTRY, Backend
 from attnbench.case import Case
 from attnbench.run.runner import RunOptions, run_case
-from attnbench.run.timing import Rotation, TimingConfig, time_closures
+from attnbench.run.timing import PROBE_US, SYNC_NOTE, Rotation, TimingConfig, time_closures
 
 pytestmark = pytest.mark.gpu
 DEVICE = "cuda"
@@ -109,9 +109,12 @@ def test_per_call_samples_leave_out_the_host_side_of_a_call():
     assert abs(st["slow"].median_us - st["fast"].median_us) <= 0.1 * st["fast"].median_us + 2, st
     off = time_closures({"slow": slow_host}, DEVICE, TimingConfig(graph_below_us=0, hide_launch=False))["slow"]
     assert off.median_us > 900, off  # the host's 1 ms, without the spin
-    # a closure that waits for the GPU (.item()) gets no spin to wait out: timed as before, quickly
+    # a closure that waits for the GPU (.item()) gets no spin to wait out (it would add PROBE_US to every
+    # sample), says so, and is timed quickly. Its samples hold its host gaps: they need not converge
+    # (H200, 2026-11-28: 36-182 us, median 54).
     synced = time_closures({"item": lambda: (a @ a).sum().item()}, DEVICE, per_call)["item"]
-    assert synced.converged and synced.wall_s < 5, synced
+    assert synced.median_us < PROBE_US / 2 and synced.wall_s < 5, synced
+    assert SYNC_NOTE in synced.note and SYNC_NOTE not in st["slow"].note, synced.note
 
 
 def test_nvml_reads_clocks_and_timing_records_them():
