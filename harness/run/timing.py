@@ -39,6 +39,7 @@ import torch
 from attnbench.buffers import cuda_available_bytes
 from attnbench.errors import describe
 from attnbench.graph_capture import capturing
+from attnbench.launch_hiding import HostTime, spin
 from attnbench.run import nvml
 
 
@@ -215,7 +216,7 @@ class EventSampler:
     """CUDA events around each call (or graph replay, divided by `calls[name]`), each after a flush.
 
     `hide_launch` (per-call mode): between the flush and the first event the GPU spins for longer than
-    the closure takes to enqueue its work on the host (`_HostTime`), so that every launch of the call is
+    the closure takes to enqueue its work on the host (`HostTime`), so that every launch of the call is
     queued when the first event fires and the events time the GPU's work only, as a CUDA-graph replay
     runs it. Without it, a closure whose host side (Python, a Triton launcher, a library's wrapper)
     outlasts the flush was timed with its launch gaps: on an H100 (h100-session22 `ci2`) a window decode
@@ -231,7 +232,7 @@ class EventSampler:
     ):  # fmt: skip
         self.runs, self.device, self.flush = runs, device, flush
         self.calls = calls or {}
-        self.host = _HostTime() if hide_launch else None
+        self.host = HostTime() if hide_launch else None
         self.mhz = sm_max_mhz  # the spin in cycles at the SM's top clock: at a lower one it lasts longer
 
     def round(self, names, size, during=None):
@@ -262,67 +263,6 @@ class EventSampler:
 
 
 SYNC_NOTE = "waits for the GPU inside the call (a host sync): its samples include its host-side gaps"
-PROBE_US = 2000.0  # the probe's GPU wait: a call that returns later waited for the GPU (or is slower on the host)
-
-
-class _HostTime:
-    """How long each closure takes to enqueue its work on the host, and whether a GPU wait can hide it.
-
-    `probe`: one call while the GPU spins for `PROBE_US`. A call that returns before the spin ends queued
-    its work without waiting for the GPU: its spin from then on is 1.5 x its slowest of the last 8 calls
-    + 20 us (at most 1.5 x `PROBE_US` + 20: the measured times cannot run away). One that returns after
-    it waited for the GPU (a host sync), or needs more host time than that: no spin."""
-
-    def __init__(self):
-        self.seen: dict[str, list[float]] = {}
-        self.syncs: set[str] = set()
-
-    def probed(self, name: str) -> bool:
-        return name in self.seen or name in self.syncs
-
-    def probe(self, name: str, fn: Callable, device, mhz: float | None = None) -> None:
-        torch.cuda.synchronize(device)
-        spin(device, PROBE_US, mhz)
-        t0 = time.perf_counter()
-        fn()
-        took = time.perf_counter() - t0
-        torch.cuda.synchronize(device)
-        if took * 1e6 >= 0.95 * PROBE_US:
-            self.syncs.add(name)
-        else:
-            self.seen[name] = [took]
-
-    def saw(self, name: str, seconds: float) -> None:
-        self.seen[name] = [*self.seen.get(name, []), min(seconds, PROBE_US * 1e-6)][-8:]
-
-    def cover_us(self, name: str) -> float:
-        """The GPU wait before the first event (0: none)."""
-        if name in self.syncs or name not in self.seen:
-            return 0.0
-        return 1.5 * max(self.seen[name]) * 1e6 + 20.0
-
-
-_CYCLES_PER_US: dict[str, float] = {}
-
-
-def spin(device: torch.device, us: float, mhz: float | None = None) -> None:
-    """Keep the current stream of `device` busy for at least about `us` microseconds (`torch.cuda._sleep`
-    counts SM cycles: `mhz` cycles a microsecond, the SM's top clock from NVML, so a lower clock only makes
-    it longer; without NVML, calibrated once a process per device at the clock of that moment)."""
-    if mhz:
-        torch.cuda._sleep(max(1, int(us * mhz)))
-        return
-    key = str(device)
-    if key not in _CYCLES_PER_US:
-        cycles = 1_000_000
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        torch.cuda._sleep(cycles)  # the first launch of the spin kernel, outside the calibration
-        e0.record()
-        torch.cuda._sleep(cycles)
-        e1.record()
-        torch.cuda.synchronize(device)
-        _CYCLES_PER_US[key] = cycles / max(e0.elapsed_time(e1) * 1e3, 1.0)
-    torch.cuda._sleep(max(1, int(us * _CYCLES_PER_US[key])))
 
 
 class _Flusher:

@@ -8,6 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
+from attnbench import launch_hiding
 from attnbench.run.timing import (
     CPU_CONFIG,
     HostSampler,
@@ -391,7 +392,7 @@ def test_per_call_samples_wait_out_the_host_side_of_a_call(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(("spin", cycles)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    monkeypatch.setitem(timing._CYCLES_PER_US, "cuda", 2000.0)  # 2 GHz
+    monkeypatch.setitem(launch_hiding._CYCLES_PER_US, "cuda", 2000.0)  # 2 GHz
 
     def host_for(seconds, name):
         def call():  # Python before its (here: no) launches are all queued
@@ -400,14 +401,14 @@ def test_per_call_samples_wait_out_the_host_side_of_a_call(monkeypatch):
 
         return call
 
-    quick, syncing = host_for(0.0005, "quick"), host_for(1.2 * timing.PROBE_US * 1e-6, "syncing")
+    quick, syncing = host_for(0.0005, "quick"), host_for(1.2 * launch_hiding.PROBE_US * 1e-6, "syncing")
     sampler = timing.EventSampler({"q": quick, "s": syncing}, "cuda", lambda: log.append("flush"), hide_launch=True)
     sampler.round(["q", "s"], 2)
-    probe = ("spin", timing.PROBE_US * 2000)
+    probe = ("spin", launch_hiding.PROBE_US * 2000)
     assert log[:4] == [probe, "quick", probe, "syncing"]  # one probe call each, before the samples
     q_spin = log[5]
     assert log[4:9] == ["flush", q_spin, "event", "quick", "event"] and q_spin[0] == "spin"
-    assert 1.5 * 500 + 20 <= q_spin[1] / 2000 <= 1.5 * timing.PROBE_US + 20
+    assert 1.5 * 500 + 20 <= q_spin[1] / 2000 <= 1.5 * launch_hiding.PROBE_US + 20
     assert log[9:13] == ["flush", "event", "syncing", "event"]  # no spin: it would wait for it
     assert sampler.host.syncs == {"s"}
     log.clear()
@@ -417,8 +418,6 @@ def test_per_call_samples_wait_out_the_host_side_of_a_call(monkeypatch):
 
 def test_the_spin_is_calibrated_once_per_device(monkeypatch):
     import torch
-
-    from attnbench.run import timing
 
     sleeps: list = []
 
@@ -435,19 +434,17 @@ def test_the_spin_is_calibrated_once_per_device(monkeypatch):
     monkeypatch.setattr(torch.cuda, "Event", Event)
     monkeypatch.setattr(torch.cuda, "_sleep", sleeps.append)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
-    monkeypatch.setattr(timing, "_CYCLES_PER_US", {})
-    timing.spin("cuda:1", 10.0)
-    timing.spin("cuda:1", 30.0)
+    monkeypatch.setattr(launch_hiding, "_CYCLES_PER_US", {})
+    launch_hiding.spin("cuda:1", 10.0)
+    launch_hiding.spin("cuda:1", 30.0)
     assert sleeps == [1_000_000, 1_000_000, 20_000, 60_000]
 
 
 def test_the_spin_counts_cycles_at_the_top_clock_where_nvml_gives_it(monkeypatch):
     import torch
 
-    from attnbench.run import timing
-
     sleeps: list = []
     monkeypatch.setattr(torch.cuda, "_sleep", sleeps.append)
-    monkeypatch.setattr(timing, "_CYCLES_PER_US", {})
-    timing.spin("cuda:0", 10.0, mhz=1980)
-    assert sleeps == [19_800] and timing._CYCLES_PER_US == {}  # no calibration
+    monkeypatch.setattr(launch_hiding, "_CYCLES_PER_US", {})
+    launch_hiding.spin("cuda:0", 10.0, mhz=1980)
+    assert sleeps == [19_800] and launch_hiding._CYCLES_PER_US == {}  # no calibration

@@ -18,8 +18,9 @@ import torch
 import attnbench
 from attnbench.backend import _INSTANCES, _REGISTRY, Backend
 from attnbench.case import Case
+from attnbench.launch_hiding import PROBE_US
 from attnbench.run.runner import RunOptions, run_case
-from attnbench.run.timing import PROBE_US, SYNC_NOTE, Rotation, TimingConfig, time_closures
+from attnbench.run.timing import SYNC_NOTE, Rotation, TimingConfig, time_closures
 
 pytestmark = pytest.mark.gpu
 DEVICE = "cuda"

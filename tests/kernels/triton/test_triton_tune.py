@@ -12,7 +12,7 @@ def timed(monkeypatch):
     """Candidate launches are names; `_times_us` returns the us given for each name."""
     speeds: dict[str, float] = {}
     monkeypatch.setattr(tune.torch.cuda, "synchronize", lambda *a: None)
-    monkeypatch.setattr(tune, "_times_us", lambda fn, reps: [speeds[fn()]] * reps)
+    monkeypatch.setattr(tune, "_times_us", lambda fn, reps, *host: [speeds[fn()]] * reps)
     monkeypatch.setattr(tune, "_BEST", {})
     return speeds
 
@@ -39,6 +39,46 @@ def test_a_clearly_faster_config_wins_and_failures_drop_out(timed):
 def test_a_broken_default_leaves_the_fastest_working_config(timed):
     timed.update(a=50.0, b=40.0)
     assert tune.pick("k3", ["broken", "a", "b"], build)[0] == "b"
+
+
+def test_candidates_are_timed_with_their_host_side_hidden(monkeypatch):
+    """Each timed call comes after a GPU spin longer than the call's host side (its launcher): the tuner
+    compares kernels, not launchers (h200-session23: a B64 decode's configs timed 146 us a call, host-bound,
+    where their kernels take 69 and 78 us). The first call is the probe under a PROBE_US spin."""
+    import time
+
+    from attnbench import launch_hiding
+
+    log: list = []
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            log.append("event")
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return 0.07
+
+    monkeypatch.setattr(tune.torch.cuda, "Event", Event)
+    monkeypatch.setattr(tune.torch.cuda, "_sleep", lambda cycles: log.append(("spin", cycles)))
+    monkeypatch.setattr(tune.torch.cuda, "synchronize", lambda *a: None)
+    monkeypatch.setattr(tune.torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setitem(launch_hiding._CYCLES_PER_US, "cuda:0", 1000.0)  # 1 GHz
+
+    def launch():  # 0.5 ms of host work before its (here: no) kernels are queued
+        log.append("launch")
+        time.sleep(0.0005)
+
+    assert tune._times_us(launch, 2, launch_hiding.HostTime(), 0) == pytest.approx([70.0, 70.0])
+    assert log[:2] == [("spin", launch_hiding.PROBE_US * 1000), "launch"]
+    for rep in (log[2:6], log[6:10]):
+        assert rep[1:] == ["event", "launch", "event"] and rep[0][0] == "spin"
+        assert 1.5 * 500 + 20 <= rep[0][1] / 1000 <= 1.5 * launch_hiding.PROBE_US + 20
 
 
 def test_extend_tunes_per_length_bucket_and_offers_tall_tiles_only_to_long_prefills(monkeypatch):
