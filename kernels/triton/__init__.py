@@ -31,6 +31,8 @@ from attnbench.backend import Backend, Knob, implements, register_backend
 from attnbench.kernels.triton.gdn_backend import TritonGDN
 from attnbench.kernels.triton.limits import (  # noqa: F401
     EXTEND_KNOBS,
+    GDN_STREAM_COLS,
+    GDN_STREAM_TILES,
     MAX_DK,
     MAX_DV,
     attention_head_dims,
@@ -122,6 +124,10 @@ class _TritonAttention(Backend):
         "gdn_warps": Knob("gdn_decode/gdn_verify: warps per program (fixes the tile, no tuning)", (1, 2, 4, 8, 16)),
         "gdn_stages": Knob("gdn_decode/gdn_verify: software-pipelining stages (fixes the tile, no tuning)",
                            (1, 2, 3, 4)),
+        "gdn_stream": Knob("gdn_decode: the streamed kernel (gdn_decode_stream.py), this many value columns per "
+                           "program, walked in tiles with the next tile's state in flight", GDN_STREAM_COLS),
+        "gdn_stream_bv": Knob("gdn_decode: the streamed kernel's columns per step (default 16; alone: 128 columns "
+                              "per program)", GDN_STREAM_TILES),
         "gdn_tune": Knob("gdn_decode/gdn_verify: autotune over the default configs plus 1-/2-warp tiles and "
                          "stage counts (wide)", ("wide",)),
     }  # fmt: skip

@@ -51,6 +51,18 @@ def recurrent_config(settings: dict, defaults: dict | None = None):
     )
 
 
+def stream_config(settings: dict) -> dict | None:
+    """gdn_decode's streamed kernel (kernels/triton/gdn_decode_stream.py) where `gdn_stream` (columns per
+    program) or `gdn_stream_bv` (columns per step) is set: its keyword arguments; None otherwise."""
+    if "gdn_stream" not in settings and "gdn_stream_bv" not in settings:
+        return None
+    return {
+        "cols": settings.get("gdn_stream", 128),
+        "bv": settings.get("gdn_stream_bv", 16),
+        "num_warps": settings.get("gdn_warps", 4),
+    }
+
+
 def recurrent_info(config) -> dict:
     """run.info's record of the variant (nothing for the default kernel)."""
     return {} if config is None else {"recurrent": {k: v for k, v in vars(config).items()}}
@@ -112,6 +124,10 @@ class TritonGDN:
     def prepare_gdn_decode(self, case, x):
         from attnbench.kernels.triton.gdn import gdn_recurrent
 
+        packed = x.mixed_qkv is not None
+        info = {"variant": "packed: q/k/v read in place from mixed_qkv" if packed else "recurrent"}
+        if stream := stream_config(self.settings):
+            return self._gdn_decode_stream(x, stream, info)
         config = recurrent_config(self.settings)
 
         def run():
@@ -121,9 +137,20 @@ class TritonGDN:
             )  # fmt: skip
             return {"o": x.o}
 
-        packed = x.mixed_qkv is not None
-        run.info = {"variant": "packed: q/k/v read in place from mixed_qkv" if packed else "recurrent"}
-        run.info |= recurrent_info(config)
+        run.info = info | recurrent_info(config)
+        return run
+
+    def _gdn_decode_stream(self, x, stream: dict, info: dict):
+        from attnbench.kernels.triton.gdn_decode_stream import gdn_decode_stream
+
+        def run():
+            gdn_decode_stream(
+                x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, x.state_pool, x.state_indices, x.o, scale=x.scale,
+                **stream,
+            )  # fmt: skip
+            return {"o": x.o}
+
+        run.info = info | {"stream": stream}
         return run
 
     @implements("gdn_verify", state_layout="kv", graph_safe=True)

@@ -17,6 +17,11 @@ EXTEND_KNOBS = {
     "extend_stages": (1, 2, 3, 4),
 }
 
+# gdn_decode's streamed kernel (gdn_decode_stream.py): value columns per program (`gdn_stream`) and per step
+# of its walk (`gdn_stream_bv`); declared as Knobs by the package, checked again by the launcher
+GDN_STREAM_COLS = (16, 32, 64, 128)
+GDN_STREAM_TILES = (8, 16, 32)
+
 
 def interpreting() -> bool:
     """True when Triton runs kernels in its CPU interpreter (TRITON_INTERPRET=1)."""

@@ -20,7 +20,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.autotuner import Autotuner
 
-from attnbench.kernels.triton import gdn, gdn_chunk, gdn_conv
+from attnbench.kernels.triton import gdn, gdn_chunk, gdn_conv, gdn_decode_stream
 
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -92,6 +92,15 @@ def main() -> None:
         rsig,
         dict(rconst, T=8, WRITE_POOL=False, STORE_INTER=True, USE_PARENTS=True),
     )
+    ssig = {n: t for n, t in rsig.items() if n not in ("inter", "parents", "B_KEY")}
+    for cols, bv, warps in ((128, 16, 4), (128, 32, 4), (64, 16, 2), (128, 8, 1)):
+        build(
+            gdn_decode_stream._gdn_decode_stream_kernel,
+            ssig,
+            dict(rconst, BV=bv, COLS=cols),
+            num_warps=warps,
+            label=f" cols={cols} bv={bv} warps={warps}",
+        )
     csig = dict(
         x=bf,
         weight=bf,

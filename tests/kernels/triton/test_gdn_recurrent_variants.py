@@ -107,3 +107,38 @@ def test_tree_with_older_parents_and_pool_restarts(knobs):
     # the padded request's rows are unspecified by the contract; the others match torch's float32 closely
     torch.testing.assert_close(out["inter_states"][:2], ref["inter_states"][:2], rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(out["o"][:12], y.o[:12], rtol=1e-5, atol=1e-5)
+
+
+# ---- gdn_decode's streamed kernel (gdn_decode_stream.py, the `gdn_stream` knobs) ----------------------------
+STREAM = ["gdn_stream=16,gdn_stream_bv=8", "gdn_stream=32,gdn_stream_bv=8,gdn_warps=2", "gdn_stream_bv=16"]
+# V = 16 (the cases above) walks one or two tiles; V = 48 (not a power of 2) three programs' worth of
+# masked tiles; a padding slot reads zeros and writes nothing
+STREAM_DECODE = [*DECODE, "gdn_decode/b3-h2x2-d32x48-pad1-bf16", "gdn_decode/b4-h1x2-d16x32-fp32"]
+
+
+@pytest.mark.parametrize("knobs", STREAM)
+@pytest.mark.parametrize("case_id", STREAM_DECODE)
+def test_the_streamed_decode_passes_the_harness_checks(case_id, knobs):
+    r = run_one(case_id, _variant(knobs), **KERNEL)
+    assert r.status == "pass", f"{r.status}: {r.reason}"
+    assert r.prepare_info["stream"]["bv"] == (16 if "bv=16" in knobs else 8), r.prepare_info
+
+
+def test_stream_knobs_choose_the_streamed_kernel():
+    from attnbench.kernels.triton.gdn_backend import stream_config
+
+    assert stream_config({}) is None and stream_config({"gdn_warps": 2}) is None
+    assert stream_config({"gdn_stream": 64}) == {"cols": 64, "bv": 16, "num_warps": 4}
+    assert stream_config({"gdn_stream_bv": 32, "gdn_warps": 8}) == {"cols": 128, "bv": 32, "num_warps": 8}
+    with pytest.raises(AttnbenchError, match="gdn_stream=.48. is not allowed"):
+        get_backend("triton:gdn_stream=48")
+
+
+def test_a_streamed_tile_wider_than_its_program_is_refused():
+    from attnbench.kernels.triton.gdn_decode_stream import gdn_decode_stream
+
+    case = Case.from_id(DECODE[0])
+    x = case.make_inputs()
+    with pytest.raises(ValueError, match="bv <= cols"):
+        gdn_decode_stream(x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, x.state_pool, x.state_indices, x.o,
+                          scale=x.scale, cols=16, bv=32)  # fmt: skip
