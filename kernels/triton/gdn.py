@@ -224,6 +224,18 @@ def gdn_recurrent(
         _gdn_recurrent_variant_kernel[grid](*args, **meta, BV=BV, num_warps=num_warps, num_stages=num_stages)
 
 
+def tuned_tile(config: RecurrentConfig | None) -> dict | None:
+    """The tile Triton's autotuner chose for the kernel `gdn_recurrent(config=config)` launched last (BV,
+    warps, stages); None where the tile is fixed (`config.tile`) or nothing ran yet. Read after a call,
+    for the row's record: the choice depends on the device and on the timings of that process."""
+    if config is not None and config.tile is not None:
+        return None
+    best = getattr(_gdn_recurrent_kernel if config is None else TUNED[config.tune], "best_config", None)
+    if best is None:
+        return None
+    return {**best.kwargs, "num_warps": best.num_warps, "num_stages": best.num_stages}
+
+
 # ---- opt-in variants of the recurrence (issue #34; off by default, chosen by backend knobs) ----------
 @dataclass(frozen=True)
 class RecurrentConfig:

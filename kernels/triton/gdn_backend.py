@@ -63,6 +63,19 @@ def stream_config(settings: dict) -> dict | None:
     }
 
 
+def _record_tile(run, config):
+    """A `finalize` (after every checked call, never timed) that puts the autotuned tile the call ran with
+    into the row's record (`run.info["tuned_tile"]`)."""
+    from attnbench.kernels.triton.gdn import tuned_tile
+
+    def finalize(outputs):
+        if tile := tuned_tile(config):
+            run.info["tuned_tile"] = tile
+        return outputs
+
+    return finalize
+
+
 def recurrent_info(config) -> dict:
     """run.info's record of the variant (nothing for the default kernel)."""
     return {} if config is None else {"recurrent": {k: v for k, v in vars(config).items()}}
@@ -138,6 +151,7 @@ class TritonGDN:
             return {"o": x.o}
 
         run.info = info | recurrent_info(config)
+        run.finalize = _record_tile(run, config)
         return run
 
     def _gdn_decode_stream(self, x, stream: dict, info: dict):
@@ -166,8 +180,8 @@ class TritonGDN:
             )  # fmt: skip
             return {"o": x.o, "inter_states": x.inter_states}
 
-        if config is not None:
-            run.info = recurrent_info(config)
+        run.info = recurrent_info(config)
+        run.finalize = _record_tile(run, config)
         return run
 
     @implements("gdn_commit", state_layout="kv")

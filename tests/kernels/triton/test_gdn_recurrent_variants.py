@@ -142,3 +142,17 @@ def test_a_streamed_tile_wider_than_its_program_is_refused():
     with pytest.raises(ValueError, match="bv <= cols"):
         gdn_decode_stream(x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, x.state_pool, x.state_indices, x.o,
                           scale=x.scale, cols=16, bv=32)  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "knobs, tile",
+    [("", (32, 4)), ("gdn_preload=1", (32, 4)), ("gdn_bv=8,gdn_warps=1", None), ("gdn_stream=16", None)],
+)
+def test_the_row_records_the_tile_the_autotuner_chose(knobs, tile):
+    """gdn_decode's row says which autotuned tile ran (after the checked call); a fixed tile or the
+    streamed kernel records none. Under the interpreter the autotuners hold their first config only."""
+    backend = _variant(knobs) if knobs else get_backend("triton")
+    r = run_one(DECODE[0], backend, **KERNEL)
+    assert r.status == "pass", r.reason
+    got = r.prepare_info.get("tuned_tile")
+    assert (got["BV"], got["num_warps"]) == tile if tile else got is None, r.prepare_info
