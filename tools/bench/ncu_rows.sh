@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One GPU call: Nsight Compute on the checked call of (case, backend) rows, then one table of them all.
 # Usage (repo root, .gpu parts unpacked): bash tools/bench/ncu_rows.sh ROWS-FILE [EXTRA SWEEP ARGS...]
-# ROWS-FILE: one "CASE-ID BACKEND" per line (# comments). EXTRA SWEEP ARGS must not name a suite: `--case` adds its
+# ROWS-FILE: one "CASE-ID BACKEND" per line (# comments; BACKEND may carry knobs: triton:gdn_stream=128). EXTRA SWEEP ARGS must not name a suite: `--case` adds its
 # case to a suite's cases (h100-session22: `... targets` profiled every targets row of each backend). Each row runs `attnbench sweep --case ... -b ...
 # --no-timing --no-isolate` under ncu, which keeps only the kernels inside the row's NVTX range
 # `attnbench:<backend>` (harness/run/runner.py `_profiled`: the first, checked call), after a warm-up run of
@@ -16,11 +16,14 @@ export TRITON_CACHE_AUTOTUNING=1  # the warm-up run below tunes; the profiled ca
 n=0
 grep -v '^\s*#' "$rows" | while read -r case backend; do
   [ -n "$case" ] || continue
-  n=$((n + 1)); tag=$(printf "%02d-%s" "$n" "$backend")
+  # the NVTX range names the backend as the sweep does (`triton:k=v` runs as `triton[k=v]`); file names plain
+  name=$(python -c 'import sys; from attnbench.backend import get_backend, load_builtin; load_builtin()
+print(get_backend(sys.argv[1]).name)' "$backend" 2>/dev/null || echo "$backend")
+  n=$((n + 1)); tag=$(printf "%02d-%s" "$n" "$(echo "$backend" | tr -c 'A-Za-z0-9_.\n-' '_')")
   echo "$case $backend" >"$OUT/ncu/$tag.row"
   timeout "${NCU_ROW_S:-240}" python -m attnbench sweep --case "$case" -b "$backend" --no-timing --no-isolate \
     --overwrite --out "/tmp/ncu-runs/$tag-warm" "$@" >/dev/null 2>&1  # autotuning and JIT, outside ncu
-  timeout "${NCU_ROW_S:-240}" ncu --nvtx --nvtx-include "attnbench:$backend/" --target-processes all \
+  timeout "${NCU_ROW_S:-240}" ncu --nvtx --nvtx-include "attnbench:$name/" --target-processes all \
     --section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
     --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio" --csv --page details \
     python -m attnbench sweep --case "$case" -b "$backend" --no-timing --no-isolate --overwrite \
