@@ -99,7 +99,7 @@ def main() -> None:
             ssig,
             dict(rconst, BV=bv, COLS=cols),
             num_warps=warps,
-            label=f" cols={cols} bv={bv} warps={warps}",
+            label=f"[cols{cols},bv{bv},w{warps}]",
         )
     csig = dict(
         x=bf,
