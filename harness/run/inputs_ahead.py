@@ -13,8 +13,8 @@ method: the replay check builds batch B, a second full draw of the case's data);
 result to the check's memo of that case (`"ahead"`).
 
 Only ops that keep `Op.make_inputs` as it is are built ahead (an op that overrides it builds its own
-way), and only inputs of at most `AHEAD_MAX_BYTES` (`Op.input_bytes`): they sit in host memory until
-their case starts. On an H100's warm `ci` building inputs was 5.4 s of the 51 s sweep, 90% of it the
+way), and only inputs of at most `max_bytes()` (`Op.input_bytes`; 4 GiB, or a quarter of the host's
+available memory where that is more): they sit in host memory until their case starts. On an H100's warm `ci` building inputs was 5.4 s of the 51 s sweep, 90% of it the
 CPU half (a decode's 1 GiB paged cache: 1.0-1.4 s of draws and scatters, against ~0.1 s of copy).
 Call `schedule`, `take` and `wait` from one thread. The bookkeeping (one thread, a build per case, those no
 longer wanted forgotten, the wait) is `BackgroundWork` (store/background.py), shared with the reference cache's
@@ -33,7 +33,20 @@ import torch
 from attnbench.case import Case
 from attnbench.store.background import BackgroundWork
 
-AHEAD_MAX_BYTES = 4 * 2**30  # inputs built ahead, at most this large (they wait in host memory)
+AHEAD_MAX_BYTES = 4 * 2**30  # inputs built ahead, at most this large (they wait in host memory)...
+AHEAD_HOST_SHARE = 0.25  # ...or at most this share of the host's available memory, where that is more
+
+
+def max_bytes() -> int:
+    """The largest inputs built ahead: `AHEAD_MAX_BYTES`, or `AHEAD_HOST_SHARE` of the host's MemAvailable
+    where that is more. On an H200 host (128 GB) the targets suite's B128 L8192 decode (4.3 GB of paged
+    cache) was over the fixed cap and built on the wall: 4.6 s of a 72.8 s warm run (h200-session23)."""
+    from attnbench.run.footprint import available
+
+    host = available("cpu")
+    return max(AHEAD_MAX_BYTES, int(AHEAD_HOST_SHARE * host[0])) if host else AHEAD_MAX_BYTES
+
+
 _builds = BackgroundWork("attnbench-inputs")  # `_key(case)` -> the build of its CPU inputs
 
 
@@ -48,7 +61,7 @@ def _buildable(case: Case) -> bool:
     if type(op).make_inputs is not Op.make_inputs:
         return False
     try:
-        return op.input_bytes(case.params, case.torch_dtype, case.seed) <= AHEAD_MAX_BYTES
+        return op.input_bytes(case.params, case.torch_dtype, case.seed) <= max_bytes()
     except Exception:  # a plugin op that cannot size its inputs: built when its case runs
         return False
 

@@ -107,6 +107,7 @@ def test_builds_not_wanted_any_more_are_forgotten():
 def test_an_op_that_builds_its_own_way_or_too_large_inputs_are_not_built_ahead(monkeypatch):
     b = Case.from_id(B)
     monkeypatch.setattr(inputs_ahead, "AHEAD_MAX_BYTES", 1000)
+    monkeypatch.setattr(inputs_ahead, "AHEAD_HOST_SHARE", 0.0)
     assert inputs_ahead.schedule([b]) == 0
     monkeypatch.undo()
     cls = type(b.op)
@@ -150,3 +151,19 @@ def test_batch_b_of_the_replay_check_is_built_ahead_with_the_same_outcomes(monke
     assert draws == ["attnbench-inputs_0"]
     assert [(r.status, r.replay, r.metrics) for r in rows] == [(r.status, r.replay, r.metrics) for r in plain]
     assert [(r.status, r.replay) for r in rows] == [("pass", "pass"), ("fail", "fail")]
+
+
+def test_the_cap_grows_with_the_hosts_available_memory(monkeypatch):
+    """Inputs over the fixed cap are built ahead where a quarter of the host's available memory holds them
+    (a 4.3 GB decode cache on a 128 GB GPU host); where MemAvailable cannot be read, the fixed cap holds."""
+    from attnbench.run import footprint
+
+    b = Case.from_id(B)
+    n = b.op.input_bytes(b.params, b.torch_dtype, b.seed)
+    monkeypatch.setattr(inputs_ahead, "AHEAD_MAX_BYTES", n - 1)
+    monkeypatch.setattr(footprint, "available", lambda device: (4 * n, "the host (MemAvailable)"))
+    assert inputs_ahead.max_bytes() == 4 * n * inputs_ahead.AHEAD_HOST_SHARE and inputs_ahead._buildable(b)
+    monkeypatch.setattr(footprint, "available", lambda device: (2 * n, "the host (MemAvailable)"))
+    assert not inputs_ahead._buildable(b)  # a quarter of it is under the inputs
+    monkeypatch.setattr(footprint, "available", lambda device: None)
+    assert inputs_ahead.max_bytes() == n - 1 and not inputs_ahead._buildable(b)
