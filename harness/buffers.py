@@ -163,6 +163,18 @@ def tensor_fields(obj: Any) -> dict[str, torch.Tensor]:
     return {f.name: v for f in dataclasses.fields(obj) if isinstance(v := getattr(obj, f.name), torch.Tensor)}
 
 
+def host_available_bytes() -> int | None:
+    """The host's MemAvailable (Linux /proc/meminfo), in bytes; None where it cannot be read."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return None
+
+
 def cuda_available_bytes(device: torch.device | str) -> int:
     """Bytes new tensors can take on a CUDA device: its free memory plus what PyTorch's allocator holds
     unused (freed blocks it keeps for reuse; after a case with large inputs the device reads nearly

@@ -36,14 +36,10 @@ def available(device: str) -> tuple[int, str] | None:
         index = torch.device(device).index or 0
         free, _ = torch.cuda.mem_get_info(index)
         return free, f"cuda:{index}"
-    try:
-        with open("/proc/meminfo") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024, "the host (MemAvailable)"
-    except OSError:
-        pass
-    return None
+    from attnbench.buffers import host_available_bytes
+
+    host = host_available_bytes()
+    return (host, "the host (MemAvailable)") if host is not None else None
 
 
 def human(n: float) -> str:

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 
+from attnbench.buffers import host_available_bytes
 from attnbench.case import Case
 from attnbench.store.background import BackgroundWork
 
@@ -41,10 +42,8 @@ def max_bytes() -> int:
     """The largest inputs built ahead: `AHEAD_MAX_BYTES`, or `AHEAD_HOST_SHARE` of the host's MemAvailable
     where that is more. On an H200 host (128 GB) the targets suite's B128 L8192 decode (4.3 GB of paged
     cache) was over the fixed cap and built on the wall: 4.6 s of a 72.8 s warm run (h200-session23)."""
-    from attnbench.run.footprint import available
-
-    host = available("cpu")
-    return max(AHEAD_MAX_BYTES, int(AHEAD_HOST_SHARE * host[0])) if host else AHEAD_MAX_BYTES
+    host = host_available_bytes()
+    return max(AHEAD_MAX_BYTES, int(AHEAD_HOST_SHARE * host)) if host is not None else AHEAD_MAX_BYTES
 
 
 _builds = BackgroundWork("attnbench-inputs")  # `_key(case)` -> the build of its CPU inputs

@@ -156,14 +156,12 @@ def test_batch_b_of_the_replay_check_is_built_ahead_with_the_same_outcomes(monke
 def test_the_cap_grows_with_the_hosts_available_memory(monkeypatch):
     """Inputs over the fixed cap are built ahead where a quarter of the host's available memory holds them
     (a 4.3 GB decode cache on a 128 GB GPU host); where MemAvailable cannot be read, the fixed cap holds."""
-    from attnbench.run import footprint
-
     b = Case.from_id(B)
     n = b.op.input_bytes(b.params, b.torch_dtype, b.seed)
     monkeypatch.setattr(inputs_ahead, "AHEAD_MAX_BYTES", n - 1)
-    monkeypatch.setattr(footprint, "available", lambda device: (4 * n, "the host (MemAvailable)"))
+    monkeypatch.setattr(inputs_ahead, "host_available_bytes", lambda: 4 * n)
     assert inputs_ahead.max_bytes() == 4 * n * inputs_ahead.AHEAD_HOST_SHARE and inputs_ahead._buildable(b)
-    monkeypatch.setattr(footprint, "available", lambda device: (2 * n, "the host (MemAvailable)"))
+    monkeypatch.setattr(inputs_ahead, "host_available_bytes", lambda: 2 * n)
     assert not inputs_ahead._buildable(b)  # a quarter of it is under the inputs
-    monkeypatch.setattr(footprint, "available", lambda device: None)
+    monkeypatch.setattr(inputs_ahead, "host_available_bytes", lambda: None)
     assert inputs_ahead.max_bytes() == n - 1 and not inputs_ahead._buildable(b)
