@@ -56,6 +56,23 @@ class HostTime:
         return 1.5 * max(self.seen[name]) * 1e6 + 20.0
 
 
+def timed_call(fn: Callable, device, host: HostTime | None = None, name=None, mhz: float | None = None):
+    """One call of `fn` between two CUDA events `(e0, e1)`, recorded (not waited for). With `host` (whose
+    `probe` of `name` has run), the GPU first spins for `host.cover_us(name)`, and the call's host time
+    is added to what `host` saw of it."""
+    cover = host.cover_us(name) if host else 0.0
+    if cover:
+        spin(device, cover, mhz)
+    e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    e0.record()
+    t0 = time.perf_counter()
+    fn()
+    if cover:
+        host.saw(name, time.perf_counter() - t0)
+    e1.record()
+    return e0, e1
+
+
 _CYCLES_PER_US: dict[str, float] = {}
 
 

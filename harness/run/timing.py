@@ -39,7 +39,7 @@ import torch
 from attnbench.buffers import cuda_available_bytes
 from attnbench.errors import describe
 from attnbench.graph_capture import capturing
-from attnbench.launch_hiding import HostTime, spin
+from attnbench.launch_hiding import HostTime, timed_call
 from attnbench.run import nvml
 
 
@@ -245,17 +245,7 @@ class EventSampler:
             for n in names:
                 if self.flush:
                     self.flush()
-                cover = self.host.cover_us(n) if self.host else 0.0
-                if cover:
-                    spin(self.device, cover, self.mhz)
-                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                e0.record()
-                t0 = time.perf_counter()
-                self.runs[n]()
-                if cover:
-                    self.host.saw(n, time.perf_counter() - t0)
-                e1.record()
-                events[n].append((e0, e1))
+                events[n].append(timed_call(self.runs[n], self.device, self.host, n, self.mhz))
         if during:
             during()
         torch.cuda.synchronize(self.device)
@@ -530,14 +520,15 @@ def time_closures(
     if check and pilot and check():
         pilot = {}  # the pilot ran throttled: do not keep its samples
     got = sample_until_converged(sampler, names, cfg, check, start=pilot)
-    host = getattr(sampler, "host", None)  # per-call samples: the closures found to sync on the host
-    if host:
-        extra["host_syncs"] = host.syncs
     extra["nvml"] = {"before": before, "after": monitor.snapshot()} if monitor else None
-    return _finish(got, names, cfg, "cuda-events", flush is not None, wall0, extra)
+    host = getattr(sampler, "host", None)  # per-call samples: the closures found to sync on the host
+    return _finish(got, names, cfg, "cuda-events", flush is not None, wall0, extra, host.syncs if host else ())
 
 
-def _finish(got: Sampled, names, cfg: TimingConfig, clock: str, flush: bool, wall0: float, extra: dict):
+def _finish(
+    got: Sampled, names, cfg: TimingConfig, clock: str, flush: bool, wall0: float, extra: dict, syncs=()
+):  # fmt: skip
+    """The stats of each closure; `syncs`: the closures whose per-call samples hold host gaps (`SYNC_NOTE`)."""
     out = {}
     wall = time.perf_counter() - wall0
     per_call = extra.get("calls_per_sample", 1)  # one count, or one per closure (graph mode)
@@ -547,7 +538,7 @@ def _finish(got: Sampled, names, cfg: TimingConfig, clock: str, flush: bool, wal
         use_bad = len(clean) < cfg.min_samples and bad
         samples = clean + bad if use_bad else clean
         note = extra.get("note", "")
-        if n in extra.get("host_syncs", ()):
+        if n in syncs:
             note = (note + "; " if note else "") + SYNC_NOTE
         if use_bad:
             note = (note + "; " if note else "") + f"{len(bad)} throttled samples used (too few clean ones)"
@@ -556,7 +547,7 @@ def _finish(got: Sampled, names, cfg: TimingConfig, clock: str, flush: bool, wal
             clock,
             flush,
             _converged(samples, cfg.target_ci, cfg.min_samples),
-            **({k: v for k, v in extra.items() if k != "host_syncs"} | {"note": note, "calls_per_sample": calls}),
+            **(extra | {"note": note, "calls_per_sample": calls}),
             n_throttled=len(bad),
             throttled=bool(use_bad),
             throttle=list(got.reasons),

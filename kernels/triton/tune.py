@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import os
 import statistics
-import time
 from collections.abc import Callable, Hashable, Sequence
 from typing import TypeVar
 
 import torch
 
 from attnbench.kernels.triton.common import interpreting
-from attnbench.launch_hiding import HostTime, spin
+from attnbench.launch_hiding import HostTime, timed_call
 
 C = TypeVar("C")
 _BEST: dict[Hashable, object] = {}
@@ -42,16 +41,7 @@ def _times_us(fn: Callable[[], object], reps: int, host: HostTime, name: int) ->
         host.probe(name, fn, device)
     times = []
     for _ in range(reps):
-        cover = host.cover_us(name)
-        if cover:
-            spin(device, cover)
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        t0 = time.perf_counter()
-        fn()
-        if cover:
-            host.saw(name, time.perf_counter() - t0)
-        e1.record()
+        e0, e1 = timed_call(fn, device, host, name)
         e1.synchronize()
         times.append(e0.elapsed_time(e1) * 1e3)
     return times
