@@ -376,20 +376,10 @@ def test_per_call_samples_wait_out_the_host_side_of_a_call(monkeypatch):
     import torch
 
     from attnbench.run import timing
+    from helpers import logging_events
 
     log: list = []
-
-    class Event:
-        def __init__(self, enable_timing=False):
-            pass
-
-        def record(self):
-            log.append("event")
-
-        def elapsed_time(self, other):
-            return 0.01
-
-    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "Event", logging_events(log, 0.01))
     monkeypatch.setattr(torch.cuda, "_sleep", lambda cycles: log.append(("spin", cycles)))
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setitem(launch_hiding._CYCLES_PER_US, "cuda", 2000.0)  # 2 GHz
@@ -419,19 +409,10 @@ def test_per_call_samples_wait_out_the_host_side_of_a_call(monkeypatch):
 def test_the_spin_is_calibrated_once_per_device(monkeypatch):
     import torch
 
+    from helpers import logging_events
+
     sleeps: list = []
-
-    class Event:
-        def __init__(self, enable_timing=False):
-            pass
-
-        def record(self):
-            pass
-
-        def elapsed_time(self, other):
-            return 0.5  # 1e6 cycles took 0.5 ms: 2000 cycles a microsecond
-
-    monkeypatch.setattr(torch.cuda, "Event", Event)
+    monkeypatch.setattr(torch.cuda, "Event", logging_events([], 0.5))  # 1e6 cycles took 0.5 ms: 2000 a microsecond
     monkeypatch.setattr(torch.cuda, "_sleep", sleeps.append)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(launch_hiding, "_CYCLES_PER_US", {})

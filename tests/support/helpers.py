@@ -1,6 +1,6 @@
 """Shared test helpers: run one backend on one case the way a sweep does; judge a kernel's outputs as the
 harness would; one request of a decode batch on its own; closures that are correct but unlike any fresh
-one (`Nudges`)."""
+one (`Nudges`); a stand-in for CUDA events on the CPU (`logging_events`)."""
 
 from __future__ import annotations
 
@@ -136,3 +136,23 @@ class Nudges:
             return out
 
         return run
+
+
+def logging_events(log: list, elapsed_ms: float):
+    """A stand-in for `torch.cuda.Event` (monkeypatch it in): `record` appends "event" to `log`, and every
+    pair of events is `elapsed_ms` apart."""
+
+    class Event:
+        def __init__(self, enable_timing=False):
+            pass
+
+        def record(self):
+            log.append("event")
+
+        def synchronize(self):
+            pass
+
+        def elapsed_time(self, other):
+            return elapsed_ms
+
+    return Event

@@ -48,23 +48,10 @@ def test_candidates_are_timed_with_their_host_side_hidden(monkeypatch):
     import time
 
     from attnbench import launch_hiding
+    from helpers import logging_events
 
     log: list = []
-
-    class Event:
-        def __init__(self, enable_timing=False):
-            pass
-
-        def record(self):
-            log.append("event")
-
-        def synchronize(self):
-            pass
-
-        def elapsed_time(self, other):
-            return 0.07
-
-    monkeypatch.setattr(tune.torch.cuda, "Event", Event)
+    monkeypatch.setattr(tune.torch.cuda, "Event", logging_events(log, 0.07))
     monkeypatch.setattr(tune.torch.cuda, "_sleep", lambda cycles: log.append(("spin", cycles)))
     monkeypatch.setattr(tune.torch.cuda, "synchronize", lambda *a: None)
     monkeypatch.setattr(tune.torch.cuda, "current_device", lambda: 0)
