@@ -382,14 +382,15 @@ class DecodeConfig:
       (values x 2^-8, folded into the scales; e4m3 NaN reads as 480).
 
     `fused_merge`: split requests are merged by the last of their split programs to finish (one
-    launch; `merge_if_last`) instead of by a second kernel (`_decode_merge_kernel`). Not yet timed on
-    a GPU, so off by default (NOTES.md, "Fused merge").
+    launch; `merge_if_last`) instead of by a second kernel (`_decode_merge_kernel`). Off by default: it
+    gained 1% where a merge runs and lost 7-22% at B1 (NOTES.md, "Fused merge").
 
     `pdl`: the merge kernel is launched as a programmatic dependent of the split kernel (Hopper's PDL:
     `launch_pdl`, `griddepcontrol`): its programs start while the split programs run, read the merge
     table, and wait for the partials, so the second launch's latency and prologue overlap the first
     kernel (the merge launch is the gap at B16 L4096: 5.0 of 103.9 us under Nsight Compute on an H100,
-    reports/examples/h100-session22). Sm_90+ compiled only; not yet timed on a GPU, so off by default.
+    reports/examples/h100-session22). Sm_90+ compiled only. Off by default: on an H200 it moved no row
+    by more than 1.3% (reports/examples/h200-session23/dec).
     """
 
     block_h: int
