@@ -82,7 +82,8 @@ class _TritonAttention(Backend):
         "fused_merge": Knob("decode: KV splits merged by their last split program, one launch (1), or by a "
                             "second kernel (0) (default: DecodeConfig's)", (0, 1)),
         "decode_pdl": Knob("decode (MLA too): the merge kernel launched as a programmatic dependent of the split "
-                           "kernel (1; Hopper's PDL, compiled kernels on sm_90+) or after it (0, default)", (0, 1)),
+                           "kernel (1; Hopper's PDL, compiled kernels on sm_90+) or after it (0); default 1 for GQA/MHA "
+                           "decode, 0 for MLA", (0, 1)),
         "mla_kernel": Knob("MLA decode: ws (Gluon, warp-specialized; the default on Hopper where it applies), "
                            "wgmma (Gluon, two warpgroups side by side) or triton (the Triton MLA kernel)",
                            ("ws", "wgmma", "triton")),
@@ -91,7 +92,8 @@ class _TritonAttention(Backend):
         "min_split": Knob("decode: the shortest KV split of the default plan, keys (default 256)",
                           (64, 128, 256, 512, 1024, 2048)),
         "fill_ctas": Knob("decode: programs per SM aimed at while the unsplit batch runs fewer (default 2)", (1, 2, 3, 4)),
-        "fill_keys": Knob("decode: the shortest split worth a second program per SM, keys (default 1024)",
+        "fill_keys": Knob("decode: the shortest split worth a second program per SM, keys (default 512 where "
+                          "the merge is PDL-launched, else 1024)",
                           (256, 512, 1024, 2048, 4096)),
         "step_keys": Knob("decode: a program's fixed cost in keys when split counts are weighed (default 128)",
                           (0, 64, 128, 256, 512)),
@@ -154,6 +156,8 @@ class _TritonAttention(Backend):
         if mla is not None:
             return mla
         policy_knobs = {k: v for k, v in knobs.items() if k in SPLIT_POLICY_KNOBS}
+        if "fill_keys" in policy_knobs:  # one value, whether the merge overlaps the splits or not
+            policy_knobs["fill_keys_overlapped"] = policy_knobs["fill_keys"]
         policy = replace(d.SPLITS, **policy_knobs)
         tiling = {
             k: v for k, v in knobs.items() if k in ("split_keys", *DECODE_TILE_KNOBS, *SPLIT_POLICY_KNOBS)

@@ -389,8 +389,10 @@ class DecodeConfig:
     `launch_pdl`, `griddepcontrol`): its programs start while the split programs run, read the merge
     table, and wait for the partials, so the second launch's latency and prologue overlap the first
     kernel (the merge launch is the gap at B16 L4096: 5.0 of 103.9 us under Nsight Compute on an H100,
-    reports/examples/h100-session22). Sm_90+ compiled only. Off by default: on an H200 it moved no row
-    by more than 1.3% (reports/examples/h200-session23/dec).
+    reports/examples/h100-session22). Sm_90+ compiled only (elsewhere it has no effect). On by default:
+    on an H200 it took B8 L1024 from 17.3 to 16.4 us and B16 L1024 (two splits) from 25.9 to 25.0, and
+    moved the rows without a merge by under 1% (reports/examples/h200-session24/split); with it the
+    split rule cuts shorter (`SplitPolicy.fill_keys_overlapped`).
     """
 
     block_h: int
@@ -400,7 +402,7 @@ class DecodeConfig:
     ctas_per_sm: int
     fp8_dequant: str = "f16-rows"
     fused_merge: bool = False
-    pdl: bool = False
+    pdl: bool = True
 
 
 FP8_DEQUANT = {"operand": 0, "f16": 1, "f16-rows": 2, "f16-bits": 3}  # DecodeConfig.fp8_dequant -> FP8_DQ
@@ -519,8 +521,12 @@ class SplitPolicy:
       splits ran 19.0 us where the four-wave plan's 64-key splits ran 24.5 (merge and launch overhead).
     - `fill_ctas` = 2: programs per SM aimed at, in one wave, while the unsplit batch runs fewer.
     - `fill_keys` = 1024 keys: the shortest split worth a second program per SM where every SM already
-      has one. H100, B16: L1024 29.9 us unsplit against 32.3 in two splits; L4096 99.2 in two against
-      102.0 in more (reports/examples/h100-session10/splits at e281b29).
+      has one, when the merge kernel waits for the split kernel to end. H100, B16: L1024 29.9 us
+      unsplit against 32.3 in two splits; L4096 99.2 in two against 102.0 in more
+      (reports/examples/h100-session10/splits at e281b29).
+    - `fill_keys_overlapped` = 512 keys: the same where the merge is launched as a programmatic
+      dependent (`DecodeConfig.pdl` on sm_90+): its launch and prologue overlap the splits. H200, B16
+      L1024: two splits of 512 with PDL 25.0 us, unsplit 26.8 (FA4 23.9; reports/examples/h200-session24/split).
     - `step_keys` = 128 keys: a program's fixed cost when split counts are weighed by their waves.
     """
 
@@ -528,6 +534,7 @@ class SplitPolicy:
     min_split: int = 256
     fill_ctas: int = 2
     fill_keys: int = 1024
+    fill_keys_overlapped: int = 512
     step_keys: int = 128
 
 
@@ -693,6 +700,8 @@ def plan_decode(
     partial_keys = -(-Hq * Dv * 8 // kv_bytes_per_key)
     if min_chunk is None:
         min_chunk = max(2 * cfg.block_n, partial_keys, policy.min_split)
+    if cfg.pdl and not cfg.fused_merge and pdl_supported(device):  # the merge overlaps the splits
+        policy = replace(policy, fill_keys=policy.fill_keys_overlapped)
     if deterministic and 4 * partial_keys > split_tile:
         # still batch-independent (head dims only): MLA tiles grow to 2048 keys, GQA stays at 256
         split_tile *= -(-4 * partial_keys // split_tile)

@@ -189,7 +189,7 @@ class MLAConfig:
     use_tma: bool = True
     warp_specialize: bool = False
     fused_merge: bool = False  # split requests merged in the same launch (decode.DecodeConfig.fused_merge)
-    pdl: bool = False  # the merge kernel as a programmatic dependent (decode.with_pdl, no trigger: not yet timed)
+    pdl: bool = False  # the merge kernel as a programmatic dependent (decode.with_pdl, no trigger); off: it moved no H200 MLA row by over 1.3% (h200-session23/dec)
     # "triton": this file's kernel; on Hopper, Gluon kernels where they apply (`gluon_unsupported`):
     # "wgmma" (decode_mla_gluon.py: two warpgroups side by side), "ws" (decode_mla_ws.py: warp-specialized)
     impl: str = "triton"

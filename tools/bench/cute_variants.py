@@ -24,7 +24,7 @@ DECODE = {
     "vpl2-u1": DecodeConfig(unroll=1),
     "vpl2-u2-s2": DecodeConfig(async_stages=2),
     "registers": DecodeConfig(async_stages=0, pipeline=False, vecs_per_lane=1),
-    "4ctas-minsplit512": DecodeConfig(ctas_per_sm=4, min_split=512),
+    "8ctas-minsplit256": DecodeConfig(ctas_per_sm=8, min_split=256),  # the default before session 24
 }
 GDN_BV = {"bv64": 64, "bv128": 128}
 

@@ -240,3 +240,19 @@ def test_pdl_marks_the_merge_launch_only_where_there_is_one():
     assert plan.meta["PDL"] == 1 and plan.merge_meta["PDL"] == 1 and plan.merge_meta["launch_pdl"] is True
     whole = d.plan_decode(x, config=cfg, deterministic=True, split_tile=1024)
     assert whole.merge is None and d.with_pdl(whole).meta == whole.meta  # nothing to merge: one launch
+
+
+def test_an_overlapped_merge_lets_the_split_rule_cut_shorter(monkeypatch):
+    """B16 L1024 on 132 SMs: two splits of 512 keys where the merge is PDL-launched (it overlaps the
+    splits), none where it waits for them (SplitPolicy.fill_keys against fill_keys_overlapped)."""
+    from attnbench.kernels.triton import decode as d
+
+    x = Case.from_id("decode/b16-l1024-h32x8-d128-p16-bf16").make_inputs()
+    monkeypatch.setattr(d, "pdl_supported", lambda device: True)
+    cfg = d.default_decode_config(x)
+    assert cfg.pdl  # the default
+    overlapped = d.plan_decode(x, config=cfg, num_sms=132)
+    assert max(overlapped.splits) == 2 and overlapped.merge_meta.get("launch_pdl") is True
+    for waiting in (dataclasses.replace(cfg, pdl=False), dataclasses.replace(cfg, fused_merge=True)):
+        assert max(d.plan_decode(x, config=waiting, num_sms=132).splits) == 1
+    assert max(d.plan_decode(x, config=cfg, num_sms=132, policy=d.SplitPolicy(fill_keys_overlapped=1024)).splits) == 1
