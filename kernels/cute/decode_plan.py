@@ -25,10 +25,9 @@ class DecodeConfig:
     async_stages: int = 4  # cp.async stages a warp in shared memory (0: K/V loads straight into registers)
     pipeline: bool = True  # (without async_stages) next iteration's K/V rows into a second register buffer
     waves: int = 4  # the plan balances the keys over waves x SMs x ctas_per_sm CTAs
-    # 4 CTAs an SM and splits of 512 keys or more: on an H200, B64 L4096 322.8 us and B16 L4096 92.9
-    # against 353.1 and 109.4 with 8 and 256 (reports/examples/h200-session24/cuted)
     ctas_per_sm: int = 4
     min_split: int = 512  # keys
+    few_min_split: int = 256  # keys: the shortest split where the unsplit CTAs fill under half the SMs
 
 
 DEFAULT = DecodeConfig()
@@ -54,14 +53,24 @@ def plan_splits(
 ) -> list[tuple[int, int, int, int]]:
     """Work items `(request, start, end, final)`: each request's visible keys cut into equal splits.
 
-    `units` CTAs run per split (kv heads x head blocks). The split length balances the key tokens
-    over waves x num_sms x ctas_per_sm CTAs, is at least `min_split` keys and is evened out over the
-    longest request; `final` is 1 where a request has a single split (it writes o and lse itself).
+    `units` CTAs run per split (kv heads x head blocks). Where the unsplit CTAs fill half the SMs or
+    more, the split length balances the key tokens over waves x num_sms x ctas_per_sm CTAs and is at
+    least `min_split` keys; with fewer, it balances them over one CTA an SM, at least `few_min_split`
+    keys. Either is evened out over the longest request. `final` is 1 where a request has a single
+    split (it writes o and lse itself).
+
+    On an H200, Llama-3 8B heads (reports/examples/h200-session24, `cuted` and `b1`; us, this rule
+    against 8 CTAs an SM and 256 keys everywhere): B64 L4096 322.8 / 353.1, B16 L4096 92.9 / 109.4,
+    B16 L1024 26.8 / 34.0; at B1 (8 CTAs unsplit) L8192 26.4 in 16 splits against 31.2 in 32 and
+    18.3 in 8 splits of 512 against 13.9 in 4 of 256 at L1024.
     """
     ranges = [visible_range(L, window) for L in lens]
     longest = max(e - s for s, e in ranges)
     total = sum(e - s for s, e in ranges) * units
-    chunk = max(config.min_split, -(-total // max(1, config.waves * num_sms * config.ctas_per_sm)))
+    if 2 * len(ranges) * units < num_sms:  # few CTAs: about one an SM
+        chunk = max(config.few_min_split, -(-total // max(1, num_sms)))
+    else:
+        chunk = max(config.min_split, -(-total // max(1, config.waves * num_sms * config.ctas_per_sm)))
     splits = max(1, round(longest / chunk))
     chunk = -(-longest // splits)
     items = []

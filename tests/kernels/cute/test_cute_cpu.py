@@ -89,9 +89,21 @@ def test_plan_splits_cover_every_visible_key_once():
 
 def test_plan_splits_small_batch_splits_long_requests():
     items = decode_plan.plan_splits([8192], -1, units=8, num_sms=132)
-    assert len(items) > 1 and all(e - s >= decode_plan.DEFAULT.min_split for _, s, e, _ in items)
+    assert len(items) > 1 and all(e - s >= decode_plan.DEFAULT.few_min_split for _, s, e, _ in items)
     big = decode_plan.plan_splits([4096] * 64, -1, units=8, num_sms=132)
     assert len(big) >= 64
+
+
+@pytest.mark.parametrize(
+    "batch, keys, splits",
+    [(1, 1024, 4), (1, 4096, 16), (1, 8192, 16), (16, 1024, 2), (16, 4096, 8), (64, 4096, 4)],
+)
+def test_plan_splits_make_the_splits_measured_fastest(batch, keys, splits):
+    """Llama-3 8B heads (8 CTAs a request unsplit) on 132 SMs: the split counts that ran fastest on an
+    H200 (decode_plan.plan_splits' docstring): about one CTA an SM while the unsplit CTAs fill under
+    half the SMs, else 4 CTAs an SM in splits of 512 keys or more."""
+    items = decode_plan.plan_splits([keys] * batch, -1, units=8, num_sms=132)
+    assert len(items) == batch * splits
 
 
 def test_merge_list():
