@@ -469,15 +469,22 @@ def _reference(case: Case, pristine, cache) -> tuple[dict, dict, dict]:
     return expected, twin, {"reference_from": "computed"} | ({"reference_note": note} if note else {})
 
 
+def nvtx_range(backend: str) -> str:
+    """The NVTX range a backend's checked call runs in: `attnbench:` and its name with every character
+    outside letters, digits, `_`, `.` and `-` as `_` (`triton[gdn_stream=128]` -> `attnbench:triton_gdn_stream_128_`),
+    so an `ncu --nvtx-include` filter takes it literally."""
+    return "attnbench:" + "".join(c if c.isascii() and (c.isalnum() or c in "_.-") else "_" for c in backend)
+
+
 @contextlib.contextmanager
 def _profiled(case: Case, backend: str):
-    """The checked call of each row (not its finalize) inside an NVTX range `attnbench:<backend>` (GPU cases), so a
+    """The checked call of each row (not its finalize) inside the NVTX range `nvtx_range(backend)` (GPU cases), so a
     profiler can keep exactly one call of one backend's kernels: `ncu --nvtx --nvtx-include
     "attnbench:triton/"` (tools/bench/ncu_rows.sh). Costs a few microseconds outside any window."""
     if not case.on_cuda:
         yield
         return
-    torch.cuda.nvtx.range_push(f"attnbench:{backend}")
+    torch.cuda.nvtx.range_push(nvtx_range(backend))
     try:
         yield
     finally:
