@@ -182,7 +182,7 @@ class _TritonAttention(Backend):
         run.info = {
             "max_splits": max(plan.splits),
             "work_items": int(plan.work.shape[0]),
-            "config": vars(plan.config) | {"two_stage": plan.merge is not None and not plan.fused},
+            "config": vars(config) | {"two_stage": plan.merge is not None and not plan.fused},
             **tuned,
             **({"did_not_fit": shrunk} if shrunk else {}),
         }

