@@ -127,7 +127,8 @@ class _TritonAttention(Backend):
         "gdn_stages": Knob("gdn_decode/gdn_verify: software-pipelining stages (fixes the tile, no tuning)",
                            (1, 2, 3, 4)),
         "gdn_stream": Knob("gdn_decode: the streamed kernel (gdn_decode_stream.py), this many value columns per "
-                           "program, walked in tiles with the next tile's state in flight", GDN_STREAM_COLS),
+                           "program, walked in tiles with the next tile's state in flight (slower than the default on an "
+                           "H200: 1.16-3.3x, h200-session24/gdnd)", GDN_STREAM_COLS),
         "gdn_stream_bv": Knob("gdn_decode: the streamed kernel's columns per step (default 16; alone: 128 columns "
                               "per program)", GDN_STREAM_TILES),
         "gdn_tune": Knob("gdn_decode/gdn_verify: autotune over the default configs plus 1-/2-warp tiles and "

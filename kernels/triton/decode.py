@@ -390,9 +390,12 @@ class DecodeConfig:
     table, and wait for the partials, so the second launch's latency and prologue overlap the first
     kernel (the merge launch is the gap at B16 L4096: 5.0 of 103.9 us under Nsight Compute on an H100,
     reports/examples/h100-session22). Sm_90+ compiled only (elsewhere it has no effect). On by default:
-    on an H200 it took B8 L1024 from 17.3 to 16.4 us and B16 L1024 (two splits) from 25.9 to 25.0, and
-    moved the rows without a merge by under 1% (reports/examples/h200-session24/split); with it the
-    split rule cuts shorter (`SplitPolicy.fill_keys_overlapped`).
+    on an H200 it took B8 L1024 from 17.3 to 16.4 us and B16 L1024 (two splits) from 25.9 to 25.0
+    (reports/examples/h200-session24/split); with it the split rule cuts shorter
+    (`SplitPolicy.fill_keys_overlapped`). Where the split programs take several waves it moved nothing
+    beyond the spread between two H200s (`targets` against `targets-before` there: B64 L4096 259.5 ->
+    258.4, B64 L8192 510.0 -> 506.6, B128 L8192 995.6 -> 1002.4; a row without a merge, which PDL leaves
+    as it is, moved 525.0 -> 542.3).
     """
 
     block_h: int
