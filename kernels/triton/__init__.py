@@ -33,6 +33,7 @@ from attnbench.kernels.triton.limits import (  # noqa: F401
     EXTEND_KNOBS,
     GDN_STREAM_COLS,
     GDN_STREAM_TILES,
+    GDN_VK_TILES,
     MAX_DK,
     MAX_DV,
     attention_head_dims,
@@ -131,6 +132,9 @@ class _TritonAttention(Backend):
                            "H200: 1.16-3.3x, h200-session24/gdnd)", GDN_STREAM_COLS),
         "gdn_stream_bv": Knob("gdn_decode: the streamed kernel's columns per step (default 16; alone: 128 columns "
                               "per program)", GDN_STREAM_TILES),
+        "gdn_vk": Knob("gdn_decode: the K-last kernel (gdn_decode_vk.py) on an [N, HV, V, K] copy of the pool made "
+                       "in prepare (as FlashInfer's and SGLang's adapters hold it), this many value rows per program; "
+                       "warps from gdn_warps (default 4)", GDN_VK_TILES),
         "gdn_tune": Knob("gdn_decode/gdn_verify: autotune over the default configs plus 1-/2-warp tiles and "
                          "stage counts (wide)", ("wide",)),
     }  # fmt: skip

@@ -141,6 +141,8 @@ class TritonGDN:
         info = {"variant": "packed: q/k/v read in place from mixed_qkv" if packed else "recurrent"}
         if stream := stream_config(self.settings):
             return self._gdn_decode_stream(x, stream, info)
+        if "gdn_vk" in self.settings:
+            return self._gdn_decode_vk(x, info)
         config = recurrent_config(self.settings)
 
         def run():
@@ -165,6 +167,23 @@ class TritonGDN:
             return {"o": x.o}
 
         run.info = info | {"stream": stream}
+        return run
+
+    def _gdn_decode_vk(self, x, info: dict):
+        from attnbench.kernels import native_states as states
+        from attnbench.kernels.triton.gdn_decode_vk import gdn_decode_vk
+
+        pool, shared = states.native_pool(x)  # K-last, converted here once (untimed)
+        tile = {"bv": self.settings["gdn_vk"], "num_warps": self.settings.get("gdn_warps", 4)}
+
+        def run():
+            gdn_decode_vk(
+                x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, pool, x.state_indices, x.o, scale=x.scale, **tile
+            )  # fmt: skip
+            return {"o": x.o}
+
+        run.finalize = states.write_back_real_slots(x, pool, shared)
+        run.info = info | {"k_last": tile}
         return run
 
     @implements("gdn_verify", state_layout="kv", graph_safe=True)

@@ -21,6 +21,8 @@ EXTEND_KNOBS = {
 # of its walk (`gdn_stream_bv`); declared as Knobs by the package, checked again by the launcher
 GDN_STREAM_COLS = (16, 32, 64, 128)
 GDN_STREAM_TILES = (8, 16, 32)
+# gdn_decode's K-last kernel (gdn_decode_vk.py): value rows per program (`gdn_vk`)
+GDN_VK_TILES = (8, 16, 32, 64)
 
 
 def interpreting() -> bool:

@@ -20,7 +20,7 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 from triton.runtime.autotuner import Autotuner
 
-from attnbench.kernels.triton import gdn, gdn_chunk, gdn_conv, gdn_decode_stream
+from attnbench.kernels.triton import gdn, gdn_chunk, gdn_conv, gdn_decode_stream, gdn_decode_vk
 
 TARGET = GPUTarget("cuda", 90, 32)
 CUOBJDUMP = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin", "cuobjdump")
@@ -100,6 +100,10 @@ def main() -> None:
             dict(rconst, BV=bv, COLS=cols),
             num_warps=warps,
             label=f"[cols{cols},bv{bv},w{warps}]",
+        )
+    for bv, warps in ((16, 4), (8, 4), (32, 4), (16, 2)):
+        build(
+            gdn_decode_vk._gdn_decode_vk_kernel, ssig, dict(rconst, BV=bv), num_warps=warps, label=f"[bv{bv},w{warps}]"
         )
     csig = dict(
         x=bf,

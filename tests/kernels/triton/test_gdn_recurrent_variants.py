@@ -144,10 +144,39 @@ def test_a_streamed_tile_wider_than_its_program_is_refused():
                           scale=x.scale, cols=16, bv=32)  # fmt: skip
 
 
+# ---- gdn_decode's K-last kernel (gdn_decode_vk.py, the `gdn_vk` knob) ----------------------------------
+VK = ["gdn_vk=8", "gdn_vk=16,gdn_warps=2", "gdn_vk=64"]
+
+
+@pytest.mark.parametrize("knobs", VK)
+@pytest.mark.parametrize("case_id", STREAM_DECODE)
+def test_the_k_last_decode_passes_the_harness_checks(case_id, knobs):
+    """Plain, padded (its pad slots keep their bits: written back only for real requests), packed,
+    V = 48 (rows past V masked), fp32; the pool converted in prepare, written back by finalize."""
+    r = run_one(case_id, _variant(knobs), **KERNEL)
+    assert r.status == "pass", f"{r.status}: {r.reason}"
+    assert r.prepare_info["k_last"]["bv"] == int(knobs.split(",")[0].split("=")[1]), r.prepare_info
+
+
+def test_the_k_last_kernel_takes_only_a_k_last_pool():
+    from attnbench.kernels.native_states import state_v_major
+    from attnbench.kernels.triton.gdn_decode_vk import gdn_decode_vk
+
+    x = Case.from_id("gdn_decode/b3-h2x2-d32x48-pad1-bf16").make_inputs()  # K 32, V 48: the layouts differ
+    args = (x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias)
+    with pytest.raises(AssertionError, match="K-last"):
+        gdn_decode_vk(*args, x.state_pool, x.state_indices, x.o, scale=x.scale)
+    with pytest.raises(ValueError, match="bv in"):
+        gdn_decode_vk(*args, state_v_major(x.state_pool), x.state_indices, x.o, scale=x.scale, bv=128)
+    with pytest.raises(AttnbenchError, match="gdn_vk=.12. is not allowed"):
+        get_backend("triton:gdn_vk=12")
+
+
 @pytest.mark.parametrize(
     "knobs, tile",
-    [("", (32, 4)), ("gdn_preload=1", (32, 4)), ("gdn_bv=8,gdn_warps=1", None), ("gdn_stream=16", None)],
-)
+    [("", (32, 4)), ("gdn_preload=1", (32, 4)), ("gdn_bv=8,gdn_warps=1", None), ("gdn_stream=16", None),
+     ("gdn_vk=16", None)],
+)  # fmt: skip
 def test_the_row_records_the_tile_the_autotuner_chose(knobs, tile):
     """gdn_decode's row says which autotuned tile ran (after the checked call); a fixed tile or the
     streamed kernel records none. Under the interpreter the autotuners hold their first config only."""
