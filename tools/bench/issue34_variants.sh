@@ -9,7 +9,7 @@ here=$(dirname "$0")
 # splits run in one wave (B8, B16 L1024: h200-session24/split) and in several (B64 L4096/L8192, B128 L8192)
 bash "$here/gpu_sweep.sh" pdl 150 targets --op decode -k b16-l1024 -k b128-l8192-h32x8 -k b64-l4096-h32x8-d128-p16-bf16 \
   -k b64-l8192-h32x8 --case decode/b8-l1024-h32x8-d128-p16-bf16 -k b8-l1024 \
-  -b triton -b triton:decode_pdl=0 -b fa4 -b flashinfer
+  -b triton -b triton:decode_pdl=0 -b triton:split_keys=256 -b "triton:split_keys=256,block_n=32" -b fa4 -b flashinfer
 # our CuTe decode: its schedule variants (tools/bench/cute_variants.py) on the session-24 plan, 0.83 of
 # FlashInfer at B64 L4096 (h200-session24/cute24)
 bash "$here/gpu_sweep.sh" cuted 150 targets --op decode -k b64-l4096-h32x8-d128-p16-bf16 -k b16-l4096 -k b128-l1024 \
