@@ -521,12 +521,12 @@ def merge(runs: list[Path], out: Path, partial: bool = False) -> list[Result]:
     if len({e.get("host") for e in envs}) > 1 or len({e.get("gpu") for e in envs}) > 1:
         merged_env["merged_from"] = [{k: e.get(k) for k in ("host", "gpu", "device")} for e in envs]
     (out / "env.json").write_text(json.dumps(merged_env | {"schema_version": SCHEMA_VERSION}, indent=2))
-    gits = {(i.git.commit, i.git.dirty) if i.git else None for i in infos}
+    gits = {(i.git.commit, i.git.dirty, i.git.source) if i.git else None for i in infos}
     walls = [i.wall_s for i in infos if i.wall_s is not None]
     info = RunInfo(
         kind="merge",
         attnbench=envs[0].get("attnbench") or infos[0].attnbench,
-        git=infos[0].git if len(gits) == 1 else None,  # differing commits: see merged_from
+        git=infos[0].git if len(gits) == 1 else None,  # differing commits or sources: see merged_from
         argv=list(sys.argv),
         device=infos[0].device,
         devices=list(dict.fromkeys(d for i in infos for d in (i.devices or [i.device] if i.device else []))),

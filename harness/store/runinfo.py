@@ -8,6 +8,7 @@ readable: `read_run` fills the device from the run's env.json where run.json lac
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import subprocess
@@ -18,12 +19,19 @@ from pydantic import BaseModel, ConfigDict, ValidationError
 
 from attnbench.store.results import SCHEMA_VERSION, SchemaError, check_version
 
+SOURCE_PATHS = ("harness", "kernels", "references", "suites", "pyproject.toml")  # what a run's results depend on
+
 
 class Git(BaseModel):
-    """The attnbench source the run used: commit and whether the tree had uncommitted changes."""
+    """The attnbench source the run used: commit, whether the tree had uncommitted changes, and `source`,
+    the fingerprint of the files under `SOURCE_PATHS` as they were (`source_fingerprint`): a dirty run
+    (a tree copied to a GPU machine over an older .git) names its exact source through it. The
+    fingerprint of a commit's files is `git ls-tree -r --format='%(objectname) %(path)' COMMIT --
+    harness kernels references suites pyproject.toml | LC_ALL=C sort | sha256sum` (`commit_fingerprint`)."""
 
     commit: str | None = None
     dirty: bool | None = None
+    source: str | None = None
 
 
 class Shard(BaseModel):
@@ -163,7 +171,44 @@ def git_info(root: Path | None = None) -> Git | None:
     if commit is None:
         return None
     status = git("status", "--porcelain", "--untracked-files=no")
-    return Git(commit=commit, dirty=None if status is None else bool(status))
+    return Git(commit=commit, dirty=None if status is None else bool(status), source=source_fingerprint(root))
+
+
+def _fingerprint(lines: list[str]) -> str:
+    return hashlib.sha256("".join(f"{line}\n" for line in sorted(lines, key=str.encode)).encode()).hexdigest()
+
+
+def _git_out(root: Path, *args: str, stdin: str | None = None) -> str | None:
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(root), *args], input=stdin, capture_output=True, text=True, timeout=30
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout if out.returncode == 0 else None
+
+
+def source_fingerprint(root: Path) -> str | None:
+    """sha256 of the `<blob id> <path>` lines (sorted bytewise, one per line) of every file under
+    `SOURCE_PATHS` in the checkout at `root` as it is on disk: tracked and untracked files that git
+    does not ignore, a deleted tracked file left out. Equal to `commit_fingerprint` of a commit exactly
+    when the files are that commit's. None where git cannot say."""
+    listed = _git_out(root, "ls-files", "-co", "--exclude-standard", "-z", "--", *SOURCE_PATHS)
+    if listed is None:
+        return None
+    paths = sorted({p for p in listed.split("\0") if p and (root / p).is_file()})
+    if not paths:
+        return _fingerprint([])
+    blobs = _git_out(root, "hash-object", "--stdin-paths", stdin="".join(f"{p}\n" for p in paths))
+    if blobs is None or len(blobs.split()) != len(paths):
+        return None
+    return _fingerprint([f"{b} {p}" for b, p in zip(blobs.split(), paths)])
+
+
+def commit_fingerprint(root: Path, commit: str = "HEAD") -> str | None:
+    """The `source_fingerprint` of `commit`'s files (its tree, whatever is on disk)."""
+    listed = _git_out(root, "ls-tree", "-r", "--format=%(objectname) %(path)", commit, "--", *SOURCE_PATHS)
+    return None if listed is None else _fingerprint(listed.splitlines())
 
 
 def _git_from_env() -> Git | None:

@@ -158,3 +158,36 @@ def test_a_copy_without_git_takes_its_commit_from_the_environment(tmp_path, monk
     assert got.commit == "c69e167" and got.dirty is True
     monkeypatch.delenv("ATTNBENCH_GIT_DIRTY")
     assert git_info(tmp_path).dirty is None  # unknown, not clean
+
+
+def test_the_source_fingerprint_names_the_files_a_dirty_run_used(tmp_path):
+    """A tree copied over an older .git (a GPU machine's copy) reads `dirty` at the old commit; its
+    `source` fingerprint equals the fingerprint of the commit whose files it holds, and of no other."""
+    import subprocess
+
+    from attnbench.store.runinfo import commit_fingerprint, git_info
+
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    git("config", "user.email", "t@t")
+    git("config", "user.name", "t")
+    (tmp_path / "pyproject.toml").write_text("[project]\n")
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "harness" / "a.py").write_text("A = 1\n")
+    (tmp_path / "notes.txt").write_text("outside the source paths\n")
+    git("add", "-A")
+    git("commit", "-qm", "one")
+    one = git_info(tmp_path)
+    assert one.dirty is False and one.source == commit_fingerprint(tmp_path, "HEAD")
+    (tmp_path / "notes.txt").write_text("changed, but no source\n")
+    assert git_info(tmp_path).source == one.source
+    (tmp_path / "harness" / "a.py").write_text("A = 2\n")  # the next commit's files, uncommitted
+    (tmp_path / "kernels").mkdir()
+    (tmp_path / "kernels" / "k.py").write_text("K = 1\n")  # a new file, untracked
+    dirty = git_info(tmp_path)
+    assert dirty.dirty is True and dirty.commit == one.commit and dirty.source != one.source
+    git("add", "-A")
+    git("commit", "-qm", "two")
+    assert dirty.source == commit_fingerprint(tmp_path, "HEAD") != commit_fingerprint(tmp_path, "HEAD~1")
