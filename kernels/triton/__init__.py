@@ -88,8 +88,8 @@ class _TritonAttention(Backend):
         "mla_kernel": Knob("MLA decode: ws (Gluon, warp-specialized; the default on Hopper where it applies), "
                            "wgmma (Gluon, two warpgroups side by side) or triton (the Triton MLA kernel)",
                            ("ws", "wgmma", "triton")),
-        # decode's split rule (decode.SplitPolicy; not the MLA kernel's, which weighs its own partials); each
-        # fixes the tiling like split_keys, so the tuner does not time configs under another rule
+        # decode's split rule (decode.SplitPolicy; not the MLA kernel's, which weighs its own partials); the
+        # tuner times its tilings under the knob's rule (decode.tuned_decode_config)
         "min_split": Knob("decode: the shortest KV split of the default plan, keys (default 256)",
                           (64, 128, 256, 512, 1024, 2048)),
         "fill_ctas": Knob("decode: programs per SM aimed at while the unsplit batch runs fewer (default 2)", (1, 2, 3, 4)),
@@ -164,10 +164,11 @@ class _TritonAttention(Backend):
         if "fill_keys" in policy_knobs:  # one value, whether the merge overlaps the splits or not
             policy_knobs["fill_keys_overlapped"] = policy_knobs["fill_keys"]
         policy = replace(d.SPLITS, **policy_knobs)
-        tiling = {
-            k: v for k, v in knobs.items() if k in ("split_keys", *DECODE_TILE_KNOBS, *SPLIT_POLICY_KNOBS)
-        }  # the others leave the tuning on
-        config, tuned = (None, {}) if self.deterministic or tiling else d.tuned_decode_config(x)
+        # knobs that fix the tiling or the splits turn the tuner off; a split rule's knobs (SplitPolicy) keep
+        # it on, its candidates planned under that rule, so `triton` and `triton:fill_keys=512` differ in
+        # the rule alone
+        tiling = {k: v for k, v in knobs.items() if k in ("split_keys", *DECODE_TILE_KNOBS)}
+        config, tuned = (None, {}) if self.deterministic or tiling else d.tuned_decode_config(x, policy)
         if tile := {field: knobs[k] for k, field in DECODE_TILE_KNOBS.items() if k in knobs}:
             config = replace(d.default_decode_config(x), **tile)
         if merging := _merge_fields(knobs):  # the tuner's tiling (or the heuristic's), merged as the knobs say

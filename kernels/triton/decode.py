@@ -856,10 +856,10 @@ def bind_decode(x, plan: DecodePlan) -> Callable[[], dict[str, torch.Tensor]]:
 TUNE_MIN_WORK = 1 << 19
 
 
-def tuned_decode_config(x) -> tuple[DecodeConfig | None, dict]:
+def tuned_decode_config(x, policy: SplitPolicy = SPLITS) -> tuple[DecodeConfig | None, dict]:
     """On CUDA, for MLA and for GQA/MHA batches of `TUNE_MIN_WORK` key-heads or more: the fastest of
-    `decode_candidates` on `x` (timed now, cached per kernel variant). Otherwise (None, {}): the
-    heuristic stands."""
+    `decode_candidates` on `x`, each planned under the split rule `policy` (timed now, cached per kernel
+    variant and rule). Otherwise (None, {}): the heuristic stands."""
     device = x.q.device
     if not tune.enabled(device):
         return None, {}
@@ -873,6 +873,6 @@ def tuned_decode_config(x) -> tuple[DecodeConfig | None, dict]:
     key = (
         "decode", G, Dk, Dv, x.k_cache.shape[1], x.q.dtype, x.k_cache.dtype, x.window >= 0, x.soft_cap > 0,
         x.sinks is not None, len(x.seq_lens_host) >= 32, (work.bit_length() if not mla else 0),
-    )  # fmt: skip
+    ) + ((policy,) if policy != SPLITS else ())  # fmt: skip
     cands = decode_candidates(G, Dk, Dv, arch(device), kv_fp8=bool(kv_fp8_code(x.k_cache.dtype)))
-    return tune.pick(key, cands, lambda cfg: bind_decode(x, plan_decode(x, config=cfg)))
+    return tune.pick(key, cands, lambda cfg: bind_decode(x, plan_decode(x, config=cfg, policy=policy)))
