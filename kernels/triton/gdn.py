@@ -27,6 +27,7 @@ from attnbench.kernels.triton.gdn_common import (
     TL_DTYPES,
     autotune_configs,
     gates,
+    recurrent_shapes,
     round_to,
 )
 
@@ -190,11 +191,7 @@ def gdn_recurrent(
             (< t; -1: the pool state).
         config: None runs `_gdn_recurrent_kernel`; a `RecurrentConfig` runs the variant kernel with it.
     """
-    B = indices.shape[0]
-    H, K = q.shape[1], q.shape[2]
-    HV, V = v.shape[1], v.shape[2]
-    assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1, "the head dims must be contiguous"
-    assert o.is_contiguous() and pool.is_contiguous() and a.is_contiguous() and b.is_contiguous()
+    B, H, K, HV, V = recurrent_shapes(q, k, v, a, b, pool, indices, o)
     assert inter is not None or parents is None, "parents need the intermediate buffer"
 
     def grid(meta):

@@ -33,6 +33,15 @@ def autotune_configs(configs: list[triton.Config]) -> list[triton.Config]:
     return configs if AUTOTUNE and not INTERPRET else configs[:1]
 
 
+def recurrent_shapes(q, k, v, a, b, pool, indices, o) -> tuple[int, int, int, int, int]:
+    """`(B, H, K, HV, V)` of a recurrence launch (q, k `[tokens, H, K]`, v `[tokens, HV, V]`, indices
+    `[B]`), after the layout its kernels assume: q/k/v head dims contiguous (any token and head strides:
+    packed decode passes views of mixed_qkv), o, pool and the gates contiguous."""
+    assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1, "the head dims must be contiguous"
+    assert o.is_contiguous() and pool.is_contiguous() and a.is_contiguous() and b.is_contiguous()
+    return indices.shape[0], q.shape[1], q.shape[2], v.shape[1], v.shape[2]
+
+
 @triton.jit
 def round_to(x, DT: tl.constexpr, EMULATE: tl.constexpr):
     """`x` rounded to DT: a DT tensor on a GPU, a float32 tensor of DT values when emulating.

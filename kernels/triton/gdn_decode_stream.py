@@ -26,7 +26,7 @@ import triton
 import triton.language as tl
 
 from attnbench.kernels.triton.gdn import _step
-from attnbench.kernels.triton.gdn_common import INTERPRET, L2_EPS, TL_DTYPES, gates, round_to
+from attnbench.kernels.triton.gdn_common import INTERPRET, L2_EPS, TL_DTYPES, gates, recurrent_shapes, round_to
 from attnbench.kernels.triton.limits import GDN_STREAM_COLS, GDN_STREAM_TILES
 
 
@@ -112,11 +112,7 @@ def gdn_decode_stream(
         raise ValueError(
             f"gdn_decode_stream: cols in {GDN_STREAM_COLS}, bv in {GDN_STREAM_TILES} and bv <= cols; got {cols}, {bv}"
         )
-    B = indices.shape[0]
-    H, K = q.shape[1], q.shape[2]
-    HV, V = v.shape[1], v.shape[2]
-    assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1, "the head dims must be contiguous"
-    assert o.is_contiguous() and pool.is_contiguous() and a.is_contiguous() and b.is_contiguous()
+    B, H, K, HV, V = recurrent_shapes(q, k, v, a, b, pool, indices, o)
     cols = min(cols, max(bv, triton.next_power_of_2(V)))  # a program never walks past V by more than a tile
     grid = (triton.cdiv(V, cols), B * HV)
     _gdn_decode_stream_kernel[grid](

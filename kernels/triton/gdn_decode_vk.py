@@ -22,7 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
-from attnbench.kernels.triton.gdn_common import INTERPRET, L2_EPS, TL_DTYPES, gates, round_to
+from attnbench.kernels.triton.gdn import _step_inputs
+from attnbench.kernels.triton.gdn_common import INTERPRET, TL_DTYPES, recurrent_shapes, round_to
 from attnbench.kernels.triton.limits import GDN_VK_TILES
 
 
@@ -48,15 +49,12 @@ def _gdn_decode_vk_kernel(
     p_h = pool + (tl.maximum(i_slot, 0) * HV + i_hv) * V * K + o_v[:, None] * K + o_k[None, :]
     b_h = tl.load(p_h, mask=m_h & valid, other=0, eviction_policy="evict_first").to(tl.float32)
 
-    b_q = tl.load(q + i_n * stride_qt + i_h * stride_qh + o_k, mask=m_k, other=0).to(tl.float32)
-    b_k = tl.load(k + i_n * stride_kt + i_h * stride_kh + o_k, mask=m_k, other=0).to(tl.float32)
-    b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + L2_EPS) * scale
-    b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + L2_EPS)
-    b_v = tl.load(v + i_n * stride_vt + i_hv * stride_vh + o_v, mask=m_v, other=0).to(tl.float32)
     b_A = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
     b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
-    b_g, b_beta = gates(tl.load(a + i_n * HV + i_hv).to(tl.float32), tl.load(b + i_n * HV + i_hv).to(tl.float32),
-                        b_A, b_dt)  # fmt: skip
+    b_q, b_k, b_v, b_g, b_beta = _step_inputs(
+        q, k, v, a, b, i_n, i_h, i_hv, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
+        o_k, o_v, m_k, m_v, scale, b_A, b_dt, HV,
+    )  # fmt: skip
 
     b_h = b_h * tl.exp(b_g)  # decay first
     b_u = b_beta * (b_v - tl.sum(b_h * b_k[None, :], 1))  # delta against the decayed state
@@ -94,12 +92,8 @@ def gdn_decode_vk(
     """
     if bv not in GDN_VK_TILES:
         raise ValueError(f"gdn_decode_vk: bv in {GDN_VK_TILES}; got {bv}")
-    B = indices.shape[0]
-    H, K = q.shape[1], q.shape[2]
-    HV, V = v.shape[1], v.shape[2]
+    B, H, K, HV, V = recurrent_shapes(q, k, v, a, b, pool, indices, o)
     assert pool.shape[-2:] == (V, K), f"the pool must be K-last [N, {HV}, {V}, {K}]; got {tuple(pool.shape)}"
-    assert q.stride(2) == 1 and k.stride(2) == 1 and v.stride(2) == 1, "the head dims must be contiguous"
-    assert o.is_contiguous() and pool.is_contiguous() and a.is_contiguous() and b.is_contiguous()
     grid = (triton.cdiv(V, bv), B * HV)
     _gdn_decode_vk_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, pool, indices, o,

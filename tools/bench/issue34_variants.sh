@@ -16,7 +16,7 @@ bash "$here/gpu_sweep.sh" cuted 150 targets --op decode -k b64-l4096-h32x8-d128-
   --plugin "$here/cute_variants.py" -b cute -b cute-decode:vpl1-u4 -b cute-decode:vpl2-u2-s2 \
   -b cute-decode:8ctas-minsplit256 -b fa4 -b flashinfer
 # GDN decode on a K-last pool (kernels/triton/gdn_decode_vk.py: FlashInfer's layout and program size;
-# 40-96 registers on sm_90) against the default kernel, FlashInfer, SGLang and our CuTe one
+# 40-91 registers on sm_90) against the default kernel, FlashInfer, SGLang and our CuTe one
 bash "$here/gpu_sweep.sh" gdnvk 150 targets --op gdn_decode --case gdn_decode/b128-h16x32-d128x128-bf16 \
   -b triton -b triton:gdn_vk=8 -b triton:gdn_vk=16 -b triton:gdn_vk=32 -b "triton:gdn_vk=16,gdn_warps=2" \
   -b "triton:gdn_vk=8,gdn_warps=2" -b cute -b flashinfer -b sglang
