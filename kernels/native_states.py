@@ -76,3 +76,11 @@ def write_back_real_slots(x, native: torch.Tensor, shared: bool):
         return outputs
 
     return finalize
+
+
+def native_pool_written_back(x, spare: int = 0):
+    """(the K-last pool a kernel runs on, `native_pool(x, spare)`, and the `finalize` that writes the real
+    requests' slots back into the canonical pool, `write_back_real_slots`): what an adapter of a K-last
+    decode or extend kernel takes in `prepare`."""
+    pool, shared = native_pool(x, spare)
+    return pool, write_back_real_slots(x, pool, shared)

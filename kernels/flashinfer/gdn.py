@@ -53,13 +53,6 @@ def gdn_unsupported(case) -> str | None:
     return None
 
 
-def _native_pool(x, spare: int = 0):
-    """(FlashInfer's K-last pool (and `spare` scratch slots), the finalize that writes the real
-    requests' slots back, as they are when it runs)."""
-    pool, shared = states.native_pool(x, spare)
-    return pool, states.write_back_real_slots(x, pool, shared)
-
-
 def _linear_gate(g: torch.Tensor) -> torch.Tensor:
     """FlashInfer's extend gate: the linear-space decay alpha = exp(g) of our log-space g (in the call:
     a server's g changes every step)."""
@@ -81,7 +74,7 @@ class FlashInferGDN:
         from flashinfer.gdn_decode import gated_delta_rule_decode_pretranspose
 
         B, HV, V = x.batch, x.v.shape[1], x.v.shape[2]
-        pool, finalize = _native_pool(x)
+        pool, finalize = states.native_pool_written_back(x)
         out = x.o.view(B, 1, HV, V)  # bf16: the kernel writes o in bf16 (fp16 cases are not run)
         packed = x.mixed_qkv is not None
 
@@ -134,7 +127,7 @@ class FlashInferGDN:
         from attnbench.kernels.flashinfer import gdn_compile_cache
 
         gdn_compile_cache.install()  # its CuTe DSL kernels from disk in a later process (gdn_compile_cache.py)
-        pool, finalize = _native_pool(x, spare=1)
+        pool, finalize = states.native_pool_written_back(x, spare=1)
         cu = x.cu_seqlens.long()
         max_len = max(x.lens_host)
 

@@ -113,16 +113,9 @@ def _prepare_conv_verify(mod, x):
     return run
 
 
-def _native_pool(x, spare: int = 0):
-    """(SGLang's pool `[N, HV, V, K]` (and `spare` scratch slots), the finalize that writes the real
-    requests' slots back, as they are when it runs)."""
-    pool, shared = states.native_pool(x, spare)
-    return pool, states.write_back_real_slots(x, pool, shared)
-
-
 def prepare_decode(case, x):
     B, HV, V = x.batch, x.v.shape[1], x.v.shape[2]
-    pool, back = _native_pool(x)
+    pool, back = states.native_pool_written_back(x)
     if x.mixed_qkv is not None:
         mod = _lib.module("fused_recurrent")
         out = x.o.view(B, 1, HV, V)
@@ -154,7 +147,7 @@ def prepare_decode(case, x):
 
 def prepare_extend(case, x):
     mod = _lib.module("chunk")
-    pool, back = _native_pool(x, spare=1)
+    pool, back = states.native_pool_written_back(x, spare=1)
 
     def run():
         states.zero_fresh_states_(pool, x.state_indices, x.has_initial_state)  # as the server's scheduler does

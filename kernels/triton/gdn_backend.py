@@ -173,7 +173,7 @@ class TritonGDN:
         from attnbench.kernels import native_states as states
         from attnbench.kernels.triton.gdn_decode_vk import gdn_decode_vk
 
-        pool, shared = states.native_pool(x)  # K-last, converted here once (untimed)
+        pool, finalize = states.native_pool_written_back(x)  # K-last, converted here once (untimed)
         tile = {"bv": self.settings["gdn_vk"], "num_warps": self.settings.get("gdn_warps", 4)}
 
         def run():
@@ -182,7 +182,7 @@ class TritonGDN:
             )  # fmt: skip
             return {"o": x.o}
 
-        run.finalize = states.write_back_real_slots(x, pool, shared)
+        run.finalize = finalize
         run.info = info | {"k_last": tile}
         return run
 
