@@ -160,18 +160,13 @@ def git_info(root: Path | None = None) -> Git | None:
     if not (root / "pyproject.toml").is_file() or not (root / ".git").exists():
         return _git_from_env()
 
-    def git(*args: str) -> str | None:
-        try:
-            out = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, timeout=10)
-        except (OSError, subprocess.TimeoutExpired):
-            return None
-        return out.stdout.strip() if out.returncode == 0 else None
-
-    commit = git("rev-parse", "HEAD")
+    commit = _git_out(root, "rev-parse", "HEAD")
     if commit is None:
         return None
-    status = git("status", "--porcelain", "--untracked-files=no")
-    return Git(commit=commit, dirty=None if status is None else bool(status), source=source_fingerprint(root))
+    status = _git_out(root, "status", "--porcelain", "--untracked-files=no")
+    return Git(
+        commit=commit.strip(), dirty=None if status is None else bool(status.strip()), source=source_fingerprint(root)
+    )
 
 
 def _fingerprint(lines: list[str]) -> str:
@@ -179,9 +174,10 @@ def _fingerprint(lines: list[str]) -> str:
 
 
 def _git_out(root: Path, *args: str, stdin: str | None = None) -> str | None:
+    """`git -C root ARGS`'s stdout, or None where git is missing, fails or takes over 10 s."""
     try:
         out = subprocess.run(
-            ["git", "-C", str(root), *args], input=stdin, capture_output=True, text=True, timeout=30
+            ["git", "-C", str(root), *args], input=stdin, capture_output=True, text=True, timeout=10
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return None

@@ -703,7 +703,7 @@ def plan_decode(
     partial_keys = -(-Hq * Dv * 8 // kv_bytes_per_key)
     if min_chunk is None:
         min_chunk = max(2 * cfg.block_n, partial_keys, policy.min_split)
-    if cfg.pdl and not cfg.fused_merge and pdl_supported(device):  # the merge overlaps the splits
+    if merge_overlaps(cfg, device):
         policy = replace(policy, fill_keys=policy.fill_keys_overlapped)
     if deterministic and 4 * partial_keys > split_tile:
         # still batch-independent (head dims only): MLA tiles grow to 2048 keys, GQA stays at 256
@@ -769,7 +769,13 @@ def arrange_merge(plan: DecodePlan, config, units: int, device: torch.device, tr
     supported; `trigger`: see `with_pdl`), else by a merge kernel after it."""
     if config.fused_merge:
         return fuse_merge(plan, units)
-    return with_pdl(plan, trigger) if config.pdl and pdl_supported(device) else plan
+    return with_pdl(plan, trigger) if merge_overlaps(config, device) else plan
+
+
+def merge_overlaps(config, device: torch.device) -> bool:
+    """Whether `config`'s merge kernel is launched as a programmatic dependent of its split kernel, so it
+    overlaps the splits (`pdl` where supported, and not merged inside the split launch)."""
+    return config.pdl and not config.fused_merge and pdl_supported(device)
 
 
 def fuse_merge(plan: DecodePlan, units: int) -> DecodePlan:
