@@ -31,6 +31,7 @@ from attnbench.backend import Backend, Knob, implements, register_backend
 from attnbench.kernels.triton.gdn_backend import TritonGDN
 from attnbench.kernels.triton.limits import (  # noqa: F401
     EXTEND_KNOBS,
+    GDN_HEAD_GROUPS,
     GDN_STREAM_COLS,
     GDN_STREAM_TILES,
     GDN_VK_TILES,
@@ -135,6 +136,10 @@ class _TritonAttention(Backend):
         "gdn_vk": Knob("gdn_decode: the K-last kernel (gdn_decode_vk.py) on an [N, HV, V, K] copy of the pool made "
                        "in prepare (as FlashInfer's and SGLang's adapters hold it), this many value rows per program; "
                        "warps from gdn_warps (default 4)", GDN_VK_TILES),
+        "gdn_groups": Knob("gdn_extend: v-head groups, each group's serial state pass and output kernel on a stream "
+                           "of its own while the next groups' chunk-parallel kernels run (default 1: every kernel "
+                           "over all heads, one stream; not yet timed: with one shared stream it ran 1.2-5.5x the "
+                           "default, h200-session25/gdng)", GDN_HEAD_GROUPS),
         "gdn_tune": Knob("gdn_decode/gdn_verify: autotune over the default configs plus 1-/2-warp tiles and "
                          "stage counts (wide)", ("wide",)),
     }  # fmt: skip

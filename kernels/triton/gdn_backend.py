@@ -217,19 +217,21 @@ class TritonGDN:
 
     @implements("gdn_extend", limits=extend_head_dims, state_layout="kv")
     def prepare_gdn_extend(self, case, x):
-        return prepare_gdn_extend(case, x, self.gdn_tri, self.gdn_fuse_out)
+        groups = 1 if self.gdn_fuse_out else self.settings.get("gdn_groups", 1)
+        return prepare_gdn_extend(case, x, self.gdn_tri, self.gdn_fuse_out, groups)
 
 
-def prepare_gdn_extend(case, x, tri=None, fuse_out=""):
+def prepare_gdn_extend(case, x, tri=None, fuse_out="", groups=1):
     """The chunked prefill: the chunk plan and workspaces are built here, the closure launches the
     kernels of gdn_chunk.py. `tri`: a frozen `gdn_chunk.TriConfig` for bf16/fp16 (None: `gdn_chunk.TRI`);
     `fuse_out`: "" a separate output kernel; "tri" / "loop" the output inside the state recurrence (no H / U'
-    round trip), its q^ k^T block from the T kernel or computed in the loop (`gdn_chunk.plan`)."""
+    round trip), its q^ k^T block from the T kernel or computed in the loop (`gdn_chunk.plan`); `groups`:
+    v-head groups whose state pass overlaps the next group's chunk-parallel kernels (`gdn_chunk.plan`)."""
     from attnbench.kernels.triton.gdn_chunk import TRI, chunk_gated_delta_rule, plan
 
     tri = tri or TRI
     K, V = x.q.shape[2], x.v.shape[2]
-    p = plan(list(x.lens_host), x.q.shape[1], x.v.shape[1], K, V, x.q.dtype, x.q.device, fuse_out, tri)
+    p = plan(list(x.lens_host), x.q.shape[1], x.v.shape[1], K, V, x.q.dtype, x.q.device, fuse_out, tri, groups)
 
     def run():
         chunk_gated_delta_rule(
@@ -238,5 +240,5 @@ def prepare_gdn_extend(case, x, tri=None, fuse_out=""):
         )  # fmt: skip
         return {"o": x.o}
 
-    run.info = {"chunk": 64, "chunks": int(p.chunks.shape[0]), "fuse_out": fuse_out}
+    run.info = {"chunk": 64, "chunks": int(p.chunks.shape[0]), "fuse_out": fuse_out, "head_groups": p.groups}
     return run

@@ -23,6 +23,8 @@ GDN_STREAM_COLS = (16, 32, 64, 128)
 GDN_STREAM_TILES = (8, 16, 32)
 # gdn_decode's K-last kernel (gdn_decode_vk.py): value rows per program (`gdn_vk`)
 GDN_VK_TILES = (8, 16, 32, 64)
+# gdn_extend's head groups (`gdn_groups`: gdn_chunk.plan pipelines the state pass of one group behind the next)
+GDN_HEAD_GROUPS = (1, 2, 4, 8, 16)
 
 
 def interpreting() -> bool:

@@ -68,3 +68,33 @@ def test_fused_plans_have_no_chunk_state_workspace():
 def test_tri_config_rejects_unknown_values(field):
     with pytest.raises(ValueError, match=field):
         gdn_chunk.TriConfig(**{field: "bogus"})
+
+
+# four v-heads over two q/k heads: head groups of 2 and of 4 heads keep each q/k head's v-heads together
+GROUPED = "gdn_extend/b2-t70-h2x4-d32x16-initmixed-bf16"
+
+
+@pytest.mark.parametrize("groups", [2, 4])
+def test_head_groups_compute_what_one_launch_does(groups):
+    """Each group's kernels address its heads through pointers moved to its first head; every head's
+    arithmetic is the ungrouped kernels', so the output and the pool agree bit for bit."""
+    case = Case.from_id(GROUPED)
+    runs = []
+    for g in (1, groups):
+        x = case.make_inputs()
+        run = gdn_backend.prepare_gdn_extend(case, x, gdn_chunk.TRI, "", g)
+        run()
+        runs.append((x.o.clone(), x.state_pool.clone(), run.info["head_groups"]))
+    (o0, s0, g0), (o1, s1, g1) = runs
+    assert (g0, g1) == (1, 2) and o0.abs().max() > 0  # H=2, HV=4: at most 2 groups of whole GQA groups
+    assert torch.equal(o1, o0) and torch.equal(s1, s0)
+
+
+def test_head_groups_keep_gqa_groups_whole():
+    assert gdn_chunk.head_groups(32, 32, 4) == 4
+    assert gdn_chunk.head_groups(16, 32, 16) == 16  # 2 v-heads per q/k head: 16 groups of 2
+    assert gdn_chunk.head_groups(16, 32, 32) == 16
+    assert gdn_chunk.head_groups(1, 2, 2) == 1
+    assert gdn_chunk.head_groups(4, 12, 8) == 4  # 12 v-heads: 4 groups of 3 (one q/k head each)
+    with pytest.raises(ValueError, match="head groups"):
+        gdn_chunk.plan([70], 1, 2, 32, 16, torch.bfloat16, "cpu", fuse_out="tri", groups=2)
