@@ -135,7 +135,8 @@ class _TritonAttention(Backend):
                               "per program)", GDN_STREAM_TILES),
         "gdn_vk": Knob("gdn_decode: the K-last kernel (gdn_decode_vk.py) on an [N, HV, V, K] copy of the pool made "
                        "in prepare (as FlashInfer's and SGLang's adapters hold it), this many value rows per program; "
-                       "warps from gdn_warps (default 4)", GDN_VK_TILES),
+                       "warps from gdn_warps (default 4; 8 or 16 rows on 1 warp: 0.98 of FlashInfer on an H200, "
+                       "h200-session25/gdntile)", GDN_VK_TILES),
         "gdn_groups": Knob("gdn_extend: v-head groups, each group's serial state pass and output kernel on a stream "
                            "of its own while the next groups' chunk-parallel kernels run (default 1: every kernel "
                            "over all heads, one stream; not yet timed: with one shared stream it ran 1.2-5.5x the "

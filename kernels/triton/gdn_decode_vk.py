@@ -1,5 +1,7 @@
-"""GDN decode on a K-last state pool `[N, HV, V, K]` (opt-in: the triton backend's `gdn_layout=vk` knob;
-issue #34).
+"""GDN decode on a K-last state pool `[N, HV, V, K]` (opt-in: the triton backend's `gdn_vk` knob, rows per
+program; issue #34). On an H200, 8 or 16 rows on one warp run at 0.98 of FlashInfer and 3-9% ahead of our
+default kernel (reports/examples/h200-session25/gdntile); it stays opt-in until our verify, commit and
+extend kernels share the K-last pool (kernels/triton/NOTES.md).
 
 The default kernel (`gdn.gdn_recurrent`) reads the canonical `[N, HV, K, V]` pool: a program's `[K, BV]`
 slice is K rows of BV * 4 bytes, one every V * 4 bytes. SGLang's and FlashInfer's decode kernels keep the
