@@ -101,7 +101,7 @@ class Implementation:
     method: str  # the backend's attribute called as method(case, inputs)
     limits: Limits | None = None
     jit_keys: JitKeys | None = None
-    state_layout: str | None = None  # see `implements`
+    state_layout: str | Callable[[Backend], str | None] | None = None  # see `implements`
     graph_safe: bool | str | GraphSafe | None = None  # see `implements`
 
     def reason(self, backend: Backend, case: Case) -> str | None:
@@ -115,7 +115,7 @@ def implements(
     *ops: str,
     limits: Limits | None = None,
     jit_keys: JitKeys | None = None,
-    state_layout: str | None = None,
+    state_layout: str | Callable[[Backend], str | None] | None = None,
     graph_safe: bool | str | GraphSafe | None = None,
 ) -> Callable:
     """Method decorator: declares the method as the backend's implementation of `ops` (one or more op
@@ -127,7 +127,9 @@ def implements(
     `[N, HV, K, V]` or `"vk"` `[N, HV, V, K]`, kernels/native_states.py), declaring that the prepared
     closure works on a pool handed to it in that layout (`inputs.state_layout`) as it is, at call time,
     with no private copy: what a chain of ops by several backends over one pool needs (docs/chain.md).
-    None: the implementation takes only the canonical pool, converted per op.
+    None: the implementation takes only the canonical pool, converted per op. A callable
+    `f(backend)` gives the layout per variant (a knob that moves the kernels to another layout);
+    read it through `Backend.state_layout(op)`.
 
     `graph_safe`: whether the prepared closure may be captured in a CUDA graph once and replayed on
     other batches of the same shapes written into its inputs in place, as a server replays decode and
@@ -250,6 +252,13 @@ class Backend:
         impl = self.implementations.get(case.op_name)
         decl = impl.graph_safe if impl else None
         return decl(self, case) if callable(decl) else decl
+
+    def state_layout(self, op: str) -> str | None:
+        """The layout in which this variant's implementation of `op` addresses the op's state pool
+        (`implements(state_layout=...)`, resolved for the variant's knobs); None: canonical pool only."""
+        impl = self.implementations.get(op)
+        decl = impl.state_layout if impl else None
+        return decl(self) if callable(decl) else decl
 
     def jit_keys(self, case: Case) -> list[Hashable]:
         """What `prepare` would compile for `case` (its implementation's declared `jit_keys`)."""

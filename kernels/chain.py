@@ -47,7 +47,7 @@ def chain_limits(backend: ChainBackend, case: Case) -> str | None:
         impl = b.implementations.get(op)
         if impl is None:
             return f"{where}: {name} has no {op} kernel"
-        if impl.state_layout is None:
+        if b.state_layout(op) is None:
             return f"{where}: {name} declares no state layout for {op} (it takes only the canonical pool)"
         if why := b.limits(Case(op, params, case.dtype, case.seed, device=case.device)):
             return f"{where}: {why}"
@@ -79,7 +79,7 @@ def prepare(backend: ChainBackend, case: Case, x):
         b = backend.step_backend(name)
         if why := b.available():
             raise Unsupported(f"step {i} ({op}@{name}): {why}")
-        own = b.implementations[op].state_layout
+        own = b.state_layout(op)
         if own == L:
             given, how = pool, "the pool itself"
         elif p.handoff == "raw":
@@ -91,7 +91,9 @@ def prepare(backend: ChainBackend, case: Case, x):
             )
         fields = {k: v for k, v in d.items() if k != "pool_after"}
         if op == "gdn_commit":
-            inputs = CommitInputs(inter_states=inter, conv_states=x.conv_states, state_pool=given, **fields)
+            inputs = CommitInputs(
+                inter_states=inter, conv_states=x.conv_states, state_pool=given, state_layout=own, **fields
+            )
         else:
             inputs = GDNInputs(**fields, A_log=x.A_log, dt_bias=x.dt_bias, state_pool=given, state_layout=own)
             inter = inputs.inter_states if op == "gdn_verify" else inter

@@ -141,6 +141,10 @@ class _TritonAttention(Backend):
                            "of its own while the next groups' chunk-parallel kernels run (default 1: every kernel "
                            "over all heads, one stream; not yet timed: with one shared stream it ran 1.2-5.5x the "
                            "default, h200-session25/gdng)", GDN_HEAD_GROUPS),
+        "gdn_layout": Knob("gdn_decode/verify/commit/extend: the state pool layout the kernels address, kv "
+                           "([N, HV, K, V], default) or vk ([N, HV, V, K], K-last, as SGLang, vLLM and FlashInfer keep "
+                           "it; a canonical pool is converted in prepare, untimed); under vk gdn_decode runs the "
+                           "K-last kernel (gdn_vk rows, default 8 on gdn_warps 1)", ("kv", "vk")),
         "gdn_tune": Knob("gdn_decode/gdn_verify: autotune over the default configs plus 1-/2-warp tiles and "
                          "stage counts (wide)", ("wide",)),
     }  # fmt: skip

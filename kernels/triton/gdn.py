@@ -97,6 +97,15 @@ def _step_inputs(
 
 
 @triton.jit
+def _pool_offsets(o_k, o_v, K: tl.constexpr, V: tl.constexpr, POOL_VK: tl.constexpr):
+    """`[BK, BV]` offsets of state entries (k, v) inside one pool state: `[K, V]` (canonical) or, with
+    POOL_VK, `[V, K]` (K-last, kernels/native_states.py). The intermediate buffers stay canonical."""
+    if POOL_VK:
+        return o_v[None, :] * K + o_k[:, None]
+    return o_k[:, None] * V + o_v[None, :]
+
+
+@triton.jit
 def _step(b_h, b_q, b_k, b_v, b_g, b_beta):
     """One token of the gated delta rule on a `[BK, BV]` state slice: (the updated state, the output)."""
     b_h = b_h * tl.exp(b_g)  # decay first
@@ -105,7 +114,7 @@ def _step(b_h, b_q, b_k, b_v, b_g, b_beta):
     return b_h, tl.sum(b_h * b_q[:, None], 0)  # output from the updated state
 
 
-@triton.autotune(configs=_RECURRENT_CONFIGS, key=["B_KEY", "T", "HV", "K", "V"], restore_value=["pool"])
+@triton.autotune(configs=_RECURRENT_CONFIGS, key=["B_KEY", "T", "HV", "K", "V", "POOL_VK"], restore_value=["pool"])
 @triton.jit
 def _gdn_recurrent_kernel(
     # Pointers
@@ -118,7 +127,7 @@ def _gdn_recurrent_kernel(
     T: tl.constexpr, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     # Meta-parameters
     BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
-    WRITE_POOL: tl.constexpr, STORE_INTER: tl.constexpr, USE_PARENTS: tl.constexpr,
+    WRITE_POOL: tl.constexpr, STORE_INTER: tl.constexpr, USE_PARENTS: tl.constexpr, POOL_VK: tl.constexpr,
 ):  # fmt: skip
     i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
     i_n, i_hv = i_nh // HV, i_nh % HV
@@ -132,7 +141,7 @@ def _gdn_recurrent_kernel(
 
     i_slot = tl.load(indices + i_n).to(tl.int64)
     valid = i_slot >= 0
-    p_pool = pool + (tl.maximum(i_slot, 0) * HV + i_hv) * K * V + o_h
+    p_pool = pool + (tl.maximum(i_slot, 0) * HV + i_hv) * K * V + _pool_offsets(o_k, o_v, K, V, POOL_VK)
     # the state is read once and written once: stream it past L2 (the pool is far larger than L2)
     b_h0 = tl.load(p_pool, mask=m_h & valid, other=0, eviction_policy="evict_first").to(tl.float32)
     b_h = b_h0
@@ -177,6 +186,7 @@ def gdn_recurrent(
     inter: torch.Tensor | None = None,
     parents: torch.Tensor | None = None,
     config: RecurrentConfig | None = None,
+    pool_layout: str = "kv",
 ) -> None:
     """The recurrence over `steps` tokens per request (decode: 1; verify: draft tokens).
 
@@ -190,8 +200,11 @@ def gdn_recurrent(
         parents: `[B, steps]` int32 (tree verify): step t starts from the state after step parents[t]
             (< t; -1: the pool state).
         config: None runs `_gdn_recurrent_kernel`; a `RecurrentConfig` runs the variant kernel with it.
+        pool_layout: "kv" (the pool as above) or "vk" (`[N, HV, V, K]`, K-last); `inter` stays `[.., K, V]`.
     """
     B, H, K, HV, V = recurrent_shapes(q, k, v, a, b, pool, indices, o)
+    dims = {"kv": (K, V), "vk": (V, K)}[pool_layout]
+    assert pool.shape[-2:] == dims, f"a {pool_layout} pool is [N, {HV}, {dims[0]}, {dims[1]}]; got {tuple(pool.shape)}"
     assert inter is not None or parents is None, "parents need the intermediate buffer"
 
     def grid(meta):
@@ -206,6 +219,7 @@ def gdn_recurrent(
     meta = dict(
         T=steps, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), DT=TL_DTYPES[o.dtype], EMULATE=INTERPRET,
         WRITE_POOL=inter is None, STORE_INTER=inter is not None, USE_PARENTS=parents is not None,
+        POOL_VK=pool_layout == "vk",
     )  # fmt: skip
     if config is None:
         _gdn_recurrent_kernel[grid](*args, **meta)
@@ -306,7 +320,7 @@ def _gdn_recurrent_variant_kernel(
     # Meta-parameters
     BK: tl.constexpr, BV: tl.constexpr, BT: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
     WRITE_POOL: tl.constexpr, STORE_INTER: tl.constexpr, USE_PARENTS: tl.constexpr,
-    CARRY_REG: tl.constexpr, PRELOAD: tl.constexpr, INTER_POLICY: tl.constexpr,
+    CARRY_REG: tl.constexpr, PRELOAD: tl.constexpr, INTER_POLICY: tl.constexpr, POOL_VK: tl.constexpr,
 ):  # fmt: skip
     """`_gdn_recurrent_kernel`'s contract and math, with `RecurrentConfig`'s changes (BT: T's power of 2)."""
     i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
@@ -321,7 +335,7 @@ def _gdn_recurrent_variant_kernel(
 
     i_slot = tl.load(indices + i_n).to(tl.int64)
     valid = i_slot >= 0
-    p_pool = pool + (tl.maximum(i_slot, 0) * HV + i_hv) * K * V + o_h
+    p_pool = pool + (tl.maximum(i_slot, 0) * HV + i_hv) * K * V + _pool_offsets(o_k, o_v, K, V, POOL_VK)
     b_h = tl.load(p_pool, mask=m_h & valid, other=0, eviction_policy="evict_first").to(tl.float32)
     b_h0 = b_h  # held for a parent of -1 by "reload" only ("reg" reloads it from the pool)
     b_A = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
@@ -389,7 +403,7 @@ def _gdn_recurrent_variant_kernel(
         tl.store(p_pool, b_h, mask=m_h & valid, eviction_policy="evict_first")
 
 
-_VARIANT_KEY = ["B_KEY", "T", "HV", "K", "V", "USE_PARENTS", "CARRY_REG", "PRELOAD", "INTER_POLICY"]
+_VARIANT_KEY = ["B_KEY", "T", "HV", "K", "V", "USE_PARENTS", "CARRY_REG", "PRELOAD", "INTER_POLICY", "POOL_VK"]
 TUNED = {
     name: triton.autotune(configs=configs, key=_VARIANT_KEY, restore_value=["pool"])(_gdn_recurrent_variant_kernel)
     for name, configs in (("", _RECURRENT_CONFIGS), ("wide", _WIDE_CONFIGS))

@@ -29,6 +29,27 @@ DEFAULT_TILE = (32, 4, 3)  # (BV, num_warps, num_stages): the first of the defau
 VERIFY_KNOBS = {"gdn_verify_reg": 1, "gdn_preload": 1}
 
 
+def gdn_layout(backend) -> str:
+    """The pool layout the variant's GDN state kernels address (`gdn_layout` knob): "kv" canonical
+    `[N, HV, K, V]` (default) or "vk" K-last `[N, HV, V, K]`, the layout SGLang's, vLLM's and FlashInfer's
+    kernels keep, so a server holds one pool for our decode, verify, commit and extend. A canonical pool
+    handed in (any sweep row outside a gdn_chain) is converted in prepare and written back in finalize,
+    untimed, as the K-last adapters do (kernels/native_states.py)."""
+    return backend.settings.get("gdn_layout", "kv")
+
+
+def gdn_decode_limits(backend, case) -> str | None:
+    """The streamed decode kernel addresses the canonical pool only."""
+    if gdn_layout(backend) == "vk" and stream_config(backend.settings):
+        return "gdn_stream runs on the canonical pool; gdn_layout=vk decodes with the K-last kernel (gdn_vk)"
+    return None
+
+
+# the K-last decode kernel's program under gdn_layout=vk, unless gdn_vk / gdn_warps set it: 8 value rows on one
+# warp, the fastest measured (H200, reports/examples/h200-session25/gdntile: 272.6 us at B256 H32, FlashInfer 266.4)
+VK_DECODE_TILE = {"bv": 8, "num_warps": 1}
+
+
 def recurrent_config(settings: dict, defaults: dict | None = None):
     """The gdn_decode / gdn_verify variant that the `gdn_*` knobs in `settings` choose over `defaults`
     (knob values; `VERIFY_KNOBS` for gdn_verify): a frozen `gdn.RecurrentConfig`, or None where neither
@@ -133,7 +154,7 @@ class TritonGDN:
 
         return run
 
-    @implements("gdn_decode", state_layout="kv", graph_safe=True)
+    @implements("gdn_decode", limits=gdn_decode_limits, state_layout=gdn_layout, graph_safe=True)
     def prepare_gdn_decode(self, case, x):
         from attnbench.kernels.triton.gdn import gdn_recurrent
 
@@ -141,7 +162,7 @@ class TritonGDN:
         info = {"variant": "packed: q/k/v read in place from mixed_qkv" if packed else "recurrent"}
         if stream := stream_config(self.settings):
             return self._gdn_decode_stream(x, stream, info)
-        if "gdn_vk" in self.settings:
+        if "gdn_vk" in self.settings or gdn_layout(self) == "vk":
             return self._gdn_decode_vk(x, info)
         config = recurrent_config(self.settings)
 
@@ -174,7 +195,11 @@ class TritonGDN:
         from attnbench.kernels.triton.gdn_decode_vk import gdn_decode_vk
 
         pool, finalize = states.native_pool_written_back(x)  # K-last, converted here once (untimed)
-        tile = {"bv": self.settings["gdn_vk"], "num_warps": self.settings.get("gdn_warps", 4)}
+        if gdn_layout(self) == "vk":
+            tile = {"bv": self.settings.get("gdn_vk", VK_DECODE_TILE["bv"]),
+                    "num_warps": self.settings.get("gdn_warps", VK_DECODE_TILE["num_warps"])}  # fmt: skip
+        else:
+            tile = {"bv": self.settings["gdn_vk"], "num_warps": self.settings.get("gdn_warps", 4)}
 
         def run():
             gdn_decode_vk(
@@ -186,16 +211,21 @@ class TritonGDN:
         run.info = info | {"k_last": tile}
         return run
 
-    @implements("gdn_verify", state_layout="kv", graph_safe=True)
+    @implements("gdn_verify", state_layout=gdn_layout, graph_safe=True)
     def prepare_gdn_verify(self, case, x):
+        from attnbench.kernels import native_states as states
         from attnbench.kernels.triton.gdn import gdn_recurrent
 
         config = recurrent_config(self.settings, VERIFY_KNOBS)
+        layout = gdn_layout(self)
+        # verify reads the pool and writes the canonical intermediate states: nothing to write back
+        pool = states.native_pool(x)[0] if layout == "vk" else x.state_pool
 
         def run():
             gdn_recurrent(
-                x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, x.state_pool, x.state_indices, x.o,
+                x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, pool, x.state_indices, x.o,
                 scale=x.scale, steps=x.draft, inter=x.inter_states, parents=x.parents, config=config,
+                pool_layout=layout,
             )  # fmt: skip
             return {"o": x.o, "inter_states": x.inter_states}
 
@@ -203,42 +233,56 @@ class TritonGDN:
         run.finalize = _record_tile(run, config)
         return run
 
-    @implements("gdn_commit", state_layout="kv")
+    @implements("gdn_commit", state_layout=gdn_layout)
     def prepare_gdn_commit(self, case, x):
+        from attnbench.kernels import native_states as states
         from attnbench.kernels.triton.gdn_commit import gdn_commit
+
+        layout = gdn_layout(self)
+        pool, finalize = states.native_pool_written_back(x) if layout == "vk" else (x.state_pool, None)
 
         def run():
             gdn_commit(
-                x.inter_states, x.inter_conv_windows, x.last_accepted, x.state_pool, x.conv_states, x.state_indices
-            )
+                x.inter_states, x.inter_conv_windows, x.last_accepted, pool, x.conv_states, x.state_indices,
+                pool_layout=layout,
+            )  # fmt: skip
             return {}
 
+        if finalize is not None:
+            run.finalize = finalize
         return run
 
-    @implements("gdn_extend", limits=extend_head_dims, state_layout="kv")
+    @implements("gdn_extend", limits=extend_head_dims, state_layout=gdn_layout)
     def prepare_gdn_extend(self, case, x):
         groups = 1 if self.gdn_fuse_out else self.settings.get("gdn_groups", 1)
-        return prepare_gdn_extend(case, x, self.gdn_tri, self.gdn_fuse_out, groups)
+        return prepare_gdn_extend(case, x, self.gdn_tri, self.gdn_fuse_out, groups, gdn_layout(self))
 
 
-def prepare_gdn_extend(case, x, tri=None, fuse_out="", groups=1):
+def prepare_gdn_extend(case, x, tri=None, fuse_out="", groups=1, layout="kv"):
     """The chunked prefill: the chunk plan and workspaces are built here, the closure launches the
     kernels of gdn_chunk.py. `tri`: a frozen `gdn_chunk.TriConfig` for bf16/fp16 (None: `gdn_chunk.TRI`);
     `fuse_out`: "" a separate output kernel; "tri" / "loop" the output inside the state recurrence (no H / U'
     round trip), its q^ k^T block from the T kernel or computed in the loop (`gdn_chunk.plan`); `groups`:
-    v-head groups whose state pass overlaps the next group's chunk-parallel kernels (`gdn_chunk.plan`)."""
+    v-head groups whose state pass overlaps the next group's chunk-parallel kernels (`gdn_chunk.plan`);
+    `layout`: the pool layout the kernels address (`gdn_layout`)."""
+    from attnbench.kernels import native_states as states
     from attnbench.kernels.triton.gdn_chunk import TRI, chunk_gated_delta_rule, plan
 
     tri = tri or TRI
     K, V = x.q.shape[2], x.v.shape[2]
     p = plan(list(x.lens_host), x.q.shape[1], x.v.shape[1], K, V, x.q.dtype, x.q.device, fuse_out, tri, groups)
 
+    pool, finalize = states.native_pool_written_back(x) if layout == "vk" else (x.state_pool, None)
+
     def run():
         chunk_gated_delta_rule(
-            x.q, x.k, x.v, x.g, x.beta, x.state_pool, x.state_indices, x.has_initial_state, x.cu_seqlens,
-            x.o, p, scale=x.scale, tri=tri,
+            x.q, x.k, x.v, x.g, x.beta, pool, x.state_indices, x.has_initial_state, x.cu_seqlens,
+            x.o, p, scale=x.scale, tri=tri, pool_layout=layout,
         )  # fmt: skip
         return {"o": x.o}
+
+    if finalize is not None:
+        run.finalize = finalize
 
     run.info = {"chunk": 64, "chunks": int(p.chunks.shape[0]), "fuse_out": fuse_out, "head_groups": p.groups}
     return run

@@ -380,10 +380,15 @@ def _t_times(b_T, b_x, b_scale, DT: tl.constexpr, EMULATE: tl.constexpr, IEEE: t
 
 @triton.jit
 def _pool_state(pool, indices, has_initial_state, i_n, i_hv, o_k, o_v, m_h, HV: tl.constexpr, K: tl.constexpr,
-                V: tl.constexpr):  # fmt: skip
+                V: tl.constexpr, POOL_VK: tl.constexpr):  # fmt: skip
     """(pointers, float32 values) of request `i_n`'s state block in the pool: its slot's `[K, V]` state of
-    v-head `i_hv` at columns `o_v`, zero where the request has no initial state."""
-    p_pool = pool + (tl.load(indices + i_n).to(tl.int64) * HV + i_hv) * K * V + o_k[:, None] * V + o_v[None, :]
+    v-head `i_hv` at columns `o_v` (a `[BK, BV]` block; POOL_VK: the pool holds each state as `[V, K]`),
+    zero where the request has no initial state."""
+    p_pool = pool + (tl.load(indices + i_n).to(tl.int64) * HV + i_hv) * K * V
+    if POOL_VK:
+        p_pool += o_v[None, :] * K + o_k[:, None]
+    else:
+        p_pool += o_k[:, None] * V + o_v[None, :]
     init = tl.load(has_initial_state + i_n) != 0
     return p_pool, tl.load(p_pool, mask=m_h & init, other=0).to(tl.float32)
 
@@ -446,7 +451,7 @@ _STATE_CONFIGS = autotune_configs(
 )
 
 
-@triton.autotune(configs=_STATE_CONFIGS, key=["B_KEY", "H", "HV", "K", "V", "HVG"], restore_value=["pool"])
+@triton.autotune(configs=_STATE_CONFIGS, key=["B_KEY", "H", "HV", "K", "V", "HVG", "POOL_VK"], restore_value=["pool"])
 @triton.jit
 def _chunk_state_kernel(
     # Pointers
@@ -455,7 +460,7 @@ def _chunk_state_kernel(
     B_KEY, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, HVG: tl.constexpr,
     # Meta-parameters
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, POOL_VK: tl.constexpr,
 ):  # fmt: skip
     """Per (BV value columns, request x v-head of a group of HVG v-heads; the pointers start at the group's
     first head, `head_group`), chunk by chunk: H_c = S (stored), U' = U - W S, S after the chunk."""
@@ -467,7 +472,7 @@ def _chunk_state_kernel(
     c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
     o_t, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     m_h = (o_k < K)[:, None] & (o_v < V)[None, :]
-    p_pool, b_s = _pool_state(pool, indices, has_initial_state, i_n, i_hv, o_k, o_v, m_h, HV, K, V)
+    p_pool, b_s = _pool_state(pool, indices, has_initial_state, i_n, i_hv, o_k, o_v, m_h, HV, K, V, POOL_VK)
 
     for j in range(tl.cdiv(eos - bos, C)):
         t0 = bos + j * C
@@ -508,7 +513,7 @@ _STATE_OUT_CONFIGS = autotune_configs(
 )
 
 
-@triton.autotune(configs=_STATE_OUT_CONFIGS, key=["B_KEY", "H", "HV", "K", "V"], restore_value=["pool"])
+@triton.autotune(configs=_STATE_OUT_CONFIGS, key=["B_KEY", "H", "HV", "K", "V", "POOL_VK"], restore_value=["pool"])
 @triton.jit
 def _chunk_state_out_kernel(
     # Pointers
@@ -517,7 +522,7 @@ def _chunk_state_out_kernel(
     stride_qt, stride_vt, scale, B_KEY, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     # Meta-parameters
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
-    IEEE: tl.constexpr, QK_IN_LOOP: tl.constexpr, WU_IN_LOOP: tl.constexpr,
+    IEEE: tl.constexpr, QK_IN_LOOP: tl.constexpr, WU_IN_LOOP: tl.constexpr, POOL_VK: tl.constexpr,
 ):  # fmt: skip
     """Per (BV value columns, request x v-head), chunk by chunk: with S the state (float32) and S_r
     it rounded to DT (what `_chunk_state_kernel` stores as H),
@@ -536,7 +541,7 @@ def _chunk_state_out_kernel(
     eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
     o_t, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     m_h = (o_k < K)[:, None] & (o_v < V)[None, :]
-    p_pool, b_s = _pool_state(pool, indices, has_initial_state, i_n, i_hv, o_k, o_v, m_h, HV, K, V)
+    p_pool, b_s = _pool_state(pool, indices, has_initial_state, i_n, i_hv, o_k, o_v, m_h, HV, K, V, POOL_VK)
 
     for j in range(tl.cdiv(eos - bos, C)):
         t0 = bos + j * C
@@ -766,6 +771,7 @@ def chunk_gated_delta_rule(
     *,
     scale: float,
     tri: TriConfig = TRI,
+    pool_layout: str = "kv",
 ) -> None:
     """Varlen chunked prefill: writes `o [T, HV, V]` and every request's final state into `pool`.
 
@@ -774,6 +780,7 @@ def chunk_gated_delta_rule(
         pool: `[N, HV, K, V]` fp32; indices: `[B]` slots; has_initial_state: `[B]` bool.
         cu_seqlens: `[B+1]` int32; p: the plan from `plan()` for these lengths.
         tri: the T kernel's knobs for bf16/fp16 inputs (float32 inputs take `TRI_IEEE`).
+        pool_layout: "kv" (the pool as above) or "vk" (`[N, HV, V, K]`, K-last).
     """
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
@@ -788,6 +795,9 @@ def chunk_gated_delta_rule(
     ieee = q.dtype == torch.float32
     BK = max(16, triton.next_power_of_2(K))
     common = dict(DT=DT, EMULATE=INTERPRET)
+    dims = {"kv": (K, V), "vk": (V, K)}[pool_layout]
+    assert pool.shape[-2:] == dims, f"a {pool_layout} pool is [N, {HV}, {dims[0]}, {dims[1]}]; got {tuple(pool.shape)}"
+    vk = pool_layout == "vk"
     tri = replace(TRI_IEEE, wu=tri.wu) if ieee else tri
     wu = p.fuse_out == "wu"
     b_key = B if B < 64 else B // 64 * 64
@@ -803,7 +813,7 @@ def chunk_gated_delta_rule(
         _chunk_state_out_kernel[lambda meta: (triton.cdiv(V, meta["BV"]), B * HV)](
             q, qhat, p.khat, amat, p.gcum, w, u, o, pool, indices, has_initial_state, cu_seqlens, v, beta, tmat,
             q.stride(0), v.stride(0), scale, b_key, H=H, HV=HV, K=K, V=V, C=CHUNK, BK=BK, IEEE=ieee,
-            QK_IN_LOOP=loop, WU_IN_LOOP=wu, **common,
+            QK_IN_LOOP=loop, WU_IN_LOOP=wu, POOL_VK=vk, **common,
         )  # fmt: skip
         return
     G = HV // p.groups  # v-heads per group
@@ -825,7 +835,7 @@ def chunk_gated_delta_rule(
             _chunk_state_kernel[lambda meta: (triton.cdiv(V, meta["BV"]), B * G)](
                 khat, gcum, _from_head(p.w, first), _from_head(p.u, first), h, vnew, _from_head(pool, first),
                 indices, has_initial_state, cu_seqlens, p.chunk_offsets, b_key, H=H, HV=HV, K=K, V=V, HVG=G,
-                C=CHUNK, BK=BK, IEEE=ieee, **common,
+                C=CHUNK, BK=BK, IEEE=ieee, POOL_VK=vk, **common,
             )  # fmt: skip
             _chunk_out_kernel[lambda meta: (NC, G, triton.cdiv(V, meta["BV"]))](
                 q_, khat, gcum, h, vnew, _from_head(o, first), p.chunks, cu_seqlens, q.stride(0), scale, H=H,

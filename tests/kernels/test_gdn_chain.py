@@ -87,9 +87,8 @@ def test_limits_name_the_step():
 def test_every_gdn_state_implementation_declares_its_layout():
     for b in all_backends().values():
         for op in ("gdn_extend", "gdn_decode", "gdn_verify", "gdn_commit"):
-            impl = b.implementations.get(op)
-            if impl is not None and b.name != "chain":
-                assert impl.state_layout in ("kv", "vk"), f"{b.name} {op}"
+            if op in b.implementations and b.name != "chain":
+                assert b.state_layout(op) in ("kv", "vk"), f"{b.name} {op}"
 
 
 PER_OP = [c for c in load("smoke", "cpu").cases if c.op_name in ("gdn_extend", "gdn_decode", "gdn_verify")]
@@ -115,6 +114,25 @@ def test_torch_and_triton_share_a_pool(layout):
         pytest.skip(why)
     row = _run(_chain("extend@triton > decode@torch > verify@triton > commit@triton > decode@triton", layout=layout))
     assert row.status == "pass", row.reason
+
+
+@TRITON
+@pytest.mark.parametrize("layout, status", [("kv", "fail"), ("vk", "pass")])
+def test_triton_family_on_one_k_last_pool(layout, status):
+    """Our four GDN state kernels over one K-last pool handed raw, as a server keeps one pool: the
+    default (canonical addressing) fails at the first step, `gdn_layout=vk` (K-last) passes every step."""
+    from attnbench.kernels.chain import ChainBackend
+
+    chain = ChainBackend()
+    chain.substitutes = {"triton": get_backend(f"triton:gdn_layout={layout}")}
+    case = _chain("extend@triton > decode@triton > verify@triton > commit@triton > decode@triton", layout="vk",
+                  handoff="raw")  # fmt: skip
+    row = _run(case, chain)
+    assert row.status == status, row.reason
+    if status == "pass":
+        assert all("the pool itself" in s for s in row.prepare_info["steps"]), row.prepare_info["steps"]
+    else:
+        assert row.reason.startswith("o@1:"), row.reason
 
 
 @TRITON

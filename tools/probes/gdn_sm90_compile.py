@@ -85,12 +85,18 @@ def main() -> None:
     build(
         gdn._gdn_recurrent_kernel,
         rsig,
-        dict(rconst, T=1, WRITE_POOL=True, STORE_INTER=False, USE_PARENTS=False),
+        dict(rconst, T=1, WRITE_POOL=True, STORE_INTER=False, USE_PARENTS=False, POOL_VK=False),
     )
     build(
         gdn._gdn_recurrent_kernel,
         rsig,
-        dict(rconst, T=8, WRITE_POOL=False, STORE_INTER=True, USE_PARENTS=True),
+        dict(rconst, T=8, WRITE_POOL=False, STORE_INTER=True, USE_PARENTS=True, POOL_VK=False),
+    )
+    build(  # verify on a K-last pool (gdn_layout=vk)
+        gdn._gdn_recurrent_kernel,
+        rsig,
+        dict(rconst, T=8, WRITE_POOL=False, STORE_INTER=True, USE_PARENTS=True, POOL_VK=True),
+        label="[vk]",
     )
     ssig = {n: t for n, t in rsig.items() if n not in ("inter", "parents", "B_KEY")}
     for cols, bv, warps in ((128, 16, 4), (128, 32, 4), (64, 16, 2), (128, 8, 1)):
@@ -101,7 +107,7 @@ def main() -> None:
             num_warps=warps,
             label=f"[cols{cols},bv{bv},w{warps}]",
         )
-    for bv, warps in ((16, 4), (8, 4), (32, 4), (16, 2)):
+    for bv, warps in ((16, 4), (8, 4), (32, 4), (16, 2), (8, 1), (16, 1)):
         build(
             gdn_decode_vk._gdn_decode_vk_kernel, ssig, dict(rconst, BV=bv), num_warps=warps, label=f"[bv{bv},w{warps}]"
         )
@@ -150,7 +156,7 @@ def main() -> None:
                 chunk_offsets=i32,
                 B_KEY="i32",
             ),
-            common,
+            dict(common, HVG=32, POOL_VK=False),
         )
         build(
             gdn_chunk._chunk_out_kernel,
@@ -160,7 +166,7 @@ def main() -> None:
         build(
             gdn_chunk._chunk_state_out_kernel,
             STATE_OUT_SIG(p),
-            common | dict(QK_IN_LOOP=False, WU_IN_LOOP=False),
+            common | dict(QK_IN_LOOP=False, WU_IN_LOOP=False, POOL_VK=False),
         )  # fmt: skip
     # the T kernel's other variants (TriConfig kk / diag), bf16
     common = dict(**qwen, C=64, BK=128, DT=tl.bfloat16, EMULATE=False, IEEE=False)
@@ -169,8 +175,18 @@ def main() -> None:
     build_tri(gdn_chunk.TRI, bf, common, label="[fuse_out]", fuse_out=True)
     build_tri(gdn_chunk.TriConfig(wu=True), bf, common, label="[wu]")
     sig = STATE_OUT_SIG(bf)
-    build(gdn_chunk._chunk_state_out_kernel, sig, common | dict(QK_IN_LOOP=True, WU_IN_LOOP=False), label="[loop]")
-    build(gdn_chunk._chunk_state_out_kernel, sig, common | dict(QK_IN_LOOP=True, WU_IN_LOOP=True), label="[wu]")
+    build(
+        gdn_chunk._chunk_state_out_kernel,
+        sig,
+        common | dict(QK_IN_LOOP=True, WU_IN_LOOP=False, POOL_VK=False),
+        label="[loop]",
+    )
+    build(
+        gdn_chunk._chunk_state_out_kernel,
+        sig,
+        common | dict(QK_IN_LOOP=True, WU_IN_LOOP=True, POOL_VK=False),
+        label="[wu]",
+    )
 
 
 def STATE_OUT_SIG(p: str) -> dict:  # noqa: N802 (a signature table)

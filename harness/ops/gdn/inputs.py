@@ -51,6 +51,9 @@ class CommitInputs:
     state_pool: torch.Tensor  # [N, HV, K, V] fp32, written
     conv_states: torch.Tensor  # [N, dim, W-1] case dtype, written
     state_indices: torch.Tensor  # [B] int32 slot of each request in both pools, negative = padding
+    # the layout of `state_pool` as handed in: "kv" canonical; a gdn_chain step gets the layout its backend
+    # declares (`implements(state_layout=...)`), "vk" `[N, HV, V, K]` with one scratch slot at the end
+    state_layout: str = "kv"
 
 
 @dataclass

@@ -23,15 +23,16 @@ CHUNK = [
     "_chunk_out_kernel",
     "_chunk_state_out_kernel",
 ]
-# gating; decode and tree verify; the streamed decode's and the K-last decode's tilings; conv fn and update; the chunk kernels in bf16 and fp32
+# gating; decode and tree verify (canonical and K-last pool); the streamed decode's and the K-last decode's tilings; conv fn and update; the chunk kernels in bf16 and fp32
 EXPECTED = [
     "_gdn_gating_kernel",
     *["_gdn_recurrent_kernel"] * 2,
+    "_gdn_recurrent_kernel[vk]",
     *(
         f"_gdn_decode_stream_kernel[{t}]"
         for t in ("cols128,bv16,w4", "cols128,bv32,w4", "cols64,bv16,w2", "cols128,bv8,w1")
     ),
-    *(f"_gdn_decode_vk_kernel[{t}]" for t in ("bv16,w4", "bv8,w4", "bv32,w4", "bv16,w2")),
+    *(f"_gdn_decode_vk_kernel[{t}]" for t in ("bv16,w4", "bv8,w4", "bv32,w4", "bv16,w2", "bv8,w1", "bv16,w1")),
     "_conv1d_prefill_kernel",
     "_conv1d_update_kernel",
     *CHUNK,
