@@ -27,6 +27,8 @@ from attnbench.kernels.triton.gdn_common import (
     TL_DTYPES,
     autotune_configs,
     gates,
+    pool_is_k_last,
+    pool_offsets,
     recurrent_shapes,
     round_to,
 )
@@ -97,15 +99,6 @@ def _step_inputs(
 
 
 @triton.jit
-def _pool_offsets(o_k, o_v, K: tl.constexpr, V: tl.constexpr, POOL_VK: tl.constexpr):
-    """`[BK, BV]` offsets of state entries (k, v) inside one pool state: `[K, V]` (canonical) or, with
-    POOL_VK, `[V, K]` (K-last, kernels/native_states.py). The intermediate buffers stay canonical."""
-    if POOL_VK:
-        return o_v[None, :] * K + o_k[:, None]
-    return o_k[:, None] * V + o_v[None, :]
-
-
-@triton.jit
 def _step(b_h, b_q, b_k, b_v, b_g, b_beta):
     """One token of the gated delta rule on a `[BK, BV]` state slice: (the updated state, the output)."""
     b_h = b_h * tl.exp(b_g)  # decay first
@@ -141,7 +134,7 @@ def _gdn_recurrent_kernel(
 
     i_slot = tl.load(indices + i_n).to(tl.int64)
     valid = i_slot >= 0
-    p_pool = pool + (tl.maximum(i_slot, 0) * HV + i_hv) * K * V + _pool_offsets(o_k, o_v, K, V, POOL_VK)
+    p_pool = pool + (tl.maximum(i_slot, 0) * HV + i_hv) * K * V + pool_offsets(o_k, o_v, K, V, POOL_VK)
     # the state is read once and written once: stream it past L2 (the pool is far larger than L2)
     b_h0 = tl.load(p_pool, mask=m_h & valid, other=0, eviction_policy="evict_first").to(tl.float32)
     b_h = b_h0
@@ -203,8 +196,7 @@ def gdn_recurrent(
         pool_layout: "kv" (the pool as above) or "vk" (`[N, HV, V, K]`, K-last); `inter` stays `[.., K, V]`.
     """
     B, H, K, HV, V = recurrent_shapes(q, k, v, a, b, pool, indices, o)
-    dims = {"kv": (K, V), "vk": (V, K)}[pool_layout]
-    assert pool.shape[-2:] == dims, f"a {pool_layout} pool is [N, {HV}, {dims[0]}, {dims[1]}]; got {tuple(pool.shape)}"
+    k_last = pool_is_k_last(pool, pool_layout, K, V)
     assert inter is not None or parents is None, "parents need the intermediate buffer"
 
     def grid(meta):
@@ -219,7 +211,7 @@ def gdn_recurrent(
     meta = dict(
         T=steps, H=H, HV=HV, K=K, V=V, BK=triton.next_power_of_2(K), DT=TL_DTYPES[o.dtype], EMULATE=INTERPRET,
         WRITE_POOL=inter is None, STORE_INTER=inter is not None, USE_PARENTS=parents is not None,
-        POOL_VK=pool_layout == "vk",
+        POOL_VK=k_last,
     )  # fmt: skip
     if config is None:
         _gdn_recurrent_kernel[grid](*args, **meta)
@@ -335,7 +327,7 @@ def _gdn_recurrent_variant_kernel(
 
     i_slot = tl.load(indices + i_n).to(tl.int64)
     valid = i_slot >= 0
-    p_pool = pool + (tl.maximum(i_slot, 0) * HV + i_hv) * K * V + _pool_offsets(o_k, o_v, K, V, POOL_VK)
+    p_pool = pool + (tl.maximum(i_slot, 0) * HV + i_hv) * K * V + pool_offsets(o_k, o_v, K, V, POOL_VK)
     b_h = tl.load(p_pool, mask=m_h & valid, other=0, eviction_policy="evict_first").to(tl.float32)
     b_h0 = b_h  # held for a parent of -1 by "reload" only ("reg" reloads it from the pool)
     b_A = tl.exp(tl.load(A_log + i_hv).to(tl.float32))

@@ -45,6 +45,15 @@ def gdn_decode_limits(backend, case) -> str | None:
     return None
 
 
+def pool_in_layout(x, layout: str):
+    """(the pool the kernels of `layout` run on, the `finalize` that writes it back or None): the canonical
+    pool itself for "kv"; for "vk" the K-last pool and its write-back (`native_pool_written_back`: a
+    canonical pool converted here, untimed; a pool a gdn_chain hands over K-last used as it is)."""
+    from attnbench.kernels import native_states as states
+
+    return states.native_pool_written_back(x) if layout == "vk" else (x.state_pool, None)
+
+
 # the K-last decode kernel's program under gdn_layout=vk, unless gdn_vk / gdn_warps set it: 8 value rows on one
 # warp, the fastest measured (H200, reports/examples/h200-session25/gdntile: 272.6 us at B256 H32, FlashInfer 266.4)
 VK_DECODE_TILE = {"bv": 8, "num_warps": 1}
@@ -235,11 +244,10 @@ class TritonGDN:
 
     @implements("gdn_commit", state_layout=gdn_layout)
     def prepare_gdn_commit(self, case, x):
-        from attnbench.kernels import native_states as states
         from attnbench.kernels.triton.gdn_commit import gdn_commit
 
         layout = gdn_layout(self)
-        pool, finalize = states.native_pool_written_back(x) if layout == "vk" else (x.state_pool, None)
+        pool, finalize = pool_in_layout(x, layout)
 
         def run():
             gdn_commit(
@@ -265,14 +273,13 @@ def prepare_gdn_extend(case, x, tri=None, fuse_out="", groups=1, layout="kv"):
     round trip), its q^ k^T block from the T kernel or computed in the loop (`gdn_chunk.plan`); `groups`:
     v-head groups whose state pass overlaps the next group's chunk-parallel kernels (`gdn_chunk.plan`);
     `layout`: the pool layout the kernels address (`gdn_layout`)."""
-    from attnbench.kernels import native_states as states
     from attnbench.kernels.triton.gdn_chunk import TRI, chunk_gated_delta_rule, plan
 
     tri = tri or TRI
     K, V = x.q.shape[2], x.v.shape[2]
     p = plan(list(x.lens_host), x.q.shape[1], x.v.shape[1], K, V, x.q.dtype, x.q.device, fuse_out, tri, groups)
 
-    pool, finalize = states.native_pool_written_back(x) if layout == "vk" else (x.state_pool, None)
+    pool, finalize = pool_in_layout(x, layout)
 
     def run():
         chunk_gated_delta_rule(

@@ -26,7 +26,16 @@ import torch
 import triton
 import triton.language as tl
 
-from attnbench.kernels.triton.gdn_common import INTERPRET, L2_EPS, TL_DTYPES, autotune_configs, mm, round_to
+from attnbench.kernels.triton.gdn_common import (
+    INTERPRET,
+    L2_EPS,
+    TL_DTYPES,
+    autotune_configs,
+    mm,
+    pool_is_k_last,
+    pool_offsets,
+    round_to,
+)
 
 CHUNK = 64
 FUSE_OUT_MODES = ("", "tri", "loop", "wu")  # ChunkPlan.fuse_out
@@ -384,11 +393,7 @@ def _pool_state(pool, indices, has_initial_state, i_n, i_hv, o_k, o_v, m_h, HV: 
     """(pointers, float32 values) of request `i_n`'s state block in the pool: its slot's `[K, V]` state of
     v-head `i_hv` at columns `o_v` (a `[BK, BV]` block; POOL_VK: the pool holds each state as `[V, K]`),
     zero where the request has no initial state."""
-    p_pool = pool + (tl.load(indices + i_n).to(tl.int64) * HV + i_hv) * K * V
-    if POOL_VK:
-        p_pool += o_v[None, :] * K + o_k[:, None]
-    else:
-        p_pool += o_k[:, None] * V + o_v[None, :]
+    p_pool = pool + (tl.load(indices + i_n).to(tl.int64) * HV + i_hv) * K * V + pool_offsets(o_k, o_v, K, V, POOL_VK)
     init = tl.load(has_initial_state + i_n) != 0
     return p_pool, tl.load(p_pool, mask=m_h & init, other=0).to(tl.float32)
 
@@ -654,7 +659,7 @@ class ChunkPlan:
     fuse_out: str = ""  # "": separate out kernel; "tri" / "loop" / "wu": the output inside the state recurrence
     qhat: torch.Tensor | None = None  # [T, H, K]: the normalised, scaled queries (fuse_out "tri" only)
     amat: torch.Tensor | None = None  # [T, HV, C]: the decayed causal q^ k^T block (fuse_out "tri" only)
-    groups: int = 1  # v-head groups pipelined over two streams (`head_groups`; 1: every kernel over all heads)
+    groups: int = 1  # v-head groups, each with its own state / output stream (`head_groups`; 1: one launch each)
     sides: list | None = None  # per group, the stream of its state pass and output kernel (CUDA)
     ready: list | None = None  # per group, the event after its chunk-parallel kernels (CUDA)
 
@@ -795,9 +800,7 @@ def chunk_gated_delta_rule(
     ieee = q.dtype == torch.float32
     BK = max(16, triton.next_power_of_2(K))
     common = dict(DT=DT, EMULATE=INTERPRET)
-    dims = {"kv": (K, V), "vk": (V, K)}[pool_layout]
-    assert pool.shape[-2:] == dims, f"a {pool_layout} pool is [N, {HV}, {dims[0]}, {dims[1]}]; got {tuple(pool.shape)}"
-    vk = pool_layout == "vk"
+    vk = pool_is_k_last(pool, pool_layout, K, V)
     tri = replace(TRI_IEEE, wu=tri.wu) if ieee else tri
     wu = p.fuse_out == "wu"
     b_key = B if B < 64 else B // 64 * 64

@@ -13,6 +13,8 @@ import torch
 import triton
 import triton.language as tl
 
+from attnbench.kernels.triton.gdn_common import pool_is_k_last
+
 
 @triton.jit
 def _gdn_commit_kernel(
@@ -64,12 +66,11 @@ def gdn_commit(
         assert t.is_contiguous()
     B, T = inter_states.shape[0], inter_states.shape[1]
     K, V = inter_states.shape[-2:]
-    dims = {"kv": (K, V), "vk": (V, K)}[pool_layout]
-    assert pool.shape[-2:] == dims, f"a {pool_layout} pool is [N, HV, {dims[0]}, {dims[1]}]; got {tuple(pool.shape)}"
+    k_last = pool_is_k_last(pool, pool_layout, K, V)
     s_numel, c_numel = pool[0].numel(), conv_states[0].numel()
     BLOCK = 1024
     grid = (B, triton.cdiv(max(s_numel, c_numel), BLOCK))
     _gdn_commit_kernel[grid](
         inter_states, inter_windows, last_accepted, pool, conv_states, indices, T, s_numel, c_numel, K, V,
-        BLOCK=BLOCK, POOL_VK=pool_layout == "vk", num_warps=4,
+        BLOCK=BLOCK, POOL_VK=k_last, num_warps=4,
     )  # fmt: skip

@@ -42,6 +42,26 @@ def recurrent_shapes(q, k, v, a, b, pool, indices, o) -> tuple[int, int, int, in
     return indices.shape[0], q.shape[1], q.shape[2], v.shape[1], v.shape[2]
 
 
+POOL_LAYOUTS = {"kv": "canonical [N, HV, K, V]", "vk": "K-last [N, HV, V, K]"}  # kernels/native_states.py
+
+
+def pool_is_k_last(pool, layout: str, K: int, V: int) -> bool:
+    """Whether a launch addresses `pool` K-last (`layout` "vk") or canonically ("kv"), after checking
+    that its last two dims are that layout's (`[V, K]` or `[K, V]`): the kernels' `POOL_VK`."""
+    dims = {"kv": (K, V), "vk": (V, K)}[layout]
+    assert pool.shape[-2:] == dims, f"a {layout} pool is {POOL_LAYOUTS[layout]}; got {tuple(pool.shape)}"
+    return layout == "vk"
+
+
+@triton.jit
+def pool_offsets(o_k, o_v, K: tl.constexpr, V: tl.constexpr, POOL_VK: tl.constexpr):
+    """`[BK, BV]` offsets of state entries (k, v) inside one pool state: `[K, V]` (canonical) or, with
+    POOL_VK, `[V, K]` (K-last, kernels/native_states.py)."""
+    if POOL_VK:
+        return o_v[None, :] * K + o_k[:, None]
+    return o_k[:, None] * V + o_v[None, :]
+
+
 @triton.jit
 def round_to(x, DT: tl.constexpr, EMULATE: tl.constexpr):
     """`x` rounded to DT: a DT tensor on a GPU, a float32 tensor of DT values when emulating.

@@ -10,9 +10,10 @@ the load of tile j + 1 is issued before tile j's step, so it overlaps the step a
 
 Measured, it loses (H200, reports/examples/h200-session24/gdnd, B256 H32 K=V=128): 325.9 us at 128
 columns in steps of 32, 444.6 at 64 columns on 2 warps, 464.7 at 128 in steps of 16, 931.1 on one warp,
-against 281.7 for the default kernel and 266.6 for FlashInfer in the same run. Its profile is not
-taken yet (ncu did not match the knob backend's NVTX range; its row is in tools/bench/issue34c.ncu).
-Kept as an opt-in variant with its numbers; not a default.
+against 281.7 for the default kernel and 266.6 for FlashInfer in the same run. Profiled
+(h200-session25/ncu-h200.md, 128 columns in steps of 16): 440.2 us at DRAM 50%, 71 registers,
+occupancy 43%, stalled on long scoreboard (19.5 cycles per issue of 32): the prefetch does not keep
+enough loads in flight. Kept as an opt-in variant with its numbers; not a default.
 
 Same contract and math as `gdn.gdn_recurrent` with one step: q/k L2-normalised (q scaled), gates from
 the raw a/b, decay, delta against the decayed state, output from the updated state; a negative pool

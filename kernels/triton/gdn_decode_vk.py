@@ -25,7 +25,7 @@ import triton
 import triton.language as tl
 
 from attnbench.kernels.triton.gdn import _step_inputs
-from attnbench.kernels.triton.gdn_common import INTERPRET, TL_DTYPES, recurrent_shapes, round_to
+from attnbench.kernels.triton.gdn_common import INTERPRET, TL_DTYPES, pool_is_k_last, recurrent_shapes, round_to
 from attnbench.kernels.triton.limits import GDN_VK_TILES
 
 
@@ -95,7 +95,7 @@ def gdn_decode_vk(
     if bv not in GDN_VK_TILES:
         raise ValueError(f"gdn_decode_vk: bv in {GDN_VK_TILES}; got {bv}")
     B, H, K, HV, V = recurrent_shapes(q, k, v, a, b, pool, indices, o)
-    assert pool.shape[-2:] == (V, K), f"the pool must be K-last [N, {HV}, {V}, {K}]; got {tuple(pool.shape)}"
+    pool_is_k_last(pool, "vk", K, V)
     grid = (triton.cdiv(V, bv), B * HV)
     _gdn_decode_vk_kernel[grid](
         q, k, v, a, b, A_log, dt_bias, pool, indices, o,
