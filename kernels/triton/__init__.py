@@ -133,18 +133,18 @@ class _TritonAttention(Backend):
                            "H200: 1.16-3.3x, h200-session24/gdnd)", GDN_STREAM_COLS),
         "gdn_stream_bv": Knob("gdn_decode: the streamed kernel's columns per step (default 16; alone: 128 columns "
                               "per program)", GDN_STREAM_TILES),
-        "gdn_vk": Knob("gdn_decode: the K-last kernel (gdn_decode_vk.py) on an [N, HV, V, K] copy of the pool made "
-                       "in prepare (as FlashInfer's and SGLang's adapters hold it), this many value rows per program; "
-                       "warps from gdn_warps (default 4; 8 or 16 rows on 1 warp: 0.98 of FlashInfer on an H200, "
-                       "h200-session25/gdntile)", GDN_VK_TILES),
+        "gdn_vk": Knob("gdn_decode: the K-last kernel's value rows per program (gdn_decode_vk.py; default 8, warps "
+                       "from gdn_warps, default 1: 0.98 of FlashInfer on an H200, h200-session25/gdntile); beside "
+                       "gdn_layout=kv it runs on a K-last copy of the pool made in prepare", GDN_VK_TILES),
         "gdn_groups": Knob("gdn_extend: v-head groups, each group's serial state pass and output kernel on a stream "
                            "of its own while the next groups' chunk-parallel kernels run (default 1: every kernel "
                            "over all heads, one stream; not yet timed: with one shared stream it ran 1.2-5.5x the "
                            "default, h200-session25/gdng)", GDN_HEAD_GROUPS),
-        "gdn_layout": Knob("gdn_decode/verify/commit/extend: the state pool layout the kernels address, kv "
-                           "([N, HV, K, V], default) or vk ([N, HV, V, K], K-last, as SGLang, vLLM and FlashInfer keep "
-                           "it; a canonical pool is converted in prepare, untimed); under vk gdn_decode runs the "
-                           "K-last kernel (gdn_vk rows, default 8 on gdn_warps 1)", ("kv", "vk")),
+        "gdn_layout": Knob("gdn_decode/verify/commit/extend: the state pool layout the kernels address, vk "
+                           "([N, HV, V, K], K-last, default: as SGLang, vLLM and FlashInfer keep it; a canonical pool "
+                           "is converted in prepare, untimed; gdn_decode runs the K-last kernel, gdn_vk rows, default "
+                           "8 on gdn_warps 1) or kv ([N, HV, K, V], canonical; gdn_decode on the tuned canonical "
+                           "kernel)", ("vk", "kv")),
         "gdn_tune": Knob("gdn_decode/gdn_verify: autotune over the default configs plus 1-/2-warp tiles and "
                          "stage counts (wide)", ("wide",)),
     }  # fmt: skip

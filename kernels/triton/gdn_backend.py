@@ -30,18 +30,33 @@ VERIFY_KNOBS = {"gdn_verify_reg": 1, "gdn_preload": 1}
 
 
 def gdn_layout(backend) -> str:
-    """The pool layout the variant's GDN state kernels address (`gdn_layout` knob): "kv" canonical
-    `[N, HV, K, V]` (default) or "vk" K-last `[N, HV, V, K]`, the layout SGLang's, vLLM's and FlashInfer's
-    kernels keep, so a server holds one pool for our decode, verify, commit and extend. A canonical pool
-    handed in (any sweep row outside a gdn_chain) is converted in prepare and written back in finalize,
-    untimed, as the K-last adapters do (kernels/native_states.py)."""
-    return backend.settings.get("gdn_layout", "kv")
+    """The pool layout the variant's GDN state kernels address (`gdn_layout` knob): "vk" K-last
+    `[N, HV, V, K]` (default), the layout SGLang's, vLLM's and FlashInfer's kernels keep, so a server holds
+    one pool for our decode, verify, commit and extend and theirs; or "kv" canonical `[N, HV, K, V]`. A
+    canonical pool handed in (any sweep row outside a gdn_chain) is converted in prepare and written back in
+    finalize, untimed, as the K-last adapters do (kernels/native_states.py). A variant that sets a knob
+    of the canonical-pool kernels (`CANONICAL_KNOBS`) and no layout gets "kv", where those knobs were
+    measured, so each keeps meaning what it says."""
+    settings = backend.settings
+    if "gdn_layout" in settings:
+        return settings["gdn_layout"]
+    return "kv" if any(k in settings for k in CANONICAL_KNOBS) else "vk"
+
+
+# knobs that choose gdn_decode's canonical-pool kernel (the streamed one) or its tile: the K-last decode has
+# neither (its tile: gdn_vk rows on gdn_warps)
+CANONICAL_DECODE_KNOBS = ("gdn_stream", "gdn_bv", "gdn_stages", "gdn_tune", "gdn_preload")
+# knobs of the canonical-pool recurrence (decode and verify) and the streamed decode: a variant that sets one
+# stays on the canonical pool unless it names gdn_layout
+CANONICAL_KNOBS = ("gdn_stream", *(k for k in RECURRENT_KNOBS if k != "gdn_warps"))
 
 
 def gdn_decode_limits(backend, case) -> str | None:
-    """The streamed decode kernel addresses the canonical pool only."""
-    if gdn_layout(backend) == "vk" and stream_config(backend.settings):
-        return "gdn_stream runs on the canonical pool; gdn_layout=vk decodes with the K-last kernel (gdn_vk)"
+    """The canonical decode kernels' knobs mean nothing to the K-last decode: refuse them beside an
+    explicit gdn_layout=vk rather than ignore them."""
+    if gdn_layout(backend) == "vk" and (knobs := [k for k in CANONICAL_DECODE_KNOBS if k in backend.settings]):
+        return (f"{', '.join(knobs)} choose the canonical-pool decode; gdn_layout=vk decodes with the K-last "
+                "kernel (tile: gdn_vk, gdn_warps)")  # fmt: skip
     return None
 
 
@@ -204,11 +219,8 @@ class TritonGDN:
         from attnbench.kernels.triton.gdn_decode_vk import gdn_decode_vk
 
         pool, finalize = states.native_pool_written_back(x)  # K-last, converted here once (untimed)
-        if gdn_layout(self) == "vk":
-            tile = {"bv": self.settings.get("gdn_vk", VK_DECODE_TILE["bv"]),
-                    "num_warps": self.settings.get("gdn_warps", VK_DECODE_TILE["num_warps"])}  # fmt: skip
-        else:
-            tile = {"bv": self.settings["gdn_vk"], "num_warps": self.settings.get("gdn_warps", 4)}
+        tile = {"bv": self.settings.get("gdn_vk", VK_DECODE_TILE["bv"]),
+                "num_warps": self.settings.get("gdn_warps", VK_DECODE_TILE["num_warps"])}  # fmt: skip
 
         def run():
             gdn_decode_vk(

@@ -79,8 +79,11 @@ def test_each_knob_reaches_the_kernel_through_prepare(case_id, monkeypatch):
         verify = case.op_name == "gdn_verify"
         assert seen[-1] is not None and seen[-1] == recurrent_config(backend.settings, VERIFY_KNOBS if verify else None)
         assert (seen[-1].carry == "reg") == ("gdn_verify_reg=1" in knobs or verify), knobs
-    get_backend("triton").prepare(case, case.make_inputs())()
+    get_backend("triton:gdn_layout=kv").prepare(case, case.make_inputs())()
     assert seen[-1] == (gdn.RecurrentConfig(carry="reg", preload=True) if verify else None)
+    calls = len(seen)
+    get_backend("triton").prepare(case, case.make_inputs())()  # the default: K-last pool
+    assert len(seen) == calls + (1 if verify else 0)  # decode on the K-last kernel, verify on the recurrence
 
 
 @pytest.mark.parametrize("knobs", VARIANTS)
@@ -174,14 +177,30 @@ def test_the_k_last_kernel_takes_only_a_k_last_pool():
 
 @pytest.mark.parametrize(
     "knobs, tile",
-    [("", (32, 4)), ("gdn_preload=1", (32, 4)), ("gdn_bv=8,gdn_warps=1", None), ("gdn_stream=16", None),
-     ("gdn_vk=16", None)],
+    [("gdn_layout=kv", (32, 4)), ("gdn_preload=1", (32, 4)), ("gdn_bv=8,gdn_warps=1", None),
+     ("gdn_stream=16", None), ("gdn_vk=16", None), ("", None)],
 )  # fmt: skip
 def test_the_row_records_the_tile_the_autotuner_chose(knobs, tile):
-    """gdn_decode's row says which autotuned tile ran (after the checked call); a fixed tile or the
-    streamed kernel records none. Under the interpreter the autotuners hold their first config only."""
+    """gdn_decode's row says which autotuned tile ran (after the checked call); a fixed tile, the
+    streamed kernel or the K-last kernel (the default) records none. Under the interpreter the autotuners hold their first config only."""
     backend = _variant(knobs) if knobs else get_backend("triton")
     r = run_one(DECODE[0], backend, **KERNEL)
     assert r.status == "pass", r.reason
     got = r.prepare_info.get("tuned_tile")
     assert (got["BV"], got["num_warps"]) == tile if tile else got is None, r.prepare_info
+
+
+def test_the_pool_layout_follows_the_knobs():
+    """K-last by default; a knob of the canonical-pool kernels keeps its variant canonical unless the
+    variant names its layout, and beside an explicit gdn_layout=vk a decode tile knob is refused, not ignored."""
+    from attnbench.kernels.triton.gdn_backend import gdn_decode_limits, gdn_layout
+
+    layouts = {k: gdn_layout(get_backend(f"triton:{k}" if k else "triton")) for k in
+               ["", "gdn_warps=2", "gdn_vk=16", "gdn_bv=16", "gdn_stream=16", "gdn_verify_reg=0", "gdn_layout=kv",
+                "gdn_layout=vk,gdn_bv=16"]}  # fmt: skip
+    assert layouts == {"": "vk", "gdn_warps=2": "vk", "gdn_vk=16": "vk", "gdn_bv=16": "kv", "gdn_stream=16": "kv",
+                       "gdn_verify_reg=0": "kv", "gdn_layout=kv": "kv", "gdn_layout=vk,gdn_bv=16": "vk"}  # fmt: skip
+    case = Case.from_id(DECODE[0])
+    assert gdn_decode_limits(get_backend("triton"), case) is None
+    why = gdn_decode_limits(get_backend("triton:gdn_layout=vk,gdn_bv=16,gdn_tune=wide"), case)
+    assert why.startswith("gdn_bv, gdn_tune choose the canonical-pool decode"), why
