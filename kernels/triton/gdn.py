@@ -130,11 +130,14 @@ def _gdn_recurrent_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     m_h = m_k[:, None] & m_v[None, :]
-    o_h = o_k[:, None] * V + o_v[None, :]  # offsets of this [BK, BV] slice inside one [K, V] state
+    # offsets of this [BK, BV] slice inside one state, in the pool and `inter` alike: [K, V], or [V, K] with
+    # POOL_VK (one layout for every state access: else the compiler converts the state between two register
+    # layouts every step, a shared-memory round trip)
+    o_h = pool_offsets(o_k, o_v, K, V, POOL_VK)
 
     i_slot = tl.load(indices + i_n).to(tl.int64)
     valid = i_slot >= 0
-    p_pool = pool + (tl.maximum(i_slot, 0) * HV + i_hv) * K * V + pool_offsets(o_k, o_v, K, V, POOL_VK)
+    p_pool = pool + (tl.maximum(i_slot, 0) * HV + i_hv) * K * V + o_h
     # the state is read once and written once: stream it past L2 (the pool is far larger than L2)
     b_h0 = tl.load(p_pool, mask=m_h & valid, other=0, eviction_policy="evict_first").to(tl.float32)
     b_h = b_h0
@@ -193,10 +196,13 @@ def gdn_recurrent(
         parents: `[B, steps]` int32 (tree verify): step t starts from the state after step parents[t]
             (< t; -1: the pool state).
         config: None runs `_gdn_recurrent_kernel`; a `RecurrentConfig` runs the variant kernel with it.
-        pool_layout: "kv" (the pool as above) or "vk" (`[N, HV, V, K]`, K-last); `inter` stays `[.., K, V]`.
+        pool_layout: "kv" (the pool as above) or "vk" (`[N, HV, V, K]`, K-last); `inter` is in the same
+            layout (`[B, steps, HV, V, K]` with "vk", as SGLang's verify writes its intermediate states).
     """
     B, H, K, HV, V = recurrent_shapes(q, k, v, a, b, pool, indices, o)
     k_last = pool_is_k_last(pool, pool_layout, K, V)
+    if inter is not None:
+        pool_is_k_last(inter, pool_layout, K, V)
     assert inter is not None or parents is None, "parents need the intermediate buffer"
 
     def grid(meta):
@@ -323,11 +329,11 @@ def _gdn_recurrent_variant_kernel(
     o_v = i_v * BV + tl.arange(0, BV)
     m_k, m_v = o_k < K, o_v < V
     m_h = m_k[:, None] & m_v[None, :]
-    o_h = o_k[:, None] * V + o_v[None, :]
+    o_h = pool_offsets(o_k, o_v, K, V, POOL_VK)  # in the pool and `inter` alike (`_gdn_recurrent_kernel`)
 
     i_slot = tl.load(indices + i_n).to(tl.int64)
     valid = i_slot >= 0
-    p_pool = pool + (tl.maximum(i_slot, 0) * HV + i_hv) * K * V + pool_offsets(o_k, o_v, K, V, POOL_VK)
+    p_pool = pool + (tl.maximum(i_slot, 0) * HV + i_hv) * K * V + o_h
     b_h = tl.load(p_pool, mask=m_h & valid, other=0, eviction_policy="evict_first").to(tl.float32)
     b_h0 = b_h  # held for a parent of -1 by "reload" only ("reg" reloads it from the pool)
     b_A = tl.exp(tl.load(A_log + i_hv).to(tl.float32))

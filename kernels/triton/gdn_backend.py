@@ -239,19 +239,28 @@ class TritonGDN:
 
         config = recurrent_config(self.settings, VERIFY_KNOBS)
         layout = gdn_layout(self)
-        # verify reads the pool and writes the canonical intermediate states: nothing to write back
-        pool = states.native_pool(x)[0] if layout == "vk" else x.state_pool
+        if layout == "kv":
+            pool, inter = x.state_pool, x.inter_states
+        else:  # the pool read K-last and the intermediate states written K-last (as SGLang's verify writes
+            # them), made canonical after the call, untimed; verify leaves the pool alone: nothing to write back
+            pool, inter = states.native_pool(x)[0], states.state_v_major(x.inter_states)
 
         def run():
             gdn_recurrent(
                 x.q, x.k, x.v, x.a, x.b, x.A_log, x.dt_bias, pool, x.state_indices, x.o,
-                scale=x.scale, steps=x.draft, inter=x.inter_states, parents=x.parents, config=config,
-                pool_layout=layout,
+                scale=x.scale, steps=x.draft, inter=inter, parents=x.parents, config=config, pool_layout=layout,
             )  # fmt: skip
-            return {"o": x.o, "inter_states": x.inter_states}
+            return {"o": x.o, "inter_states": inter}
+
+        record = _record_tile(run, config)
+
+        def finalize(outputs):
+            if inter is not x.inter_states:
+                outputs = outputs | {"inter_states": states.state_canonical_(x.inter_states, inter)}
+            return record(outputs)
 
         run.info = recurrent_info(config)
-        run.finalize = _record_tile(run, config)
+        run.finalize = finalize
         return run
 
     @implements("gdn_commit", state_layout=gdn_layout)

@@ -13,6 +13,7 @@ pytest.importorskip("triton")
 from attnbench.backend import get_backend  # noqa: E402
 from attnbench.buffers import clone_tensors  # noqa: E402
 from attnbench.case import Case  # noqa: E402
+from attnbench.check.prepared import call_untimed  # noqa: E402
 from attnbench.errors import AttnbenchError  # noqa: E402
 from attnbench.kernels.triton import gdn  # noqa: E402
 from attnbench.kernels.triton.gdn_backend import VERIFY_KNOBS, recurrent_config  # noqa: E402
@@ -103,7 +104,7 @@ def test_tree_with_older_parents_and_pool_restarts(knobs):
     x.state_indices[2] = -1
     pristine = clone_tensors(x)
     backend = _variant(knobs) if knobs else get_backend("triton")
-    out = backend.prepare(case, x)()
+    out = call_untimed(backend.prepare(case, x))  # the call and its finalize, as a sweep makes them
     verdict = kernel_verdict(case, pristine, x, out)
     assert verdict.ok, verdict.reason
     ref = get_backend("torch").prepare(case, y := clone_tensors(pristine))()
