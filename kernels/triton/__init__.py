@@ -138,8 +138,8 @@ class _TritonAttention(Backend):
                        "gdn_layout=kv it runs on a K-last copy of the pool made in prepare", GDN_VK_TILES),
         "gdn_groups": Knob("gdn_extend: v-head groups, each group's serial state pass and output kernel on a stream "
                            "of its own while the next groups' chunk-parallel kernels run (default 1: every kernel "
-                           "over all heads, one stream; not yet timed: with one shared stream it ran 1.2-5.5x the "
-                           "default, h200-session25/gdng)", GDN_HEAD_GROUPS),
+                           "over all heads, one stream; slower on an H200: G=2 1.03x, G=4 1.15x the default, "
+                           "h200-session26/gdngroups)", GDN_HEAD_GROUPS),
         "gdn_layout": Knob("gdn_decode/verify/commit/extend: the state pool layout the kernels address, vk "
                            "([N, HV, V, K], K-last, default: as SGLang, vLLM and FlashInfer keep it; a canonical pool "
                            "is converted in prepare, untimed; gdn_decode runs the K-last kernel, gdn_vk rows, default "
