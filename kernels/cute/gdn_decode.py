@@ -135,7 +135,10 @@ def _build(BV: int = BV):
             x = F32(mA[i_n, i_hv]) + F32(mDt[i_hv])
             sp = x
             if x <= SOFTPLUS_THRESHOLD:
-                sp = cute.math.log(1.0 + cute.math.exp(x, fastmath=True), fastmath=True)
+                # the log in full precision: the fast one's absolute error (~1e-7 near 1), times A up to
+                # ~16, moved the decay 27 ulp and one state element past its bound (FlashInfer's kernel
+                # does the same: docs/findings/reports/gdn_decode_replay_state_edge.md)
+                sp = cute.math.log(1.0 + cute.math.exp(x, fastmath=True))
             g = -cute.math.exp(F32(mAlog[i_hv]), fastmath=True) * sp
             decay = cute.math.exp(g, fastmath=True)
             beta = 1.0 / (1.0 + cute.math.exp(-F32(mB[i_n, i_hv]), fastmath=True))
