@@ -1,7 +1,8 @@
 """How a sweep runs its jobs: one Executor, chosen once per sweep from the user's `Execution`.
 
 - `InProcess` (`--no-isolate`): cases run in this process, one after another; after a backend
-  breaks the CUDA context, every later row is an error naming it.
+  breaks the CUDA context, every later row is an error naming it. Backends timed together when the
+  context was lost keep error rows that say so (only isolated workers can run each alone).
 - `Isolated` (default): crash-isolated worker processes, one per device (pool.py).
 - `Sanitized` (`--sanitize TOOL`): skips decided here, then each (case, backend) in a fresh worker
   under NVIDIA compute-sanitizer, whose findings fail the row (sanitizer.py); nothing is timed.
@@ -92,7 +93,19 @@ class InProcess:
                 missing = [
                     error_row(case, n, f"not run: CUDA context lost ({e.reason})") for n in names if n not in got
                 ]
-                record(case, e.rows + missing)
+                record(case, _unattributed(e) + missing)
+
+
+ALONE_HINT = "; rerun with isolation (no --no-isolate) to run it alone and attribute it"
+
+
+def _unattributed(e: ContextLost) -> list[Result]:
+    """`e`'s rows, those of the backends it could not attribute (`e.alone`) saying how to get their own
+    verdicts: in this process no fresh context can run them alone."""
+    for r in e.rows:
+        if r.backend in e.alone:
+            r.reason += ALONE_HINT
+    return e.rows
 
 
 @dataclass(frozen=True)

@@ -43,7 +43,8 @@ class Ready:
 
 @dataclass(frozen=True)
 class Stage:
-    """About to run `name`: a backend, "reference" (inputs and references) or "timing" (all backends)."""
+    """About to run `name`: a backend (its checks, or its timing alone after the shared timing failed),
+    "reference" (inputs and references) or "timing" (all backends of the job together)."""
 
     name: str
 
@@ -57,6 +58,9 @@ class Rows:
 
 @dataclass(frozen=True)
 class Lost:
-    """The CUDA context is unusable (`reason`); the worker exits after this."""
+    """The CUDA context is unusable (`reason`); the worker exits after this. `alone`: the job's backends
+    with no row in the `Rows` before (runner.ContextLost.alone: timed together when the context was lost,
+    or not timed), for the supervisor to run each in a job of its own."""
 
     reason: str
+    alone: tuple[str, ...] = ()

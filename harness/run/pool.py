@@ -3,9 +3,12 @@
 Cases are handed out one at a time to whichever worker is free. A worker that dies (segfault, exit,
 a broken CUDA context) or overruns the per-case timeout costs only the backend it was running: that
 backend gets an `error` row naming the crash, a fresh worker starts, and the case continues with the
-backends that have no row yet. Worker output (kernel prints, sanitizer reports) goes to one log per
-worker in `log_dir`, capped (worker_log.py: its first and last 4 MiB, with the bytes cut counted).
-A worker runs in its own session: when it ends, or is killed, the processes it started end too.
+backends that have no row yet. A crash, a timeout or a lost CUDA context while several backends are
+timed together blames none of them: each of those goes back to the queue in a job of its own, where
+it is checked and timed alone and a failure is its own (a job of one backend is never split again).
+Worker output (kernel prints, sanitizer reports) goes to one log per worker in `log_dir`, capped
+(worker_log.py: its first and last 4 MiB, with the bytes cut counted). A worker runs in its own
+session: when it ends, or is killed, the processes it started end too.
 
 Several workers may share one GPU (`--gpus 0,0,0,0`, for correctness passes). Memory is then shared
 too: a row that ran out of memory on a shared GPU is not the backend's fault, so it is not recorded;
@@ -82,6 +85,12 @@ def _exit_text(code: int | None) -> str:
         except ValueError:
             return f"killed by signal {-code}"
     return f"exit code {code}"
+
+
+def _names(names) -> str:
+    """`a, b and c`: the backends a problem line names."""
+    names = list(names)
+    return names[0] if len(names) == 1 else f"{', '.join(names[:-1])} and {names[-1]}"
 
 
 class Pool:
@@ -214,7 +223,7 @@ class Pool:
                     workers = [self._start(d) for d in devices]
                 for w in workers:
                     if w.ready and w.job is None and queue:
-                        self._dispatch(w, queue.popleft(), queue[0].case if queue else None)
+                        self._dispatch(w, queue, queue.popleft(), queue[0].case if queue else None)
                 ready = wait([w.conn for w in workers], timeout=1.0)
                 for i, w in enumerate(workers):
                     replace = False
@@ -242,13 +251,18 @@ class Pool:
                 self._stop(w, kill=bool(w.job))
             self.costs["worker_stop_s"] += time.monotonic() - t0
 
-    def _dispatch(self, w: _Worker, job: _Job, ahead: Case | None = None) -> None:
+    def _dispatch(self, w: _Worker, queue: deque[_Job], job: _Job, ahead: Case | None = None) -> None:
         """Hand `job` to `w`, naming `ahead`, the case at the head of the queue (the next one dispatched,
         to this worker or another), whose reference the worker reads ahead (runner.run_case); none for a
-        worker that ends after its job (`fresh_per_job`)."""
+        worker that ends after its job (`fresh_per_job`). A worker already gone (all rows of its job sent,
+        then its `Lost`, still unread, and exit) does not take it: `job` goes back to the queue's front."""
         w.job, w.stage, w.started, w.done = job, "", time.monotonic(), []
         ahead = None if self.launch.fresh_per_job else ahead
-        w.conn.send(RunJob(job.case, tuple(job.backends), self.opts, ahead))
+        try:
+            w.conn.send(RunJob(job.case, tuple(job.backends), self.opts, ahead))
+        except OSError:  # its Lost, or end of file, is read next and replaces it
+            w.job = None
+            queue.appendleft(job)
 
     def _receive(self, w: _Worker, queue: deque[_Job]) -> bool:
         """Handle one message; True when the worker is gone and must be replaced."""
@@ -290,34 +304,43 @@ class Pool:
                 w.job = None
                 self.costs["jobs_s"] += time.monotonic() - w.started
         elif isinstance(msg, Lost):
-            self.on_problem(f"{w.device}: CUDA context lost ({msg.reason}); restarting the worker")
-            self._requeue_rest(w, queue)
+            alone = f"; running {_names(msg.alone)} of {w.job.case.id} each alone" if msg.alone and w.job else ""
+            self.on_problem(f"{w.device}: CUDA context lost ({msg.reason}); restarting the worker{alone}")
+            self._requeue_rest(w, queue, alone=bool(msg.alone))
             self._stop(w, kill=True)
             return True
         return False
 
-    def _requeue_rest(self, w: _Worker, queue: deque[_Job]) -> None:
+    def _requeue_rest(self, w: _Worker, queue: deque[_Job], alone: bool = False) -> None:
+        """The backends of `w`'s job with no row back at the queue's front: in one job, or with `alone` in
+        a job each."""
         if w.job:
             rest = [b for b in w.job.backends if b not in w.done]
-            if rest:
-                queue.appendleft(_Job(w.job.case, rest))
+            jobs = [_Job(w.job.case, [b]) for b in rest] if alone else [_Job(w.job.case, rest)] if rest else []
+            queue.extendleft(reversed(jobs))
         w.job = None
 
-    def _fail_current(self, w: _Worker, why: str) -> None:
-        """Error rows for the backend(s) the worker was on; the rest of the case goes back to the queue."""
+    def _fail_current(self, w: _Worker, why: str, queue: deque[_Job]) -> None:
+        """After the worker crashed or timed out: error rows for the backend(s) it was on, and the rest of the
+        case back to the queue. In the timing of several backends together none of them is to blame: no
+        rows, and each goes back in a job of its own (one backend: the stage "timing" is then its own)."""
         job = w.job
         rest = [b for b in job.backends if b not in w.done]
-        culprits = [w.stage] if w.stage in rest else rest  # reference/timing: every backend left
+        if w.stage == "timing" and len(rest) > 1:
+            self.on_problem(f"{job.case.id}: timing {_names(rest)} together: {why}; running each alone")
+            self._requeue_rest(w, queue, alone=True)
+            return
+        culprits = [w.stage] if w.stage in rest else rest  # reference, or timing one backend: every backend left
         self._emit(w, job.case, [error_row(job.case, b, why) for b in culprits])
         w.done += culprits
+        self._requeue_rest(w, queue)
 
     def _crashed(self, w: _Worker, queue: deque[_Job]) -> bool:
         code = w.proc.wait()
         self._ended(w)
         if w.job:
             where = f" while running {w.stage}" if w.stage else ""
-            self._fail_current(w, f"worker crashed ({_exit_text(code)}){where}; log: {w.log.name}")
-            self._requeue_rest(w, queue)
+            self._fail_current(w, f"worker crashed ({_exit_text(code)}){where}; log: {w.log.name}", queue)
         elif not w.ready:
             self.on_problem(f"worker on {w.device} failed to start ({_exit_text(code)}); log: {w.log}")
         w.conn.close()
@@ -327,7 +350,6 @@ class Pool:
         self._kill(w)
         self._ended(w)
         stage = w.stage or "startup"
-        self._fail_current(w, f"timed out after {self.timeout_s:g} s (in {stage})")
-        self._requeue_rest(w, queue)
+        self._fail_current(w, f"timed out after {self.timeout_s:g} s (in {stage})", queue)
         w.conn.close()
         return True

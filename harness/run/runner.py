@@ -5,7 +5,8 @@ float64 reference and the native-precision twin computed once; each backend gets
 inputs, `prepare` (timed apart, by host clock), one checked call, then the checks of
 `RunOptions.checks` in order (harness/check/checklist.py: outputs, determinism repeats, batch invariance,
 stale output); then the closures of all backends that ran are timed together, interleaved. Any
-exception becomes an `error` row for that backend only. The runner knows no check by name.
+exception becomes an `error` row for that backend only; when the shared timing raises, each closure is
+timed again alone (`_after_shared`). The runner knows no check by name.
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from attnbench.errors import Unsupported, describe, out_of_memory
 from attnbench.ops.rng import to_device
 from attnbench.run import inputs_ahead
 from attnbench.run.peaks import roofline
-from attnbench.run.timing import Rotation, TimingConfig, time_closures
+from attnbench.run.timing import Rotation, TimingConfig, TimingStats, time_closures
 from attnbench.store.results import Result
 
 
@@ -53,12 +54,14 @@ class RunOptions:
 class ContextLost(Exception):
     """A backend broke the CUDA context (illegal address, device assert): nothing more can run here.
 
-    Carries the rows finished so far (the culprit's error row included); the process must end.
+    Carries the rows finished so far (the culprit's error row included); the process must end. `alone`:
+    backends whose rows are in `rows` but whose verdict is not their own (timed together when the context
+    was lost, or not timed): a supervisor that can start a fresh process runs each of them there alone.
     """
 
-    def __init__(self, rows: list[Result], reason: str):
+    def __init__(self, rows: list[Result], reason: str, alone: tuple[str, ...] = ()):
         super().__init__(reason)
-        self.rows, self.reason = rows, reason
+        self.rows, self.reason, self.alone = rows, reason, tuple(alone)
 
 
 _STICKY = ("illegal memory access", "device-side assert", "unspecified launch failure", "misaligned address",
@@ -402,7 +405,8 @@ def _apply_checks(ctx: CheckContext, checks) -> tuple[dict[str, float], dict]:
 
 def _time(case: Case, todo: list[Backend], built: _Built, closures: dict, rows: dict, opts: RunOptions, stage) -> None:
     """Time the closures that ran, interleaved (when timing is on), and add FLOPs, bytes and the
-    roofline to their rows."""
+    roofline to their rows. When that shared timing raises, no one row is to blame yet: `_after_shared`
+    gives each backend its own verdict (or raises ContextLost)."""
     flops, nbytes = built.flops, built.nbytes
     if not (opts.timing and closures):
         for name in closures:
@@ -413,18 +417,12 @@ def _time(case: Case, todo: list[Backend], built: _Built, closures: dict, rows: 
     # graph mode rotates over closures prepared on fresh copies of the inputs
     by_name = {b.name: b for b in todo}
     factories = {n: (lambda b=by_name[n]: b.prepare(case, clone_tensors(built.pristine))) for n in closures}
-    try:
-        rotation = Rotation(factories, nbytes, storage_bytes(built.pristine))
-        stats = time_closures(closures, case.device, opts.timing_config, rotation)
-    except KeyboardInterrupt:
-        raise
-    except BaseException as e:
-        for name in closures:
-            rows[name].status, rows[name].reason = "error", f"timing failed: {describe(e)}"
-        if context_lost(e):
-            raise ContextLost([rows[n] for n in rows], f"timing: {e}") from e
-        stats = {}
-    for name, st in stats.items():
+
+    def timer(names: list[str]) -> dict[str, TimingStats]:
+        rotation = Rotation({n: factories[n] for n in names}, nbytes, storage_bytes(built.pristine))
+        return time_closures({n: closures[n] for n in names}, case.device, opts.timing_config, rotation)
+
+    def record(name: str, st: TimingStats) -> None:
         secs = st.median_us * 1e-6
         rows[name].timing = st.to_dict()
         rows[name].derived = {
@@ -433,6 +431,59 @@ def _time(case: Case, todo: list[Backend], built: _Built, closures: dict, rows: 
             "tflops": flops / secs / 1e12 if secs > 0 else 0.0,
             "tbps": nbytes / secs / 1e12 if secs > 0 else 0.0,
         } | roofline(flops, nbytes, secs, opts.peaks, case.dtype)
+
+    try:
+        stats = timer(list(closures))
+    except KeyboardInterrupt:
+        raise
+    except BaseException as e:
+        _after_shared(list(closures), timer, record, rows, e, stage)
+        return
+    for name, st in stats.items():
+        record(name, st)
+
+
+def _after_shared(names: list[str], timer, record, rows: dict, e: BaseException, stage) -> None:
+    """After the timing of `names` together (`timer(names)`) raised `e`: each row its own verdict.
+
+    One closure: `e` is its row's error ("timing failed: ..."). Several, and `e` lost the CUDA context:
+    nothing more can run in this process and the culprit is unknown: ContextLost with every one of them
+    `alone` (their rows say so), for a supervisor to run each in a fresh process. Several, the context
+    intact: each timed again on its own (`stage(name)` first, so that a crash there is its own); one
+    that times fine is `record`ed, its stats noted; one that raises again gets "timing failed: ...";
+    one that loses the context is the culprit: ContextLost with the closures not yet timed `alone`."""
+    why = describe(e)
+    if len(names) == 1:
+        rows[names[0]].status, rows[names[0]].reason = "error", f"timing failed: {why}"
+        if context_lost(e):
+            raise ContextLost(list(rows.values()), f"timing: {e}") from e
+        return
+    if context_lost(e):
+        lost = f"the CUDA context was lost; which backend broke it is unknown: {why}"
+        for n in names:
+            rows[n].status = "error"
+            rows[n].reason = f"timing failed while timed together with {_others(names, n)} ({lost})"
+        raise ContextLost(list(rows.values()), f"timing of {len(names)} backends together: {e}", tuple(names)) from e
+    for i, n in enumerate(names):
+        stage(n)
+        try:
+            st = timer([n])[n]
+        except KeyboardInterrupt:
+            raise
+        except BaseException as solo:
+            rows[n].status, rows[n].reason = "error", f"timing failed: {describe(solo)}"
+            if context_lost(solo):
+                for m in names[i + 1 :]:
+                    rows[m].status, rows[m].reason = "error", f"not timed: the CUDA context was lost timing {n} alone"
+                raise ContextLost(list(rows.values()), f"{n}: timing: {solo}", tuple(names[i + 1 :])) from solo
+            continue
+        alone = f"timed alone: timed together with {_others(names, n)} it failed ({why})"
+        st.note = "; ".join(filter(None, (alone, st.note)))
+        record(n, st)
+
+
+def _others(names: list[str], name: str) -> str:
+    return ", ".join(m for m in names if m != name)
 
 
 def _wait_for_reads(rows: dict) -> None:

@@ -7,7 +7,8 @@ the backends (built-in, entry points, plugins), asks each `--warm` backend `avai
 of its library, seconds for some: SGLang, CuTe DSL; without it the first case paid them inside its
 triage), and sends `Ready`, then answers each `RunJob` with
 `Stage` messages while it works and `Rows` when done, until `Stop`. When a backend breaks the CUDA
-context it sends the rows it has, then `Lost`, and exits: the supervisor starts a fresh worker.
+context it sends the rows it has (less those of backends the supervisor is to run alone), then `Lost`,
+and exits: the supervisor starts a fresh worker.
 """
 
 from __future__ import annotations
@@ -45,9 +46,9 @@ def main(argv: list[str]) -> None:
         backends = [registry.get_backend(n) for n in msg.backends]
         try:
             rows = run_case(msg.case, backends, msg.opts, env, on_stage=lambda s: conn.send(Stage(s)), ahead=msg.ahead)
-        except ContextLost as e:
-            conn.send(Rows(tuple(e.rows)))
-            conn.send(Lost(e.reason))
+        except ContextLost as e:  # rows of its `alone` backends are not their verdicts: the supervisor reruns them
+            conn.send(Rows(tuple(r for r in e.rows if r.backend not in e.alone)))
+            conn.send(Lost(e.reason, e.alone))
             conn.close()
             os._exit(3)
         conn.send(Rows(tuple(rows)))

@@ -10,7 +10,7 @@ import pytest
 from attnbench.case import Case
 from attnbench.errors import AttnbenchError
 from attnbench.run.executor import Execution, InProcess, Isolated, Sanitized, choose
-from attnbench.run.messages import Ready, RunJob, Stop
+from attnbench.run.messages import Lost, Ready, RunJob, Stop
 from attnbench.run.runner import RunOptions
 from attnbench.run.sweep import Selection, plan
 
@@ -56,5 +56,6 @@ def test_worker_messages_are_small_picklable_records(p):
     assert again == job and isinstance(again.case, Case)
     assert pickle.loads(pickle.dumps(Ready(1, ("a plugin did not load",)))) == Ready(1, ("a plugin did not load",))
     assert pickle.loads(pickle.dumps(Stop())) == Stop()
+    assert pickle.loads(pickle.dumps(Lost("timing", ("a", "b")))).alone == ("a", "b")
     with pytest.raises(dataclasses.FrozenInstanceError):
         job.backends = ()
