@@ -44,7 +44,7 @@ CASE = "gdn_decode/b256-h16x32-d128x128-bf16"
 SLOT, HEAD, KI, VI = 21, 24, 95, 4
 F32, F64 = np.float32, np.float64
 U32 = 2.0**-24
-LG2_ERR = (-2.0**-22, -2.0**-23, 0.0, 2.0**-23, 2.0**-22)  # absolute errors tried on lg2(1 + e), log2 units
+LG2_ERR = (-(2.0**-22), -(2.0**-23), 0.0, 2.0**-23, 2.0**-22)  # absolute errors tried on lg2(1 + e), log2 units
 
 
 # ---- fp32 primitives ----------------------------------------------------------------------------
@@ -162,7 +162,12 @@ def red_cute(h, k, fma=True):
     return tot
 
 
-REDUCTIONS = {"sequential": red_seq, "pairwise": red_pair, "flashinfer-32-lane": red_flashinfer, "cute-8row-4warp": red_cute}
+REDUCTIONS = {
+    "sequential": red_seq,
+    "pairwise": red_pair,
+    "flashinfer-32-lane": red_flashinfer,
+    "cute-8row-4warp": red_cute,
+}
 
 
 def step32(S, q, k, v, decay, beta, red, fma=True, kn=None):
@@ -234,11 +239,15 @@ def main() -> int:
     bound_s = 2 * twin_s + floor_s
     print(f"\nbatch B, slot {SLOT} head {HEAD}: a {d['a'].item():.4g} b {d['b'].item():.4g} A_log {A_log.item():.4f} "
           f"(A = {math.exp(A_log.item()):.3f}) dt_bias {dt.item():.4g}")  # fmt: skip
-    print(f"  slice scale max|ref| {scale_s:.4f}; twin error {twin_s:.3e}; floor 2*(1+sqrt(128))*u32*scale "
-          f"{floor_s:.3e}; bound 2x twin + floor = {bound_s:.3e}")
+    print(
+        f"  slice scale max|ref| {scale_s:.4f}; twin error {twin_s:.3e}; floor 2*(1+sqrt(128))*u32*scale "
+        f"{floor_s:.3e}; bound 2x twin + floor = {bound_s:.3e}"
+    )
     print("  (GPU message: 2x twin 5.34e-08 + floor 7.68e-07 = 8.75e-07)")
-    print(f"  element (k {KI}, v {VI}): ref {r[KI, VI]:+.9f}, |S_in| {abs(S_in[KI, VI]):.4f}, twin err "
-          f"{abs(twin[KI, VI] - r[KI, VI]):.2e}")
+    print(
+        f"  element (k {KI}, v {VI}): ref {r[KI, VI]:+.9f}, |S_in| {abs(S_in[KI, VI]):.4f}, twin err "
+        f"{abs(twin[KI, VI] - r[KI, VI]):.2e}"
+    )
 
     # float64 pieces of the step: decay, beta, k^, the S^T k column, sensitivities
     xa = F64(d["a"].item()) + F64(dt.item())
@@ -252,12 +261,16 @@ def main() -> int:
     Sk = S_in.astype(F64).T @ kn64
     dS_ddec = S_in.astype(F64) - bet64 * np.outer(kn64, Sk)
     print(f"  x = a + dt_bias {xa:.6g}, softplus {sp64:.6g}, g {-A64 * sp64:.6g}, decay {dec64:.8f}, beta {bet64:.6f}")
-    print(f"  d S'[{KI},{VI}] / d decay = {dS_ddec[KI, VI]:+.4f} (max over the slice {np.abs(dS_ddec).max():.4f} at "
-          f"{np.unravel_index(np.abs(dS_ddec).argmax(), dS_ddec.shape)}); k^[{KI}] = {kn64[KI]:+.4f}")
+    print(
+        f"  d S'[{KI},{VI}] / d decay = {dS_ddec[KI, VI]:+.4f} (max over the slice {np.abs(dS_ddec).max():.4f} at "
+        f"{np.unravel_index(np.abs(dS_ddec).argmax(), dS_ddec.shape)}); k^[{KI}] = {kn64[KI]:+.4f}"
+    )
     need = 8.88e-7 / abs(dS_ddec[KI, VI])
-    print(f"  a decay error alone gives 8.88e-07 there at |d decay| = {need:.3e} = {need / dec64:.3e} relative "
-          f"= {need / dec64 / U32:.1f} u32; through g = -A sp: |d sp| = {need / dec64 / A64:.3e} "
-          f"(= {need / dec64 / A64 / 2**-24:.2f} x 2^-24 absolute)")
+    print(
+        f"  a decay error alone gives 8.88e-07 there at |d decay| = {need:.3e} = {need / dec64:.3e} relative "
+        f"= {need / dec64 / U32:.1f} u32; through g = -A sp: |d sp| = {need / dec64 / A64:.3e} "
+        f"(= {need / dec64 / A64 / 2**-24:.2f} x 2^-24 absolute)"
+    )
 
     # fp32 emulations
     print("\nfp32 emulations of B's step on the slice (error vs float64 at the element, worst over the slice / bound):")
@@ -266,7 +279,9 @@ def main() -> int:
     v32 = d["v"].float().numpy()
     gate_variants = [("accurate exp/log (the twin's)", "accurate", (0, 0.0, 0, 0))]
     for e0, dl, e2, e3 in itertools.product((-2, 0, 2), LG2_ERR, (-2, 0, 2), (-2, 0, 2)):
-        gate_variants.append((f"fast, exp ulps {e0:+d}/{e2:+d}/{e3:+d}, lg2 {dl / 2**-22:+.2f}*2^-22", "fast", (e0, dl, e2, e3)))
+        gate_variants.append(
+            (f"fast, exp ulps {e0:+d}/{e2:+d}/{e3:+d}, lg2 {dl / 2**-22:+.2f}*2^-22", "fast", (e0, dl, e2, e3))
+        )
     for gname, kind, dd in gate_variants:
         dec, bet, sp = gates(d["a"].item(), dt.item(), A_log.item(), d["b"].item(), kind, dd)
         every = kind == "accurate" or dd[0] == dd[2] == dd[3] == 0  # every order here, else FlashInfer's with fma
@@ -274,26 +289,47 @@ def main() -> int:
             for fma in (True, False) if every else (True,):
                 out = step32(S_in, None, None, v32, dec, bet, red, fma, kn=kn32)
                 err = np.abs(out.astype(F64) - r)
-                rows.append((gname, rname, fma, dec, sp, err[KI, VI], err.max(), np.unravel_index(err.argmax(), err.shape)))
-    print(f"  {'gates':38s} {'S^T k order':20s} fma  {'decay':>12s} {'softplus':>12s} {'err@elem':>9s} {'/bound':>6s} {'slice max':>9s} {'/bound':>6s}  at")
-    shown = [r_ for r_ in rows if r_[0].startswith("accurate") or "+0/+0/+0, lg2 +0.00" in r_[0]
-             or (r_[1] == "flashinfer-32-lane" and r_[2] and "+0/+0/+0" in r_[0])]
+                rows.append(
+                    (gname, rname, fma, dec, sp, err[KI, VI], err.max(), np.unravel_index(err.argmax(), err.shape))
+                )
+    print(
+        f"  {'gates':38s} {'S^T k order':20s} fma  {'decay':>12s} {'softplus':>12s} {'err@elem':>9s} {'/bound':>6s} {'slice max':>9s} {'/bound':>6s}  at"
+    )
+    shown = [
+        r_
+        for r_ in rows
+        if r_[0].startswith("accurate")
+        or "+0/+0/+0, lg2 +0.00" in r_[0]
+        or (r_[1] == "flashinfer-32-lane" and r_[2] and "+0/+0/+0" in r_[0])
+    ]
     for gname, rname, fma, dec, sp, e, emax, at in shown:
-        print(f"  {gname:38s} {rname:20s} {str(fma)[0]:3s}  {dec:.10f} {sp:.10f} {e:9.3e} {e / bound_s:6.3f} {emax:9.3e} {emax / bound_s:6.3f}  {at}")
+        print(
+            f"  {gname:38s} {rname:20s} {str(fma)[0]:3s}  {dec:.10f} {sp:.10f} {e:9.3e} {e / bound_s:6.3f} {emax:9.3e} {emax / bound_s:6.3f}  {at}"
+        )
     # the gate variants, for the FlashInfer order with fma: the range each gate error reaches
-    print("\n  every gate variant, FlashInfer order, fma: error at the element / bound (min .. max over the exp ulp moves)")
+    print(
+        "\n  every gate variant, FlashInfer order, fma: error at the element / bound (min .. max over the exp ulp moves)"
+    )
     for dl in LG2_ERR:
-        es = [r_[5] for r_ in rows if r_[1] == "flashinfer-32-lane" and r_[2] and f"lg2 {dl / 2**-22:+.2f}*2^-22" in r_[0]]
+        es = [
+            r_[5] for r_ in rows if r_[1] == "flashinfer-32-lane" and r_[2] and f"lg2 {dl / 2**-22:+.2f}*2^-22" in r_[0]
+        ]
         print(f"    lg2(1 + e) off by {dl / 2**-22:+.2f} * 2^-22: {min(es) / bound_s:.3f} .. {max(es) / bound_s:.3f}")
     # the lg2 error at which the element reaches the GPU's 8.88e-07 and the bound (first order, exact gates otherwise)
-    pred = lambda dl: A64 * dl * math.log(2) / (1 + math.exp(xa)) * 0 + A64 * dl * math.log(2) * dec64 * abs(dS_ddec[KI, VI])  # noqa: E731
+    pred = lambda dl: (
+        A64 * dl * math.log(2) / (1 + math.exp(xa)) * 0 + A64 * dl * math.log(2) * dec64 * abs(dS_ddec[KI, VI])
+    )  # noqa: E731
     per = pred(2.0**-22)
-    print(f"  first order: an absolute error dl on lg2(1 + e) moves S'[{KI},{VI}] by A ln2 dl decay dS'/ddecay = "
-          f"{per:.3e} per 2^-22; 8.88e-07 at |dl| = {8.88e-7 / per:.2f} * 2^-22 = 2^{math.log2(8.88e-7 / per * 2**-22):.2f}, "
-          f"the bound at {bound_s / per:.2f} * 2^-22")
+    print(
+        f"  first order: an absolute error dl on lg2(1 + e) moves S'[{KI},{VI}] by A ln2 dl decay dS'/ddecay = "
+        f"{per:.3e} per 2^-22; 8.88e-07 at |dl| = {8.88e-7 / per:.2f} * 2^-22 = 2^{math.log2(8.88e-7 / per * 2**-22):.2f}, "
+        f"the bound at {bound_s / per:.2f} * 2^-22"
+    )
     over = [r_ for r_ in rows if r_[5] > bound_s]
-    print(f"\n  variants over the bound at the element: {len(over)} of {len(rows)}; "
-          f"the accurate-gate ones: {sum(1 for r_ in over if r_[0].startswith('accurate'))}")
+    print(
+        f"\n  variants over the bound at the element: {len(over)} of {len(rows)}; "
+        f"the accurate-gate ones: {sum(1 for r_ in over if r_[0].startswith('accurate'))}"
+    )
     # the slice with the lg2 error that gives the GPU's 8.88e-07 at the element (first order), FlashInfer order
     dl = -8.88e-7 / per * 2.0**-22
     dec, bet, _ = gates(d["a"].item(), dt.item(), A_log.item(), d["b"].item(), "fast", (0, dl, 0, 0))
@@ -301,9 +337,11 @@ def main() -> int:
     e = out.astype(F64) - r
     ratio = np.abs(e) / bound_s
     qs = np.quantile(ratio, [0.5, 0.9, 0.99, 0.999, 1.0])
-    print(f"  slice with lg2(1 + e) off by {dl / 2**-22:+.3f} * 2^-22: error at the element {abs(e[KI, VI]):.3e}; error / bound: "
-          f"median {qs[0]:.3f}, 90% {qs[1]:.3f}, 99% {qs[2]:.3f}, 99.9% {qs[3]:.3f}, max {qs[4]:.3f} at "
-          f"{tuple(int(i) for i in np.unravel_index(ratio.argmax(), ratio.shape))}; elements over: {int((ratio > 1).sum())} of {ratio.size}")
+    print(
+        f"  slice with lg2(1 + e) off by {dl / 2**-22:+.3f} * 2^-22: error at the element {abs(e[KI, VI]):.3e}; error / bound: "
+        f"median {qs[0]:.3f}, 90% {qs[1]:.3f}, 99% {qs[2]:.3f}, 99.9% {qs[3]:.3f}, max {qs[4]:.3f} at "
+        f"{tuple(int(i) for i in np.unravel_index(ratio.argmax(), ratio.shape))}; elements over: {int((ratio > 1).sum())} of {ratio.size}"
+    )
     corr = np.corrcoef(e.ravel(), dS_ddec.ravel())[0, 1]
     print(f"  correlation of that error with d S'/d decay over the slice: {corr:+.4f}")
     return 0
