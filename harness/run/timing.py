@@ -10,7 +10,8 @@ CUDA, graph mode (short kernels): when the fastest closure of a case has a pilot
 prepared on distinct copies of the inputs (`Rotation`) so that the rotated working set is at least
 `rotate_l2_multiple` x L2; a sample is one graph replay (after a flush) divided by `calls`. If any
 closure of the case cannot be captured, or the rotation cannot be sized, every backend of the case
-stays in per-call mode, and `note` says why.
+stays in per-call mode, and `note` says why; after a capture that began and failed, on closures prepared
+anew from the rotation's factories (`CaptureFailed`: what calls inside a capture made never ran).
 
 Samples are taken round-robin over the backends, in rounds, until the 95% confidence interval of
 every median is within `target_ci` (order-statistic interval, no normality assumed) or the time or
@@ -380,10 +381,18 @@ class _Graphs:
     working_set: float
 
 
+class CaptureFailed(str):
+    """Why graph mode was given up after a capture began: the closures called inside it may keep what
+    those calls made, which never ran (a library's cache keyed on its inputs, as FLA's and SGLang's
+    `tensor_cache` holds chunk indices computed from `cu_seqlens`): used again per call, they read
+    memory nothing wrote (h200-session26: an illegal memory access in SGLang's chunked GDN extend)."""
+
+
 def _capture_graphs(
     closures: dict[str, Callable], rotation: Rotation, device: torch.device, cfg: TimingConfig, pilot_s: dict
 ) -> _Graphs | str:
-    """One CUDA graph per closure, `calls_per_replay` calls over rotated input copies; a reason string on failure."""
+    """One CUDA graph per closure, `calls_per_replay` calls over rotated input copies; a reason string on
+    failure, a `CaptureFailed` one when a capture had begun."""
     plan = rotation_plan(rotation.bytes_per_call, torch.cuda.get_device_properties(device).L2_cache_size, cfg)
     if isinstance(plan, str):
         return plan
@@ -412,7 +421,7 @@ def _capture_graphs(
                     fns[i % copies]()
         except Exception as e:  # not capturable, or no memory for the copies
             torch.cuda.synchronize(device)
-            return f"graph capture failed for {name}: {describe(e, first_line=True)}"
+            return CaptureFailed(f"graph capture failed for {name}: {describe(e, first_line=True)}")
         keep += [fns, graph]
         replays[name] = graph.replay
     return _Graphs(replays, keep, copies, calls, copies * rotation.bytes_per_call)
@@ -502,6 +511,11 @@ def time_closures(
         graphs = _capture_graphs(closures, rotation, device, cfg, medians) if rotation else "no input rotation given"
         if isinstance(graphs, str):
             extra["note"] = f"per-call: {graphs}"
+            if isinstance(graphs, CaptureFailed):  # per call on closures no capture has seen, warmed anew
+                closures = {n: rotation.factories[n]() for n in names}
+                events = sampler = EventSampler(closures, device, flush, hide_launch=cfg.hide_launch, sm_max_mhz=top)
+                _warm_up(closures, cfg.warmup_calls, 0.0, sync)
+                likely_graph = True  # the warm-up's seconds and a new pilot below
             graphs = None
         else:
             _settle(graphs.replays, cfg.graph_warmup_s, sync)

@@ -84,6 +84,35 @@ def test_graph_mode_falls_back_for_every_backend_when_one_cannot_be_captured():
     assert torch.randn(4, device=DEVICE).isfinite().all()  # and its random generator (harness/graph_capture.py)
 
 
+def test_a_failed_capture_leaves_no_never_run_cache_behind():
+    """A closure whose library caches a result keyed on its inputs (as FLA's and SGLang's `tensor_cache`
+    caches chunk indices from `cu_seqlens`), then syncs on the host: the capture fails after the cache
+    took a tensor the capture only recorded. Per call, the timer must not reuse that closure (its cached
+    lengths were never computed: SGLang's chunked GDN extend read garbage indices there, h200-session26)."""
+    cache: list = []  # one entry: (inputs, result), as tensor_cache keyed on identity
+
+    def lens_of(cu):
+        if cache and cache[0][0] is cu:
+            return cache[0][1]
+        got = cu[1:] - cu[:-1]
+        cache[:] = [(cu, got)]
+        return got
+
+    def make():
+        cu = torch.tensor([0, 3, 8, 15], device=DEVICE, dtype=torch.int32)
+
+        def run():
+            total = int(lens_of(cu).sum().item())  # a host sync: illegal while capturing
+            assert total == 15, f"cached lengths sum to {total}: a tensor the failed capture never wrote"
+
+        return run
+
+    stats = time_closures({"cached": make()}, DEVICE, TimingConfig(max_s=0.5, graph_below_us=10_000),
+                          Rotation({"cached": make}, bytes_per_call=4 << 20))  # fmt: skip
+    st = stats["cached"]
+    assert st.mode == "per-call" and "graph capture failed for cached" in st.note, st.note
+
+
 def test_long_kernels_stay_per_call_with_a_cold_l2():
     a = torch.randn(4096, 4096, device=DEVICE, dtype=torch.bfloat16)
     st = time_closures({"mm": lambda: a @ a}, DEVICE)["mm"]
