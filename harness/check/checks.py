@@ -739,8 +739,10 @@ def stale_check(
     harness/backend.py) are not changed: a perturbation of those alone is left out.
 
     The op's perturbations (`Op.perturbations`: each class of inputs it reads, changed to another valid
-    input of the same case) are applied in turn, each alone, to a copy of the inputs (`_base`), written
-    into the closure's buffers (outputs back to their NaN fill), and `fn` is called again; the new
+    input of the same case) are applied in turn to a copy of the inputs (`_base`: the pristine ones, each
+    perturbation alone; for an op that writes its inputs the closure's buffers as the re-runs before left
+    them, so there the changes accumulate), written into the closure's buffers (outputs back to their NaN
+    fill), and `fn` is called again; the new
     outputs and written inputs are checked like the first call's (`check`), against the float64
     expectation and twin of the perturbed inputs. A perturbation that leaves an output as it was
     cannot fail a correct kernel. Outputs (and written inputs) that already failed the first call are
