@@ -7,7 +7,9 @@ suite, and the built-in ones in suites/expectations/ apply by default):
       - backend: flashinfer                 # a backend name (a glob such as `flashinfer-*` works too)
         cases: ["decode/b1-l1024-*"]        # globs on case ids: one string or a list
         outputs: [lse]                      # optional: only these may fail; any other failing output or
-                                            # check (canary, stale output, modified input, ...) still fails
+                                            # check (canary, stale output, modified input, ...) still fails;
+                                            # `replay:<output>`: it may fail on the replay check's batch
+                                            # alone (a numerical property that batch shows, said in `why`)
         errors: ["*illegal memory access*"] # optional: globs on an error row's reason that are this finding
         versions: {flashinfer-python: "==0.7.2.post1"}   # optional: applies only where these match
         why: "fa2 LSE is summed from bf16 probabilities (docs/findings.md)"   # required
@@ -103,10 +105,13 @@ class Expectation:
             return False
         # `replay:<output>`: the output failed on the replayed batch as well. The same known failure
         # when this expectation allows the output and it failed on the case's own batch too; alone (it
-        # passed eagerly) it is what the graph got wrong, which no `outputs:` list covers.
+        # passed eagerly) it is what the graph got wrong, unless the expectation names `replay:<output>`
+        # itself (a numerical edge of that batch's inputs, diagnosed, not a graph problem).
         again = {f.removeprefix("replay:") for f in failed if f.startswith("replay:")}
         eager = {f for f in failed if not f.startswith("replay:")}
-        return eager <= self.outputs and again <= self.outputs & eager
+        plain = {o for o in self.outputs if not o.startswith("replay:")}
+        on_replay = {o.removeprefix("replay:") for o in self.outputs if o.startswith("replay:")}
+        return eager <= plain and again <= (plain & eager) | on_replay
 
     def covers_error(self, reason: str) -> bool:
         """Whether an error row with this reason is this known failure (one of the `errors` globs)."""

@@ -179,6 +179,11 @@ def test_replay_failures_covered_only_where_the_output_failed_eagerly_too():
     assert not known.covers({"replay:state_pool"})  # passed eagerly, failed on replay
     assert not known.covers({"state_pool", "replay:o"})  # another output on replay
     assert ex.Expectation("sglang", ("*",), "w").covers({"replay:o"})  # no outputs list: any failure
+    # named as such: a numerical edge of the replay batch's inputs (diagnosed), that output on that batch only
+    edge = ex.Expectation("flashinfer", ("*",), "w", outputs=frozenset({"replay:state_pool"}))
+    assert edge.covers({"replay:state_pool"})
+    assert not edge.covers({"state_pool"}) and not edge.covers({"state_pool", "replay:state_pool"})
+    assert not edge.covers({"replay:state_pool", "replay:o"})
     p = Problem("replay: captured on one batch ... o: 3 NaN", ["replay:o"])
     assert subjects([p, "state_pool: abs error 1 > bound 0"], ["o", "state_pool"]) == ["replay:o", "state_pool"]
     assert subjects(["replay: the closure could not be captured"], ["o"]) == [
