@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import threading
 import time
+from collections import deque
 
 import torch
 
@@ -169,8 +170,8 @@ def test_the_supervisor_names_the_next_case_to_the_worker():
     pool.opts = RunOptions(timing=False)
     pool.launch = type("L", (), {"fresh_per_job": False})()
     a, b = Case.from_id(A), Case.from_id(B)
-    pool._dispatch(W(), _Job(a, ["torch"]), b)
-    pool._dispatch(W(), _Job(b, ["torch"]))
+    pool._dispatch(W(), deque(), _Job(a, ["torch"]), b)
+    pool._dispatch(W(), deque(), _Job(b, ["torch"]))
     assert [(m.case.id, m.ahead.id if m.ahead else None) for m in sent] == [(A, B), (B, None)]
     assert isinstance(sent[0], RunJob)
 
