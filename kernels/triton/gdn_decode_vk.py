@@ -1,7 +1,7 @@
-"""GDN decode on a K-last state pool `[N, HV, V, K]` (opt-in: the triton backend's `gdn_vk` knob, rows per
-program; issue #34). On an H200, 8 or 16 rows on one warp run at 0.98 of FlashInfer and 3-9% ahead of our
-default kernel (reports/examples/h200-session25/gdntile); it stays opt-in until our verify, commit and
-extend kernels share the K-last pool (kernels/triton/NOTES.md).
+"""GDN decode on a K-last state pool `[N, HV, V, K]`: the triton backend's gdn_decode since our four GDN state
+kernels moved to the K-last pool together (`gdn_layout`, default vk; `gdn_vk` rows per program, 8 on one warp by
+default; issue #34). On an H200 it runs at 0.97-0.99 of FlashInfer from B8 on and ahead of it at B1, 3-13% ahead
+of the canonical-pool kernel (reports/examples/h200-session26/gdnlayout; kernels/triton/NOTES.md).
 
 The default kernel (`gdn.gdn_recurrent`) reads the canonical `[N, HV, K, V]` pool: a program's `[K, BV]`
 slice is K rows of BV * 4 bytes, one every V * 4 bytes. SGLang's and FlashInfer's decode kernels keep the
@@ -12,8 +12,8 @@ with 163 registers (occupancy 18%) (reports/examples/h200-session24/ncu-h200.md)
 same step on that layout, with FlashInfer-sized programs (`bv` value rows, default 16): the experiment
 of whether layout and program size are what separates the two.
 
-The pool is converted once in `prepare` and written back by the closure's `finalize` (untimed), as the
-FlashInfer and SGLang adapters do. Same contract and math as `gdn.gdn_recurrent` with one step: q/k
+A canonical pool is converted once in `prepare` and written back by the closure's `finalize` (untimed), as
+the FlashInfer and SGLang adapters do; a gdn_chain's K-last pool is used as it is. Same contract and math as `gdn.gdn_recurrent` with one step: q/k
 L2-normalised (q scaled), gates from the raw a/b, decay, delta against the decayed state, output from
 the updated state; a negative pool index reads a zero state and writes nothing back.
 """
