@@ -55,7 +55,8 @@ def gdn_decode_limits(backend, case) -> str | None:
     """The canonical decode kernels' knobs mean nothing to the K-last decode: refuse them beside an
     explicit gdn_layout=vk rather than ignore them."""
     if gdn_layout(backend) == "vk" and (knobs := [k for k in CANONICAL_DECODE_KNOBS if k in backend.settings]):
-        return (f"{', '.join(knobs)} choose the canonical-pool decode; gdn_layout=vk decodes with the K-last "
+        verb = "chooses" if len(knobs) == 1 else "choose"
+        return (f"{', '.join(knobs)} {verb} the canonical-pool decode; gdn_layout=vk decodes with the K-last "
                 "kernel (tile: gdn_vk, gdn_warps)")  # fmt: skip
     return None
 
