@@ -505,6 +505,7 @@ def time_closures(
     extra: dict = {"mode": "per-call"}
     sampler: EventSampler = events
     graphs = None
+    fresh = False  # closures prepared anew after a failed capture
     medians = {n: statistics.median(s) for n, s in pilot.items()}
     fastest = min(medians.values()) * 1e6
     if cfg.graph_below_us > 0 and fastest < cfg.graph_below_us:
@@ -514,8 +515,7 @@ def time_closures(
             if isinstance(graphs, CaptureFailed):  # per call on closures no capture has seen, warmed anew
                 closures = {n: rotation.factories[n]() for n in names}
                 events = sampler = EventSampler(closures, device, flush, hide_launch=cfg.hide_launch, sm_max_mhz=top)
-                _warm_up(closures, cfg.warmup_calls, 0.0, sync)
-                likely_graph = True  # the warm-up's seconds and a new pilot below
+                fresh = True
             graphs = None
         else:
             _settle(graphs.replays, cfg.graph_warmup_s, sync)
@@ -527,8 +527,8 @@ def time_closures(
                 "working_set_bytes": graphs.working_set,
             }
             pilot = {}
-    if graphs is None and likely_graph:
-        _warm_up(closures, 0, cfg.warmup_s, sync)
+    if graphs is None and (likely_graph or fresh):  # the warm-up's seconds (and first calls), then the pilot
+        _warm_up(closures, cfg.warmup_calls if fresh else 0, cfg.warmup_s, sync)
         pilot = events.round(names, pilot_size)
     check = (lambda: nvml.throttle_reason(monitor.snapshot())) if monitor else None
     if check and pilot and check():
