@@ -1,20 +1,27 @@
 #!/usr/bin/env bash
-# One GPU call (about 8 minutes warm): what session 26 changed after its GPU time was spent.
-# Usage (repo root, .gpu parts unpacked, PYTHONPATH with vLLM's tree): bash tools/bench/issue34_s27.sh
-# Then tar each $OUT/<name> (the device tool brings back at most 8 files).
+# What session 26 changed after its GPU time was spent, in two GPU calls of under 10 minutes each:
+#   bash tools/bench/issue34_s27.sh timed    # verifyvk and fixes (about 5 minutes warm)
+#   bash tools/bench/issue34_s27.sh checks   # the GPU timing tests and the whole chain suite
+# (repo root, .gpu parts unpacked, PYTHONPATH with vLLM's tree). Then tar each $OUT/<name> (the device tool
+# brings back at most 8 files).
 set -uo pipefail
 here=$(dirname "$0")
-# gdn_verify on the K-last pool with K-last intermediate states (1a4ee21) against the canonical layout: in
-# h200-session26/gdnlayout the K-last verify ran 1.01-1.65x the canonical one (a per-step layout conversion)
-bash "$here/gpu_sweep.sh" verifyvk 150 gdn --op gdn_verify --op gdn_decode -k b256 -k b32 -k b16 \
-  -b triton -b triton:gdn_layout=kv -b sglang -b flashinfer
-# the two failures of h200-session26 that were fixed on the CPU: SGLang's extend after a failed capture
-# (2e87a5b, timing.CaptureFailed) and our CuTe decode's softplus log (b7bc9ce)
-bash "$here/gpu_sweep.sh" fixes 120 --case gdn_extend/b1-t1024-h16x32-d128x128-bf16 \
-  --case gdn_decode/b256-h16x32-d128x128-bf16 -b sglang -b triton -b flashinfer -b cute
-mkdir -p "$OUT/gputests"
-timeout 120 python -m pytest -q -p no:cacheprovider -m gpu tests/harness/test_timing_gpu.py \
-  tests/harness/test_shared_timing_faults.py > "$OUT/gputests/pytest.txt" 2>&1; echo "== gpu tests: exit $?"
-tail -5 "$OUT/gputests/pytest.txt"
-# the chain suite, which session 26 cut after 5 of 27 rows
-bash "$here/gpu_sweep.sh" chain 200 chain -b chain --no-timing
+case ${1:-} in
+timed)
+  # gdn_verify on the K-last pool with K-last intermediate states (1a4ee21) against the canonical layout: in
+  # h200-session26/gdnlayout the K-last verify ran 1.01-1.65x the canonical one (a per-step layout conversion)
+  bash "$here/gpu_sweep.sh" verifyvk 150 gdn --op gdn_verify --op gdn_decode -k b256 -k b32 -k b16 \
+    -b triton -b triton:gdn_layout=kv -b sglang -b flashinfer
+  # the two failures of h200-session26 that were fixed on the CPU: SGLang's extend after a failed capture
+  # (2e87a5b, timing.CaptureFailed) and our CuTe decode's softplus log (b7bc9ce)
+  bash "$here/gpu_sweep.sh" fixes 120 --case gdn_extend/b1-t1024-h16x32-d128x128-bf16 \
+    --case gdn_decode/b256-h16x32-d128x128-bf16 -b sglang -b triton -b flashinfer -b cute ;;
+checks)
+  mkdir -p "$OUT/gputests"
+  timeout 120 python -m pytest -q -p no:cacheprovider -m gpu tests/harness/test_timing_gpu.py \
+    tests/harness/test_shared_timing_faults.py > "$OUT/gputests/pytest.txt" 2>&1; echo "== gpu tests: exit $?"
+  tail -5 "$OUT/gputests/pytest.txt"
+  # the chain suite, which session 26 cut after 5 of 27 rows
+  bash "$here/gpu_sweep.sh" chain 300 chain -b chain --no-timing ;;
+*) echo "usage: $0 timed|checks" >&2; exit 2 ;;
+esac
