@@ -87,6 +87,19 @@ def _exit_text(code: int | None) -> str:
     return f"exit code {code}"
 
 
+def _where(stage: str) -> str:
+    """Where in a job a worker was when it crashed or overran, for the rows' reasons: before the case's
+    first stage and while building its inputs and references no backend code runs, so the error rows
+    every backend of the case then gets say so."""
+    if not stage:
+        return " before the case's first stage (no backend code had run)"
+    if stage == "reference":
+        return " while building the case's inputs and references (no backend code runs there)"
+    if stage == "timing":
+        return " while timing"
+    return f" while running {stage}"
+
+
 def _names(names) -> str:
     """`a, b and c`: the backends a problem line names."""
     names = list(names)
@@ -330,7 +343,7 @@ class Pool:
             self.on_problem(f"{job.case.id}: timing {_names(rest)} together: {why}; running each alone")
             self._requeue_rest(w, queue, alone=True)
             return
-        culprits = [w.stage] if w.stage in rest else rest  # reference, or timing one backend: every backend left
+        culprits = [w.stage] if w.stage in rest else rest  # set-up, reference, timing one backend: every one left
         self._emit(w, job.case, [error_row(job.case, b, why) for b in culprits])
         w.done += culprits
         self._requeue_rest(w, queue)
@@ -339,8 +352,7 @@ class Pool:
         code = w.proc.wait()
         self._ended(w)
         if w.job:
-            where = f" while running {w.stage}" if w.stage else ""
-            self._fail_current(w, f"worker crashed ({_exit_text(code)}){where}; log: {w.log.name}", queue)
+            self._fail_current(w, f"worker crashed ({_exit_text(code)}){_where(w.stage)}; log: {w.log.name}", queue)
         elif not w.ready:
             self.on_problem(f"worker on {w.device} failed to start ({_exit_text(code)}); log: {w.log}")
         w.conn.close()
@@ -349,7 +361,6 @@ class Pool:
     def _timeout(self, w: _Worker, queue: deque[_Job]) -> bool:
         self._kill(w)
         self._ended(w)
-        stage = w.stage or "startup"
-        self._fail_current(w, f"timed out after {self.timeout_s:g} s (in {stage})", queue)
+        self._fail_current(w, f"timed out after {self.timeout_s:g} s{_where(w.stage)}", queue)
         w.conn.close()
         return True

@@ -106,7 +106,7 @@ def test_a_worker_crash_in_the_shared_timing_runs_each_backend_alone(tmp_path):
     rows, problems = _pool(tmp_path, [(CASES[0], ["exits-timed", "torch"])])
     assert set(rows) == {(CASES[0], "exits-timed"), (CASES[0], "torch")}
     culprit = rows[CASES[0], "exits-timed"]
-    assert culprit.status == "error" and "worker crashed (exit code 9) while running timing" in culprit.reason
+    assert culprit.status == "error" and "worker crashed (exit code 9) while timing" in culprit.reason
     assert _timed_fine(rows[CASES[0], "torch"])
     assert len(problems) == 1 and "timing exits-timed and torch together: worker crashed (exit code 9)" in problems[0]
     assert problems[0].endswith("running each alone")
@@ -137,3 +137,22 @@ def test_a_backend_that_loses_the_context_timed_alone_is_the_culprit_and_the_unt
     assert stages == ["a", "b"]
     assert (rows["a"].status, rows["b"].status, rows["c"].status) == ("pass", "error", "error")
     assert rows["b"].reason.startswith("timing failed: RuntimeError: CUDA error") and "b alone" in rows["c"].reason
+
+
+def test_a_worker_crash_while_building_a_case_blames_no_backend_and_the_next_case_runs(tmp_path):
+    """Every backend of the case gets an error row (it could not run), whose reason says the worker died
+    in the case's inputs and references, where no backend code runs; a fresh worker takes the next case."""
+    crash = str(Path(__file__).resolve().parents[1] / "support" / "reference_crash.py")
+    rows = {}
+    pool = Pool(["cpu"], OPTS, lambda case, got: rows.update({(r.case_id, r.backend): r for r in got}),
+                plugins=[PLUGIN, crash], timeout_s=60, log_dir=tmp_path / "logs")  # fmt: skip
+    pool.run([(Case.from_id(c, "cpu"), ["raises-timed", "torch"]) for c in (CASES[1], CASES[0])])
+    assert len(rows) == 4
+    for name in ("raises-timed", "torch"):
+        r = rows[CASES[1], name]
+        assert (
+            r.status == "error"
+            and "worker crashed (exit code 9) while building the case's inputs and references" in r.reason
+        )
+        assert "no backend code runs there" in r.reason
+    assert _timed_fine(rows[CASES[0], "torch"])
