@@ -500,6 +500,87 @@ def _chunk_state_kernel(
     tl.store(p_pool, b_s, mask=m_h)
 
 
+# ---- the same recurrence on the transposed state (`state_regs`) ------------------------------------------
+# _chunk_state_kernel's products take the state S and U' as their right operands, which the tensor cores read
+# from shared memory: every chunk stores both there and waits on it, a round trip inside the serial chain.
+# Holding S^T ([BV, K], the K-last orientation) instead, both products take the loop-carried values as left
+# operands, which stay in registers: U'^T = U^T - S^T W^T, then S^T = e^gamma_last S^T + (U'_d)^T k^; only W^T and
+# k^ (loaded ahead, off the chain) go through shared memory. With BV = 16 rows per warp the accumulator feeds
+# the next product without crossing warps (sm_90 ptxas: 255 registers, 104 B spilled at BV = 32 on 2 warps;
+# 168 and none on 4 warps, which split the columns; 880 B spilled at BV = 16 on 1 warp, left out).
+_STATE_REGS_CONFIGS = autotune_configs(
+    [
+        triton.Config({"BV": 32}, num_warps=2, num_stages=2),
+        triton.Config({"BV": 32}, num_warps=2, num_stages=3),
+        triton.Config({"BV": 32}, num_warps=4, num_stages=2),
+        triton.Config({"BV": 32}, num_warps=4, num_stages=3),
+        triton.Config({"BV": 16}, num_warps=2, num_stages=2),
+        triton.Config({"BV": 64}, num_warps=4, num_stages=2),
+    ]
+)
+
+
+@triton.jit
+def _state_regs_chunk(b_st, khat, gcum, w, u, h, vnew, t0, nj, i_c, i_v, i_hv, i_h, H: tl.constexpr,
+                      HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, C: tl.constexpr, BK: tl.constexpr,
+                      BV: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr, IEEE: tl.constexpr):  # fmt: skip
+    """One chunk of `_chunk_state_regs_kernel`: its `nj` tokens from `t0` (plan row `i_c`); S^T after it."""
+    o_t = tl.arange(0, C)
+    b_str = round_to(b_st, DT, EMULATE)
+    # H_c as [K, V] (the output kernel's layout), written from S^T: the block's dim 0 is v (stride 1)
+    p_h = tl.make_block_ptr(h + (i_c * HV + i_hv) * K * V, (V, K), (1, V), (i_v * BV, 0), (BV, BK), (0, 1))
+    tl.store(p_h, b_str.to(DT), boundary_check=(0, 1))
+    p_wt = tl.make_block_ptr(w + (t0 * HV + i_hv) * K, (K, nj), (1, HV * K), (0, 0), (BK, C), (0, 1))
+    p_ut = tl.make_block_ptr(u + (t0 * HV + i_hv) * V, (V, nj), (1, HV * V), (i_v * BV, 0), (BV, C), (0, 1))
+    p_vnt = tl.make_block_ptr(vnew + (t0 * HV + i_hv) * V, (V, nj), (1, HV * V), (i_v * BV, 0), (BV, C), (0, 1))
+    p_k = tl.make_block_ptr(khat + (t0 * H + i_h) * K, (nj, K), (H * K, 1), (0, 0), (C, BK), (1, 0))
+    b_wt = round_to(tl.load(p_wt, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
+    b_ut = tl.load(p_ut, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
+    b_vnt = round_to(b_ut - mm(b_str, b_wt, EMULATE, IEEE), DT, EMULATE)  # U'^T = U^T - S^T W^T
+    tl.store(p_vnt, b_vnt.to(DT), boundary_check=(0, 1))
+    b_g = tl.load(gcum + (t0 + o_t) * HV + i_hv, mask=o_t < nj, other=0)
+    b_glast = tl.load(gcum + (t0 + nj - 1) * HV + i_hv)
+    b_k = round_to(tl.load(p_k, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
+    b_vdt = round_to(b_vnt.to(tl.float32) * tl.exp(b_glast - b_g)[None, :], DT, EMULATE)
+    return b_st * tl.exp(b_glast) + mm(b_vdt, b_k, EMULATE, IEEE)  # S^T after the chunk
+
+
+@triton.autotune(configs=_STATE_REGS_CONFIGS, key=["B_KEY", "H", "HV", "K", "V", "HVG", "POOL_VK"],
+                 restore_value=["pool"])  # fmt: skip
+@triton.jit
+def _chunk_state_regs_kernel(
+    # Pointers
+    khat, gcum, w, u, h, vnew, pool, indices, has_initial_state, cu_seqlens, chunk_offsets,
+    # Sizes and strides
+    B_KEY, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr, HVG: tl.constexpr,
+    # Meta-parameters
+    C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
+    IEEE: tl.constexpr, POOL_VK: tl.constexpr,
+):  # fmt: skip
+    """`_chunk_state_kernel`'s contract and rounding points (H_c and U' stored as there), the state held as
+    S^T so that it and U'^T are the products' register operands."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_n, i_hv = i_nh // HVG, i_nh % HVG
+    i_h = i_hv // (HV // H)
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
+    o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
+    m_st = (o_v < V)[:, None] & (o_k < K)[None, :]
+    o_pool = tl.trans(pool_offsets(o_k, o_v, K, V, POOL_VK))  # [BV, BK]: entry (v, k) of the state
+    p_pool = pool + (tl.load(indices + i_n).to(tl.int64) * HV + i_hv) * K * V + o_pool
+    init = tl.load(has_initial_state + i_n) != 0
+    b_st = tl.load(p_pool, mask=m_st & init, other=0).to(tl.float32)  # S^T
+    n_full = (eos - bos) // C  # whole chunks: their bounds are the block's, no masks
+    for j in range(n_full):
+        b_st = _state_regs_chunk(b_st, khat, gcum, w, u, h, vnew, bos + j * C, C, c0 + j, i_v, i_hv, i_h, H, HV, K, V,
+                                 C, BK, BV, DT, EMULATE, IEEE)  # fmt: skip
+    if n_full * C < eos - bos:  # the request's last, partial chunk
+        b_st = _state_regs_chunk(b_st, khat, gcum, w, u, h, vnew, bos + n_full * C, eos - bos - n_full * C,
+                                 c0 + n_full, i_v, i_hv, i_h, H, HV, K, V, C, BK, BV, DT, EMULATE, IEEE)  # fmt: skip
+    tl.store(p_pool, b_st, mask=m_st)
+
+
 # ---- the state recurrence with the output fused (`fuse_out`) ---------------------------------------------
 # The same recurrence, and each chunk's output computed from the state in registers: H (the chunk's
 # start state, [NC, HV, K, V]) and U' are neither written nor read back. The decayed causal q^ k^T block
@@ -777,6 +858,7 @@ def chunk_gated_delta_rule(
     scale: float,
     tri: TriConfig = TRI,
     pool_layout: str = "kv",
+    state_regs: bool = False,
 ) -> None:
     """Varlen chunked prefill: writes `o [T, HV, V]` and every request's final state into `pool`.
 
@@ -786,6 +868,8 @@ def chunk_gated_delta_rule(
         cu_seqlens: `[B+1]` int32; p: the plan from `plan()` for these lengths.
         tri: the T kernel's knobs for bf16/fp16 inputs (float32 inputs take `TRI_IEEE`).
         pool_layout: "kv" (the pool as above) or "vk" (`[N, HV, V, K]`, K-last).
+        state_regs: the state pass on the transposed state (`_chunk_state_regs_kernel`; separate output
+            kernel only), else `_chunk_state_kernel`.
     """
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
@@ -835,7 +919,8 @@ def chunk_gated_delta_rule(
         with torch.cuda.stream(p.sides[i]) if main is not None else contextlib.nullcontext():
             khat, q_ = _from_head(p.khat, first_qk), _from_head(q, first_qk)
             gcum, h, vnew = (_from_head(t, first) for t in (p.gcum, p.h, p.vnew))
-            _chunk_state_kernel[lambda meta: (triton.cdiv(V, meta["BV"]), B * G)](
+            state_kernel = _chunk_state_regs_kernel if state_regs else _chunk_state_kernel
+            state_kernel[lambda meta: (triton.cdiv(V, meta["BV"]), B * G)](
                 khat, gcum, _from_head(p.w, first), _from_head(p.u, first), h, vnew, _from_head(pool, first),
                 indices, has_initial_state, cu_seqlens, p.chunk_offsets, b_key, H=H, HV=HV, K=K, V=V, HVG=G,
                 C=CHUNK, BK=BK, IEEE=ieee, POOL_VK=vk, **common,

@@ -2,6 +2,8 @@
 # What session 26 changed after its GPU time was spent, in two GPU calls of under 10 minutes each:
 #   bash tools/bench/issue34_s27.sh timed    # verifyvk and fixes (about 5 minutes warm)
 #   bash tools/bench/issue34_s27.sh checks   # the GPU timing tests and the whole chain suite
+#   bash tools/bench/issue34_s27.sh regs     # gdn_extend: the state pass on the transposed state
+#   bash tools/bench/issue34_s27.sh targets  # targets, every backend
 # (repo root, .gpu parts unpacked, PYTHONPATH with vLLM's tree). Then tar each $OUT/<name> (the device tool
 # brings back at most 8 files).
 set -uo pipefail
@@ -23,5 +25,12 @@ checks)
   tail -5 "$OUT/gputests/pytest.txt"
   # the chain suite, which session 26 cut after 5 of 27 rows
   bash "$here/gpu_sweep.sh" chain 300 chain -b chain --no-timing ;;
-*) echo "usage: $0 timed|checks" >&2; exit 2 ;;
+regs)
+  # gdn_extend's serial state pass on the transposed state (gdn_state_regs=1: S^T and U'^T as the products'
+  # register operands) against the default (S through shared memory), every gdn_extend row of `gdn`
+  bash "$here/gpu_sweep.sh" regs 240 gdn --op gdn_extend -b triton -b triton:gdn_state_regs=1 -b flashinfer ;;
+targets)
+  # the targets suite at this tree, every backend (its GDN extend row is one of regs' rows)
+  bash "$here/gpu_sweep.sh" targets 560 targets ;;
+*) echo "usage: $0 timed|checks|regs|targets" >&2; exit 2 ;;
 esac

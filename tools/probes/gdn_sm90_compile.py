@@ -159,6 +159,14 @@ def main() -> None:
             dict(common, HVG=32, POOL_VK=False),
         )
         build(
+            gdn_chunk._chunk_state_regs_kernel,
+            dict(
+                khat=p, gcum=f32, w=p, u=p, h=p, vnew=p, pool=f32, indices=i32, has_initial_state="*i1",
+                cu_seqlens=i32, chunk_offsets=i32, B_KEY="i32",
+            ),
+            dict(common, HVG=32, POOL_VK=True),
+        )  # fmt: skip
+        build(
             gdn_chunk._chunk_out_kernel,
             dict(q=p, khat=p, gcum=f32, h=p, vnew=p, o=p, stride_qt="i32", scale="fp32", **chunked),
             common,

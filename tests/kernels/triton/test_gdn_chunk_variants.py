@@ -10,6 +10,7 @@ import torch
 pytest.importorskip("triton")
 
 from attnbench.case import Case  # noqa: E402
+from attnbench.check.prepared import call_untimed  # noqa: E402
 from attnbench.kernels.triton import gdn_backend, gdn_chunk  # noqa: E402
 from attnbench.kernels.triton.limits import interpreting  # noqa: E402
 
@@ -62,6 +63,24 @@ def test_fused_plans_have_no_chunk_state_workspace():
     assert tw.tmat is None and tw.w.shape == (73, 2, 32) and tw.u.shape == (73, 2, 16)
     with pytest.raises(ValueError, match="wu"):
         gdn_chunk.plan([70], 1, 2, 32, 16, torch.bfloat16, "cpu", "wu", gdn_chunk.TriConfig(wu=True))
+
+
+@pytest.mark.parametrize("layout", ["kv", "vk"])
+def test_the_state_pass_on_the_transposed_state_agrees_with_the_default(layout):
+    """`gdn_state_regs`: the same recurrence rounded at the same points, the state held as S^T (its
+    products summed in another order), so the default's output to a bf16 ulp or two and its final states
+    to float32 accuracy, on either pool layout; the full chunks and the partial last one both run."""
+    case = Case.from_id(GROUPED)
+    runs = []
+    for regs in (False, True):
+        x = case.make_inputs()
+        run = gdn_backend.prepare_gdn_extend(case, x, gdn_chunk.TRI, "", 1, layout, regs)
+        call_untimed(run)
+        runs.append((x.o.float(), x.state_pool.clone(), run.info["state_regs"]))
+    (o0, s0, r0), (o1, s1, r1) = runs
+    assert (r0, r1) == (False, True) and o0.abs().max() > 0 and torch.isfinite(o1).all()
+    torch.testing.assert_close(o1, o0, rtol=2**-7, atol=1e-5)
+    torch.testing.assert_close(s1, s0, rtol=1e-4, atol=1e-6)
 
 
 @pytest.mark.parametrize("field", ["kk", "diag"])

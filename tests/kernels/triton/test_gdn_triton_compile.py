@@ -20,6 +20,7 @@ CHUNK = [
     "_chunk_tri_batched_kernel",
     "_chunk_wu_kernel",
     "_chunk_state_kernel",
+    "_chunk_state_regs_kernel",
     "_chunk_out_kernel",
     "_chunk_state_out_kernel",
 ]
