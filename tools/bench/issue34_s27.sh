@@ -28,7 +28,8 @@ checks)
 regs)
   # gdn_extend's serial state pass on the transposed state (gdn_state_regs=1: S^T and U'^T as the products'
   # register operands) against the default (S through shared memory), every gdn_extend row of `gdn`
-  bash "$here/gpu_sweep.sh" regs 240 gdn --op gdn_extend -b triton -b triton:gdn_state_regs=1 -b flashinfer ;;
+  bash "$here/gpu_sweep.sh" regs 240 gdn --op gdn_extend -b triton -b triton:gdn_state_regs=1 -b flashinfer
+  NCU_ROW_S=150 bash "$here/ncu_rows.sh" "$here/issue34e.ncu"; tail -8 "$OUT/ncu/summary.md" ;;
 targets)
   # the targets suite at this tree, every backend (its GDN extend row is one of regs' rows)
   bash "$here/gpu_sweep.sh" targets 560 targets ;;
