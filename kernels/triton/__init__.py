@@ -142,7 +142,8 @@ class _TritonAttention(Backend):
                            "h200-session26/gdngroups)", GDN_HEAD_GROUPS),
         "gdn_state_regs": Knob("gdn_extend: the serial state pass on the transposed state, whose products take the "
                                "state as their register operand (1), or on S as the tensor cores' shared-memory "
-                               "operand (0, default); not with the fused-output variants", (0, 1)),
+                               "operand (0, default); not with the fused-output variants; slower on an H200: 1.02-1.20x the default, "
+                               "h200-session27/regs)", (0, 1)),
         "gdn_layout": Knob("gdn_decode/verify/commit/extend: the state pool layout the kernels address, vk "
                            "([N, HV, V, K], K-last, default: as SGLang, vLLM and FlashInfer keep it; a canonical pool "
                            "is converted in prepare, untimed; gdn_decode runs the K-last kernel, gdn_vk rows, default "
