@@ -4,6 +4,7 @@
 #   bash tools/bench/issue34_s27.sh checks   # the GPU timing tests and the whole chain suite
 #   bash tools/bench/issue34_s27.sh regs     # gdn_extend: the state pass on the transposed state
 #   bash tools/bench/issue34_s27.sh targets  # targets, every backend
+#   bash tools/bench/issue34_s27.sh suites   # every suite's gdn_verify and gdn_decode rows, triton and cute
 # (repo root, .gpu parts unpacked, PYTHONPATH with vLLM's tree). Then tar each $OUT/<name> (the device tool
 # brings back at most 8 files).
 set -uo pipefail
@@ -33,5 +34,10 @@ regs)
 targets)
   # the targets suite at this tree, every backend (its GDN extend row is one of regs' rows)
   bash "$here/gpu_sweep.sh" targets 560 targets ;;
-*) echo "usage: $0 timed|checks|regs|targets" >&2; exit 2 ;;
+suites)
+  # correctness on every suite of the two ops our kernels changed after h200-session26/suites ran (f044f20):
+  # gdn_verify (triton, K-last intermediate states, 1a4ee21) and gdn_decode (cute, its softplus log, b7bc9ce)
+  bash "$here/gpu_sweep.sh" suites 300 ci serving swa spec mla decode extend gdn --op gdn_verify --op gdn_decode \
+    -b triton -b cute --no-timing ;;
+*) echo "usage: $0 timed|checks|regs|targets|suites" >&2; exit 2 ;;
 esac
