@@ -286,17 +286,19 @@ class TritonGDN:
     def prepare_gdn_extend(self, case, x):
         groups = 1 if self.gdn_fuse_out else self.settings.get("gdn_groups", 1)
         regs = bool(self.settings.get("gdn_state_regs", 0))
-        return prepare_gdn_extend(case, x, self.gdn_tri, self.gdn_fuse_out, groups, gdn_layout(self), regs)
+        out = self.settings.get("gdn_out", "")
+        return prepare_gdn_extend(case, x, self.gdn_tri, self.gdn_fuse_out, groups, gdn_layout(self), regs, out)
 
 
-def prepare_gdn_extend(case, x, tri=None, fuse_out="", groups=1, layout="kv", state_regs=False):
+def prepare_gdn_extend(case, x, tri=None, fuse_out="", groups=1, layout="kv", state_regs=False, out_tune=""):
     """The chunked prefill: the chunk plan and workspaces are built here, the closure launches the
     kernels of gdn_chunk.py. `tri`: a frozen `gdn_chunk.TriConfig` for bf16/fp16 (None: `gdn_chunk.TRI`);
     `fuse_out`: "" a separate output kernel; "tri" / "loop" the output inside the state recurrence (no H / U'
     round trip), its q^ k^T block from the T kernel or computed in the loop (`gdn_chunk.plan`); `groups`:
     v-head groups whose state pass overlaps the next group's chunk-parallel kernels (`gdn_chunk.plan`);
     `layout`: the pool layout the kernels address (`gdn_layout`); `state_regs`: the state pass on the
-    transposed state (`gdn_chunk._chunk_state_regs_kernel`, separate output kernel only)."""
+    transposed state (`gdn_chunk._chunk_state_regs_kernel`, separate output kernel only); `out_tune`: the
+    output kernel's configs (`gdn_chunk.OUT_TUNED`)."""
     from attnbench.kernels.triton.gdn_chunk import TRI, chunk_gated_delta_rule, plan
 
     tri = tri or TRI
@@ -308,7 +310,7 @@ def prepare_gdn_extend(case, x, tri=None, fuse_out="", groups=1, layout="kv", st
     def run():
         chunk_gated_delta_rule(
             x.q, x.k, x.v, x.g, x.beta, pool, x.state_indices, x.has_initial_state, x.cu_seqlens,
-            x.o, p, scale=x.scale, tri=tri, pool_layout=layout, state_regs=state_regs,
+            x.o, p, scale=x.scale, tri=tri, pool_layout=layout, state_regs=state_regs, out_tune=out_tune,
         )  # fmt: skip
         return {"o": x.o}
 
@@ -316,5 +318,5 @@ def prepare_gdn_extend(case, x, tri=None, fuse_out="", groups=1, layout="kv", st
         run.finalize = finalize
 
     run.info = {"chunk": 64, "chunks": int(p.chunks.shape[0]), "fuse_out": fuse_out, "head_groups": p.groups,
-                "state_regs": state_regs}  # fmt: skip
+                "state_regs": state_regs, "out_tune": out_tune}  # fmt: skip
     return run

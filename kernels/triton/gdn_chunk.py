@@ -681,16 +681,27 @@ def _chunk_state_out_kernel(
 # No BV = 32: with num_warps=4, num_stages=2 Triton 3.6 compiles this kernel into one that reads shared
 # memory out of range on an H200 (`attnbench sweep --sanitize memcheck`: "Invalid __shared__ read of
 # size 1024 bytes"; an illegal address at T = 32768). Reproduction: docs/findings.md.
-_OUT_CONFIGS = autotune_configs(
+# BVI: the program's BV columns computed BVI at a time (the q^ k^T block and q^ shared by the blocks, the
+# accumulator BVI wide). `gdn_out=wide` (opt-in, not yet timed) adds 128 columns in two blocks of 64 to the
+# tuner's choice: sm_90 ptxas puts that at 194 registers on 4 warps (255 for one block of 128, 2 programs an
+# SM), and at 168 without spilling under maxnreg=168 (3 programs an SM, as BV = 64 alone, which computes the
+# q^ k^T block twice per chunk and head); 158 on 8 warps.
+_OUT_BASE = [
+    triton.Config({"BV": 64, "BVI": 64}, num_warps=4, num_stages=2),
+    triton.Config({"BV": 128, "BVI": 128}, num_warps=8, num_stages=2),
+    triton.Config({"BV": 128, "BVI": 128}, num_warps=4, num_stages=2),
+]
+_OUT_CONFIGS = autotune_configs(_OUT_BASE)
+_OUT_WIDE_CONFIGS = autotune_configs(
     [
-        triton.Config({"BV": 64}, num_warps=4, num_stages=2),
-        triton.Config({"BV": 128}, num_warps=8, num_stages=2),
-        triton.Config({"BV": 128}, num_warps=4, num_stages=2),
+        *_OUT_BASE,
+        triton.Config({"BV": 128, "BVI": 64}, num_warps=4, num_stages=2, maxnreg=168),
+        triton.Config({"BV": 128, "BVI": 64}, num_warps=4, num_stages=2),
+        triton.Config({"BV": 128, "BVI": 64}, num_warps=8, num_stages=2),
     ]
 )
 
 
-@triton.autotune(configs=_OUT_CONFIGS, key=["H", "HV", "K", "V"])
 @triton.jit
 def _chunk_out_kernel(
     # Pointers
@@ -699,7 +710,7 @@ def _chunk_out_kernel(
     stride_qt, scale, H: tl.constexpr, HV: tl.constexpr, K: tl.constexpr, V: tl.constexpr,
     # Meta-parameters
     C: tl.constexpr, BK: tl.constexpr, BV: tl.constexpr, DT: tl.constexpr, EMULATE: tl.constexpr,
-    IEEE: tl.constexpr,
+    IEEE: tl.constexpr, BVI: tl.constexpr,
 ):  # fmt: skip
     i_c, i_hv, i_v = tl.program_id(0), tl.program_id(1), tl.program_id(2)
     i_h = i_hv // (HV // H)
@@ -709,9 +720,9 @@ def _chunk_out_kernel(
     i_c64 = tl.program_id(0).to(tl.int64)
     p_q = tl.make_block_ptr(q + bos * stride_qt + i_h * K, (n, K), (stride_qt, 1), (0, 0), (C, BK), (1, 0))
     p_k = tl.make_block_ptr(khat + (bos * H + i_h) * K, (n, K), (H * K, 1), (0, 0), (C, BK), (1, 0))
-    p_h = tl.make_block_ptr(h + (i_c64 * HV + i_hv) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BV), (1, 0))
-    p_vn = tl.make_block_ptr(vnew + (bos * HV + i_hv) * V, (n, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0))
-    p_o = tl.make_block_ptr(o + (bos * HV + i_hv) * V, (n, V), (HV * V, 1), (0, i_v * BV), (C, BV), (1, 0))
+    p_h = tl.make_block_ptr(h + (i_c64 * HV + i_hv) * K * V, (K, V), (V, 1), (0, i_v * BV), (BK, BVI), (1, 0))
+    p_vn = tl.make_block_ptr(vnew + (bos * HV + i_hv) * V, (n, V), (HV * V, 1), (0, i_v * BV), (C, BVI), (1, 0))
+    p_o = tl.make_block_ptr(o + (bos * HV + i_hv) * V, (n, V), (HV * V, 1), (0, i_v * BV), (C, BVI), (1, 0))
 
     b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
     b_q = round_to(b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + L2_EPS)[:, None] * scale, DT, EMULATE)
@@ -719,10 +730,17 @@ def _chunk_out_kernel(
     b_g = tl.load(gcum + (bos + o_t) * HV + i_hv, mask=m_t, other=0)
     b_a = _causal_qk(b_q, b_k, b_g, m_t, DT, EMULATE, IEEE)
     b_qg = round_to(b_q.to(tl.float32) * tl.exp(b_g)[:, None], DT, EMULATE)
-    b_h = round_to(tl.load(p_h, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
-    b_vn = round_to(tl.load(p_vn, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
-    b_o = mm(b_qg, b_h, EMULATE, IEEE) + mm(b_a, b_vn, EMULATE, IEEE)
-    tl.store(p_o, round_to(b_o, DT, EMULATE).to(DT), boundary_check=(0, 1))  # block stores take DT values
+    for i in tl.static_range(0, BV, BVI):  # the program's columns in blocks of BVI: a smaller accumulator
+        b_h = round_to(tl.load(tl.advance(p_h, (0, i)), boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
+        b_vn = round_to(tl.load(tl.advance(p_vn, (0, i)), boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
+        b_o = mm(b_qg, b_h, EMULATE, IEEE) + mm(b_a, b_vn, EMULATE, IEEE)
+        tl.store(tl.advance(p_o, (0, i)), round_to(b_o, DT, EMULATE).to(DT), boundary_check=(0, 1))  # DT values
+
+
+OUT_TUNED = {
+    name: triton.autotune(configs=configs, key=["H", "HV", "K", "V"])(_chunk_out_kernel)
+    for name, configs in (("", _OUT_CONFIGS), ("wide", _OUT_WIDE_CONFIGS))
+}  # `gdn_out`: "" the default configs, "wide" those and the split-column ones
 
 
 # ---- plan and launcher ------------------------------------------------------------------------------------
@@ -861,6 +879,7 @@ def chunk_gated_delta_rule(
     tri: TriConfig = TRI,
     pool_layout: str = "kv",
     state_regs: bool = False,
+    out_tune: str = "",
 ) -> None:
     """Varlen chunked prefill: writes `o [T, HV, V]` and every request's final state into `pool`.
 
@@ -872,6 +891,7 @@ def chunk_gated_delta_rule(
         pool_layout: "kv" (the pool as above) or "vk" (`[N, HV, V, K]`, K-last).
         state_regs: the state pass on the transposed state (`_chunk_state_regs_kernel`; separate output
             kernel only), else `_chunk_state_kernel`.
+        out_tune: the output kernel's configs, `OUT_TUNED`'s key ("" or "wide").
     """
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
@@ -927,7 +947,7 @@ def chunk_gated_delta_rule(
                 indices, has_initial_state, cu_seqlens, p.chunk_offsets, b_key, H=H, HV=HV, K=K, V=V, HVG=G,
                 C=CHUNK, BK=BK, IEEE=ieee, POOL_VK=vk, **common,
             )  # fmt: skip
-            _chunk_out_kernel[lambda meta: (NC, G, triton.cdiv(V, meta["BV"]))](
+            OUT_TUNED[out_tune][lambda meta: (NC, G, triton.cdiv(V, meta["BV"]))](
                 q_, khat, gcum, h, vnew, _from_head(o, first), p.chunks, cu_seqlens, q.stride(0), scale, H=H,
                 HV=HV, K=K, V=V, C=CHUNK, BK=BK, IEEE=ieee, **common,
             )  # fmt: skip

@@ -36,6 +36,8 @@ def build(
         "num_warps": config.num_warps if config else num_warps,
         "num_stages": config.num_stages if config else 2,
     }
+    if config is not None and config.maxnreg:
+        opts["maxnreg"] = config.maxnreg
     consts = {**consts, **(config.kwargs if config else {})}
     signature = {n: ("constexpr" if n in consts else sig[n]) for n in kernel.arg_names}
     # as a launch specialises them: tensors are 16-byte aligned
@@ -167,7 +169,7 @@ def main() -> None:
             dict(common, HVG=32, POOL_VK=True),
         )  # fmt: skip
         build(
-            gdn_chunk._chunk_out_kernel,
+            gdn_chunk.OUT_TUNED[""],
             dict(q=p, khat=p, gcum=f32, h=p, vnew=p, o=p, stride_qt="i32", scale="fp32", **chunked),
             common,
         )
@@ -182,6 +184,16 @@ def main() -> None:
         build_tri(gdn_chunk.TriConfig(kk=kk, diag=diag), bf, common, label=f"[{kk},{diag}]")
     build_tri(gdn_chunk.TRI, bf, common, label="[fuse_out]", fuse_out=True)
     build_tri(gdn_chunk.TriConfig(wu=True), bf, common, label="[wu]")
+    # the output kernel's 128 columns in two blocks of 64 under maxnreg=168 (`gdn_out=wide`)
+    wide = next(c for c in gdn_chunk.OUT_TUNED["wide"].configs if c.maxnreg)
+    build(
+        gdn_chunk.OUT_TUNED["wide"],
+        dict(q=bf, khat=bf, gcum="*fp32", h=bf, vnew=bf, o=bf, chunks="*i32", cu_seqlens="*i32", stride_qt="i32",
+             scale="fp32"),
+        common,
+        config=wide,
+        label="[bvi64,maxnreg]",
+    )  # fmt: skip
     sig = STATE_OUT_SIG(bf)
     build(
         gdn_chunk._chunk_state_out_kernel,

@@ -12,7 +12,7 @@ import triton
 import attnbench
 from attnbench.kernels.triton import TritonBackend, gdn_chunk
 
-BV32 = triton.Config({"BV": 32}, num_warps=4, num_stages=2)
+BV32 = triton.Config({"BV": 32, "BVI": 32}, num_warps=4, num_stages=2)
 
 
 @attnbench.register_backend("triton-gdn-bv32")
@@ -20,7 +20,7 @@ class TritonGdnBV32(TritonBackend):
     description = "our Triton GDN extend with its output kernel forced to BV=32, 4 warps (Triton miscompile repro)"
 
     def prepare_gdn_extend(self, case, x):
-        fn, kernel = super().prepare_gdn_extend(case, x), gdn_chunk._chunk_out_kernel
+        fn, kernel = super().prepare_gdn_extend(case, x), gdn_chunk.OUT_TUNED[""]
 
         def run():  # the forced config for this call only; the `triton` backend keeps its own
             saved = kernel.configs
