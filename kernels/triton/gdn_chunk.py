@@ -399,6 +399,17 @@ def _pool_state(pool, indices, has_initial_state, i_n, i_hv, o_k, o_v, m_h, HV: 
 
 
 @triton.jit
+def _serial_program(cu_seqlens, H: tl.constexpr, HV: tl.constexpr, HVG: tl.constexpr):
+    """What a program of a serial state pass takes (grid: value blocks x requests x HVG v-heads): its value
+    block, request, v-head (within the group of HVG), q/k head, and the request's token range [bos, eos)."""
+    i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
+    i_n, i_hv = i_nh // HVG, i_nh % HVG
+    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
+    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    return i_v, i_n, i_hv, i_hv // (HV // H), bos, eos
+
+
+@triton.jit
 def _state_step(b_s, b_vn, b_k, b_g, b_glast, DT: tl.constexpr, EMULATE: tl.constexpr, IEEE: tl.constexpr):
     """The state after a chunk: S = e^gamma_last S + k^T (e^(gamma_last - gamma) U'), U' in DT."""
     b_vd = round_to(b_vn.to(tl.float32) * tl.exp(b_glast - b_g)[:, None], DT, EMULATE)
@@ -469,11 +480,7 @@ def _chunk_state_kernel(
 ):  # fmt: skip
     """Per (BV value columns, request x v-head of a group of HVG v-heads; the pointers start at the group's
     first head, `head_group`), chunk by chunk: H_c = S (stored), U' = U - W S, S after the chunk."""
-    i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    i_n, i_hv = i_nh // HVG, i_nh % HVG
-    i_h = i_hv // (HV // H)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    i_v, i_n, i_hv, i_h, bos, eos = _serial_program(cu_seqlens, H, HV, HVG)
     c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
     o_t, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     m_h = (o_k < K)[:, None] & (o_v < V)[None, :]
@@ -561,11 +568,7 @@ def _chunk_state_regs_kernel(
 ):  # fmt: skip
     """`_chunk_state_kernel`'s contract and rounding points (H_c and U' stored as there), the state held as
     S^T so that it and U'^T are the products' register operands."""
-    i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    i_n, i_hv = i_nh // HVG, i_nh % HVG
-    i_h = i_hv // (HV // H)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    i_v, i_n, i_hv, i_h, bos, eos = _serial_program(cu_seqlens, H, HV, HVG)
     c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
     o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     m_st = (o_v < V)[:, None] & (o_k < K)[None, :]
@@ -622,11 +625,7 @@ def _chunk_state_out_kernel(
     the decayed causal block: computed here from q (QK_IN_LOOP), else read from the T kernel's
     `qhat` / `amat` (its FUSE_OUT). W and U: computed here from T, k^, v and beta as `_chunk_wu_kernel`
     does (WU_IN_LOOP: W for all K columns in every one of a head's V / BV programs), else read."""
-    i_v, i_nh = tl.program_id(0), tl.program_id(1).to(tl.int64)
-    i_n, i_hv = i_nh // HV, i_nh % HV
-    i_h = i_hv // (HV // H)
-    bos = tl.load(cu_seqlens + i_n).to(tl.int64)
-    eos = tl.load(cu_seqlens + i_n + 1).to(tl.int64)
+    i_v, i_n, i_hv, i_h, bos, eos = _serial_program(cu_seqlens, H, HV, HV)
     o_t, o_k, o_v = tl.arange(0, C), tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
     m_h = (o_k < K)[:, None] & (o_v < V)[None, :]
     p_pool, b_s = _pool_state(pool, indices, has_initial_state, i_n, i_hv, o_k, o_v, m_h, HV, K, V, POOL_VK)
