@@ -60,6 +60,7 @@ class TriConfig:
     kk: str = "once"  # "once": one 64 x 64 k k^T dot, blocks cut from it; "blocks": keys loaded per block set
     diag: str = "neumann"  # the 16 x 16 diagonal inverses: "neumann" (dots) or "subst" (forward substitution)
     wu: bool = False  # W and U from T's blocks in the T kernel's registers (no T round trip, no W/U kernel)
+    maxnreg: int | None = None  # ptxas's register cap (128: 4 programs an SM instead of 3; opt-in, untimed)
 
     def __post_init__(self):
         if self.kk not in ("blocks", "once"):
@@ -858,6 +859,7 @@ def launch_tri(
         DT=TL_DTYPES[k.dtype], EMULATE=INTERPRET,
         IEEE=k.dtype == torch.float32, P_NEU=tri.neumann, P_NEWTON=tri.newton, P_MERGE=tri.merge,
         KK_ONCE=tri.kk == "once", SUBST=tri.diag == "subst", FUSE_OUT=fused, WU=tri.wu, num_warps=tri.num_warps,
+        **({"maxnreg": tri.maxnreg} if tri.maxnreg and not INTERPRET else {}),
     )  # fmt: skip
 
 

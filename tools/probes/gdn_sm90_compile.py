@@ -184,6 +184,7 @@ def main() -> None:
         build_tri(gdn_chunk.TriConfig(kk=kk, diag=diag), bf, common, label=f"[{kk},{diag}]")
     build_tri(gdn_chunk.TRI, bf, common, label="[fuse_out]", fuse_out=True)
     build_tri(gdn_chunk.TriConfig(wu=True), bf, common, label="[wu]")
+    build_tri(gdn_chunk.TriConfig(maxnreg=128), bf, common, label="[maxnreg128]")
     # the output kernel's 128 columns in two blocks of 64 under maxnreg=168 (`gdn_out=wide`)
     wide = next(c for c in gdn_chunk.OUT_TUNED["wide"].configs if c.maxnreg)
     build(
@@ -226,7 +227,7 @@ def build_tri(tri, p: str, common: dict, label: str = "", fuse_out: bool = False
         common
         | dict(S=16, BV=64, P_NEU=tri.neumann, P_NEWTON=tri.newton, P_MERGE=tri.merge)
         | dict(KK_ONCE=tri.kk == "once", SUBST=tri.diag == "subst", FUSE_OUT=fuse_out, WU=tri.wu),
-        num_warps=tri.num_warps,
+        config=triton.Config({}, num_warps=tri.num_warps, num_stages=2, maxnreg=tri.maxnreg),
         label=label,
     )
 

@@ -34,3 +34,24 @@ def test_each_variant_passes_its_config_to_the_kernel(monkeypatch):
     all_backends()["triton"].prepare(case, case.make_inputs())()
     assert seen[-1] == gdn_chunk.TRI
     assert gdn_chunk.TriConfig.__dataclass_params__.frozen
+
+
+def test_a_register_cap_reaches_the_compiled_launch_only(monkeypatch):
+    """`TriConfig.maxnreg` is a compile option of the T kernel's launch on a GPU; the interpreter, which
+    compiles nothing, is not handed it."""
+    import torch
+
+    launches = []
+
+    class Kernel:  # records each launch's keyword arguments
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: launches.append(kwargs)
+
+    monkeypatch.setattr(gdn_chunk, "_chunk_tri_batched_kernel", Kernel())
+    p = gdn_chunk.plan([70], 1, 2, 32, 16, torch.bfloat16, "cpu")
+    k, beta, cu = torch.zeros(70, 1, 32, dtype=torch.bfloat16), torch.zeros(70, 2), torch.tensor([0, 70])
+    for interpret in (False, True):
+        monkeypatch.setattr(gdn_chunk, "INTERPRET", interpret)
+        gdn_chunk.launch_tri(k, beta, cu, p, gdn_chunk.TriConfig(maxnreg=128))
+        gdn_chunk.launch_tri(k, beta, cu, p, gdn_chunk.TRI)
+    assert [kw.get("maxnreg") for kw in launches] == [128, None, None, None]
