@@ -514,7 +514,7 @@ def _chunk_state_kernel(
 # Holding S^T ([BV, K], the K-last orientation) instead, both products take the loop-carried values as left
 # operands, which stay in registers: U'^T = U^T - S^T W^T, then S^T = e^gamma_last S^T + (U'_d)^T k^; only W^T and
 # k^ (loaded ahead, off the chain) go through shared memory. With BV = 16 rows per warp the accumulator feeds
-# the next product without crossing warps (sm_90 ptxas: 255 registers, 104 B spilled at BV = 32 on 2 warps;
+# the next product without crossing warps (sm_90 ptxas: 255 registers, 88-200 B spilled at BV = 32 on 2 warps;
 # 168 and none on 4 warps, which split the columns; 880 B spilled at BV = 16 on 1 warp, left out).
 # Measured slower than _chunk_state_kernel on an H200 (1085 against 835 us at T32768, every gdn_extend row
 # 1.02-1.20x; reports/examples/h200-session27/regs, kernels/triton/NOTES.md): opt-in (`gdn_state_regs`).
