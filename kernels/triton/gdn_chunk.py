@@ -572,11 +572,9 @@ def _chunk_state_regs_kernel(
     i_v, i_n, i_hv, i_h, bos, eos = _serial_program(cu_seqlens, H, HV, HVG)
     c0 = tl.load(chunk_offsets + i_n).to(tl.int64)
     o_k, o_v = tl.arange(0, BK), i_v * BV + tl.arange(0, BV)
-    m_st = (o_v < V)[:, None] & (o_k < K)[None, :]
-    o_pool = tl.trans(pool_offsets(o_k, o_v, K, V, POOL_VK))  # [BV, BK]: entry (v, k) of the state
-    p_pool = pool + (tl.load(indices + i_n).to(tl.int64) * HV + i_hv) * K * V + o_pool
-    init = tl.load(has_initial_state + i_n) != 0
-    b_st = tl.load(p_pool, mask=m_st & init, other=0).to(tl.float32)  # S^T
+    m_h = (o_k < K)[:, None] & (o_v < V)[None, :]
+    p_pool, b_s = _pool_state(pool, indices, has_initial_state, i_n, i_hv, o_k, o_v, m_h, HV, K, V, POOL_VK)
+    p_pool, b_st, m_st = tl.trans(p_pool), tl.trans(b_s), tl.trans(m_h)  # [BV, BK]: S^T, entry (v, k)
     n_full = (eos - bos) // C  # whole chunks: their bounds are the block's, no masks
     for j in range(n_full):
         b_st = _state_regs_chunk(b_st, khat, gcum, w, u, h, vnew, bos + j * C, C, c0 + j, i_v, i_hv, i_h, H, HV, K, V,
