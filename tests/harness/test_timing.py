@@ -384,10 +384,13 @@ def test_per_call_samples_wait_out_the_host_side_of_a_call(monkeypatch):
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setitem(launch_hiding._CYCLES_PER_US, "cuda", 2000.0)  # 2 GHz
 
+    now = [0.0]  # the host clock: only the calls move it, so a busy machine cannot change what is measured
+    monkeypatch.setattr(launch_hiding, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+
     def host_for(seconds, name):
         def call():  # Python before its (here: no) launches are all queued
             log.append(name)
-            time.sleep(seconds)
+            now[0] += seconds
 
         return call
 
@@ -398,7 +401,7 @@ def test_per_call_samples_wait_out_the_host_side_of_a_call(monkeypatch):
     assert log[:4] == [probe, "quick", probe, "syncing"]  # one probe call each, before the samples
     q_spin = log[5]
     assert log[4:9] == ["flush", q_spin, "event", "quick", "event"] and q_spin[0] == "spin"
-    assert 1.5 * 500 + 20 <= q_spin[1] / 2000 <= 1.5 * launch_hiding.PROBE_US + 20
+    assert q_spin[1] / 2000 == pytest.approx(1.5 * 500 + 20)  # 1.5 x its host time + 20 us
     assert log[9:13] == ["flush", "event", "syncing", "event"]  # no spin: it would wait for it
     assert sampler.host.syncs == {"s"}
     log.clear()
