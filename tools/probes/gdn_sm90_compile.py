@@ -170,7 +170,7 @@ def main() -> None:
         )  # fmt: skip
         build(
             gdn_chunk.OUT_TUNED[""],
-            dict(q=p, khat=p, gcum=f32, h=p, vnew=p, o=p, stride_qt="i32", scale="fp32", **chunked),
+            dict(q=p, khat=p, gcum=f32, h=p, vnew=p, o=p, stride_qt="i32", scale="fp32", ROWS_KEY="i32", **chunked),
             common,
         )
         build(
@@ -190,7 +190,7 @@ def main() -> None:
     build(
         gdn_chunk.OUT_TUNED["wide"],
         dict(q=bf, khat=bf, gcum="*fp32", h=bf, vnew=bf, o=bf, chunks="*i32", cu_seqlens="*i32", stride_qt="i32",
-             scale="fp32"),
+             scale="fp32", ROWS_KEY="i32"),
         common,
         config=wide,
         label="[bvi64,maxnreg]",

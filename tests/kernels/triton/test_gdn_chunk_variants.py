@@ -101,6 +101,50 @@ def test_the_output_kernel_computes_its_columns_in_blocks_as_in_one(monkeypatch)
     torch.testing.assert_close(o1, o0, rtol=2**-7, atol=1e-5)
 
 
+def test_the_output_kernel_is_tuned_per_size_of_its_launch(monkeypatch):
+    """The output kernel's tuner key holds the launch's size bucket (`rows_key`), not the head dims alone: on an
+    H200 a config tuned on a T = 1024 request served T = 32768 (h200-session28). Every name in the key must be
+    an argument of the launch (Triton's tuner drops unknown names from its key without a word)."""
+    tuner = gdn_chunk.OUT_TUNED[""]
+    keys: list[dict] = []
+    real = tuner.run
+
+    def spy(*args, **kwargs):
+        given = {**dict(zip(tuner.arg_names, args)), **kwargs}
+        assert set(tuner.keys) <= set(given), f"tuner keys {tuner.keys} not all passed: {sorted(given)}"
+        keys.append({k: given[k] for k in tuner.keys})
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(tuner, "run", spy)
+    for t in (70, 700):  # 2 and 11 chunks of one request over two v-heads
+        case = Case.from_id(f"gdn_extend/b1-t{t}-h1x2-d32x16-bf16")
+        call_untimed(gdn_backend.prepare_gdn_extend(case, case.make_inputs(), gdn_chunk.TRI, ""))
+    assert [k["ROWS_KEY"] for k in keys] == [gdn_chunk.rows_key(2, 2), gdn_chunk.rows_key(11, 2)] == [4, 32]
+    assert [gdn_chunk.rows_key(n, 32) for n in (16, 17, 512)] == [512, 1024, 16384]
+
+
+def test_every_tuner_key_names_an_argument_of_its_kernel():
+    """A key name that is not an argument of the kernel is dropped from the tuner's key without a word (Triton
+    3.6 `Autotuner.run`), so one config would serve every size: every autotuned kernel of our Triton package."""
+    import importlib
+    import pkgutil
+
+    from triton.runtime.autotuner import Autotuner
+
+    import attnbench.kernels.triton as pkg
+
+    tuners = {}
+    for m in pkgutil.iter_modules(pkg.__path__):
+        mod = importlib.import_module(f"{pkg.__name__}.{m.name}")
+        for name, obj in vars(mod).items():
+            for i, t in enumerate(obj.values() if isinstance(obj, dict) else [obj]):
+                if isinstance(t, Autotuner):
+                    tuners[f"{m.name}.{name}[{i}]"] = t
+    assert "gdn_chunk.OUT_TUNED[0]" in tuners and len(tuners) >= 5
+    bad = {n: sorted(set(t.keys) - set(t.arg_names)) for n, t in tuners.items() if not set(t.keys) <= set(t.arg_names)}
+    assert not bad
+
+
 @pytest.mark.parametrize("field", ["kk", "diag"])
 def test_tri_config_rejects_unknown_values(field):
     with pytest.raises(ValueError, match=field):
