@@ -144,8 +144,9 @@ class _TritonAttention(Backend):
                                "state as their register operand (1), or on S as the tensor cores' shared-memory "
                                "operand (0, default); not with the fused-output variants; slower on an H200: 1.02-1.20x the default, "
                                "h200-session27/regs)", (0, 1)),
-        "gdn_out": Knob("gdn_extend: the output kernel's tuner also weighs 128 columns a program computed in two "
-                        "blocks of 64 (wide; not yet timed; default: its configs of one block each)", ("wide",)),
+        "gdn_out": Knob("gdn_extend: the output kernel's tuner weighs only configs that compute a program's "
+                        "columns in one block (narrow), not also 128 columns in two blocks of 64 (default; 4-5% "
+                        "faster on an H200, h200-session28/extend2)", ("narrow",)),
         "gdn_layout": Knob("gdn_decode/verify/commit/extend: the state pool layout the kernels address, vk "
                            "([N, HV, V, K], K-last, default: as SGLang, vLLM and FlashInfer keep it; a canonical pool "
                            "is converted in prepare, untimed; gdn_decode runs the K-last kernel, gdn_vk rows, default "

@@ -60,7 +60,7 @@ class TriConfig:
     kk: str = "once"  # "once": one 64 x 64 k k^T dot, blocks cut from it; "blocks": keys loaded per block set
     diag: str = "neumann"  # the 16 x 16 diagonal inverses: "neumann" (dots) or "subst" (forward substitution)
     wu: bool = False  # W and U from T's blocks in the T kernel's registers (no T round trip, no W/U kernel)
-    maxnreg: int | None = None  # ptxas's register cap (128: 4 programs an SM instead of 3; opt-in, untimed)
+    maxnreg: int | None = None  # ptxas's register cap (`TRI`: 128, 4 programs an SM instead of 3)
 
     def __post_init__(self):
         if self.kk not in ("blocks", "once"):
@@ -69,7 +69,10 @@ class TriConfig:
             raise ValueError(f"TriConfig.diag must be 'neumann' or 'subst', not {self.diag!r}")
 
 
-TRI = TriConfig()  # the default for bf16/fp16
+# the default for bf16/fp16: under a 128-register cap (sm_90 ptxas: 128 registers, 32-40 B spilled; 168 uncapped,
+# 3 programs an SM) the extend took 0.5-7.4% less time on every gdn_extend row of the `gdn` suite (H200,
+# h200-session28/extend2: T32768 H32 2289.5 against 2300.7 us, T1024 85.8 against 92.7)
+TRI = TriConfig(maxnreg=128)
 # float32 inputs (kk "blocks": "once" is measured for 16-bit inputs only, and spills more in float32)
 TRI_IEEE = TriConfig(neumann="ieee", newton="ieee", merge="ieee", kk="blocks")
 
@@ -680,19 +683,20 @@ def _chunk_state_out_kernel(
 # memory out of range on an H200 (`attnbench sweep --sanitize memcheck`: "Invalid __shared__ read of
 # size 1024 bytes"; an illegal address at T = 32768). Reproduction: docs/findings.md.
 # BVI: the program's BV columns computed BVI at a time (the q^ k^T block and q^ shared by the blocks, the
-# accumulator BVI wide). `gdn_out=wide` (opt-in, not yet timed) adds 128 columns in two blocks of 64 to the
-# tuner's choice: sm_90 ptxas puts that at 194 registers on 4 warps (255 for one block of 128, 2 programs an
-# SM), and at 168 without spilling under maxnreg=168 (3 programs an SM, as BV = 64 alone, which computes the
-# q^ k^T block twice per chunk and head); 158 on 8 warps.
-_OUT_BASE = [
+# accumulator BVI wide). Besides one block of 64 or 128 columns, the tuner weighs 128 columns in two blocks of
+# 64: sm_90 ptxas puts that at 194 registers on 4 warps (255 for one block of 128, 2 programs an SM), and at 168
+# without spilling under maxnreg=168 (3 programs an SM, as BV = 64 alone, which computes the q^ k^T block twice
+# per chunk and head); 158 on 8 warps. With them the extend took 4.1-5.0% less time on every gdn_extend row of
+# the `gdn` suite but T1024 (0.6%) (H200, h200-session28/extend2: T32768 H32 2184.6 against 2300.7 us);
+# `gdn_out=narrow` keeps the one-block configs alone.
+_OUT_NARROW = [
     triton.Config({"BV": 64, "BVI": 64}, num_warps=4, num_stages=2),
     triton.Config({"BV": 128, "BVI": 128}, num_warps=8, num_stages=2),
     triton.Config({"BV": 128, "BVI": 128}, num_warps=4, num_stages=2),
 ]
-_OUT_CONFIGS = autotune_configs(_OUT_BASE)
-_OUT_WIDE_CONFIGS = autotune_configs(
+_OUT_CONFIGS = autotune_configs(
     [
-        *_OUT_BASE,
+        *_OUT_NARROW,
         triton.Config({"BV": 128, "BVI": 64}, num_warps=4, num_stages=2, maxnreg=168),
         triton.Config({"BV": 128, "BVI": 64}, num_warps=4, num_stages=2),
         triton.Config({"BV": 128, "BVI": 64}, num_warps=8, num_stages=2),
@@ -741,8 +745,8 @@ def _chunk_out_kernel(
 # 3052.9 us on an H200 in session 28 against 2346.6 in session 27 with the same configs (h200-session28).
 OUT_TUNED = {
     name: triton.autotune(configs=configs, key=["ROWS_KEY", "H", "HV", "K", "V"])(_chunk_out_kernel)
-    for name, configs in (("", _OUT_CONFIGS), ("wide", _OUT_WIDE_CONFIGS))
-}  # `gdn_out`: "" the default configs, "wide" those and the split-column ones
+    for name, configs in (("", _OUT_CONFIGS), ("narrow", autotune_configs(_OUT_NARROW)))
+}  # `gdn_out`: "" the default configs, "narrow" the one-block ones alone
 
 
 def rows_key(chunks: int, heads: int) -> int:
@@ -900,7 +904,7 @@ def chunk_gated_delta_rule(
         pool_layout: "kv" (the pool as above) or "vk" (`[N, HV, V, K]`, K-last).
         state_regs: the state pass on the transposed state (`_chunk_state_regs_kernel`; separate output
             kernel only), else `_chunk_state_kernel`.
-        out_tune: the output kernel's configs, `OUT_TUNED`'s key ("" or "wide").
+        out_tune: the output kernel's configs, `OUT_TUNED`'s key ("" or "narrow").
     """
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]

@@ -35,9 +35,9 @@ VARIANTS = {
     "wu": TriConfig(wu=True),  # W and U from T's blocks in the T kernel (no T round trip, no W/U kernel)
     "wu-8w": TriConfig(num_warps=8, wu=True),
     "wu-subst": TriConfig(diag="subst", wu=True),
-    # the default under a 128-register cap: sm_90 ptxas 128 registers, 40 B spilled (168 uncapped), so 4
-    # programs an SM instead of 3 for this latency-bound kernel (session 27, not yet timed)
-    "maxnreg128": TriConfig(maxnreg=128),
+    # the default before session 28, without its 128-register cap (sm_90 ptxas: 168 registers, 3 programs an
+    # SM instead of 4; 0.5-7.4% slower on every gdn_extend row of the `gdn` suite, h200-session28/extend2)
+    "uncapped": TriConfig(),
 }
 
 

@@ -184,11 +184,11 @@ def main() -> None:
         build_tri(gdn_chunk.TriConfig(kk=kk, diag=diag), bf, common, label=f"[{kk},{diag}]")
     build_tri(gdn_chunk.TRI, bf, common, label="[fuse_out]", fuse_out=True)
     build_tri(gdn_chunk.TriConfig(wu=True), bf, common, label="[wu]")
-    build_tri(gdn_chunk.TriConfig(maxnreg=128), bf, common, label="[maxnreg128]")
-    # the output kernel's 128 columns in two blocks of 64 under maxnreg=168 (`gdn_out=wide`)
-    wide = next(c for c in gdn_chunk.OUT_TUNED["wide"].configs if c.maxnreg)
+    build_tri(gdn_chunk.TriConfig(), bf, common, label="[uncapped]")  # the default before session 28
+    # the output kernel's 128 columns in two blocks of 64 under maxnreg=168 (one of its tuner's configs)
+    wide = next(c for c in gdn_chunk.OUT_TUNED[""].configs if c.maxnreg)
     build(
-        gdn_chunk.OUT_TUNED["wide"],
+        gdn_chunk.OUT_TUNED[""],
         dict(q=bf, khat=bf, gcum="*fp32", h=bf, vnew=bf, o=bf, chunks="*i32", cu_seqlens="*i32", stride_qt="i32",
              scale="fp32", ROWS_KEY="i32"),
         common,

@@ -84,20 +84,20 @@ def test_the_state_pass_on_the_transposed_state_agrees_with_the_default(layout):
 
 
 def test_the_output_kernel_computes_its_columns_in_blocks_as_in_one(monkeypatch):
-    """`gdn_out=wide`'s split-column configs: a program's BV columns BVI at a time give the one-block output
-    (the interpreter runs only a tuner's first config, so the split one is forced here: 32 columns in two
-    blocks of 16, against the default's one block)."""
+    """The tuner's split-column configs: a program's BV columns BVI at a time give the one-block output (the
+    interpreter runs only a tuner's first config, so the split one is forced on the default tuner here: 32
+    columns in two blocks of 16, against `gdn_out=narrow`'s one block)."""
     case = Case.from_id("gdn_extend/b2-t70-h1x2-d32x32-initmixed-bf16")
-    wide = gdn_chunk.OUT_TUNED["wide"]
-    monkeypatch.setattr(wide, "configs", [triton.Config({"BV": 32, "BVI": 16}, num_warps=4, num_stages=2)])
+    split = gdn_chunk.OUT_TUNED[""]
+    monkeypatch.setattr(split, "configs", [triton.Config({"BV": 32, "BVI": 16}, num_warps=4, num_stages=2)])
     runs = []
-    for out in ("", "wide"):
+    for out in ("narrow", ""):
         x = case.make_inputs()
         run = gdn_backend.prepare_gdn_extend(case, x, gdn_chunk.TRI, "", 1, "kv", False, out)
         call_untimed(run)
         runs.append((x.o.float(), run.info["out_tune"]))
     (o0, t0), (o1, t1) = runs
-    assert (t0, t1) == ("", "wide") and o0.abs().max() > 0
+    assert (t0, t1) == ("narrow", "") and o0.abs().max() > 0
     torch.testing.assert_close(o1, o0, rtol=2**-7, atol=1e-5)
 
 

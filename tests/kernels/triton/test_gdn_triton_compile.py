@@ -43,7 +43,7 @@ EXPECTED = [
     "_chunk_tri_batched_kernel[once,subst]",
     "_chunk_tri_batched_kernel[fuse_out]",
     "_chunk_tri_batched_kernel[wu]",
-    "_chunk_tri_batched_kernel[maxnreg128]",
+    "_chunk_tri_batched_kernel[uncapped]",
     "_chunk_out_kernel[bvi64,maxnreg]",
     "_chunk_state_out_kernel[loop]",
     "_chunk_state_out_kernel[wu]",
