@@ -123,6 +123,13 @@ def test_the_output_kernel_is_tuned_per_size_of_its_launch(monkeypatch):
     assert [gdn_chunk.rows_key(n, 32) for n in (16, 17, 512)] == [512, 1024, 16384]
 
 
+def test_float32_inputs_tune_the_output_kernel_over_its_one_block_configs():
+    """The split-column configs are timed on 16-bit inputs only; float32 (IEEE dots) keeps `gdn_out=narrow`."""
+    for dtype, want in (("fp32", "narrow"), ("bf16", "")):
+        case = Case.from_id(f"gdn_extend/b2-t70-h1x2-d32x16-{dtype}")
+        assert gdn_backend.prepare_gdn_extend(case, case.make_inputs()).info["out_tune"] == want
+
+
 def test_every_tuner_key_names_an_argument_of_its_kernel():
     """A key name that is not an argument of the kernel is dropped from the tuner's key without a word (Triton
     3.6 `Autotuner.run`), so one config would serve every size: every autotuned kernel of our Triton package."""
