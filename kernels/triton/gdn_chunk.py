@@ -28,9 +28,10 @@ import triton.language as tl
 
 from attnbench.kernels.triton.gdn_common import (
     INTERPRET,
-    L2_EPS,
     TL_DTYPES,
     autotune_configs,
+    exp_in,
+    l2_normalized,
     mm,
     pool_is_k_last,
     pool_offsets,
@@ -82,7 +83,7 @@ def _load_norm_rows(p, rows, m_rows, o_k, m_k, stride_t, scale, DT: tl.constexpr
     """Rows `rows` of a `[*, K]` slice at `p`: L2-normalised, times `scale`, rounded to DT."""
     b_x = tl.load(p + rows[:, None] * stride_t + o_k[None, :], mask=m_rows[:, None] & m_k[None, :], other=0)
     b_x = b_x.to(tl.float32)
-    b_x = b_x / tl.sqrt(tl.sum(b_x * b_x, 1) + L2_EPS)[:, None] * scale
+    b_x = l2_normalized(b_x, 1, DT) * scale
     return round_to(b_x, DT, EMULATE)
 
 
@@ -139,15 +140,15 @@ def _load_norm_rows3(p, rows, m_rows, o_k, m_k, stride_t, DT: tl.constexpr, EMUL
         p + rows[:, :, None] * stride_t + o_k[None, None, :], mask=m_rows[:, :, None] & m_k[None, None, :], other=0
     )
     b_x = b_x.to(tl.float32)
-    b_x = b_x / tl.sqrt(tl.sum(b_x * b_x, 2) + L2_EPS)[:, :, None]
+    b_x = l2_normalized(b_x, 2, DT)
     return round_to(b_x, DT, EMULATE)
 
 
 @triton.jit
-def _decayed(b_kk, keep, g_i, g_j, beta_i):
+def _decayed(b_kk, keep, g_i, g_j, beta_i, DT: tl.constexpr, EMULATE: tl.constexpr):
     """beta_t exp(gamma_t - gamma_s) (k_t . k_s) where `keep`, 0 elsewhere (any rank, rows then columns last)."""
     diff = tl.where(keep, tl.expand_dims(g_i, -1) - tl.expand_dims(g_j, -2), 0.0)
-    return tl.where(keep, tl.expand_dims(beta_i, -1) * tl.exp(diff) * b_kk, 0.0)
+    return tl.where(keep, tl.expand_dims(beta_i, -1) * exp_in(diff, DT, EMULATE) * b_kk, 0.0)
 
 
 @triton.jit
@@ -190,15 +191,15 @@ def _l_blocks_loaded(
     g4 = tl.load(p_g + rows4 * HV, mask=m4, other=0)
     b4 = tl.load(p_b + rows4 * HV, mask=m4, other=0)
     keep4 = m4[:, :, None] & m4[:, None, :] & (r[:, None] > r[None, :])[None, :, :]
-    L4 = _decayed(kk4, keep4, g4, g4, b4)
+    L4 = _decayed(kk4, keep4, g4, g4, b4, DT, EMULATE)
     g_e = tl.load(p_g + rows_e * HV, mask=m_e, other=0)
     g_o = tl.load(p_g + rows_o * HV, mask=m_o, other=0)
     b_o = tl.load(p_b + rows_o * HV, mask=m_o, other=0)
-    L2 = _decayed(kk2, m_o[:, :, None] & m_e[:, None, :], g_o, g_e, b_o)
+    L2 = _decayed(kk2, m_o[:, :, None] & m_e[:, None, :], g_o, g_e, b_o, DT, EMULATE)
     g_lo = tl.load(p_g + r2 * HV, mask=m_lo, other=0)
     g_hi = tl.load(p_g + (2 * S + r2) * HV, mask=m_hi, other=0)
     b_hi = tl.load(p_b + (2 * S + r2) * HV, mask=m_hi, other=0)
-    L_hl = _decayed(kk_hl, m_hi[:, None] & m_lo[None, :], g_hi, g_lo, b_hi)
+    L_hl = _decayed(kk_hl, m_hi[:, None] & m_lo[None, :], g_hi, g_lo, b_hi, DT, EMULATE)
     return L4, L2, L_hl
 
 
@@ -221,7 +222,7 @@ def _l_blocks_once(
     b_g = tl.load(p_g + o_t * HV, mask=m_t, other=0)
     b_b = tl.load(p_b + o_t * HV, mask=m_t, other=0)
     keep = m_t[:, None] & m_t[None, :] & (o_t[:, None] > o_t[None, :])
-    L = _decayed(kk, keep, b_g, b_g, b_b)
+    L = _decayed(kk, keep, b_g, b_g, b_b, DT, EMULATE)
     a4 = tl.arange(0, 4)
     L44 = tl.reshape(L, [4, S, 4, S])  # (row block, row, column block, column)
     L4 = tl.sum(tl.where((a4[:, None] == a4[None, :])[:, None, :, None], L44, 0.0), 2)
@@ -318,8 +319,8 @@ def _chunk_tri_batched_kernel(
         b_hi = tl.load(p_b + (2 * S + r2) * HV, mask=m_hi, other=0)
         x_lo = _load_norm_rows(p_k, r2, m_lo, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
         x_hi = _load_norm_rows(p_k, 2 * S + r2, m_hi, o_k, m_k, stride_kt, 1.0, DT, EMULATE)
-        s_lo = b_lo * tl.exp(tl.load(p_g + r2 * HV, mask=m_lo, other=0))
-        s_hi = b_hi * tl.exp(tl.load(p_g + (2 * S + r2) * HV, mask=m_hi, other=0))
+        s_lo = b_lo * exp_in(tl.load(p_g + r2 * HV, mask=m_lo, other=0), DT, EMULATE)
+        s_hi = b_hi * exp_in(tl.load(p_g + (2 * S + r2) * HV, mask=m_hi, other=0), DT, EMULATE)
         p_w = w + ((bos + r2) * HV + i_hv)[:, None] * K + o_k[None, :]
         _t_blocks_times(a_r, z_r, d_r, x_lo, x_hi, s_lo, s_hi, p_w, 2 * S * HV * K, m_lo, m_hi, m_k,
                         DT, EMULATE, IEEE)  # fmt: skip
@@ -381,7 +382,8 @@ def _causal_qk(b_q, b_k, b_g, m_t, DT: tl.constexpr, EMULATE: tl.constexpr, IEEE
     o_t = tl.arange(0, b_q.shape[0])
     keep = (o_t[:, None] >= o_t[None, :]) & m_t[:, None] & m_t[None, :]
     b_a = mm(b_q, tl.trans(b_k), EMULATE, IEEE)
-    return round_to(tl.where(keep, b_a * tl.exp(tl.where(keep, b_g[:, None] - b_g[None, :], 0.0)), 0.0), DT, EMULATE)
+    decay = exp_in(tl.where(keep, b_g[:, None] - b_g[None, :], 0.0), DT, EMULATE)
+    return round_to(tl.where(keep, b_a * decay, 0.0), DT, EMULATE)
 
 
 @triton.jit
@@ -416,8 +418,8 @@ def _serial_program(cu_seqlens, H: tl.constexpr, HV: tl.constexpr, HVG: tl.const
 @triton.jit
 def _state_step(b_s, b_vn, b_k, b_g, b_glast, DT: tl.constexpr, EMULATE: tl.constexpr, IEEE: tl.constexpr):
     """The state after a chunk: S = e^gamma_last S + k^T (e^(gamma_last - gamma) U'), U' in DT."""
-    b_vd = round_to(b_vn.to(tl.float32) * tl.exp(b_glast - b_g)[:, None], DT, EMULATE)
-    return b_s * tl.exp(b_glast) + mm(tl.trans(b_k), b_vd, EMULATE, IEEE)
+    b_vd = round_to(b_vn.to(tl.float32) * exp_in(b_glast - b_g, DT, EMULATE)[:, None], DT, EMULATE)
+    return b_s * exp_in(b_glast, DT, EMULATE) + mm(tl.trans(b_k), b_vd, EMULATE, IEEE)
 
 
 # ---- W = T (beta e^gamma k^), U = T (beta v) -----------------------------------------------------------
@@ -446,7 +448,8 @@ def _chunk_wu_kernel(
     b_k = tl.load(p_k, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
 
     p_w = tl.make_block_ptr(w + (bos * HV + i_hv) * K, (n, K), (HV * K, 1), (0, 0), (C, BK), (1, 0))
-    tl.store(p_w, _t_times(b_T, b_k, b_beta * tl.exp(b_g), DT, EMULATE, IEEE).to(DT), boundary_check=(0, 1))
+    b_wscale = b_beta * exp_in(b_g, DT, EMULATE)
+    tl.store(p_w, _t_times(b_T, b_k, b_wscale, DT, EMULATE, IEEE).to(DT), boundary_check=(0, 1))
     for i_v in tl.static_range(0, V, BV):
         p_v = tl.make_block_ptr(v + bos * stride_vt + i_hv * V, (n, V), (stride_vt, 1), (0, i_v), (C, BV), (1, 0))
         b_v = tl.load(p_v, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
@@ -554,8 +557,8 @@ def _state_regs_chunk(b_st, khat, gcum, w, u, h, vnew, t0, nj, i_c, i_v, i_hv, i
     b_g = tl.load(gcum + (t0 + o_t) * HV + i_hv, mask=o_t < nj, other=0)
     b_glast = tl.load(gcum + (t0 + nj - 1) * HV + i_hv)
     b_k = round_to(tl.load(p_k, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
-    b_vdt = round_to(b_vnt.to(tl.float32) * tl.exp(b_glast - b_g)[None, :], DT, EMULATE)
-    return b_st * tl.exp(b_glast) + mm(b_vdt, b_k, EMULATE, IEEE)  # S^T after the chunk
+    b_vdt = round_to(b_vnt.to(tl.float32) * exp_in(b_glast - b_g, DT, EMULATE)[None, :], DT, EMULATE)
+    return b_st * exp_in(b_glast, DT, EMULATE) + mm(b_vdt, b_k, EMULATE, IEEE)  # S^T after the chunk
 
 
 @triton.autotune(configs=_STATE_REGS_CONFIGS, key=["B_KEY", "H", "HV", "K", "V", "HVG", "POOL_VK"],
@@ -644,7 +647,7 @@ def _chunk_state_out_kernel(
         if QK_IN_LOOP:
             p_q = tl.make_block_ptr(q + t0 * stride_qt + i_h * K, (nj, K), (stride_qt, 1), (0, 0), (C, BK), (1, 0))
             b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-            b_q = round_to(b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + L2_EPS)[:, None] * scale, DT, EMULATE)
+            b_q = round_to(l2_normalized(b_q, 1, DT) * scale, DT, EMULATE)
             b_a = _causal_qk(b_q, b_k, b_g, m_t, DT, EMULATE, IEEE)
             b_q = b_q.to(tl.float32)
         else:
@@ -652,14 +655,14 @@ def _chunk_state_out_kernel(
             p_a = tl.make_block_ptr(amat + (t0 * HV + i_hv) * C, (nj, C), (HV * C, 1), (0, 0), (C, C), (1, 0))
             b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
             b_a = round_to(tl.load(p_a, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
-        b_qg = round_to(b_q * tl.exp(b_g)[:, None], DT, EMULATE)
+        b_qg = round_to(b_q * exp_in(b_g, DT, EMULATE)[:, None], DT, EMULATE)
         # then the recurrence
         b_sr = round_to(b_s, DT, EMULATE)
         if WU_IN_LOOP:  # W = T (beta e^gamma k^), U = T (beta v), rounded as _chunk_wu_kernel stores them
             b_beta = tl.load(beta + (t0 + o_t) * HV + i_hv, mask=m_t, other=0)
             p_T = tl.make_block_ptr(tmat + (t0 * HV + i_hv) * C, (nj, C), (HV * C, 1), (0, 0), (C, C), (1, 0))
             b_T = round_to(tl.load(p_T, boundary_check=(0,), padding_option="zero"), DT, EMULATE)
-            b_w = _t_times(b_T, b_k, b_beta * tl.exp(b_g), DT, EMULATE, IEEE)
+            b_w = _t_times(b_T, b_k, b_beta * exp_in(b_g, DT, EMULATE), DT, EMULATE, IEEE)
             p_v = tl.make_block_ptr(
                 v + t0 * stride_vt + i_hv * V, (nj, V), (stride_vt, 1), (0, i_v * BV), (C, BV), (1, 0)
             )
@@ -727,11 +730,11 @@ def _chunk_out_kernel(
     p_o = tl.make_block_ptr(o + (bos * HV + i_hv) * V, (n, V), (HV * V, 1), (0, i_v * BV), (C, BVI), (1, 0))
 
     b_q = tl.load(p_q, boundary_check=(0, 1), padding_option="zero").to(tl.float32)
-    b_q = round_to(b_q / tl.sqrt(tl.sum(b_q * b_q, 1) + L2_EPS)[:, None] * scale, DT, EMULATE)
+    b_q = round_to(l2_normalized(b_q, 1, DT) * scale, DT, EMULATE)
     b_k = round_to(tl.load(p_k, boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
     b_g = tl.load(gcum + (bos + o_t) * HV + i_hv, mask=m_t, other=0)
     b_a = _causal_qk(b_q, b_k, b_g, m_t, DT, EMULATE, IEEE)
-    b_qg = round_to(b_q.to(tl.float32) * tl.exp(b_g)[:, None], DT, EMULATE)
+    b_qg = round_to(b_q.to(tl.float32) * exp_in(b_g, DT, EMULATE)[:, None], DT, EMULATE)
     for i in tl.static_range(0, BV, BVI):  # the program's columns in blocks of BVI: a smaller accumulator
         b_h = round_to(tl.load(tl.advance(p_h, (0, i)), boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
         b_vn = round_to(tl.load(tl.advance(p_vn, (0, i)), boundary_check=(0, 1), padding_option="zero"), DT, EMULATE)
