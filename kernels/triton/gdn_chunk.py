@@ -104,7 +104,7 @@ def _chunk_cumsum_kernel(g, gcum, chunks, cu_seqlens, HV: tl.constexpr, C: tl.co
     bos, n = _chunk_bounds(chunks, cu_seqlens, i_c, C)
     o_t = tl.arange(0, C)
     m_t = o_t < n
-    b_g = tl.load(g + (bos + o_t) * HV + i_hv, mask=m_t, other=0).to(tl.float32)
+    b_g = tl.load(g + (bos + o_t) * HV + i_hv, mask=m_t, other=0).to(gcum.dtype.element_ty)
     tl.store(gcum + (bos + o_t) * HV + i_hv, tl.cumsum(b_g, 0), mask=m_t)
 
 
@@ -758,6 +758,19 @@ def rows_key(chunks: int, heads: int) -> int:
     return triton.next_power_of_2(max(1, chunks * heads))
 
 
+def gamma_dtype(dtype: torch.dtype) -> torch.dtype:
+    """The dtype of gamma, the in-chunk cumulative log decay (`ChunkPlan.gcum`), for inputs of `dtype`.
+
+    The kernels take e^(gamma_t - gamma_s), and a float32 gamma is off by up to half an ulp of |gamma|,
+    which reaches 100 in a chunk of strong decay: 4e-6 relative error in the weights, whatever the order
+    of the sum. Beside bf16/fp16 rounding that is noise; beside a float32 twin it is not. On an H200 a
+    float32 smoke case (gdn_extend/b1-t64-h2x6-d16x16-initnone-scale0.4-fp32, gamma down to -97) was
+    3.4x over its state bound; the same algorithm on the CPU with gamma summed in float64 and each
+    difference rounded once to float32 is 7x closer to float64 than with float32 sums (1.2e-7 against
+    8.7e-7). So float32 inputs keep gamma in float64 and round the differences (`exp_in`)."""
+    return torch.float64 if dtype == torch.float32 else torch.float32
+
+
 # ---- plan and launcher ------------------------------------------------------------------------------------
 @dataclass
 class ChunkPlan:
@@ -765,7 +778,7 @@ class ChunkPlan:
 
     chunks: torch.Tensor  # [NC, 2] int32: (request, chunk index within it)
     chunk_offsets: torch.Tensor  # [B + 1] int32: first plan row of each request
-    gcum: torch.Tensor  # [T, HV] fp32
+    gcum: torch.Tensor  # [T, HV] fp32; fp64 for float32 inputs (`gamma_dtype`)
     khat: torch.Tensor  # [T, H, K]: the L2-normalised keys
     tmat: torch.Tensor | None  # [T, HV, C] input dtype (None: W and U come from the T kernel, TriConfig.wu)
     w: torch.Tensor | None  # [T, HV, K] (None: fuse_out "wu")
@@ -821,7 +834,7 @@ def plan(
     return ChunkPlan(
         chunks=torch.tensor(rows or [(0, 0)], dtype=torch.int32, device=device),
         chunk_offsets=torch.tensor(offsets, dtype=torch.int32, device=device),
-        gcum=torch.empty(T, HV, dtype=torch.float32, device=device),
+        gcum=torch.empty(T, HV, dtype=gamma_dtype(dtype), device=device),
         khat=torch.empty(T, H, K, dtype=dtype, device=device),
         tmat=None if tri.wu else torch.empty(T, HV, CHUNK, dtype=dtype, device=device),
         w=None if fuse_out == "wu" else torch.empty(T, HV, K, dtype=dtype, device=device),

@@ -92,10 +92,11 @@ def mm(a, b, EMULATE: tl.constexpr, IEEE: tl.constexpr):
 
 @triton.jit
 def exp_in(x, DT: tl.constexpr, EMULATE: tl.constexpr):
-    """e^x in a kernel whose inputs are DT. On a GPU `tl.exp` is ex2.approx of x log2(e), a few ulp off,
-    which is noise beside bf16/fp16 rounding but not beside a float32 twin: float32 inputs take
-    libdevice's exp there (an H200 run of a float32 gdn_extend smoke case was 3.4x over its state bound
-    with tl.exp). The interpreter's tl.exp is numpy's, and it has no libdevice."""
+    """e^x in a kernel whose inputs are DT, x rounded to float32 first (float32 inputs keep gamma in
+    float64, `gdn_chunk.gamma_dtype`, so a difference of gammas is rounded once). On a GPU `tl.exp` is
+    ex2.approx of x log2(e), a few ulp off: noise beside bf16/fp16 rounding, not beside a float32 twin,
+    so float32 inputs take libdevice's exp there. The interpreter's tl.exp is numpy's (no libdevice)."""
+    x = x.to(tl.float32)
     if DT == tl.float32 and not EMULATE:
         return libdevice.exp(x)
     else:
@@ -105,7 +106,7 @@ def exp_in(x, DT: tl.constexpr, EMULATE: tl.constexpr):
 @triton.jit
 def l2_normalized(x, AXIS: tl.constexpr, DT: tl.constexpr):
     """x / sqrt(sum x^2 + eps) along AXIS. For float32 inputs the square root and the division are
-    IEEE-rounded (`tl.sqrt` and `/` are sqrt.approx and div.full on a GPU, like `exp_in`'s reason)."""
+    IEEE-rounded (on a GPU `tl.sqrt` and `/` are sqrt.approx and div.full; `exp_in` says why)."""
     ss = tl.expand_dims(tl.sum(x * x, AXIS) + L2_EPS, AXIS)
     if DT == tl.float32:
         return tl.div_rn(x, tl.broadcast_to(tl.sqrt_rn(ss), x.shape))

@@ -131,14 +131,15 @@ def main() -> None:
         dict(W=4, BD=256, DT=tl.bfloat16, EMULATE=False),
     )
     for DT, p, ieee in ((tl.bfloat16, bf, False), (tl.float32, f32, True)):
+        gam = "*fp64" if ieee else f32  # gdn_chunk.gamma_dtype
         common = dict(**qwen, C=64, BK=128, DT=DT, EMULATE=False, IEEE=ieee)
         chunked = dict(chunks=i32, cu_seqlens=i32)
-        build(gdn_chunk._chunk_cumsum_kernel, dict(g=f32, gcum=f32, **chunked), dict(HV=32, C=64))
+        build(gdn_chunk._chunk_cumsum_kernel, dict(g=f32, gcum=gam, **chunked), dict(HV=32, C=64))
         tri = gdn_chunk.TRI_IEEE if ieee else gdn_chunk.TRI
-        build_tri(tri, p, common)
+        build_tri(tri, p, common, gcum=gam)
         build(
             gdn_chunk._chunk_wu_kernel,
-            dict(khat=p, v=p, beta=f32, gcum=f32, tmat=p, w=p, u=p, stride_vt="i32", **chunked),
+            dict(khat=p, v=p, beta=f32, gcum=gam, tmat=p, w=p, u=p, stride_vt="i32", **chunked),
             dict(common, BV=64),
             num_warps=8,
         )
@@ -146,7 +147,7 @@ def main() -> None:
             gdn_chunk._chunk_state_kernel,
             dict(
                 khat=p,
-                gcum=f32,
+                gcum=gam,
                 w=p,
                 u=p,
                 h=p,
@@ -163,19 +164,19 @@ def main() -> None:
         build(
             gdn_chunk._chunk_state_regs_kernel,
             dict(
-                khat=p, gcum=f32, w=p, u=p, h=p, vnew=p, pool=f32, indices=i32, has_initial_state="*i1",
+                khat=p, gcum=gam, w=p, u=p, h=p, vnew=p, pool=f32, indices=i32, has_initial_state="*i1",
                 cu_seqlens=i32, chunk_offsets=i32, B_KEY="i32",
             ),
             dict(common, HVG=32, POOL_VK=True),
         )  # fmt: skip
         build(
             gdn_chunk.OUT_TUNED[""],
-            dict(q=p, khat=p, gcum=f32, h=p, vnew=p, o=p, stride_qt="i32", scale="fp32", ROWS_KEY="i32", **chunked),
+            dict(q=p, khat=p, gcum=gam, h=p, vnew=p, o=p, stride_qt="i32", scale="fp32", ROWS_KEY="i32", **chunked),
             common,
         )
         build(
             gdn_chunk._chunk_state_out_kernel,
-            STATE_OUT_SIG(p),
+            STATE_OUT_SIG(p, gam),
             common | dict(QK_IN_LOOP=False, WU_IN_LOOP=False, POOL_VK=False),
         )  # fmt: skip
     # the T kernel's other variants (TriConfig kk / diag), bf16
@@ -210,19 +211,19 @@ def main() -> None:
     )
 
 
-def STATE_OUT_SIG(p: str) -> dict:  # noqa: N802 (a signature table)
+def STATE_OUT_SIG(p: str, gcum: str = "*fp32") -> dict:  # noqa: N802 (a signature table)
     f32, i32 = "*fp32", "*i32"
     return dict(
-        q=p, qhat=p, khat=p, amat=p, gcum=f32, w=p, u=p, o=p, pool=f32, indices=i32, has_initial_state="*i1",
+        q=p, qhat=p, khat=p, amat=p, gcum=gcum, w=p, u=p, o=p, pool=f32, indices=i32, has_initial_state="*i1",
         cu_seqlens=i32, stride_qt="i32", scale="fp32", B_KEY="i32", v=p, beta=f32, tmat=p, stride_vt="i32",
     )  # fmt: skip
 
 
-def build_tri(tri, p: str, common: dict, label: str = "", fuse_out: bool = False) -> None:
+def build_tri(tri, p: str, common: dict, label: str = "", fuse_out: bool = False, gcum: str = "*fp32") -> None:
     f32, i32 = "*fp32", "*i32"
     build(
         gdn_chunk._chunk_tri_batched_kernel,
-        dict(k=p, beta=f32, gcum=f32, tmat=p, khat=p, stride_kt="i32", chunks=i32, cu_seqlens=i32)
+        dict(k=p, beta=f32, gcum=gcum, tmat=p, khat=p, stride_kt="i32", chunks=i32, cu_seqlens=i32)
         | dict(q=p, qhat=p, amat=p, v=p, w=p, u=p, stride_qt="i32", stride_vt="i32", scale="fp32"),
         common
         | dict(S=16, BV=64, P_NEU=tri.neumann, P_NEWTON=tri.newton, P_MERGE=tri.merge)

@@ -186,3 +186,24 @@ def test_head_groups_keep_gqa_groups_whole():
     assert gdn_chunk.head_groups(4, 12, 8) == 4  # 12 v-heads: 4 groups of 3 (one q/k head each)
     with pytest.raises(ValueError, match="head groups"):
         gdn_chunk.plan([70], 1, 2, 32, 16, torch.bfloat16, "cpu", fuse_out="tri", groups=2)
+
+
+def test_float32_inputs_keep_gamma_in_float64():
+    """Float32 inputs: gamma (the in-chunk cumulative log decay) is float64 and exact to float64 whatever
+    the order of the sum; a float32 gamma of |gamma| ~ 100 is off by ~4e-6 relative, which put a float32
+    smoke case 3.4x over its state bound on an H200 (`gdn_chunk.gamma_dtype`). Here the gates decay hard
+    (gamma down to about -190 per chunk), so a float32 sum could not match the float64 one to 1e-12."""
+    case = Case.from_id("gdn_extend/b2-t70-h1x2-d32x16-fp32")
+    x = case.make_inputs()
+    x.g = -3.0 * torch.rand_like(x.g) - 1.0
+    lens = list(x.lens_host)
+    p = gdn_chunk.plan(lens, 1, 2, 32, 16, torch.float32, "cpu")
+    assert p.gcum.dtype == torch.float64
+    assert gdn_chunk.plan(lens, 1, 2, 32, 16, torch.bfloat16, "cpu").gcum.dtype == torch.float32
+    gdn_chunk._chunk_cumsum_kernel[(p.chunks.shape[0], 2)](x.g, p.gcum, p.chunks, x.cu_seqlens, HV=2, C=gdn_chunk.CHUNK)
+    want = torch.cat(
+        [x.g[s : s + c].double().cumsum(0) for s0, n in zip(x.cu_seqlens[:-1].tolist(), lens)
+         for s in range(s0, s0 + n, gdn_chunk.CHUNK) for c in [min(gdn_chunk.CHUNK, s0 + n - s)]]
+    )  # fmt: skip
+    assert want.abs().max() > 100
+    torch.testing.assert_close(p.gcum, want, rtol=1e-12, atol=0)
