@@ -107,11 +107,11 @@ def exp_in(x, DT: tl.constexpr, EMULATE: tl.constexpr):
 def l2_normalized(x, AXIS: tl.constexpr, DT: tl.constexpr):
     """x / sqrt(sum x^2 + eps) along AXIS. For float32 inputs the square root and the division are
     IEEE-rounded (on a GPU `tl.sqrt` and `/` are sqrt.approx and div.full; `exp_in` says why)."""
-    ss = tl.expand_dims(tl.sum(x * x, AXIS) + L2_EPS, AXIS)
+    ss = tl.sum(x * x, AXIS) + L2_EPS
     if DT == tl.float32:
-        return tl.div_rn(x, tl.broadcast_to(tl.sqrt_rn(ss), x.shape))
+        return tl.div_rn(x, tl.broadcast_to(tl.expand_dims(tl.sqrt_rn(ss), AXIS), x.shape))
     else:
-        return x / tl.sqrt(ss)
+        return x / tl.expand_dims(tl.sqrt(ss), AXIS)  # the root before the broadcast: bf16 SASS as before
 
 
 @triton.jit
