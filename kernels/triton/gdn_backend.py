@@ -298,15 +298,12 @@ def prepare_gdn_extend(case, x, tri=None, fuse_out="", groups=1, layout="kv", st
     v-head groups whose state pass overlaps the next group's chunk-parallel kernels (`gdn_chunk.plan`);
     `layout`: the pool layout the kernels address (`gdn_layout`); `state_regs`: the state pass on the
     transposed state (`gdn_chunk._chunk_state_regs_kernel`, separate output kernel only); `out_tune`: the
-    output kernel's configs (`gdn_chunk.OUT_TUNED`; "": "narrow" for float32 inputs)."""
-    from attnbench.kernels.triton.gdn_chunk import TRI, chunk_gated_delta_rule, plan
+    output kernel's configs (`gdn_chunk.OUT_TUNED`; "": `gdn_chunk.out_tune_for` the inputs' dtype)."""
+    from attnbench.kernels.triton.gdn_chunk import TRI, chunk_gated_delta_rule, out_tune_for, plan
 
     tri = tri or TRI
     K, V = x.q.shape[2], x.v.shape[2]
-    # float32 inputs (IEEE dots, a correctness path): the one-block output configs, whose split-column
-    # siblings are timed on 16-bit inputs only; each float32 config of K = V = 128 takes 10-137 s of sm_90
-    # ptxas on the CPU machine, so every config more is a minute of a smoke run's tuning
-    out_tune = out_tune or ("narrow" if x.q.element_size() == 4 else "")
+    out_tune = out_tune_for(x.q.dtype, out_tune)
     p = plan(list(x.lens_host), x.q.shape[1], x.v.shape[1], K, V, x.q.dtype, x.q.device, fuse_out, tri, groups)
 
     pool, finalize = pool_in_layout(x, layout)

@@ -752,6 +752,14 @@ OUT_TUNED = {
 }  # `gdn_out`: "" the default configs, "narrow" the one-block ones alone
 
 
+def out_tune_for(dtype: torch.dtype, out_tune: str = "") -> str:
+    """The output kernel's configs (`OUT_TUNED`'s key) for inputs of `dtype`: `out_tune` when given; else
+    "narrow" for float32 (IEEE dots, a correctness path: the split-column configs are timed on 16-bit inputs
+    only, and each float32 config of K = V = 128 takes 10-137 s of sm_90 ptxas on the CPU machine, a minute
+    of a smoke run's tuning per config), "" for bf16/fp16."""
+    return out_tune or ("narrow" if dtype == torch.float32 else "")
+
+
 def rows_key(chunks: int, heads: int) -> int:
     """The output kernel's autotuning bucket of a launch of `chunks` x `heads` (chunk, head) rows: the
     next power of two, so a tuned config serves launches of up to twice another's size."""
@@ -920,7 +928,7 @@ def chunk_gated_delta_rule(
         pool_layout: "kv" (the pool as above) or "vk" (`[N, HV, V, K]`, K-last).
         state_regs: the state pass on the transposed state (`_chunk_state_regs_kernel`; separate output
             kernel only), else `_chunk_state_kernel`.
-        out_tune: the output kernel's configs, `OUT_TUNED`'s key ("" or "narrow").
+        out_tune: the output kernel's configs, `OUT_TUNED`'s key ("" or "narrow"; "": `out_tune_for`).
     """
     T, H, K = q.shape
     HV, V = v.shape[1], v.shape[2]
@@ -976,7 +984,7 @@ def chunk_gated_delta_rule(
                 indices, has_initial_state, cu_seqlens, p.chunk_offsets, b_key, H=H, HV=HV, K=K, V=V, HVG=G,
                 C=CHUNK, BK=BK, IEEE=ieee, POOL_VK=vk, **common,
             )  # fmt: skip
-            OUT_TUNED[out_tune][lambda meta: (NC, G, triton.cdiv(V, meta["BV"]))](
+            OUT_TUNED[out_tune_for(q.dtype, out_tune)][lambda meta: (NC, G, triton.cdiv(V, meta["BV"]))](
                 q_, khat, gcum, h, vnew, _from_head(o, first), p.chunks, cu_seqlens, q.stride(0), scale,
                 rows_key(NC, G), H=H, HV=HV, K=K, V=V, C=CHUNK, BK=BK, IEEE=ieee, **common,
             )  # fmt: skip
