@@ -81,6 +81,27 @@ def counted_rows(rows: list, run: dict) -> list:
     return list(rows[kept:]) if isinstance(kept, int) and 0 < kept <= len(rows) else list(rows)
 
 
+def timing_parts(by_case: dict[str, list], total: float) -> dict[str, float]:
+    """The timing's seconds by phase (attnbench.run.timing.PHASES), summed over the cases (each case's
+    from any of its rows); the cases of older runs, which kept no phases, as one "timing" item."""
+    from attnbench.run.timing import PHASES
+
+    got = {p: 0.0 for p in PHASES}
+    seen = 0.0
+    for rs in by_case.values():
+        t = next((r.timing for r in rs if r.timing and r.timing.get("phases")), None)
+        if t:
+            for p, v in t["phases"].items():
+                got[p] = got.get(p, 0.0) + v
+            seen += t.get("wall_s", 0.0)
+    out = {f"timing: {p}": v for p, v in got.items() if v}
+    if total - seen > 1e-9 or not out:
+        out["timing: (phases not recorded)" if out else "timing: warm-up, pilot, graph capture, sampling"] = (
+            total - seen
+        )
+    return out
+
+
 def harness_cost(rows, run: dict) -> dict:
     """Where the run's wall time went, item by item, and "other" (the wall time no item accounts for).
 
@@ -130,7 +151,7 @@ def harness_cost(rows, run: dict) -> dict:
         "prepare (layout, plan, JIT, compile)": sum(r.prepare_s or 0.0 for r in rows),
         "checked calls (one per row, with its copy of the inputs)": sum(r.call_s or 0.0 for r in rows),
         **{what: checks[k] for k, what in kinds.items()},
-        "timing (warm-up, pilot, graph capture, sampling)": timing,
+        **timing_parts(by_case, timing),
         "per-case bookkeeping (supports, cost model, rows)": bookkeeping,
         "writing rows (results.jsonl, fsynced) and progress": costs.get("record_s", 0.0),
         # a worker's job ends when its rows are written: what is left is sending cases and rows between processes
@@ -144,7 +165,7 @@ def harness_cost(rows, run: dict) -> dict:
     }
     if unsplit:
         parts["correctness checks"] = unsplit
-    parts = {k: v for k, v in parts.items() if v or k.startswith(("float64", "prepare", "timing", "precompile"))}
+    parts = {k: v for k, v in parts.items() if v or k.startswith(("float64", "prepare", "timing:", "precompile"))}
     kernel = sum(r.timing.get("kernel_s", 0.0) for r in rows if r.timing)
     wall = run.get("wall_s")
     workers = max(1, len(run.get("devices") or ())) if run.get("executor") == "isolated" else 1

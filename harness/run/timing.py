@@ -117,10 +117,44 @@ class TimingStats:
     nvml: dict | None = None  # GPU state before and after sampling (clocks, temperature, power)
     wall_s: float = 0.0  # wall time of the whole timing of the case (all backends: warm-up, pilot, sampling)
     kernel_s: float = 0.0  # time inside this closure's timed windows
+    phases: dict[str, float] = field(default_factory=dict)  # `wall_s` by phase (`PHASES`), the case's, seconds
     samples_us: list[float] = field(default_factory=list)  # in the order taken
 
     def to_dict(self) -> dict:
         return asdict(self)
+
+
+PHASES = {
+    "warm-up": "first calls (lazy init, autotune), then warmup_s of calls per closure",
+    "pilot": "a pilot round of each closure (picks the mode and the calls per graph replay)",
+    "input copies": "closures prepared on copies of the inputs for the rotation, each called once",
+    "graph capture": "capturing the CUDA graphs",
+    "settle": "graph replays before sampling (graph_warmup_s: clocks and power settle)",
+    "sampling": "the rounds of samples, L2 flushes aside",
+    "L2 flushes": "the flush before each sample (its GPU time, times the flushes)",
+    "statistics": "NVML reads, samplers' set-up: the rest of the timing's wall",
+}  # what each phase of `time_closures` holds; TimingStats.phases sums to its wall_s
+
+
+class _Clock:
+    """Seconds per phase (`PHASES`), accumulated with `with clock("pilot"): ...`."""
+
+    def __init__(self):
+        self.s: dict[str, float] = {}
+
+    def __call__(self, phase: str):
+        return _Span(self, phase)
+
+
+class _Span:
+    def __init__(self, clock: _Clock, phase: str):
+        self.clock, self.phase = clock, phase
+
+    def __enter__(self):
+        self.t0 = time.perf_counter()
+
+    def __exit__(self, *exc):
+        self.clock.s[self.phase] = self.clock.s.get(self.phase, 0.0) + time.perf_counter() - self.t0
 
 
 def median_ci(samples: list[float], z: float = 1.96) -> tuple[float, float]:
@@ -257,12 +291,31 @@ SYNC_NOTE = "waits for the GPU inside the call (a host sync): its samples includ
 
 
 class _Flusher:
+    """Writes 2x the device's L2; counts its calls (`done`) and times its GPU work once (`gpu_s`)."""
+
     def __init__(self, device: torch.device):
         l2 = torch.cuda.get_device_properties(device).L2_cache_size
         self.buf = torch.empty(max(2 * l2, 1 << 20), dtype=torch.uint8, device=device)
+        self.done = 0
+        self._gpu_s: float | None = None
 
     def __call__(self):
         self.buf.zero_()
+        self.done += 1
+
+    def gpu_s(self) -> float:
+        """The median GPU time of a flush (3 flushes between CUDA events, measured on first use)."""
+        if self._gpu_s is None:
+            took = []
+            for _ in range(3):
+                e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                e0.record()
+                self.buf.zero_()
+                e1.record()
+                e1.synchronize()
+                took.append(e0.elapsed_time(e1) * 1e-3)
+            self._gpu_s = statistics.median(took)
+        return self._gpu_s
 
 
 # ---- the adaptive loop ---------------------------------------------------------------------------
@@ -389,10 +442,17 @@ class CaptureFailed(str):
 
 
 def _capture_graphs(
-    closures: dict[str, Callable], rotation: Rotation, device: torch.device, cfg: TimingConfig, pilot_s: dict
+    closures: dict[str, Callable],
+    rotation: Rotation,
+    device: torch.device,
+    cfg: TimingConfig,
+    pilot_s: dict,
+    clock: _Clock | None = None,
 ) -> _Graphs | str:
     """One CUDA graph per closure, `calls_per_replay` calls over rotated input copies; a reason string on
-    failure, a `CaptureFailed` one when a capture had begun."""
+    failure, a `CaptureFailed` one when a capture had begun. `clock` gets the seconds of the "input
+    copies" (the rotation's closures, each called once) and of the "graph capture"."""
+    clock = clock or _Clock()
     plan = rotation_plan(rotation.bytes_per_call, torch.cuda.get_device_properties(device).L2_cache_size, cfg)
     if isinstance(plan, str):
         return plan
@@ -408,17 +468,19 @@ def _capture_graphs(
     side = torch.cuda.Stream(device)
     for name, fn in closures.items():
         try:
-            fns = [fn] + [rotation.factories[name]() for _ in range(copies - 1)]
-            side.wait_stream(torch.cuda.current_stream(device))
-            with torch.cuda.stream(side):  # first calls (lazy init, autotune) outside the capture
-                for f in fns:
-                    f()
-            torch.cuda.current_stream(device).wait_stream(side)
-            torch.cuda.synchronize(device)
-            graph = torch.cuda.CUDAGraph()
-            with capturing(graph, capture_error_mode="thread_local"):
-                for i in range(calls[name]):
-                    fns[i % copies]()
+            with clock("input copies"):
+                fns = [fn] + [rotation.factories[name]() for _ in range(copies - 1)]
+                side.wait_stream(torch.cuda.current_stream(device))
+                with torch.cuda.stream(side):  # first calls (lazy init, autotune) outside the capture
+                    for f in fns:
+                        f()
+                torch.cuda.current_stream(device).wait_stream(side)
+                torch.cuda.synchronize(device)
+            with clock("graph capture"):
+                graph = torch.cuda.CUDAGraph()
+                with capturing(graph, capture_error_mode="thread_local"):
+                    for i in range(calls[name]):
+                        fns[i % copies]()
         except Exception as e:  # not capturable, or no memory for the copies
             torch.cuda.synchronize(device)
             return CaptureFailed(f"graph capture failed for {name}: {describe(e, first_line=True)}")
@@ -479,11 +541,15 @@ def time_closures(
     names = list(closures)
     wall0 = time.perf_counter()
     if not cuda:
-        _warm_up(closures, cfg.warmup_calls, cfg.warmup_s, lambda: None)
-        got = sample_until_converged(HostSampler(closures), names, cfg)
-        return _finish(got, names, cfg, "host", False, wall0, {"mode": "per-call"})
+        clock = _Clock()
+        with clock("warm-up"):
+            _warm_up(closures, cfg.warmup_calls, cfg.warmup_s, lambda: None)
+        with clock("sampling"):
+            got = sample_until_converged(HostSampler(closures), names, cfg)
+        return _finish(got, names, cfg, "host", False, wall0, {"mode": "per-call", "phases": clock.s})
 
     flush = _Flusher(device) if cfg.flush_l2 else None
+    clock = _Clock()
     monitor = nvml.monitor(device)
     before = monitor.snapshot() if monitor else None
     sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
@@ -494,14 +560,16 @@ def time_closures(
     # and the calls per replay, is taken without `warmup_s` of calls first; should the case stay per
     # call after all (the pilot, its L2 flushed, is slower; a capture fails), the warm-up is done then
     # and the pilot taken again after it.
-    first = _warm_up(closures, cfg.warmup_calls, 0.0, sync, timed=True)
-    likely_graph = cfg.graph_below_us > 0 and min(first.values()) * 1e6 < cfg.graph_below_us
-    if not likely_graph:
-        _warm_up(closures, 0, cfg.warmup_s, sync)
+    with clock("warm-up"):
+        first = _warm_up(closures, cfg.warmup_calls, 0.0, sync, timed=True)
+        likely_graph = cfg.graph_below_us > 0 and min(first.values()) * 1e6 < cfg.graph_below_us
+        if not likely_graph:
+            _warm_up(closures, 0, cfg.warmup_s, sync)
     top = (before or {}).get("sm_max_mhz")
     events = EventSampler(closures, device, flush, hide_launch=cfg.hide_launch, sm_max_mhz=top)
     pilot_size = max(3, min(cfg.round_size, cfg.min_samples))
-    pilot = events.round(names, pilot_size)
+    with clock("pilot"):
+        pilot = events.round(names, pilot_size)
     extra: dict = {"mode": "per-call"}
     sampler: EventSampler = events
     graphs = None
@@ -509,16 +577,21 @@ def time_closures(
     medians = {n: statistics.median(s) for n, s in pilot.items()}
     fastest = min(medians.values()) * 1e6
     if cfg.graph_below_us > 0 and fastest < cfg.graph_below_us:
-        graphs = _capture_graphs(closures, rotation, device, cfg, medians) if rotation else "no input rotation given"
+        if rotation:
+            graphs = _capture_graphs(closures, rotation, device, cfg, medians, clock=clock)
+        else:
+            graphs = "no input rotation given"
         if isinstance(graphs, str):
             extra["note"] = f"per-call: {graphs}"
             if isinstance(graphs, CaptureFailed):  # per call on closures no capture has seen, warmed anew
-                closures = {n: rotation.factories[n]() for n in names}
+                with clock("input copies"):
+                    closures = {n: rotation.factories[n]() for n in names}
                 events = sampler = EventSampler(closures, device, flush, hide_launch=cfg.hide_launch, sm_max_mhz=top)
                 fresh = True
             graphs = None
         else:
-            _settle(graphs.replays, cfg.graph_warmup_s, sync)
+            with clock("settle"):
+                _settle(graphs.replays, cfg.graph_warmup_s, sync)
             sampler = EventSampler(graphs.replays, device, flush, graphs.calls)
             extra |= {
                 "mode": "cuda-graph",
@@ -528,13 +601,22 @@ def time_closures(
             }
             pilot = {}
     if graphs is None and (likely_graph or fresh):  # the warm-up's seconds (and first calls), then the pilot
-        _warm_up(closures, cfg.warmup_calls if fresh else 0, cfg.warmup_s, sync)
-        pilot = events.round(names, pilot_size)
+        with clock("warm-up"):
+            _warm_up(closures, cfg.warmup_calls if fresh else 0, cfg.warmup_s, sync)
+        with clock("pilot"):
+            pilot = events.round(names, pilot_size)
     check = (lambda: nvml.throttle_reason(monitor.snapshot())) if monitor else None
     if check and pilot and check():
         pilot = {}  # the pilot ran throttled: do not keep its samples
-    got = sample_until_converged(sampler, names, cfg, check, start=pilot)
+    flushed = flush.done if flush else 0
+    with clock("sampling"):
+        got = sample_until_converged(sampler, names, cfg, check, start=pilot)
+    if flush and flush.done > flushed:  # the flushes' GPU time, out of the sampling's wall
+        spent = min(clock.s["sampling"], (flush.done - flushed) * flush.gpu_s())
+        clock.s["sampling"] -= spent
+        clock.s["L2 flushes"] = spent
     extra["nvml"] = {"before": before, "after": monitor.snapshot()} if monitor else None
+    extra["phases"] = clock.s
     host = getattr(sampler, "host", None)  # per-call samples: the closures found to sync on the host
     return _finish(got, names, cfg, "cuda-events", flush is not None, wall0, extra, host.syncs if host else ())
 
@@ -545,6 +627,9 @@ def _finish(
     """The stats of each closure; `syncs`: the closures whose per-call samples hold host gaps (`SYNC_NOTE`)."""
     out = {}
     wall = time.perf_counter() - wall0
+    phases = extra.get("phases")
+    if phases is not None:  # what no phase holds: NVML reads, set-up, the statistics
+        extra = extra | {"phases": phases | {"statistics": max(0.0, wall - sum(phases.values()))}}
     per_call = extra.get("calls_per_sample", 1)  # one count, or one per closure (graph mode)
     for n in names:
         calls = per_call[n] if isinstance(per_call, dict) else per_call

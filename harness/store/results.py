@@ -108,6 +108,7 @@ class Timing(TypedDict, total=False):
     nvml: dict[str, Any] | None
     wall_s: float
     kernel_s: float
+    phases: dict[str, float]  # wall_s by phase: attnbench.run.timing.PHASES (the case's, on each of its rows)
     samples_us: list[float]
 
 

@@ -298,7 +298,7 @@ def _cuda_sequence(
             steps.append(("graph round" if self.graph else "round", size))
             return {n: [pilot_us * 1e-6 * (1 + 0.001 * i) for i in range(size)] for n in names}
 
-    def capture(closures, rotation, device, cfg, medians):
+    def capture(closures, rotation, device, cfg, medians, clock=None):
         steps.append(("capture",))
         if capture_fails:
             return "graph capture failed for b: RuntimeError: a host sync"
@@ -308,7 +308,17 @@ def _cuda_sequence(
         steps.append(("warm-up", calls, s))
         return {n: first_us * 1e-6 for n in closures} if timed else {}
 
-    monkeypatch.setattr(timing, "_Flusher", lambda device: lambda: None)
+    class Flusher:
+        def __init__(self, device):
+            self.done = 0
+
+        def __call__(self):
+            self.done += 1
+
+        def gpu_s(self):
+            return 0.0
+
+    monkeypatch.setattr(timing, "_Flusher", Flusher)
     monkeypatch.setattr(timing.nvml, "monitor", lambda device: None)
     monkeypatch.setattr(torch.cuda, "synchronize", lambda device=None: None)
     monkeypatch.setattr(timing, "EventSampler", Events)
@@ -333,6 +343,9 @@ def test_graph_mode_warms_up_with_its_settle_replays_only(monkeypatch):
     ]
     assert all(s[0] == "graph round" for s in steps[4:]) and stats["a"].mode == "cuda-graph"
     assert stats["a"].n == sum(size for kind, size in steps[4:])  # no pilot sample among them
+    phases = stats["a"].phases  # #32: the timing's wall by phase, the same on every closure of the case
+    assert set(phases) == {"warm-up", "pilot", "settle", "sampling", "statistics"} and phases == stats["b"].phases
+    assert sum(phases.values()) == pytest.approx(stats["a"].wall_s)
 
 
 def test_long_kernels_are_timed_per_call_as_before(monkeypatch):

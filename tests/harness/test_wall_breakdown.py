@@ -202,3 +202,40 @@ def test_every_check_a_row_timed_is_an_item_not_other():
     items = {p["what"]: p["s"] for p in harness_cost([row], run)["parts"]}
     assert items["checks: CUDA-graph replay"] == 3.0 and items["checks: mine"] == 2.0
     assert items["other (not attributed)"] == pytest.approx(0.0)
+
+
+def test_the_timing_is_split_by_phase_and_older_rows_stay_one_item():
+    """#32: the timing's seconds by phase (sampling, L2 flushes, input copies, graph capture, settle, ...),
+    each case counted once; a case whose rows kept no phases (an older run) is one item of its own."""
+    import synthetic
+
+    def timed(case, backend, phases):
+        row = synthetic.row(case, backend)
+        spent = dict(wall_s=sum(phases.values()), phases=phases) if phases else dict(wall_s=2.0)  # None: an older row
+        return row.model_copy(update=dict(timing={**row.timing, **spent}, case_s=10.0))
+
+    a = {"warm-up": 0.5, "pilot": 0.25, "input copies": 1.0, "graph capture": 0.5, "settle": 0.25, "sampling": 2.0,
+         "L2 flushes": 0.5, "statistics": 0.0}  # fmt: skip
+    b = {"warm-up": 0.5, "pilot": 0.5, "sampling": 1.0, "statistics": 0.25}
+    rows = [timed("decode/b1-l64", "triton", a), timed("decode/b1-l64", "torch", a), timed("decode/b2-l64", "triton", b),
+            timed("decode/b3-l64", "triton", None)]  # fmt: skip
+    items = {p["what"]: p["s"] for p in harness_cost(rows, {"wall_s": 40.0, "costs": {}})["parts"]}
+    assert items["timing: sampling"] == 3.0 and items["timing: L2 flushes"] == 0.5
+    assert items["timing: input copies"] == 1.0 and items["timing: settle"] == 0.25
+    assert items["timing: warm-up"] == 1.0 and items["timing: statistics"] == 0.25
+    assert items["timing: (phases not recorded)"] == 2.0
+    assert "timing: graph capture" in items and not any(k.startswith("timing (") for k in items)
+
+
+def test_a_cpu_sweep_timed_on_the_host_records_its_phases(tmp_path):
+    out = tmp_path / "run"
+    args = ["sweep", "smoke", "--op", "merge_state", "-b", "torch", "--device", "cpu", "--timing"]
+    res = CliRunner().invoke(app, [*args, "--out", str(out), "--ref-cache", "off"])
+    assert res.exit_code == 0, res.output
+    rows = [r for r in read_results(out / "results.jsonl") if r.timing]
+    assert rows
+    for r in rows:
+        ph = r.timing["phases"]
+        assert set(ph) == {"warm-up", "sampling", "statistics"} and all(v >= 0 for v in ph.values())
+        assert sum(ph.values()) == pytest.approx(r.timing["wall_s"], rel=1e-6)
+    assert "timing: sampling" in (out / "summary.md").read_text()
