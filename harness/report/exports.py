@@ -135,7 +135,7 @@ def write_summary_md(
         ]
     cost = harness_cost(rows, run)
     if cost["wall_s"]:
-        parts = "; ".join(f"{p['what'].split(' (')[0]} {p['s']:.1f} s" for p in cost["parts"])
+        parts = "; ".join(_wall_items(cost["parts"]))
         over = f" x {cost['workers']} workers" if cost["workers"] > 1 else ""
         lines += [
             "",
@@ -183,4 +183,18 @@ def determinism_warnings(rows: list[Result]) -> list[str]:
             if ids:
                 more = f" and {len(ids) - 1} more" if len(ids) > 1 else ""
                 out.append(f"{name}: {len(ids)} row(s) {what}, e.g. {ids[0]}{more}")
+    return out
+
+
+def _wall_items(parts: list[dict]) -> list[str]:
+    """summary.md's items of the wall breakdown: "what 1.2 s", the timing's phases as one item,
+    "timing 24.4 s (warm-up 4.1, pilot 6.3, ...)"."""
+    out, phases = [], [p for p in parts if p["what"].startswith("timing: ")]
+    for p in parts:
+        if p in phases:
+            if p is phases[0]:
+                inner = ", ".join(f"{q['what'][len('timing: ') :].split(' (')[0]} {q['s']:.1f}" for q in phases)
+                out.append(f"timing {sum(q['s'] for q in phases):.1f} s ({inner})")
+            continue
+        out.append(f"{p['what'].split(' (')[0]} {p['s']:.1f} s")
     return out
