@@ -44,11 +44,15 @@ def test_a_broken_default_leaves_the_fastest_working_config(timed):
 def test_candidates_are_timed_with_their_host_side_hidden(monkeypatch):
     """Each timed call comes after a GPU spin longer than the call's host side (its launcher): the tuner
     compares kernels, not launchers (h200-session23: a B64 decode's configs timed 146 us a call, host-bound,
-    where their kernels take 69 and 78 us). The first call is the probe under a PROBE_US spin."""
-    import time
+    where their kernels take 69 and 78 us). The first call is the probe under a PROBE_US spin. The host
+    clock is the test's: a loaded machine that sleeps past the probe's spin would read as a host sync."""
+    import types
 
     from attnbench import launch_hiding
     from helpers import logging_events
+
+    now = [0.0]
+    monkeypatch.setattr(launch_hiding, "time", types.SimpleNamespace(perf_counter=lambda: now[0]))
 
     log: list = []
     monkeypatch.setattr(tune.torch.cuda, "Event", logging_events(log, 0.07))
@@ -59,7 +63,7 @@ def test_candidates_are_timed_with_their_host_side_hidden(monkeypatch):
 
     def launch():  # 0.5 ms of host work before its (here: no) kernels are queued
         log.append("launch")
-        time.sleep(0.0005)
+        now[0] += 0.0005
 
     assert tune._times_us(launch, 2, launch_hiding.HostTime(), 0) == pytest.approx([70.0, 70.0])
     assert log[:2] == [("spin", launch_hiding.PROBE_US * 1000), "launch"]
