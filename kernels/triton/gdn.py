@@ -23,10 +23,10 @@ import triton.language as tl
 
 from attnbench.kernels.triton.gdn_common import (
     INTERPRET,
-    L2_EPS,
     TL_DTYPES,
     autotune_configs,
     gates,
+    l2_normalized,
     pool_is_k_last,
     pool_offsets,
     recurrent_shapes,
@@ -83,15 +83,15 @@ _RECURRENT_CONFIGS = autotune_configs(
 @triton.jit
 def _step_inputs(
     q, k, v, a, b, i_tok, i_h, i_hv, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-    o_k, o_v, m_k, m_v, scale, b_A, b_dt, HV: tl.constexpr,
+    o_k, o_v, m_k, m_v, scale, b_A, b_dt, HV: tl.constexpr, DT: tl.constexpr,
 ):  # fmt: skip
     """One token's inputs in float32: q^ (L2-normalised, scaled), k^ (L2-normalised), v, and its gates
-    (g, beta) from the raw a, b."""
+    (g, beta) from the raw a, b. DT: the inputs' dtype (`l2_normalized`: IEEE rounding for float32)."""
     b_q = tl.load(q + i_tok * stride_qt + i_h * stride_qh + o_k, mask=m_k, other=0).to(tl.float32)
     b_k = tl.load(k + i_tok * stride_kt + i_h * stride_kh + o_k, mask=m_k, other=0).to(tl.float32)
     b_v = tl.load(v + i_tok * stride_vt + i_hv * stride_vh + o_v, mask=m_v, other=0).to(tl.float32)
-    b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + L2_EPS) * scale
-    b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + L2_EPS)
+    b_q = l2_normalized(b_q, 0, DT) * scale
+    b_k = l2_normalized(b_k, 0, DT)
     b_a = tl.load(a + i_tok * HV + i_hv).to(tl.float32)
     b_b = tl.load(b + i_tok * HV + i_hv).to(tl.float32)
     b_g, b_beta = gates(b_a, b_b, b_A, b_dt)
@@ -154,7 +154,7 @@ def _gdn_recurrent_kernel(
             b_h = tl.where(i_par >= 0, b_hp, b_h0)
         b_q, b_k, b_v, b_g, b_beta = _step_inputs(
             q, k, v, a, b, i_tok, i_h, i_hv, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-            o_k, o_v, m_k, m_v, scale, b_A, b_dt, HV,
+            o_k, o_v, m_k, m_v, scale, b_A, b_dt, HV, DT,
         )  # fmt: skip
         b_h, b_o = _step(b_h, b_q, b_k, b_v, b_g, b_beta)
         tl.store(o + (i_tok * HV + i_hv) * V + o_v, round_to(b_o, DT, EMULATE), mask=m_v)
@@ -346,8 +346,8 @@ def _gdn_recurrent_variant_kernel(
         b_Q = _load_rows(q + i_h * stride_qh, i_toks, stride_qt, o_k, m_t[:, None] & m_k[None, :])
         b_K = _load_rows(k + i_h * stride_kh, i_toks, stride_kt, o_k, m_t[:, None] & m_k[None, :])
         b_V = _load_rows(v + i_hv * stride_vh, i_toks, stride_vt, o_v, m_t[:, None] & m_v[None, :])
-        b_Q = b_Q / tl.sqrt(tl.sum(b_Q * b_Q, 1) + L2_EPS)[:, None] * scale
-        b_K = b_K / tl.sqrt(tl.sum(b_K * b_K, 1) + L2_EPS)[:, None]
+        b_Q = l2_normalized(b_Q, 1, DT) * scale
+        b_K = l2_normalized(b_K, 1, DT)
         b_G, b_BETA = gates(
             tl.load(a + i_toks * HV + i_hv, mask=m_t, other=0).to(tl.float32),
             tl.load(b + i_toks * HV + i_hv, mask=m_t, other=0).to(tl.float32),
@@ -368,7 +368,7 @@ def _gdn_recurrent_variant_kernel(
         else:
             b_q, b_k, b_v, b_g, b_beta = _step_inputs(
                 q, k, v, a, b, i_tok, i_h, i_hv, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-                o_k, o_v, m_k, m_v, scale, b_A, b_dt, HV,
+                o_k, o_v, m_k, m_v, scale, b_A, b_dt, HV, DT,
             )  # fmt: skip
             if USE_PARENTS:
                 i_par = tl.load(parents + i_tok)

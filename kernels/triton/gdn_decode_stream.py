@@ -27,7 +27,7 @@ import triton
 import triton.language as tl
 
 from attnbench.kernels.triton.gdn import _step
-from attnbench.kernels.triton.gdn_common import INTERPRET, L2_EPS, TL_DTYPES, gates, recurrent_shapes, round_to
+from attnbench.kernels.triton.gdn_common import INTERPRET, TL_DTYPES, gates, l2_normalized, recurrent_shapes, round_to
 from attnbench.kernels.triton.limits import GDN_STREAM_COLS, GDN_STREAM_TILES
 
 
@@ -57,8 +57,8 @@ def _gdn_decode_stream_kernel(
 
     b_q = tl.load(q + i_n * stride_qt + i_h * stride_qh + o_k, mask=m_k, other=0).to(tl.float32)
     b_k = tl.load(k + i_n * stride_kt + i_h * stride_kh + o_k, mask=m_k, other=0).to(tl.float32)
-    b_q = b_q / tl.sqrt(tl.sum(b_q * b_q) + L2_EPS) * scale
-    b_k = b_k / tl.sqrt(tl.sum(b_k * b_k) + L2_EPS)
+    b_q = l2_normalized(b_q, 0, DT) * scale
+    b_k = l2_normalized(b_k, 0, DT)
     b_A = tl.exp(tl.load(A_log + i_hv).to(tl.float32))
     b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
     b_g, b_beta = gates(tl.load(a + i_n * HV + i_hv).to(tl.float32), tl.load(b + i_n * HV + i_hv).to(tl.float32),

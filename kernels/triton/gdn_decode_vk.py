@@ -55,7 +55,7 @@ def _gdn_decode_vk_kernel(
     b_dt = tl.load(dt_bias + i_hv).to(tl.float32)
     b_q, b_k, b_v, b_g, b_beta = _step_inputs(
         q, k, v, a, b, i_n, i_h, i_hv, stride_qt, stride_qh, stride_kt, stride_kh, stride_vt, stride_vh,
-        o_k, o_v, m_k, m_v, scale, b_A, b_dt, HV,
+        o_k, o_v, m_k, m_v, scale, b_A, b_dt, HV, DT,
     )  # fmt: skip
 
     b_h = b_h * tl.exp(b_g)  # decay first

@@ -5,6 +5,8 @@
 #   bash tools/bench/issue32_s30.sh warm     # the same again, warm (the number #32 asks about)
 #   bash tools/bench/issue32_s30.sh profile  # warm again in one process under cProfile: where the harness's seconds go
 #   bash tools/bench/issue32_s30.sh fla32    # FLA on smoke's float32 gdn_extend rows (never run on a GPU)
+#   bash tools/bench/issue32_s30.sh l2norm   # the GDN recurrence kernels on gdn_common.l2_normalized: every float32
+#                                            # gdn_decode/gdn_verify row (smoke's 8), every kernel that normalises
 # Each writes $OUT/<name>/ (tar them: the device tool brings back at most 8 files).
 set -uo pipefail
 here=$(dirname "$0")
@@ -28,5 +30,15 @@ s.sort_stats("tottime").print_stats(60)
 PY
   ;;
 fla32) bash "$here/gpu_sweep.sh" fla32 240 smoke --op gdn_extend -b fla -b torch --no-timing ;;
-*) echo "usage: $0 cold|warm [NAME]|profile|fla32" >&2; exit 2 ;;
+l2norm)
+  # the recurrence kernels' float32 path is IEEE-rounded now (their bf16/fp16 SASS is unchanged: compared on the CPU);
+  # default (K-last pool: the K-last decode; verify on the preload variant), the per-step verify, the canonical pool
+  # (the canonical decode kernel), the streamed decode
+  cases=(); for c in gdn_decode/b6-h2x2-d32x16-pad2-fp32 gdn_decode/b3-h1x4-d16x16-pad1-packed-fp32 \
+    gdn_decode/b3-h1x4-d128x128-pad2-scale0.4-fp32 gdn_decode/b3-h2x6-d16x48-fp32 gdn_verify/b5-t8-h2x2-d16x48-tree-fp32 \
+    gdn_verify/b2-t8-h1x4-d16x16-pad1-scale0.4-fp32 gdn_verify/b2-t3-h2x6-d32x16-scale0.4-fp32 \
+    gdn_verify/b2-t1-h2x6-d128x128-tree-fp32; do cases+=(--case "$c"); done
+  ATTNBENCH_TRITON_AUTOTUNE=0 bash "$here/gpu_sweep.sh" l2norm 200 "${cases[@]}" -b torch -b triton \
+    -b triton:gdn_preload=0 -b triton:gdn_layout=kv -b triton:gdn_layout=kv,gdn_stream=128 --no-timing ;;
+*) echo "usage: $0 cold|warm [NAME]|profile|fla32|l2norm" >&2; exit 2 ;;
 esac
