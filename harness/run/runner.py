@@ -32,7 +32,7 @@ from attnbench.errors import Unsupported, describe, out_of_memory
 from attnbench.ops.rng import to_device
 from attnbench.run import inputs_ahead
 from attnbench.run.peaks import roofline
-from attnbench.run.timing import Rotation, TimingConfig, TimingStats, time_closures
+from attnbench.run.timing import Rotation, TimingConfig, TimingStats, spent, time_closures
 from attnbench.store.results import Result
 
 
@@ -393,7 +393,7 @@ def _apply_checks(ctx: CheckContext, checks) -> tuple[dict[str, float], dict]:
     for c in checks:
         if not runnable(c, ctx):
             continue
-        with _timed(parts, c.name):
+        with spent(parts, c.name):
             got = c.run(ctx) or {}
             if big:  # copies a check made (fresh closures, perturbed pools) may sit in reference cycles
                 gc.collect()
@@ -540,16 +540,6 @@ def _profiled(case: Case, backend: str):
         yield
     finally:
         torch.cuda.nvtx.range_pop()
-
-
-@contextlib.contextmanager
-def _timed(parts: dict[str, float], name: str):
-    """Add the seconds the block takes to `parts[name]` (a row's `check_parts`)."""
-    t0 = time.perf_counter()
-    try:
-        yield
-    finally:
-        parts[name] = parts.get(name, 0.0) + time.perf_counter() - t0
 
 
 def _info(call: PreparedCall) -> dict:

@@ -28,6 +28,7 @@ CPU: the same loop with a host clock (`clock: host`), labelled as such in result
 
 from __future__ import annotations
 
+import contextlib
 import math
 import statistics
 import time
@@ -136,25 +137,14 @@ PHASES = {
 }  # what each phase of `time_closures` holds; TimingStats.phases sums to its wall_s
 
 
-class _Clock:
-    """Seconds per phase (`PHASES`), accumulated with `with clock("pilot"): ...`."""
-
-    def __init__(self):
-        self.s: dict[str, float] = {}
-
-    def __call__(self, phase: str):
-        return _Span(self, phase)
-
-
-class _Span:
-    def __init__(self, clock: _Clock, phase: str):
-        self.clock, self.phase = clock, phase
-
-    def __enter__(self):
-        self.t0 = time.perf_counter()
-
-    def __exit__(self, *exc):
-        self.clock.s[self.phase] = self.clock.s.get(self.phase, 0.0) + time.perf_counter() - self.t0
+@contextlib.contextmanager
+def spent(parts: dict[str, float], name: str):
+    """Add the seconds the block takes to `parts[name]` (a row's `check_parts`, TimingStats.phases)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        parts[name] = parts.get(name, 0.0) + time.perf_counter() - t0
 
 
 def median_ci(samples: list[float], z: float = 1.96) -> tuple[float, float]:
@@ -447,12 +437,12 @@ def _capture_graphs(
     device: torch.device,
     cfg: TimingConfig,
     pilot_s: dict,
-    clock: _Clock | None = None,
+    phases: dict[str, float] | None = None,
 ) -> _Graphs | str:
     """One CUDA graph per closure, `calls_per_replay` calls over rotated input copies; a reason string on
-    failure, a `CaptureFailed` one when a capture had begun. `clock` gets the seconds of the "input
+    failure, a `CaptureFailed` one when a capture had begun. `phases` gets the seconds of the "input
     copies" (the rotation's closures, each called once) and of the "graph capture"."""
-    clock = clock or _Clock()
+    phases = {} if phases is None else phases
     plan = rotation_plan(rotation.bytes_per_call, torch.cuda.get_device_properties(device).L2_cache_size, cfg)
     if isinstance(plan, str):
         return plan
@@ -468,7 +458,7 @@ def _capture_graphs(
     side = torch.cuda.Stream(device)
     for name, fn in closures.items():
         try:
-            with clock("input copies"):
+            with spent(phases, "input copies"):
                 fns = [fn] + [rotation.factories[name]() for _ in range(copies - 1)]
                 side.wait_stream(torch.cuda.current_stream(device))
                 with torch.cuda.stream(side):  # first calls (lazy init, autotune) outside the capture
@@ -476,7 +466,7 @@ def _capture_graphs(
                         f()
                 torch.cuda.current_stream(device).wait_stream(side)
                 torch.cuda.synchronize(device)
-            with clock("graph capture"):
+            with spent(phases, "graph capture"):
                 graph = torch.cuda.CUDAGraph()
                 with capturing(graph, capture_error_mode="thread_local"):
                     for i in range(calls[name]):
@@ -541,15 +531,15 @@ def time_closures(
     names = list(closures)
     wall0 = time.perf_counter()
     if not cuda:
-        clock = _Clock()
-        with clock("warm-up"):
+        phases: dict[str, float] = {}
+        with spent(phases, "warm-up"):
             _warm_up(closures, cfg.warmup_calls, cfg.warmup_s, lambda: None)
-        with clock("sampling"):
+        with spent(phases, "sampling"):
             got = sample_until_converged(HostSampler(closures), names, cfg)
-        return _finish(got, names, cfg, "host", False, wall0, {"mode": "per-call", "phases": clock.s})
+        return _finish(got, names, cfg, "host", False, wall0, {"mode": "per-call", "phases": phases})
 
     flush = _Flusher(device) if cfg.flush_l2 else None
-    clock = _Clock()
+    phases = {}
     monitor = nvml.monitor(device)
     before = monitor.snapshot() if monitor else None
     sync = lambda: torch.cuda.synchronize(device)  # noqa: E731
@@ -560,7 +550,7 @@ def time_closures(
     # and the calls per replay, is taken without `warmup_s` of calls first; should the case stay per
     # call after all (the pilot, its L2 flushed, is slower; a capture fails), the warm-up is done then
     # and the pilot taken again after it.
-    with clock("warm-up"):
+    with spent(phases, "warm-up"):
         first = _warm_up(closures, cfg.warmup_calls, 0.0, sync, timed=True)
         likely_graph = cfg.graph_below_us > 0 and min(first.values()) * 1e6 < cfg.graph_below_us
         if not likely_graph:
@@ -568,7 +558,7 @@ def time_closures(
     top = (before or {}).get("sm_max_mhz")
     events = EventSampler(closures, device, flush, hide_launch=cfg.hide_launch, sm_max_mhz=top)
     pilot_size = max(3, min(cfg.round_size, cfg.min_samples))
-    with clock("pilot"):
+    with spent(phases, "pilot"):
         pilot = events.round(names, pilot_size)
     extra: dict = {"mode": "per-call"}
     sampler: EventSampler = events
@@ -578,19 +568,19 @@ def time_closures(
     fastest = min(medians.values()) * 1e6
     if cfg.graph_below_us > 0 and fastest < cfg.graph_below_us:
         if rotation:
-            graphs = _capture_graphs(closures, rotation, device, cfg, medians, clock=clock)
+            graphs = _capture_graphs(closures, rotation, device, cfg, medians, phases=phases)
         else:
             graphs = "no input rotation given"
         if isinstance(graphs, str):
             extra["note"] = f"per-call: {graphs}"
             if isinstance(graphs, CaptureFailed):  # per call on closures no capture has seen, warmed anew
-                with clock("input copies"):
+                with spent(phases, "input copies"):
                     closures = {n: rotation.factories[n]() for n in names}
                 events = sampler = EventSampler(closures, device, flush, hide_launch=cfg.hide_launch, sm_max_mhz=top)
                 fresh = True
             graphs = None
         else:
-            with clock("settle"):
+            with spent(phases, "settle"):
                 _settle(graphs.replays, cfg.graph_warmup_s, sync)
             sampler = EventSampler(graphs.replays, device, flush, graphs.calls)
             extra |= {
@@ -601,22 +591,22 @@ def time_closures(
             }
             pilot = {}
     if graphs is None and (likely_graph or fresh):  # the warm-up's seconds (and first calls), then the pilot
-        with clock("warm-up"):
+        with spent(phases, "warm-up"):
             _warm_up(closures, cfg.warmup_calls if fresh else 0, cfg.warmup_s, sync)
-        with clock("pilot"):
+        with spent(phases, "pilot"):
             pilot = events.round(names, pilot_size)
     check = (lambda: nvml.throttle_reason(monitor.snapshot())) if monitor else None
     if check and pilot and check():
         pilot = {}  # the pilot ran throttled: do not keep its samples
     flushed = flush.done if flush else 0
-    with clock("sampling"):
+    with spent(phases, "sampling"):
         got = sample_until_converged(sampler, names, cfg, check, start=pilot)
     if flush and flush.done > flushed:  # the flushes' GPU time, out of the sampling's wall
-        spent = min(clock.s["sampling"], (flush.done - flushed) * flush.gpu_s())
-        clock.s["sampling"] -= spent
-        clock.s["L2 flushes"] = spent
+        flushes = min(phases["sampling"], (flush.done - flushed) * flush.gpu_s())
+        phases["sampling"] -= flushes
+        phases["L2 flushes"] = flushes
     extra["nvml"] = {"before": before, "after": monitor.snapshot()} if monitor else None
-    extra["phases"] = clock.s
+    extra["phases"] = phases
     host = getattr(sampler, "host", None)  # per-call samples: the closures found to sync on the host
     return _finish(got, names, cfg, "cuda-events", flush is not None, wall0, extra, host.syncs if host else ())
 

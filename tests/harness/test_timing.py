@@ -298,7 +298,7 @@ def _cuda_sequence(
             steps.append(("graph round" if self.graph else "round", size))
             return {n: [pilot_us * 1e-6 * (1 + 0.001 * i) for i in range(size)] for n in names}
 
-    def capture(closures, rotation, device, cfg, medians, clock=None):
+    def capture(closures, rotation, device, cfg, medians, phases=None):
         steps.append(("capture",))
         if capture_fails:
             return "graph capture failed for b: RuntimeError: a host sync"
